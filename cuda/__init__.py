@@ -1,0 +1,1 @@
+"""CUDA kernel sources (*.cu), read as package data. Installed as `rawpage.cuda`; see README.md."""

@@ -1,0 +1,1 @@
+"""Model definitions on backend arrays. Installed as `rawpage.models`."""

@@ -1,0 +1,146 @@
+"""The Llama family (Llama 2/3, SmolLM, Qwen2) as one forward pass over backend ops.
+
+Reads top to bottom in the order of the math. Every weight carries its shape;
+dim = hidden size, H/Hkv = query/KV heads, D = head dim, I = FFN hidden size,
+V = vocabulary, T = tokens in the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from rawpage.backends.base import Array, Backend
+from rawpage.config import ModelConfig, rope_inv_freq
+from rawpage.errors import ModelLoadError
+from rawpage.forward_batch import ForwardBatch
+from rawpage.ops.rope import cos_sin_cache
+
+
+@dataclass
+class LayerWeights:
+    input_norm: Array  # (dim,)
+    qkv: Array  # ((H + 2 Hkv) * D, dim)   q, k, v projections fused into one GEMM
+    qkv_bias: Array | None  # ((H + 2 Hkv) * D,)  Qwen2 only
+    o_proj: Array  # (dim, H * D)
+    post_norm: Array  # (dim,)
+    gate_up: Array  # (2 I, dim)   gate and up projections fused: [gate | up]
+    down: Array  # (dim, I)
+
+
+class LlamaModel:
+    def __init__(
+        self, config: ModelConfig, backend: Backend, tensors: Mapping[str, np.ndarray]
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        c, b = config, backend
+        get = _Getter(tensors)
+        dim, q, kv, inter = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size
+
+        self.embed = b.asarray(get("model.embed_tokens.weight", (c.vocab_size, dim)))  # (V, dim)
+        self.layers = []
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            qkv = [
+                get(p + f"self_attn.{n}_proj.weight", (size, dim))
+                for n, size in zip("qkv", (q, kv, kv))
+            ]
+            bias = (
+                [
+                    get(p + f"self_attn.{n}_proj.bias", (size,))
+                    for n, size in zip("qkv", (q, kv, kv))
+                ]
+                if c.attention_bias
+                else None
+            )
+            gate = get(p + "mlp.gate_proj.weight", (inter, dim))
+            up = get(p + "mlp.up_proj.weight", (inter, dim))
+            self.layers.append(
+                LayerWeights(
+                    input_norm=b.asarray(get(p + "input_layernorm.weight", (dim,))),
+                    qkv=b.asarray(np.concatenate(qkv)),
+                    qkv_bias=b.asarray(np.concatenate(bias)) if bias else None,
+                    o_proj=b.asarray(get(p + "self_attn.o_proj.weight", (dim, q))),
+                    post_norm=b.asarray(get(p + "post_attention_layernorm.weight", (dim,))),
+                    gate_up=b.asarray(np.concatenate([gate, up])),
+                    down=b.asarray(get(p + "mlp.down_proj.weight", (dim, inter))),
+                )
+            )
+        self.norm = b.asarray(get("model.norm.weight", (dim,)))  # (dim,)
+        if c.tie_word_embeddings or "lm_head.weight" not in tensors:
+            self.lm_head = self.embed  # (V, dim), tied to the embedding
+        else:
+            self.lm_head = b.asarray(get("lm_head.weight", (c.vocab_size, dim)))
+        freq_factors = tensors["rope_freqs"] if "rope_freqs" in tensors else None
+        inv_freq = rope_inv_freq(c, freq_factors)
+        # (max_pos, D): [cos | sin] per position, float32 whatever the model dtype
+        self.cos_sin = b.asarray(
+            cos_sin_cache(inv_freq, c.max_position_embeddings), dtype=np.float32
+        )
+
+    def forward(self, batch: ForwardBatch, kv_caches: list[tuple[Array, Array]]) -> Array:
+        """Returns the final hidden states of the rows in batch.logits_indices: (N, dim)."""
+        c, b = self.config, self.backend
+        T = batch.num_tokens
+        H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
+        scale = D**-0.5
+
+        h = b.embedding(batch.input_ids, self.embed)  # (T, dim)
+        residual = None
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            # attention block: x = norm(h + residual); h = o_proj(attn(rope(q), rope(k), v))
+            if residual is None:
+                residual, x = h, b.rms_norm(h, layer.input_norm, c.rms_norm_eps)
+            else:
+                x, residual = b.fused_add_rms_norm(h, residual, layer.input_norm, c.rms_norm_eps)
+            qkv = b.matmul(x, layer.qkv, layer.qkv_bias)  # (T, (H + 2 Hkv) * D)
+            q = qkv[:, : H * D].reshape(T, H, D)
+            k = qkv[:, H * D : (H + Hkv) * D].reshape(T, Hkv, D)
+            v = qkv[:, (H + Hkv) * D :].reshape(T, Hkv, D)
+            b.rope(batch.positions, q, k, self.cos_sin, True)
+            b.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+            o = b.paged_attention(
+                q,
+                k_cache,
+                v_cache,
+                batch.block_tables,
+                batch.seq_lens,
+                batch.query_start_loc,
+                scale,
+                batch,
+            )  # (T, H, D)
+            h = b.matmul(o.reshape(T, H * D), layer.o_proj)  # (T, dim)
+
+            # feed-forward block (SwiGLU): h = down(silu(gate(x)) * up(x))
+            x, residual = b.fused_add_rms_norm(h, residual, layer.post_norm, c.rms_norm_eps)
+            gate_up = b.matmul(x, layer.gate_up)  # (T, 2 I)
+            h = b.matmul(b.silu_and_mul(gate_up), layer.down)  # (T, dim)
+
+        # Only the rows we sample from need the final norm and the (large) LM head.
+        h, residual = h[batch.logits_indices], residual[batch.logits_indices]
+        x, _ = b.fused_add_rms_norm(h, residual, self.norm, c.rms_norm_eps)
+        return x  # (N, dim)
+
+    def compute_logits(self, hidden: Array) -> Array:
+        """(N, dim) -> (N, V) float32 logits."""
+        return self.backend.matmul(hidden, self.lm_head)
+
+
+class _Getter:
+    """Fetches a tensor by name, checking it exists and has the shape the config implies."""
+
+    def __init__(self, tensors: Mapping[str, np.ndarray]) -> None:
+        self.tensors = tensors
+
+    def __call__(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        if name not in self.tensors:
+            raise ModelLoadError(f"checkpoint has no tensor {name!r}")
+        t = self.tensors[name]
+        if tuple(t.shape) != shape:
+            raise ModelLoadError(
+                f"tensor {name!r} has shape {tuple(t.shape)}, but the config implies {shape}"
+            )
+        return t

@@ -1,0 +1,9 @@
+"""The errors rawpage raises on purpose. Each message says what was wrong and what to change."""
+
+
+class ModelLoadError(ValueError):
+    """The model could not be loaded: a missing, truncated or corrupt file."""
+
+
+class UnsupportedModelError(ModelLoadError):
+    """The checkpoint is readable but asks for something rawpage does not implement."""

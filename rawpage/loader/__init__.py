@@ -1,0 +1,79 @@
+"""Open a model from disk: a Hugging Face folder, a .gguf file, or the embedded default.
+
+`load_checkpoint` returns everything the engine needs, in format-free form:
+a ModelConfig, a lazy map of float32 tensors under Hugging Face names, the
+tokenizer, and the model's own sampling defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from rawpage.config import ModelConfig
+from rawpage.errors import ModelLoadError
+from rawpage.loader.default_model import default_model_path
+from rawpage.loader.tensors import TensorSource
+from rawpage.tokenizer import Tokenizer
+
+
+@dataclass
+class Checkpoint:
+    path: str
+    config: ModelConfig
+    tensors: TensorSource
+    tokenizer: Tokenizer
+    generation_config: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_model_path(model: str | None) -> str:
+    if model is None:
+        return default_model_path()
+    path = os.path.expanduser(model)
+    if not os.path.exists(path):
+        raise ModelLoadError(
+            f"model {model!r} not found: pass a Hugging Face model folder or a .gguf file path"
+        )
+    return path
+
+
+def load_checkpoint(model: str | None = None) -> Checkpoint:
+    path = resolve_model_path(model)
+    if os.path.isdir(path):
+        return _load_hf_folder(path)
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic == b"GGUF":
+        return _load_gguf(path)
+    raise ModelLoadError(f"{path}: neither a model folder nor a GGUF file (magic bytes {magic!r})")
+
+
+def _load_hf_folder(folder: str) -> Checkpoint:
+    from rawpage.loader import hf_folder
+
+    config = hf_folder.load_config(folder)
+    tensors = hf_folder.open_safetensors(folder)
+    tokenizer = Tokenizer.from_hf_folder(folder, config.eos_token_ids)
+    config.eos_token_ids = tokenizer.eos_token_ids
+    if config.bos_token_id is None:
+        config.bos_token_id = tokenizer.bos_token_id
+    gen = hf_folder.read_generation_config(folder)
+    for eos in _as_list(gen.get("eos_token_id")):
+        if eos not in config.eos_token_ids:
+            config.eos_token_ids.append(eos)
+    return Checkpoint(folder, config, tensors, tokenizer, gen)
+
+
+def _load_gguf(path: str) -> Checkpoint:
+    from rawpage.loader.gguf_file import GGUFCheckpoint
+
+    ckpt = GGUFCheckpoint(path)
+    ckpt.config.validate()
+    tokenizer = Tokenizer.from_gguf(ckpt.meta)
+    ckpt.config.eos_token_ids = tokenizer.eos_token_ids
+    return Checkpoint(path, ckpt.config, ckpt.tensors, tokenizer, {})
+
+
+def _as_list(x: Any) -> list[int]:
+    return [x] if isinstance(x, int) else list(x or [])

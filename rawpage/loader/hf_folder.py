@@ -1,0 +1,60 @@
+"""Load a Hugging Face model folder: config.json, *.safetensors (sharded or not), tokenizer."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Any
+
+from rawpage.config import ModelConfig
+from rawpage.errors import ModelLoadError
+from rawpage.loader.safetensors_file import SafetensorsFile, bf16_to_f32
+from rawpage.loader.tensors import TensorSource
+
+
+def read_config(folder: str) -> dict[str, Any]:
+    path = os.path.join(folder, "config.json")
+    if not os.path.exists(path):
+        raise ModelLoadError(f"{folder}: no config.json; is this a Hugging Face model folder?")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
+
+
+def read_generation_config(folder: str) -> dict[str, Any]:
+    """Sampling defaults the model authors chose (temperature, top_p, ...)."""
+    path = os.path.join(folder, "generation_config.json")
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
+
+
+def open_safetensors(folder: str) -> TensorSource:
+    """All tensors of the folder's shards, by name; read lazily from memory maps."""
+    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if not files:
+        raise ModelLoadError(
+            f"{folder}: no *.safetensors files (other weight formats are not supported)"
+        )
+    readers = {}
+    for path in files:
+        st = SafetensorsFile(path)
+        for name in st.keys():
+            bf16 = st.dtype_name(name) == "BF16"
+            readers[name] = lambda st=st, name=name, bf16=bf16: (
+                bf16_to_f32(st.tensor(name)) if bf16 else st.tensor(name)
+            )
+    return TensorSource(readers)
+
+
+def load_config(folder: str) -> ModelConfig:
+    cfg = ModelConfig.from_hf(read_config(folder), name=os.path.basename(os.path.normpath(folder)))
+    cfg.validate()
+    return cfg

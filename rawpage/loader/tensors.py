@@ -1,0 +1,29 @@
+"""A lazy name -> float32 array mapping, shared by the safetensors and GGUF loaders.
+
+Checkpoints are read tensor by tensor on demand so that a loader never holds a
+second full copy of the model: the model builder asks for a tensor, converts or
+fuses it, and drops the float32 temporary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+import numpy as np
+
+
+class TensorSource(Mapping[str, np.ndarray]):
+    """Maps Hugging Face tensor names (`model.layers.0.self_attn.q_proj.weight`, ...)
+    to float32 arrays, computed when first asked for."""
+
+    def __init__(self, readers: dict[str, Callable[[], np.ndarray]]) -> None:
+        self._readers = readers
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return np.ascontiguousarray(self._readers[name](), dtype=np.float32)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._readers)
+
+    def __len__(self) -> int:
+        return len(self._readers)

@@ -1,0 +1,98 @@
+"""The CPU backend's ops against their plain references and against first principles."""
+
+import numpy as np
+import pytest
+
+from rawpage.backends.cpu import CPUBackend
+from rawpage.ops.paged_attention import paged_attention_ref
+from rawpage.ops.rope import cos_sin_cache, rope_ref
+from rawpage.ops.write_kv import write_kv_ref
+
+
+def _random_paged_batch(rng, q_lens, ctx_lens, H, Hkv, D, BS, NB):
+    """Random caches and scattered block tables for sequences with the given lengths."""
+    k_cache = rng.standard_normal((NB, BS, Hkv, D)).astype(np.float32)
+    v_cache = rng.standard_normal((NB, BS, Hkv, D)).astype(np.float32)
+    max_blocks = max(-(-L // BS) for L in ctx_lens)
+    perm = rng.permutation(NB)
+    tables = np.zeros((len(ctx_lens), max_blocks), np.int32)
+    used = 0
+    for i, L in enumerate(ctx_lens):
+        n = -(-L // BS)
+        tables[i, :n] = perm[used : used + n]
+        used += n
+    qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    q = rng.standard_normal((qsl[-1], H, D)).astype(np.float32)
+    return q, k_cache, v_cache, tables, np.array(ctx_lens, np.int32), qsl
+
+
+def _dense_attention(q, k, v, scale):
+    """Causal attention of the last n positions of one contiguous context. q (n,H,D), k/v (L,Hkv,D)."""
+    n, H, D = q.shape
+    L, Hkv = k.shape[:2]
+    k = np.repeat(k, H // Hkv, axis=1)
+    v = np.repeat(v, H // Hkv, axis=1)
+    out = np.zeros_like(q)
+    for t in range(n):
+        p = L - n + t
+        s = np.einsum("hd,lhd->hl", q[t], k[: p + 1]) * scale
+        w = np.exp(s - s.max(-1, keepdims=True))
+        w /= w.sum(-1, keepdims=True)
+        out[t] = np.einsum("hl,lhd->hd", w, v[: p + 1])
+    return out
+
+
+@pytest.mark.parametrize("H,Hkv", [(4, 4), (8, 2), (9, 3)])
+def test_paged_attention_ref_matches_dense(H, Hkv):
+    rng = np.random.default_rng(0)
+    D, BS = 16, 4
+    q_lens, ctx = [5, 1, 3], [5, 9, 12]
+    q, kc, vc, bt, sl, qsl = _random_paged_batch(rng, q_lens, ctx, H, Hkv, D, BS, 16)
+    out = paged_attention_ref(q, kc, vc, bt, sl, qsl, 0.25)
+    for i, L in enumerate(ctx):
+        blocks = bt[i, : -(-L // BS)]
+        k = kc[blocks].reshape(-1, Hkv, D)[:L]
+        v = vc[blocks].reshape(-1, Hkv, D)[:L]
+        want = _dense_attention(q[qsl[i] : qsl[i + 1]], k, v, 0.25)
+        np.testing.assert_allclose(out[qsl[i] : qsl[i + 1]], want, rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_batched_decode_matches_ref():
+    rng = np.random.default_rng(1)
+    q_lens = [1, 1, 7, 1, 1]
+    ctx = [1, 40, 7, 17, 33]
+    q, kc, vc, bt, sl, qsl = _random_paged_batch(rng, q_lens, ctx, 8, 2, 32, 16, 32)
+    got = CPUBackend().paged_attention(q, kc, vc, bt, sl, qsl, 0.2)
+    want = paged_attention_ref(q, kc, vc, bt, sl, qsl, 0.2)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_write_kv_skips_minus_one():
+    rng = np.random.default_rng(2)
+    k = rng.standard_normal((3, 2, 4)).astype(np.float32)
+    v = rng.standard_normal((3, 2, 4)).astype(np.float32)
+    kc = np.zeros((4, 2, 2, 4), np.float32)
+    vc = np.zeros_like(kc)
+    write_kv_ref(k, v, kc, vc, np.array([5, -1, 0]))
+    np.testing.assert_array_equal(kc[2, 1], k[0])
+    np.testing.assert_array_equal(vc[0, 0], v[2])
+    assert np.count_nonzero(kc) == 2 * 8
+
+
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_rope_is_a_rotation_with_relative_angles(is_neox):
+    """Rotations keep norms, and q.k after RoPE depends only on the position difference."""
+    rng = np.random.default_rng(3)
+    D = 8
+    cs = cos_sin_cache(1.0 / (100.0 ** (np.arange(0, D, 2) / D)), 64)
+    q0 = rng.standard_normal((1, 1, D)).astype(np.float32)
+    k0 = rng.standard_normal((1, 1, D)).astype(np.float32)
+    dots = []
+    for p in (3, 10):
+        q, k = q0.copy(), k0.copy()
+        rope_ref(np.array([p + 5]), q, k, cs, is_neox)
+        k2 = k0.copy()
+        rope_ref(np.array([p]), k2.copy(), k2, cs, is_neox)
+        np.testing.assert_allclose(np.linalg.norm(q), np.linalg.norm(q0), rtol=1e-5)
+        dots.append(float((q * k2).sum()))
+    np.testing.assert_allclose(dots[0], dots[1], rtol=1e-4)
