@@ -7,12 +7,11 @@ formats. We read it with the `gguf` package and dequantize at load time.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from rawpage.config import ModelConfig
 from rawpage.errors import ModelLoadError, UnsupportedModelError
+from rawpage.loader.gguf_reader import GGUFTensorInfo, read_gguf
 from rawpage.loader.tensors import TensorSource
 
 SUPPORTED_TENSOR_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"}
@@ -60,17 +59,8 @@ class GGUFCheckpoint:
     """An opened GGUF file: its config, its tensors (lazy) and its raw metadata."""
 
     def __init__(self, path: str) -> None:
-        import gguf
-
-        try:
-            self.reader = gguf.GGUFReader(path, "r")
-        except Exception as e:  # the gguf package raises many types for a bad file
-            raise ModelLoadError(
-                f"{path}: not a readable GGUF file ({type(e).__name__}: {e}); "
-                "the file may be truncated or corrupt"
-            ) from None
         self.path = path
-        self.meta = {k: _field_value(f) for k, f in self.reader.fields.items()}
+        self.meta, self.tensor_infos, self._data = read_gguf(path)
         arch = self.meta.get("general.architecture")
         if arch not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedModelError(
@@ -100,8 +90,8 @@ class GGUFCheckpoint:
                 rms_norm_eps=float(m.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)),
                 rope_theta=float(m.get(f"{a}.rope.freq_base", 10000.0)),
                 max_position_embeddings=int(m.get(f"{a}.context_length", 4096)),
-                tie_word_embeddings=not any(t.name == "output.weight" for t in self.reader.tensors),
-                attention_bias=any(t.name.endswith("attn_q.bias") for t in self.reader.tensors),
+                tie_word_embeddings=not any(t.name == "output.weight" for t in self.tensor_infos),
+                attention_bias=any(t.name.endswith("attn_q.bias") for t in self.tensor_infos),
                 bos_token_id=m.get("tokenizer.ggml.bos_token_id"),
                 eos_token_ids=[m["tokenizer.ggml.eos_token_id"]]
                 if "tokenizer.ggml.eos_token_id" in m
@@ -114,9 +104,11 @@ class GGUFCheckpoint:
         return cfg
 
     def _tensor_source(self) -> TensorSource:
+        from gguf import GGMLQuantizationType
+
         readers = {}
-        for t in self.reader.tensors:
-            qtype = t.tensor_type.name
+        for t in self.tensor_infos:
+            qtype = GGMLQuantizationType(t.ggml_type).name
             if qtype not in SUPPORTED_TENSOR_TYPES:
                 raise UnsupportedModelError(
                     f"{self.path}: tensor {t.name!r} has GGUF type {qtype}, which rawpage "
@@ -137,22 +129,17 @@ class GGUFCheckpoint:
             return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
         return None  # tensors we do not use (e.g. precomputed rope tables)
 
-    def _read(self, t: Any) -> np.ndarray:
+    def _read(self, t: GGUFTensorInfo) -> np.ndarray:
+        from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
-        w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        w = w.reshape([int(n) for n in reversed(t.shape)])  # ggml lists dims innermost first
+        rows = int(np.prod(t.shape[:-1], dtype=np.int64))
+        raw = self._data[t.offset : t.offset + t.nbytes].reshape(rows, -1)  # (rows, bytes per row)
+        w = dequantize(raw, GGMLQuantizationType(t.ggml_type)).astype(np.float32, copy=False)
+        w = w.reshape(t.shape)
         if self.arch == "llama":
             if t.name.endswith(("attn_q.weight", "attn_q.bias")):
                 w = unpermute_qk(w, self.config.num_heads)
             elif t.name.endswith(("attn_k.weight", "attn_k.bias")):
                 w = unpermute_qk(w, self.config.num_kv_heads)
         return w
-
-
-def _field_value(field: Any) -> Any:
-    """A metadata field as a plain Python value (str, number, bool or list)."""
-    try:
-        return field.contents()
-    except Exception:
-        return None

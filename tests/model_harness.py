@@ -1,0 +1,47 @@
+"""Drive a model's forward pass directly, without the engine: one sequence at a time,
+with a paged KV cache whose block table is deliberately scattered."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rawpage.forward_batch import ForwardBatch
+
+
+class SingleSequence:
+    def __init__(self, model, block_size: int = 16, num_blocks: int = 64, seed: int = 0) -> None:
+        c, b = model.config, model.backend
+        self.model, self.bs = model, block_size
+        shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
+        self.kv = [(b.zeros(shape), b.zeros(shape)) for _ in range(c.num_layers)]
+        self.table = np.random.default_rng(seed).permutation(num_blocks).astype(np.int32)
+        self.length = 0
+
+    def feed(self, ids: list[int], all_logits: bool = False) -> np.ndarray:
+        """Run `ids` as the next chunk; return logits of the last token (V,) or of all (n, V)."""
+        n, start = len(ids), self.length
+        pos = np.arange(start, start + n, dtype=np.int32)
+        slots = (self.table[pos // self.bs] * self.bs + pos % self.bs).astype(np.int32)
+        b = self.model.backend
+        rows = np.arange(n, dtype=np.int32) if all_logits else np.array([n - 1], np.int32)
+        batch = ForwardBatch(
+            input_ids=b.asarray(np.array(ids, np.int32), np.int32),
+            positions=b.asarray(pos, np.int32),
+            slot_mapping=b.asarray(slots, np.int32),
+            block_tables=b.asarray(self.table[None, :], np.int32),
+            seq_lens=b.asarray(np.array([start + n], np.int32), np.int32),
+            query_start_loc=b.asarray(np.array([0, n], np.int32), np.int32),
+            logits_indices=b.asarray(rows, np.int32),
+            host_query_lens=np.array([n]),
+            host_seq_lens=np.array([start + n]),
+        )
+        self.length += n
+        logits = b.to_numpy(self.model.compute_logits(self.model.forward(batch, self.kv)))
+        return logits.astype(np.float32) if all_logits else logits[0].astype(np.float32)
+
+    def greedy(self, prompt: list[int], n: int) -> list[int]:
+        out, logits = [], self.feed(prompt)
+        for _ in range(n):
+            out.append(int(logits.argmax()))
+            logits = self.feed([out[-1]])
+        return out

@@ -1,0 +1,202 @@
+"""Tiny random Llama-family models, written to disk as a Hugging Face folder and as a GGUF.
+
+Everything here is written independently of rawpage's loaders: the GGUF side
+applies llama.cpp's q/k permutation itself and uses the `gguf` package's writer,
+so loading both files and comparing logits tests the readers end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+TRAIN_TEXT = [
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "Hello world! Numbers 0123456789 and symbols #$%&*().",
+    "日本語のテキストと中文字符 with emoji 😀🎉🚀 and accents: café, naïve, Ünïcödé.",
+    "    indented code:\n\tdef f(x):\n\t\treturn x * 2\n",
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\nParis.<|im_end|>",
+]
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def train_tokenizer(vocab_size: int = 400) -> Tokenizer:
+    """A small byte-level BPE, GPT-2 style, with chat special tokens at ids 0..2."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(TRAIN_TEXT, trainer)
+    return tok
+
+
+def tiny_config(arch: str = "llama", **overrides) -> dict:
+    cfg = {
+        "architectures": ["Qwen2ForCausalLM" if arch == "qwen2" else "LlamaForCausalLM"],
+        "model_type": arch,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": 400,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "float32",
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+def random_tensors(cfg: dict, seed: int = 0) -> dict[str, np.ndarray]:
+    """HF-named float32 weights, scaled so activations stay O(1) through the layers."""
+    rng = np.random.default_rng(seed)
+    dim, inter, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    q, kv = (
+        cfg["num_attention_heads"] * cfg["head_dim"],
+        cfg["num_key_value_heads"] * cfg["head_dim"],
+    )
+
+    def w(*shape):
+        return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+    t = {"model.embed_tokens.weight": w(V, dim), "model.norm.weight": 1 + 0.1 * w(dim)}
+    if not cfg["tie_word_embeddings"]:
+        t["lm_head.weight"] = w(V, dim)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = 1 + 0.1 * w(dim)
+        t[p + "post_attention_layernorm.weight"] = 1 + 0.1 * w(dim)
+        t[p + "self_attn.q_proj.weight"] = w(q, dim)
+        t[p + "self_attn.k_proj.weight"] = w(kv, dim)
+        t[p + "self_attn.v_proj.weight"] = w(kv, dim)
+        t[p + "self_attn.o_proj.weight"] = w(dim, q)
+        t[p + "mlp.gate_proj.weight"] = w(inter, dim)
+        t[p + "mlp.up_proj.weight"] = w(inter, dim)
+        t[p + "mlp.down_proj.weight"] = w(dim, inter)
+        if cfg["model_type"] == "qwen2":
+            for name, n in (("q", q), ("k", kv), ("v", kv)):
+                t[p + f"self_attn.{name}_proj.bias"] = w(n)
+    return t
+
+
+def write_hf_folder(folder: str, cfg: dict, tensors: dict, tok: Tokenizer, shards: int = 1) -> str:
+    from safetensors.numpy import save_file
+
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    names = sorted(tensors)
+    for s in range(shards):
+        part = {n: tensors[n] for n in names[s::shards]}
+        save_file(part, os.path.join(folder, f"model-{s + 1:05d}-of-{shards:05d}.safetensors"))
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump(
+            {"bos_token": SPECIAL[1], "eos_token": SPECIAL[2], "chat_template": CHAT_TEMPLATE}, f
+        )
+    with open(os.path.join(folder, "generation_config.json"), "w") as f:
+        json.dump({"temperature": 0.7, "top_p": 0.9, "eos_token_id": 2}, f)
+    return folder
+
+
+def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf q/k permutation: [half, D/2] -> [D/2, half] rows per head."""
+    return (
+        w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+_GGUF_LAYER = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def write_gguf(path: str, cfg: dict, tensors: dict, tok: Tokenizer, qtype: str = "F32",
+               rope_freqs: np.ndarray | None = None, raw: dict | None = None) -> str:  # fmt: skip
+    """Write the model as llama.cpp would: permuted q/k (llama), matrices in `qtype`.
+
+    raw: {gguf tensor name: (uint8 blocks, ggml type name)} written as given instead."""
+    import gguf
+
+    arch = cfg["model_type"]
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name("tiny")
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_vocab_size(cfg["vocab_size"])
+    vocab = tok.get_vocab()
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    merges = json.loads(tok.to_str())["model"]["merges"]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in SPECIAL else 1 for t in tokens])
+    w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in merges])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+    q_type = getattr(gguf.GGMLQuantizationType, qtype)
+    for name, t in tensors.items():
+        if name.startswith("model.layers."):
+            i, rest = name[len("model.layers.") :].split(".", 1)
+            gname = f"blk.{i}.{_GGUF_LAYER[rest]}"
+            if arch == "llama" and rest.startswith(("self_attn.q_proj", "self_attn.k_proj")):
+                heads = (
+                    cfg["num_attention_heads"] if "q_proj" in rest else cfg["num_key_value_heads"]
+                )
+                t = llama_cpp_permute(t, heads)
+        else:
+            gname = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                     "lm_head.weight": "output.weight"}[name]  # fmt: skip
+        if raw and gname in raw:
+            blocks, raw_type = raw[gname]
+            w.add_tensor(gname, blocks, raw_dtype=getattr(gguf.GGMLQuantizationType, raw_type))
+        elif t.ndim == 2 and qtype != "F32":
+            w.add_tensor(gname, gguf.quants.quantize(t, q_type), raw_dtype=q_type)
+        else:
+            w.add_tensor(gname, t)
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
