@@ -81,6 +81,15 @@ class LlamaModel:
             cos_sin_cache(inv_freq, c.max_position_embeddings), dtype=np.float32
         )
 
+    def num_bytes(self) -> int:
+        """Bytes held by the weights (a tied LM head counted once)."""
+        arrays = [self.embed, self.norm] + [
+            a for layer in self.layers for a in vars(layer).values() if a is not None
+        ]
+        if self.lm_head is not self.embed:
+            arrays.append(self.lm_head)
+        return sum(int(a.nbytes) for a in arrays)
+
     def forward(self, batch: ForwardBatch, kv_caches: list[tuple[Array, Array]]) -> Array:
         """Returns the final hidden states of the rows in batch.logits_indices: (N, dim)."""
         c, b = self.config, self.backend

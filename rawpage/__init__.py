@@ -1,3 +1,16 @@
 """rawpage: PagedAttention and continuous batching, on NumPy, CuPy and our own CUDA kernels."""
 
+from rawpage.engine_args import EngineArgs
+from rawpage.llm import LLM
+from rawpage.outputs import CompletionOutput, RequestOutput
+from rawpage.sampling_params import SamplingParams
+
 __version__ = "0.1.0"
+__all__ = [
+    "LLM",
+    "SamplingParams",
+    "EngineArgs",
+    "RequestOutput",
+    "CompletionOutput",
+    "__version__",
+]

@@ -15,7 +15,7 @@ import numpy as np
 from rawpage.backends.base import Backend
 from rawpage.ops.activation import silu_and_mul_ref
 from rawpage.ops.cache_ops import copy_blocks_ref
-from rawpage.ops.paged_attention import paged_attention_ref
+from rawpage.ops.paged_attention import gather_kv
 from rawpage.ops.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from rawpage.ops.rope import rope_ref
 from rawpage.ops.write_kv import write_kv_ref
@@ -66,53 +66,65 @@ class CPUBackend(Backend):
     def paged_attention(
         self, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, meta=None
     ):
+        out = np.empty_like(q)
         q_lens = np.diff(query_start_loc)
         decode = q_lens == 1
-        if decode.sum() < 2:
-            return paged_attention_ref(
-                q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale
+        if decode.any():
+            rows = query_start_loc[:-1][decode]
+            out[rows] = decode_attention(
+                q[rows], k_cache, v_cache, block_tables[decode], seq_lens[decode], scale
             )
-        out = np.empty_like(q)
-        rows = query_start_loc[:-1][decode]
-        out[rows] = decode_attention(
-            q[rows], k_cache, v_cache, block_tables[decode], seq_lens[decode], scale
-        )
-        if not decode.all():
-            rest = ~decode
-            qsl = np.concatenate([[0], np.cumsum(q_lens[rest])])
-            idx = np.concatenate(
-                [np.arange(s, s + n) for s, n in zip(query_start_loc[:-1][rest], q_lens[rest])]
-            )
-            out[idx] = paged_attention_ref(
-                q[idx], k_cache, v_cache, block_tables[rest], seq_lens[rest], qsl, scale
-            )
+        for i in np.flatnonzero(~decode):
+            s, e, L = int(query_start_loc[i]), int(query_start_loc[i + 1]), int(seq_lens[i])
+            k = gather_kv(k_cache, block_tables[i], L)
+            v = gather_kv(v_cache, block_tables[i], L)
+            out[s:e] = prefill_attention(q[s:e], k, v, scale)
         return out
 
 
+def prefill_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
+    """Causal attention of the last n positions of one context.
+    q: (n, H, D), k and v: (L, Hkv, D) -> (n, H, D). Batched GEMMs over KV heads."""
+    n, H, D = q.shape
+    L, Hkv = k.shape[:2]
+    G = H // Hkv
+    qh = q.reshape(n, Hkv, G, D).transpose(1, 2, 0, 3).reshape(Hkv, G * n, D)  # rows: (g, query)
+    scores = np.matmul(qh, k.transpose(1, 2, 0)) * scale  # (Hkv, G*n, L)
+    scores = scores.reshape(Hkv, G, n, L)
+    future = np.arange(L)[None, :] > np.arange(L - n, L)[:, None]  # (n, L): key after query
+    scores[:, :, future] = -np.inf
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    o = np.matmul(scores.reshape(Hkv, G * n, L), v.transpose(1, 0, 2))  # (Hkv, G*n, D)
+    return o.reshape(Hkv, G, n, D).transpose(2, 0, 1, 3).reshape(n, H, D)
+
+
 def decode_attention(
-    q: np.ndarray,
-    k_cache: np.ndarray,
-    v_cache: np.ndarray,
-    block_tables: np.ndarray,
-    seq_lens: np.ndarray,
-    scale: float,
-) -> np.ndarray:
+    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
+    seq_lens: np.ndarray, scale: float,
+) -> np.ndarray:  # fmt: skip
     """One query token per sequence. q: (B, H, D) -> (B, H, D).
 
     Gathers every sequence's blocks into (B, L_max, Hkv, D), padding short
-    contexts, and masks the padding before the softmax.
+    contexts, and masks the padding before the softmax: a few large batched
+    GEMMs instead of a Python loop over sequences.
     """
     B, H, D = q.shape
     bs, Hkv = k_cache.shape[1], k_cache.shape[2]
     G = H // Hkv
     n_blocks = int(-(-seq_lens.max() // bs))
     table = block_tables[:, :n_blocks]  # (B, nb); entries past a sequence's end are masked
-    k = k_cache[table].reshape(B, n_blocks * bs, Hkv, D).transpose(0, 2, 3, 1)  # (B, Hkv, D, L)
-    v = v_cache[table].reshape(B, n_blocks * bs, Hkv, D).transpose(0, 2, 1, 3)  # (B, Hkv, L, D)
-    qg = q.reshape(B, Hkv, G, D)
-    scores = np.matmul(qg, k) * scale  # (B, Hkv, G, L)
-    pad = np.arange(n_blocks * bs)[None, :] >= seq_lens[:, None]  # (B, L)
-    scores[np.broadcast_to(pad[:, None, None, :], scores.shape)] = -np.inf
+    Lp = n_blocks * bs
+    k = (
+        np.take(k_cache, table, axis=0).reshape(B, Lp, Hkv, D).transpose(0, 2, 3, 1)
+    )  # (B, Hkv, D, Lp)
+    v = (
+        np.take(v_cache, table, axis=0).reshape(B, Lp, Hkv, D).transpose(0, 2, 1, 3)
+    )  # (B, Hkv, Lp, D)
+    scores = np.matmul(q.reshape(B, Hkv, G, D), k) * scale  # (B, Hkv, G, Lp)
+    pad = np.arange(Lp)[None, :] >= seq_lens[:, None]  # (B, Lp)
+    scores += np.where(pad, -np.inf, 0.0).astype(np.float32)[:, None, None, :]
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)

@@ -1,0 +1,165 @@
+"""BlockManager: who owns which KV block.
+
+The KV cache is one pool of `num_blocks` blocks of `block_size` token slots.
+A sequence's block table maps its logical blocks (token i lives in logical
+block i // BS) to any physical blocks. Blocks are reference-counted so that
+sequences can share them:
+  - fork (n > 1, beams): children point at the parent's blocks;
+  - prefix caching: a full block is named by a hash of its tokens chained on
+    the previous block's hash, so a new request with the same prefix finds it.
+A shared block is never written: a sequence about to write into one gets its
+own copy first (copy-on-write; the runner does the copy before the forward).
+
+Freed blocks go to the back of an LRU free queue and keep their hash, so a
+later request can still hit them; allocation takes from the front and only
+then forgets the hash.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from rawpage.sequence import Sequence
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 watermark: float = 0.01) -> None:  # fmt: skip
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.watermark_blocks = int(watermark * num_blocks)
+        self.ref_counts = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.cached: dict[int, int] = {}  # block hash -> physical block
+        self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the runner
+        self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_hits = 0  # of which found
+
+    # --- queries -----------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free_queue)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def num_shared_blocks_saved(self) -> int:
+        """Physical blocks saved by sharing: each extra reference to a block is one block not stored twice."""
+        return sum(r - 1 for r in self.ref_counts if r > 1)
+
+    # --- prefix caching --------------------------------------------------------------
+    def block_hashes(self, seq: Sequence, num_full_blocks: int) -> list[int]:
+        """Chained hashes of the sequence's first full blocks, memoised on the sequence
+        (tokens of a full block never change)."""
+        hashes, bs = seq.block_hashes, self.block_size
+        while len(hashes) < num_full_blocks:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash((parent, tuple(seq.token_ids[i * bs : (i + 1) * bs]))))
+        return hashes[:num_full_blocks]
+
+    def match_prefix(self, seq: Sequence) -> list[int]:
+        """Physical blocks holding the longest cached prefix of a sequence that has none yet.
+        At least one token is always left to compute, so the step yields its logits."""
+        if not self.enable_prefix_caching:
+            return []
+        matched = []
+        for h in self.block_hashes(seq, (seq.num_tokens - 1) // self.block_size):
+            block = self.cached.get(h)
+            if block is None:
+                break
+            matched.append(block)
+        self.prefix_queries += seq.num_tokens
+        self.prefix_hits += len(matched) * self.block_size
+        return matched
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Name the sequence's newly completed blocks by their content, after a forward pass."""
+        if not self.enable_prefix_caching:
+            return
+        n_full = seq.num_computed_tokens // self.block_size
+        hashes = self.block_hashes(seq, n_full)
+        for i in range(seq.num_hashed_blocks, n_full):
+            block, h = seq.block_table[i], hashes[i]
+            if self.block_hash[block] is None and h not in self.cached:
+                self.block_hash[block] = h
+                self.cached[h] = block
+        seq.num_hashed_blocks = n_full
+
+    # --- allocation ----------------------------------------------------------------------
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, cached_blocks: list[int]) -> bool:
+        """Can a waiting sequence start with `cached_blocks` plus room for num_new_tokens,
+        keeping a small watermark free so running sequences are not preempted at once?"""
+        start = len(cached_blocks) * self.block_size
+        new = self.blocks_for(start + num_new_tokens) - len(cached_blocks)
+        revived = sum(1 for b in cached_blocks if self.ref_counts[b] == 0)  # leave the free queue
+        return new + revived <= self.num_free_blocks - self.watermark_blocks
+
+    def allocate(self, seq: Sequence, cached_blocks: list[int]) -> None:
+        """Start a sequence on its cached prefix; append_slots adds the rest."""
+        assert not seq.block_table
+        for b in cached_blocks:
+            if self.ref_counts[b] == 0:
+                del self.free_queue[b]
+            self.ref_counts[b] += 1
+        seq.block_table = list(cached_blocks)
+        seq.num_hashed_blocks = len(cached_blocks)
+        seq.num_computed_tokens = len(cached_blocks) * self.block_size
+
+    def append_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Make room for the next num_new_tokens of a sequence; False (and no change) if the
+        pool is too small. A shared block about to be written is copied first."""
+        first = seq.num_computed_tokens // self.block_size  # the block the first new token lands in
+        cow = first < len(seq.block_table) and self.ref_counts[seq.block_table[first]] > 1
+        new = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        if max(new, 0) + cow > self.num_free_blocks:
+            return False
+        if cow:
+            src = seq.block_table[first]
+            dst = self._take_free_block()
+            self.ref_counts[src] -= 1
+            seq.block_table[first] = dst
+            self.pending_copies.append((src, dst))
+        for _ in range(new):
+            seq.block_table.append(self._take_free_block())
+        return True
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        child.block_table = list(parent.block_table)
+        child.block_hashes = list(parent.block_hashes)
+        child.num_hashed_blocks = parent.num_hashed_blocks
+        for b in child.block_table:
+            self.ref_counts[b] += 1
+
+    def free(self, seq: Sequence) -> None:
+        """Drop the sequence's references. Tail blocks are freed first so that the LRU queue
+        evicts a prefix's last blocks before its first ones."""
+        for b in reversed(seq.block_table):
+            self.ref_counts[b] -= 1
+            assert self.ref_counts[b] >= 0, f"block {b} freed twice"
+            if self.ref_counts[b] == 0:
+                self.free_queue[b] = None
+        seq.block_table = []
+        seq.num_hashed_blocks = 0
+
+    def reset_prefix_cache(self) -> None:
+        for b, h in enumerate(self.block_hash):
+            if h is not None and self.ref_counts[b] == 0:
+                self.block_hash[b] = None
+                del self.cached[h]
+
+    def _take_free_block(self) -> int:
+        block, _ = self.free_queue.popitem(last=False)
+        h = self.block_hash[block]
+        if h is not None:  # evict: the block's old content is about to be overwritten
+            self.block_hash[block] = None
+            if self.cached.get(h) == block:
+                del self.cached[h]
+        self.ref_counts[block] = 1
+        return block

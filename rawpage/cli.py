@@ -1,0 +1,153 @@
+"""The `rawpage` command: serve, generate, chat.
+
+rawpage serve [--model M] [engine flags]      OpenAI-compatible server
+rawpage generate "prompt" [--max-tokens N]     print a completion as it is produced
+rawpage chat                                   interactive chat with history
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import uuid
+
+from rawpage.engine_args import EngineArgs
+from rawpage.errors import ModelLoadError
+from rawpage.memory import OutOfMemoryError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="rawpage", description="LLM inference with PagedAttention and continuous batching"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="start the OpenAI-compatible HTTP server",
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    from rawpage.server.args import add_server_args
+
+    add_server_args(serve)
+    EngineArgs.add_cli_args(serve)
+
+    gen = sub.add_parser(
+        "generate", help="complete one prompt and print the text as it is produced"
+    )
+    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument(
+        "--chat", action="store_true", help="wrap the prompt in the model's chat template"
+    )
+    _add_sampling_args(gen)
+    EngineArgs.add_cli_args(gen)
+
+    chat = sub.add_parser(
+        "chat", help="interactive terminal chat (Ctrl-C stops a reply, Ctrl-D quits)"
+    )
+    chat.add_argument("--system", help="system prompt")
+    _add_sampling_args(chat)
+    EngineArgs.add_cli_args(chat)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        if args.command == "serve":
+            from rawpage.server.app import run_server
+
+            return run_server(args)
+        if args.command == "generate":
+            return _generate(args)
+        return _chat(args)
+    except (ModelLoadError, OutOfMemoryError, ValueError) as e:
+        print(f"rawpage: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument(
+        "--max-tokens", type=int, default=256, help="most tokens to generate (default: 256)"
+    )
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument(
+        "--sampling-seed", type=int, default=None, help="seed for this request's sampling"
+    )
+
+
+def _engine(args: argparse.Namespace):
+    from rawpage.engine import LLMEngine
+
+    logging.getLogger("rawpage").setLevel(logging.WARNING)
+    return LLMEngine(EngineArgs.from_cli_args(args).replace(log_stats_interval=0))
+
+
+def _params(args: argparse.Namespace):
+    from rawpage.sampling_params import SamplingParams
+
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                          top_k=args.top_k, seed=args.sampling_seed)  # fmt: skip
+
+
+def _stream(engine, prompt, params) -> str:
+    """Run one request, printing text deltas as they arrive; Ctrl-C aborts just this reply."""
+    rid = uuid.uuid4().hex
+    engine.add_request(rid, prompt, params)
+    text = []
+    try:
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                delta = out.outputs[0].delta_text if out.outputs else ""
+                print(delta, end="", flush=True)
+                text.append(delta)
+    except KeyboardInterrupt:
+        engine.abort_request(rid)
+        while engine.has_unfinished_requests():
+            engine.step()
+        print(" [stopped]", end="")
+    print(flush=True)
+    return "".join(text)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    if not args.prompt:
+        raise ValueError("the prompt is empty")
+    engine = _engine(args)
+    prompt = args.prompt
+    if args.chat:
+        tok = engine.tokenizer
+        text = tok.apply_chat_template([{"role": "user", "content": prompt}],
+                                       chat_template=args.chat_template)  # fmt: skip
+        prompt = {"prompt_token_ids": tok.encode(text, add_special_tokens=False)}
+    _stream(engine, prompt, _params(args))
+    return 0
+
+
+def _chat(args: argparse.Namespace) -> int:
+    engine = _engine(args)
+    tok = engine.tokenizer
+    history = [{"role": "system", "content": args.system}] if args.system else []
+    print("rawpage chat: type a message; Ctrl-C stops a reply, Ctrl-D quits.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print()
+            return 0
+        except KeyboardInterrupt:
+            print()
+            continue
+        if not line.strip():
+            continue
+        history.append({"role": "user", "content": line})
+        text = tok.apply_chat_template(history, chat_template=args.chat_template)
+        reply = _stream(
+            engine, {"prompt_token_ids": tok.encode(text, add_special_tokens=False)}, _params(args)
+        )
+        history.append({"role": "assistant", "content": reply})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,338 @@
+"""LLMEngine: requests in, one scheduling iteration per `step()`, incremental outputs out.
+
+    add_request ──► Scheduler.schedule() ──► ModelRunner.execute() ──► Sampler
+                         (which tokens)          (forward pass)        (next tokens)
+                                                                          │
+    RequestOutput ◄── stop checks, detokenize ◄── append tokens ◄─────────┘
+
+The engine is synchronous and single-threaded; the server drives it from one
+background thread, `LLM` drives it in a loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from rawpage.backends import get_backend
+from rawpage.block_manager import BlockManager
+from rawpage.chat_template import ChatTemplate
+from rawpage.detokenizer import IncrementalDetokenizer
+from rawpage.engine_args import EngineArgs
+from rawpage.loader import load_checkpoint
+from rawpage.memory import DEFAULT_CPU_KV_CACHE, plan_fixed
+from rawpage.model_runner import ModelRunner, kv_bytes_per_block
+from rawpage.models.llama import LlamaModel
+from rawpage.outputs import CompletionOutput, RequestOutput
+from rawpage.sampler import Sampler, SamplerOutput
+from rawpage.sampling_params import SamplingParams
+from rawpage.scheduler import Scheduler, SchedulerConfig
+from rawpage.sequence import Logprob, Request, Sequence
+from rawpage.stats import EngineStats, StepStats
+from rawpage.stop_checker import (
+    check_length,
+    check_stop_string,
+    check_stop_token,
+    stop_string_holdback,
+)
+
+logger = logging.getLogger("rawpage")
+
+PromptType = str | list[int] | dict[str, Any]
+
+
+class LLMEngine:
+    def __init__(self, args: EngineArgs | None = None, **kwargs: Any) -> None:
+        args = args or EngineArgs(**kwargs)
+        self.args = args
+        t0 = time.monotonic()
+        ckpt = load_checkpoint(args.model)
+        self.model_path = ckpt.path
+        self.model_config = c = ckpt.config
+        self.tokenizer = ckpt.tokenizer
+        self.generation_config = ckpt.generation_config
+        self.chat_template = ChatTemplate(args.chat_template) if args.chat_template else None
+        self.backend = get_backend(args.device)
+        if args.dtype not in ("auto", "float32") and self.backend.name == "cpu":
+            raise ValueError(
+                f"--device cpu computes in float32; --dtype {args.dtype} needs --device sim or cuda"
+            )
+        self.model = LlamaModel(c, self.backend, ckpt.tensors)
+        self.max_model_len = self._resolve_max_model_len()
+        self.block_size = args.block_size
+        self.memory = self._plan_memory()
+        num_blocks = self.memory.num_blocks
+        self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
+        batched = args.max_num_batched_tokens or (8192 if self.backend.name == "cuda" else 2048)
+        self.scheduler = Scheduler(
+            SchedulerConfig(args.max_num_seqs, batched, self.max_model_len, args.preemption_mode),
+            self.block_manager,
+        )
+        self.runner = ModelRunner(self.model, self.backend, args.block_size, num_blocks)
+        self.sampler = Sampler(c.vocab_size, c.eos_token_ids)
+        self.requests: dict[str, Request] = {}
+        self._aborted: list[Request] = []  # to report as finished on the next step
+        self._seq_ids = itertools.count()
+        self._rng = np.random.default_rng(args.seed)
+        self.stats = EngineStats(args.log_stats_interval)
+        self.startup_seconds = time.monotonic() - t0
+        logger.info("loaded %s (%s) on %s in %.1f s", c.name or ckpt.path, c.architecture, self.backend.name,
+                    self.startup_seconds)  # fmt: skip
+        logger.info("%s", self.memory.describe())
+
+    # --- setup ------------------------------------------------------------------------
+    def _resolve_max_model_len(self) -> int:
+        limit = self.model_config.max_position_embeddings
+        want = self.args.max_model_len or limit
+        if want > limit:
+            raise ValueError(f"--max-model-len {want} exceeds the model's context length {limit}")
+        return want
+
+    def _plan_memory(self):
+        a, c = self.args, self.model_config
+        per_block = kv_bytes_per_block(c, a.block_size, self.backend.dtype.itemsize)
+        weights = self.model.num_bytes()
+        if a.num_gpu_blocks_override:
+            budget = a.num_gpu_blocks_override * per_block
+            return plan_fixed(
+                budget,
+                per_block,
+                a.block_size,
+                self.max_model_len,
+                weights,
+                0,
+                "--num-gpu-blocks-override",
+            )
+        return plan_fixed(
+            a.kv_cache_memory or DEFAULT_CPU_KV_CACHE,
+            per_block,
+            a.block_size,
+            self.max_model_len,
+            weights,
+        )
+
+    # --- requests ----------------------------------------------------------------------
+    def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            prompt = prompt.get("prompt", "")
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt) if prompt else []
+        return None, list(prompt)
+
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
+                    arrival_time: float | None = None, priority: int = 0) -> Request:  # fmt: skip
+        """Queue a request. Raises ValueError at once if it can never run."""
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, ids = self.tokenize_prompt(prompt)
+        self.validate_prompt(ids, params)
+        req = Request(request_id, text, ids, params, arrival_time or time.monotonic(), priority)
+        seed = params.seed if params.seed is not None else int(self._rng.integers(2**63))
+        req.seqs.append(Sequence(next(self._seq_ids), req, ids, 0, seed))
+        if params.prompt_logprobs is not None:
+            req.prompt_logprobs = [None]
+        self.requests[request_id] = req
+        self.scheduler.add(req.seqs[0])
+        return req
+
+    def validate_prompt(self, ids: list[int], params: SamplingParams) -> None:
+        n, limit = len(ids), self.max_model_len
+        if n == 0:
+            raise ValueError("the prompt is empty; give at least one token")
+        bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
+        if bad:
+            raise ValueError(
+                f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})"
+            )
+        if params.max_tokens is None and n >= limit:
+            raise ValueError(
+                f"the prompt has {n} tokens, which leaves no room for output under --max-model-len {limit}"
+            )
+        total = n + (params.max_tokens or 0)
+        if total > limit:
+            raise ValueError(
+                f"the prompt ({n} tokens) plus max_tokens ({params.max_tokens}) is {total} tokens, "
+                f"more than --max-model-len {limit}; shorten the prompt or lower max_tokens"
+            )
+        # Startup guaranteed that one --max-model-len sequence fits in the pool, so any
+        # request that passes these checks can run to completion, if need be alone.
+
+    def abort_request(self, request_id: str | list[str]) -> None:
+        """Stop requests now; their blocks are freed at once and a final output follows."""
+        for rid in [request_id] if isinstance(request_id, str) else request_id:
+            req = self.requests.get(rid)
+            if req is None:
+                continue
+            for seq in req.seqs:
+                if not seq.is_finished:
+                    seq.finish_reason = "abort"
+                    self.scheduler.finish(seq)
+            self._aborted.append(req)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # --- one iteration ---------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        touched: dict[str, Request] = {r.request_id: r for r in self._aborted}
+        self._aborted = []
+        num_prompt_tokens = num_generated = 0
+        if not sched.is_empty:
+            self.runner.copy_blocks(sched.block_copies)
+            rows = [self._logits_rows(seq, n) for seq, n in sched.scheduled]
+            logits = self.runner.execute(sched.scheduled, rows)
+            to_sample: list[Sequence] = []
+            sample_rows: list[int] = []
+            offset = 0
+            for (seq, n), r in zip(sched.scheduled, rows):
+                start = seq.num_computed_tokens
+                if not (n == 1 and seq.num_output_tokens > 0 and start == seq.num_tokens - 1):
+                    num_prompt_tokens += n  # prompt or recomputed tokens, not a decode step
+                seq.num_computed_tokens += n
+                self.block_manager.cache_full_blocks(seq)
+                if seq.request.metrics.first_scheduled_time is None:
+                    seq.request.metrics.first_scheduled_time = time.monotonic()
+                if seq.request.prompt_logprobs is not None and len(r) > 1:
+                    self._record_prompt_logprobs(
+                        seq.request, start, logits[offset : offset + len(r)]
+                    )
+                if seq.num_computed_tokens == seq.num_tokens:
+                    for s in self._fork_if_needed(seq):
+                        to_sample.append(s)
+                        sample_rows.append(offset + len(r) - 1)
+                offset += len(r)
+                touched[seq.request.request_id] = seq.request
+            if to_sample:
+                out = self.sampler(logits[sample_rows], to_sample)
+                self._append_tokens(to_sample, out)
+                num_generated = len(to_sample)
+        outputs = [self._make_output(req) for req in touched.values()]
+        for o in outputs:
+            if o.finished:
+                self.requests.pop(o.request_id, None)
+                self.stats.requests_finished_total += 1
+        bm = self.block_manager
+        self.stats.record_step(
+            StepStats(
+                len(self.scheduler.running),
+                len(self.scheduler.waiting),
+                0,
+                bm.num_used_blocks / max(1, bm.num_blocks),
+                num_prompt_tokens,
+                num_generated,
+            ),  # fmt: skip
+            self.scheduler.num_preemptions,
+            bm.prefix_hits / max(1, bm.prefix_queries),
+        )
+        return outputs
+
+    def _logits_rows(self, seq: Sequence, n: int) -> np.ndarray:
+        """Which rows of this sequence's chunk need logits: the last one if it completes the
+        sequence's known tokens (we sample), all of them while recording prompt logprobs."""
+        req = seq.request
+        if (
+            req.prompt_logprobs is not None
+            and seq.index == 0
+            and len(req.prompt_logprobs) < seq.num_prompt_tokens
+        ):
+            return np.arange(n)
+        if seq.num_computed_tokens + n == seq.num_tokens:
+            return np.array([n - 1])
+        return np.zeros(0, dtype=np.int64)
+
+    def _fork_if_needed(self, seq: Sequence) -> list[Sequence]:
+        """n > 1: once the shared prompt is computed, the parent forks n - 1 children that
+        point at the same KV blocks; each samples its own first token from the same logits."""
+        req = seq.request
+        if req.params.n == 1 or req.forked:
+            return [seq]
+        req.forked = True
+        for i in range(1, req.params.n):
+            child = seq.fork(next(self._seq_ids), i, seq.seed)
+            self.block_manager.fork(seq, child)
+            req.seqs.append(child)
+            self.scheduler.add_running(child)
+        return list(req.seqs)
+
+    def _record_prompt_logprobs(self, req: Request, start: int, logits: np.ndarray) -> None:
+        """logits row j (position start + j) predicts prompt token start + j + 1."""
+        from rawpage.sampler import log_softmax, top_k_ids
+
+        k = req.params.prompt_logprobs
+        ids = req.prompt_token_ids
+        lps = log_softmax(logits[:, : self.model_config.vocab_size])
+        for j in range(len(lps)):
+            pos = start + j + 1
+            if pos >= len(ids) or pos < len(req.prompt_logprobs):
+                continue
+            tok = ids[pos]
+            entry = {tok: Logprob(float(lps[j, tok]), int((lps[j] > lps[j, tok]).sum()) + 1)}
+            for rank, t in enumerate(top_k_ids(lps[j], k) if k else [], start=1):
+                entry.setdefault(int(t), Logprob(float(lps[j, t]), rank))
+            req.prompt_logprobs.append(entry)
+
+    def _append_tokens(self, seqs: list[Sequence], out: SamplerOutput) -> None:
+        now = time.monotonic()
+        eos = self.model_config.eos_token_ids
+        for i, seq in enumerate(seqs):
+            tok, lp = int(out.token_ids[i]), float(out.logprobs[i])
+            seq.append_token(tok, 0.0 if np.isnan(lp) else lp)
+            p = seq.request.params
+            if p.logprobs is not None:
+                entry = {tok: Logprob(lp, int(out.ranks[i]))}
+                for rank, (t, v) in enumerate(zip(out.top_ids[i], out.top_logprobs[i]), start=1):
+                    entry.setdefault(int(t), Logprob(float(v), rank))
+                seq.logprobs.append(entry)
+            m = seq.request.metrics
+            m.first_token_time = m.first_token_time or now
+            m.last_token_time = now
+            if not check_stop_token(seq, eos):
+                if seq.detokenizer is None:
+                    seq.detokenizer = IncrementalDetokenizer(
+                        self.tokenizer, seq.request.prompt_token_ids, p.skip_special_tokens
+                    )
+                delta = seq.detokenizer.add([tok])
+                seq.text += delta
+                check_stop_string(seq, delta)
+            if seq.finish_reason or check_length(seq, self.max_model_len):
+                self.scheduler.finish(seq)
+
+    def _make_output(self, req: Request) -> RequestOutput:
+        outs = []
+        for seq in req.seqs:
+            visible = seq.text
+            hold = stop_string_holdback(seq)
+            if hold and not seq.is_finished:
+                visible = visible[: max(seq.num_emitted_chars, len(visible) - hold)]
+            toks = seq.output_token_ids
+            lps = seq.logprobs if req.params.logprobs is not None else None
+            outs.append(
+                CompletionOutput(
+                    index=seq.index,
+                    text=visible,
+                    token_ids=list(toks),
+                    cumulative_logprob=seq.cumulative_logprob
+                    if req.params.logprobs is not None
+                    else None,
+                    logprobs=lps,
+                    finish_reason=seq.finish_reason,
+                    stop_reason=seq.stop_reason,
+                    delta_text=visible[seq.num_emitted_chars :],
+                    delta_token_ids=list(toks[seq.num_emitted_tokens :]),
+                    delta_logprobs=lps[seq.num_emitted_tokens :] if lps is not None else None,
+                )
+            )
+            seq.num_emitted_chars, seq.num_emitted_tokens = len(visible), len(toks)
+        finished = req.is_finished
+        if finished:
+            req.metrics.finished_time = time.monotonic()
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, req.prompt_logprobs, outs,
+                             finished, req.metrics, req.num_cached_tokens)  # fmt: skip

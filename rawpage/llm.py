@@ -1,0 +1,115 @@
+"""LLM: offline batch generation, shaped like vLLM's so that code can switch.
+
+from rawpage import LLM, SamplingParams
+llm = LLM()                       # the embedded SmolLM2-135M-Instruct on the CPU
+outs = llm.generate(["Hello"], SamplingParams(max_tokens=32))
+print(outs[0].outputs[0].text)
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+from rawpage.engine import LLMEngine, PromptType
+from rawpage.engine_args import EngineArgs
+from rawpage.outputs import RequestOutput
+from rawpage.sampling_params import SamplingParams
+
+Conversation = list[dict[str, Any]]
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
+        """Every engine flag is a keyword here in snake_case: device, dtype, max_model_len,
+        max_num_seqs, max_num_batched_tokens, block_size, kv_cache_memory, seed, ..."""
+        unknown = set(kwargs) - EngineArgs.field_names()
+        if unknown:
+            raise TypeError(
+                f"LLM() got unknown keyword(s) {sorted(unknown)}; see EngineArgs for the list"
+            )
+        kwargs.setdefault("log_stats_interval", 0)
+        self.engine = LLMEngine(EngineArgs(model=model, **kwargs))
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | list[PromptType],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: list[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion with continuous batching; outputs in prompt order."""
+        if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]
+        params = sampling_params or SamplingParams()
+        params = params if isinstance(params, list) else [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
+        ids = []
+        try:
+            for i, (prompt, p) in enumerate(zip(prompts, params)):
+                rid = str(next(self._ids))
+                self.engine.add_request(rid, prompt, p, priority=priority[i] if priority else 0)
+                ids.append(rid)
+        except ValueError:
+            self.engine.abort_request(ids)
+            self._drain()
+            raise
+        return self._run(ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: Conversation | list[Conversation],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Apply the chat template to each conversation, then generate."""
+        convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        tok = self.engine.tokenizer
+        template = chat_template or (
+            self.engine.chat_template.source if self.engine.chat_template else None
+        )
+        prompts = [
+            {"prompt_token_ids": tok.encode(
+                tok.apply_chat_template(c, add_generation_prompt, chat_template=template), add_special_tokens=False)}
+            for c in convs
+        ]  # fmt: skip
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        done: dict[str, RequestOutput] = {}
+        bar = _progress_bar(len(ids)) if use_tqdm else None
+        start, generated = time.monotonic(), 0
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                generated += sum(len(o.delta_token_ids) for o in out.outputs)
+                if out.finished:
+                    done[out.request_id] = out
+                    if bar is not None:
+                        bar.update(1)
+            if bar is not None:
+                bar.set_postfix_str(
+                    f"{generated / max(1e-9, time.monotonic() - start):.1f} tok/s", refresh=False
+                )
+        if bar is not None:
+            bar.close()
+        return [done[i] for i in ids if i in done]
+
+    def _drain(self) -> None:
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+
+
+def _progress_bar(total: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="requests", unit="req", dynamic_ncols=True)

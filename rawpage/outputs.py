@@ -1,0 +1,40 @@
+"""What the engine hands back, shaped like vLLM's RequestOutput / CompletionOutput.
+
+Fields are cumulative (the whole text so far), as in vLLM; the `delta_*` fields
+hold only what this step added, for streaming.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rawpage.sequence import Logprob, RequestMetrics
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[dict[int, Logprob]] | None
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_reason: int | str | None = None  # the stop string or stop token id that ended it
+    delta_text: str = ""
+    delta_token_ids: list[int] = field(default_factory=list)
+    delta_logprobs: list[dict[int, Logprob]] | None = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    prompt_logprobs: list[dict[int, Logprob] | None] | None
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache

@@ -1,0 +1,92 @@
+"""SamplingParams: how to pick each next token and when to stop. Same names as vLLM's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1  # completions per prompt; they share the prompt's KV blocks
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0  # nucleus: smallest set of tokens with this much probability
+    top_k: int = 0  # keep the k most likely tokens; 0 or -1 means all
+    min_p: float = 0.0  # drop tokens less likely than min_p * p(most likely token)
+    presence_penalty: float = 0.0  # subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the generated text
+    repetition_penalty: float = 1.0  # divides positive (multiplies negative) logits of seen tokens
+    seed: int | None = None  # per-request RNG; same seed, same output, whatever the batch
+    max_tokens: int | None = 16  # None: up to the context limit
+    min_tokens: int = 0  # EOS and stop tokens are suppressed until this many are generated
+    stop: list[str] | str | None = None  # stop strings, excluded from the output text
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    logprobs: int | None = None  # top-N logprobs per generated token (plus the sampled one)
+    prompt_logprobs: int | None = None  # top-N logprobs per prompt token
+    logit_bias: dict[int, float] | None = None  # added to the logits before sampling
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    # beam search (vLLM's offline API): n is the beam width
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    stop_strings: list[str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.stop_strings = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        if self.logit_bias:
+            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+        self._validate()
+
+    def _validate(self) -> None:
+        def bad(name: str, why: str) -> None:
+            raise ValueError(f"{name} {why}, got {getattr(self, name)!r}")
+
+        if not isinstance(self.n, int) or self.n < 1:
+            bad("n", "must be an integer >= 1")
+        if self.temperature < 0:
+            bad("temperature", "must be >= 0")
+        if not 0 < self.top_p <= 1:
+            bad("top_p", "must be in (0, 1]")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            bad("top_k", "must be -1, 0 (disabled) or a positive integer")
+        if not 0 <= self.min_p <= 1:
+            bad("min_p", "must be in [0, 1]")
+        if not -2 <= self.presence_penalty <= 2:
+            bad("presence_penalty", "must be in [-2, 2]")
+        if not -2 <= self.frequency_penalty <= 2:
+            bad("frequency_penalty", "must be in [-2, 2]")
+        if self.repetition_penalty <= 0:
+            bad("repetition_penalty", "must be > 0")
+        if self.max_tokens is not None and (
+            not isinstance(self.max_tokens, int) or self.max_tokens < 1
+        ):
+            bad("max_tokens", "must be an integer >= 1 (or None)")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            bad("min_tokens", "must be an integer >= 0")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            bad("min_tokens", f"must be <= max_tokens ({self.max_tokens})")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            bad("logprobs", "must be in [0, 20]")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
+            bad("prompt_logprobs", "must be in [0, 20]")
+        if self.seed is not None and not isinstance(self.seed, int):
+            bad("seed", "must be an integer")
+        if any(not s for s in self.stop_strings):
+            bad("stop", "must not contain empty strings")
+        if self.use_beam_search:
+            if self.temperature != 0 and self.temperature != 1.0:
+                bad(
+                    "temperature",
+                    "must be 0 with beam search (beams are chosen by log-probability)",
+                )
+            if self.early_stopping not in (True, False, "never"):
+                bad("early_stopping", "must be True, False or 'never'")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1

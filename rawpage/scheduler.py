@@ -1,0 +1,150 @@
+"""Scheduler: decides, every iteration, which sequences run and how many tokens each.
+
+Iteration-level scheduling (continuous batching) with a token budget, as in
+vLLM: every step gets at most `max_num_batched_tokens` new tokens.
+  1. Running sequences go first, oldest first. A decoding sequence needs one
+     token; a sequence still in its prompt takes as many tokens as the budget
+     allows (chunked prefill). If the pool has no room for a sequence's next
+     tokens, the newest running sequence is preempted (its blocks freed, to be
+     recomputed, or swapped to CPU memory), until there is room.
+  2. If nothing was preempted, waiting requests are admitted in priority then
+     arrival order while the budget, `max_num_seqs` and free blocks allow,
+     first reusing any prefix already in the cache.
+Prefill chunks and decodes then run together in one forward pass.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from rawpage.block_manager import BlockManager
+from rawpage.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 8192
+    preemption_mode: str = "recompute"  # or "swap"
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, new tokens)
+    preempted: list[Sequence] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(
+        default_factory=list
+    )  # copy-on-write, before the forward
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+def _order(seq: Sequence) -> tuple:
+    """Scheduling order: priority (lower first), then arrival, then sequence id."""
+    return (seq.request.priority, seq.request.arrival_time, seq.seq_id)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: list[Sequence] = []  # kept sorted by _order
+        self.running: list[Sequence] = []  # kept sorted by _order
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        bisect.insort(self.waiting, seq, key=_order)
+
+    def add_running(self, seq: Sequence) -> None:
+        """A forked child: it already shares its parent's blocks."""
+        seq.status = SequenceStatus.RUNNING
+        bisect.insort(self.running, seq, key=_order)
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished or aborted sequence and free its blocks at once."""
+        for queue in (self.running, self.waiting):
+            if seq in queue:
+                queue.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        bm = self.block_manager
+
+        # 1. running sequences, oldest first; preempt from the newest end when out of blocks
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_uncomputed_tokens, budget)
+            while not bm.append_slots(seq, n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                out.scheduled.append((seq, n))
+                budget -= n
+                i += 1
+
+        # 2. admit waiting sequences, unless this step already had to preempt
+        while self.waiting and budget > 0 and not out.preempted:
+            seq = self.waiting[0]
+            if len(self.running) + self._seats(seq) > self.config.max_num_seqs:
+                break
+            cached = bm.match_prefix(seq) if seq.request.params.prompt_logprobs is None else []
+            n = self._tokens_that_fit(seq, cached, budget)
+            if n == 0 or not bm.can_allocate(seq, n, cached):
+                break
+            self.waiting.pop(0)
+            bm.allocate(seq, cached)
+            if seq.index == 0 and seq.num_output_tokens == 0:
+                seq.request.num_cached_tokens = seq.num_computed_tokens
+            ok = bm.append_slots(seq, n)
+            assert ok, "can_allocate promised room"
+            seq.status = SequenceStatus.RUNNING
+            bisect.insort(self.running, seq, key=_order)
+            out.scheduled.append((seq, n))
+            budget -= n
+
+        out.block_copies, bm.pending_copies = bm.pending_copies, []
+        return out
+
+    def _seats(self, seq: Sequence) -> int:
+        """Running slots a waiting sequence will take: n for a request that will fork."""
+        return seq.request.params.n if not seq.request.forked else 1
+
+    def _tokens_that_fit(self, seq: Sequence, cached: list[int], budget: int) -> int:
+        """How many of the sequence's tokens can start now: the budget, capped by free blocks
+        (a long prompt may start with the chunk that fits rather than wait for the whole)."""
+        bm = self.block_manager
+        remaining = seq.num_tokens - len(cached) * bm.block_size
+        revived = sum(
+            1 for b in cached if bm.ref_counts[b] == 0
+        )  # cached blocks leaving the free queue
+        free_slots = (bm.num_free_blocks - bm.watermark_blocks - revived) * bm.block_size
+        return max(0, min(remaining, budget, free_slots))
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute mode: drop the sequence's blocks; it rejoins the waiting queue and
+        later recomputes its prompt and generated tokens in one prefill."""
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        self.num_preemptions += 1
+        self.add(seq)

@@ -1,0 +1,137 @@
+"""Requests and their sequences: the unit the scheduler moves and the block manager pages.
+
+A Request is one prompt with its SamplingParams. It owns one Sequence, or n of
+them for parallel sampling and beam search; those share the prompt's KV blocks.
+Every sequence carries its own token list, KV block table, progress
+(`num_computed_tokens`: how many of its tokens already have K/V in the cache),
+random generator and detokenizer.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rawpage.detokenizer import IncrementalDetokenizer
+from rawpage.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # no KV blocks; (re)starts from num_computed_tokens
+    RUNNING = "running"  # holds blocks; scheduled every step
+    SWAPPED = "swapped"  # its blocks live in the CPU swap pool
+    FINISHED = "finished"
+
+
+@dataclass
+class Logprob:
+    logprob: float
+    rank: int | None = None  # 1 = most likely
+    decoded_token: str | None = None
+
+
+class Sequence:
+    def __init__(
+        self, seq_id: int, request: Request, token_ids: list[int], index: int, seed: int
+    ) -> None:
+        self.seq_id = seq_id
+        self.request = request
+        self.index = index  # which of the request's n completions
+        self.token_ids = list(token_ids)  # prompt, then generated tokens
+        self.num_prompt_tokens = len(request.prompt_token_ids)
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.block_table: list[int] = []  # logical block i -> physical block id
+        self.block_hashes: list[int] = []  # prefix-cache names of its full blocks (BlockManager)
+        self.num_hashed_blocks = 0  # leading blocks of block_table already named in the cache
+        self.status = SequenceStatus.WAITING
+        self.rng = np.random.default_rng([seed, index])  # siblings of one request differ
+        self.seed = seed
+        self.cumulative_logprob = 0.0
+        self.logprobs: list[dict[int, Logprob]] = []  # one dict per generated token, if asked
+        self.finish_reason: str | None = None  # "stop" | "length" | "abort"
+        self.stop_reason: int | str | None = None  # the stop token id or stop string
+        self.detokenizer: IncrementalDetokenizer | None = None
+        self.text = ""  # generated text so far, stop strings removed
+        self.num_emitted_tokens = 0  # tokens already reported in outputs
+        self.num_emitted_chars = 0
+
+    # --- token bookkeeping ------------------------------------------------------
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        """True while more than one token is waiting for its K/V (prompt, or recompute)."""
+        return self.num_uncomputed_tokens > 1
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int, logprob: float) -> None:
+        self.token_ids.append(token_id)
+        self.cumulative_logprob += logprob
+
+    def fork(self, seq_id: int, index: int, seed: int) -> Sequence:
+        """A child with the same tokens and progress; the caller shares the blocks."""
+        child = Sequence(seq_id, self.request, self.token_ids, index, seed)
+        child.num_computed_tokens = self.num_computed_tokens
+        child.status = self.status
+        child.cumulative_logprob = self.cumulative_logprob
+        child.logprobs = list(self.logprobs)
+        return child
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence({self.seq_id}, req={self.request.request_id}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={len(self.block_table)}, {self.status.value})"
+        )
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float = field(default_factory=time.monotonic)
+    priority: int = 0  # lower runs first (vLLM's convention)
+    seqs: list[Sequence] = field(default_factory=list)
+    forked: bool = False  # n > 1: children exist once the prompt is computed
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    metrics: RequestMetrics = field(init=False)
+    lora: Any = None
+
+    def __post_init__(self) -> None:
+        self.metrics = RequestMetrics(self.arrival_time)
+
+    @property
+    def is_finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs)

@@ -1,0 +1,56 @@
+"""Engine statistics: counters the server exports, and a log line every few seconds while busy."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+logger = logging.getLogger("rawpage")
+
+
+@dataclass
+class StepStats:
+    """Gauges after one step."""
+
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    kv_usage: float  # fraction of blocks in use
+    num_prompt_tokens: int  # computed this step (prefill, recompute)
+    num_generation_tokens: int  # sampled this step
+
+
+@dataclass
+class EngineStats:
+    log_interval: float = 5.0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    preemptions_total: int = 0
+    swap_outs_total: int = 0
+    swap_ins_total: int = 0
+    requests_finished_total: int = 0
+    last: StepStats | None = None
+    _window_start: float = field(default_factory=time.monotonic)
+    _window_prompt: int = 0
+    _window_gen: int = 0
+    _last_log: float = field(default_factory=time.monotonic)
+
+    def record_step(self, s: StepStats, preemptions_total: int, prefix_hit_rate: float) -> None:
+        self.last = s
+        self.prompt_tokens_total += s.num_prompt_tokens
+        self.generation_tokens_total += s.num_generation_tokens
+        self._window_prompt += s.num_prompt_tokens
+        self._window_gen += s.num_generation_tokens
+        self.preemptions_total = preemptions_total
+        now = time.monotonic()
+        if self.log_interval and now - self._last_log >= self.log_interval:
+            dt = now - self._window_start
+            logger.info(
+                "running: %d, waiting: %d, swapped: %d, preemptions: %d, KV cache: %.1f%%, "
+                "prefix cache hits: %.1f%%, prompt: %.1f tok/s, generation: %.1f tok/s",
+                s.num_running, s.num_waiting, s.num_swapped, self.preemptions_total, 100 * s.kv_usage,
+                100 * prefix_hit_rate, self._window_prompt / dt, self._window_gen / dt,
+            )  # fmt: skip
+            self._last_log = self._window_start = now
+            self._window_prompt = self._window_gen = 0
