@@ -64,7 +64,7 @@ class Sampler:
             picked[i] = raw[j, tokens[i]]
             ranks[i] = int((raw[j] > picked[i]).sum()) + 1
             k = seqs[i].request.params.logprobs
-            if k:
+            if k is not None:  # k may be 0: just the sampled token's own logprob
                 top_ids[i] = top_k_ids(raw[j], k)
                 top_lps[i] = raw[j, top_ids[i]]
         return SamplerOutput(tokens, picked, top_ids, top_lps, ranks)
@@ -134,5 +134,7 @@ def nucleus_mask(p: np.ndarray, top_p: float) -> None:
 def top_k_ids(row: np.ndarray, k: int) -> np.ndarray:
     """Ids of the k largest entries, largest first."""
     k = min(k, row.size)
+    if k == 0:
+        return np.zeros(0, dtype=np.int64)
     ids = np.argpartition(-row, k - 1)[:k]
     return ids[np.argsort(-row[ids], kind="stable")]

@@ -121,3 +121,10 @@ def test_logprobs_are_top_n_sorted_with_ranks():
 def test_invalid_params_name_the_parameter(kwargs, name):
     with pytest.raises(ValueError, match=f"^{name} "):
         SamplingParams(**kwargs)
+
+
+def test_logprobs_zero_reports_only_the_sampled_token():
+    out = Sampler(V, [EOS])(
+        logits_from_probs([0.2, 0.8])[None], [seq_with(SamplingParams(temperature=0, logprobs=0))]
+    )
+    assert len(out.top_ids[0]) == 0 and out.logprobs[0] == pytest.approx(np.log(0.8), rel=1e-4)

@@ -1,0 +1,181 @@
+"""The Starlette app: routes, authentication, errors in OpenAI's shape, and `rawpage serve`.
+
+POST /v1/chat/completions   POST /v1/completions   GET /v1/models
+POST /tokenize   POST /detokenize   GET /health   GET /version   GET /metrics
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+from collections.abc import Awaitable, Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from rawpage import __version__
+from rawpage.chat_template import ChatTemplateError
+from rawpage.engine_args import EngineArgs
+from rawpage.loader import resolve_model_path
+from rawpage.server.async_engine import AsyncEngine, EngineDeadError
+from rawpage.server.chat import create_chat_completion, parse_messages
+from rawpage.server.completions import create_completion
+from rawpage.server.metrics import ServerMetrics
+from rawpage.server.protocol import APIError
+from rawpage.server.state import ServerState
+from rawpage.server.streaming import ClientDisconnected
+
+logger = logging.getLogger("rawpage.server")
+
+Handler = Callable[[Request, ServerState], Awaitable[Response]]
+
+
+def default_served_name(model: str | None) -> str:
+    path = resolve_model_path(model)
+    name = os.path.basename(os.path.normpath(path))
+    return name.split(".")[0] if name.endswith(".gguf") else name
+
+
+def build_app(engine_args: EngineArgs, served_model_name: str | None = None, api_key: str | None = None,
+              max_request_bytes: int = 4 << 20) -> Starlette:  # fmt: skip
+    name = (
+        served_model_name or engine_args.served_model_name or default_served_name(engine_args.model)
+    )
+    metrics = ServerMetrics(name)
+    state = ServerState(
+        AsyncEngine(engine_args, on_step=metrics.on_step), name, metrics, api_key, max_request_bytes
+    )
+
+    def api(handler: Handler, v1: bool = True) -> Callable[[Request], Awaitable[Response]]:
+        """Wrap a handler: auth for /v1, and every failure as an OpenAI error object."""
+
+        async def endpoint(request: Request) -> Response:
+            try:
+                if v1:
+                    state.check_auth(request)
+                return await handler(request, state)
+            except APIError as e:
+                return JSONResponse(e.body(), status_code=e.status)
+            except ClientDisconnected:
+                return Response(status_code=499)
+            except EngineDeadError as e:
+                err = APIError(str(e), 500, type="internal_server_error")
+                return JSONResponse(err.body(), status_code=500)
+            except ValueError as e:  # a request the engine refused (e.g. at add time)
+                return JSONResponse(APIError(str(e)).body(), status_code=400)
+            except Exception as e:  # a bug: say so in the API's shape, log the traceback
+                logger.exception("internal error in %s", request.url.path)
+                err = APIError(
+                    f"internal error: {type(e).__name__}", 500, type="internal_server_error"
+                )
+                return JSONResponse(err.body(), status_code=500)
+
+        return endpoint
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        state.engine.start()  # loads the model in the engine thread; /health says 503 meanwhile
+        yield
+        state.engine.shutdown()
+
+    routes = [
+        Route("/v1/chat/completions", api(create_chat_completion), methods=["POST"]),
+        Route("/v1/completions", api(create_completion), methods=["POST"]),
+        Route("/v1/models", api(list_models), methods=["GET"]),
+        Route("/tokenize", api(tokenize, v1=False), methods=["POST"]),
+        Route("/detokenize", api(detokenize, v1=False), methods=["POST"]),
+        Route("/health", api(health, v1=False), methods=["GET"]),
+        Route("/version", api(version, v1=False), methods=["GET"]),
+        Route("/metrics", api(metrics_endpoint, v1=False), methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.rawpage = state
+    for status in (404, 405):
+        app.add_exception_handler(status, _http_error)
+    return app
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    status = getattr(exc, "status_code", 404)
+    err = APIError(f"{request.method} {request.url.path}: {getattr(exc, 'detail', 'not found')}", status,
+                   type="not_found_error" if status == 404 else "invalid_request_error")  # fmt: skip
+    return JSONResponse(err.body(), status_code=status)
+
+
+async def health(request: Request, state: ServerState) -> Response:
+    if state.engine.error is not None:
+        return JSONResponse(
+            {"status": "unhealthy", "error": str(state.engine.error)}, status_code=500
+        )
+    if state.engine.is_loading:
+        return JSONResponse({"status": "loading"}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+async def version(request: Request, state: ServerState) -> Response:
+    return JSONResponse({"version": __version__})
+
+
+async def list_models(request: Request, state: ServerState) -> Response:
+    llm = state.llm
+    model = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "rawpage",
+             "root": llm.model_path, "max_model_len": llm.max_model_len}  # fmt: skip
+    return JSONResponse({"object": "list", "data": [model]})
+
+
+async def tokenize(request: Request, state: ServerState) -> Response:
+    """vLLM's shape: {"prompt": str} or {"messages": [...]} -> {"count", "max_model_len", "tokens"}."""
+    body = await state.read_body(request)
+    state.check_model(body)
+    tok = state.llm.tokenizer
+    if "messages" in body.data:
+        template = state.llm.chat_template.source if state.llm.chat_template else None
+        try:
+            text = tok.apply_chat_template(parse_messages(body), body.bool("add_generation_prompt", True),
+                                           chat_template=template)  # fmt: skip
+        except ChatTemplateError as e:
+            raise APIError(str(e), param="messages") from None
+        ids = tok.encode(text, add_special_tokens=body.bool("add_special_tokens", False))
+    else:
+        prompt = body.str("prompt")
+        if prompt is None:
+            raise APIError("give 'prompt' (a string) or 'messages'", param="prompt")
+        ids = tok.encode(prompt, add_special_tokens=body.bool("add_special_tokens", True))
+    out = {"count": len(ids), "max_model_len": state.llm.max_model_len, "tokens": ids}
+    if body.bool("return_token_strs", False):
+        out["token_strs"] = [tok.id_to_token(i) for i in ids]
+    return JSONResponse(out)
+
+
+async def detokenize(request: Request, state: ServerState) -> Response:
+    body = await state.read_body(request)
+    state.check_model(body)
+    ids = body.int_list("tokens")
+    vocab = state.llm.model_config.vocab_size
+    if any(not 0 <= t < vocab for t in ids):
+        raise APIError(f"'tokens' must be ids in [0, {vocab})", param="tokens")
+    return JSONResponse({"prompt": state.llm.tokenizer.decode(ids, skip_special_tokens=False)})
+
+
+async def metrics_endpoint(request: Request, state: ServerState) -> Response:
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def run_server(args: argparse.Namespace) -> int:
+    """`rawpage serve`: uvicorn on --host:--port; SIGINT/SIGTERM drain in-flight streams, then stop."""
+    import uvicorn
+
+    engine_args = EngineArgs.from_cli_args(args)
+    app = build_app(engine_args, args.served_model_name, args.api_key, args.max_request_bytes)
+    name = app.state.rawpage.model_name
+    logger.info("rawpage %s: serving %s at http://%s:%d/v1 (loading the model now; /health is 503 until ready)",
+                __version__, name, args.host, args.port)  # fmt: skip
+    uvicorn.run(
+        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30
+    )
+    return 0

@@ -1,0 +1,173 @@
+"""POST /v1/chat/completions: messages -> chat template -> tokens -> engine -> message."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from rawpage.chat_template import ChatTemplateError
+from rawpage.outputs import CompletionOutput, RequestOutput
+from rawpage.server.protocol import APIError, Body, sampling_params, usage
+from rawpage.server.state import ServerState
+from rawpage.server.streaming import final_outputs, merge, sse, unless_disconnected
+
+
+def parse_messages(body: Body) -> list[dict[str, Any]]:
+    msgs = body.data.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise APIError("'messages' must be a non-empty list", param="messages")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise APIError(
+                f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]"
+            )
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: we take text
+            texts = []
+            for part in content:
+                if (
+                    not isinstance(part, dict)
+                    or part.get("type") != "text"
+                    or not isinstance(part.get("text"), str)
+                ):
+                    raise APIError(
+                        f"messages[{i}]: only text content parts are supported",
+                        param=f"messages[{i}].content",
+                    )
+                texts.append(part["text"])
+            content = "".join(texts)
+        elif content is None:
+            content = ""
+        elif not isinstance(content, str):
+            raise APIError(
+                f"messages[{i}].content must be a string or a list of parts",
+                param=f"messages[{i}].content",
+            )
+        out.append({**m, "content": content})
+    return out
+
+
+async def create_chat_completion(request: Request, state: ServerState) -> Response:
+    body = await state.read_body(request)
+    state.check_model(body)
+    llm = state.llm
+    messages = parse_messages(body)
+    want_logprobs = body.bool("logprobs", False)
+    top = body.int("top_logprobs", None, 0, 20)
+    if top is not None and not want_logprobs:
+        raise APIError("'top_logprobs' requires 'logprobs': true", param="top_logprobs")
+    max_tokens = body.int("max_completion_tokens", None, 1)
+    if max_tokens is None:
+        max_tokens = body.int("max_tokens", None, 1)
+    params = sampling_params(body, max_tokens, (top or 0) if want_logprobs else None)
+    template = body.str("chat_template") or (
+        llm.chat_template.source if llm.chat_template else None
+    )
+    try:
+        text = llm.tokenizer.apply_chat_template(
+            messages, body.bool("add_generation_prompt", True), chat_template=template,
+            **body.dict("chat_template_kwargs"),
+        )  # fmt: skip
+    except (ChatTemplateError, ValueError, TypeError) as e:
+        raise APIError(str(e), param="messages") from None
+    ids = llm.tokenizer.encode(text, add_special_tokens=False)
+    state.validate_prompt(ids, params, "messages")
+    stream = body.bool("stream", False)
+    include_usage = Body(body.dict("stream_options")).bool("include_usage", False)
+    rid = state.request_id(request, "chatcmpl")
+    gen = state.engine.generate(f"{rid}#{uuid.uuid4().hex[:8]}", {"prompt_token_ids": ids}, params,
+                                body.int("priority", 0))  # fmt: skip
+    fmt = _ChatFormatter(state, rid, top or 0)
+    if stream:
+        return StreamingResponse(_stream(fmt, gen, include_usage), media_type="text/event-stream",
+                                 headers={"X-Request-Id": rid})  # fmt: skip
+    (final,) = await unless_disconnected(request, final_outputs([gen]))
+    choices = [
+        {"index": o.index, "message": {"role": "assistant", "content": o.text},
+         "logprobs": fmt.logprobs(o.token_ids, o.logprobs) if o.logprobs is not None else None,
+         "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}
+        for o in final.outputs
+    ]  # fmt: skip
+    return JSONResponse(
+        fmt.envelope(choices, fmt.usage(final), "chat.completion"), headers={"X-Request-Id": rid}
+    )
+
+
+async def _stream(fmt: _ChatFormatter, gen: AsyncIterator[RequestOutput], include_usage: bool):
+    final = None
+    started: set[int] = set()
+    finished: set[int] = set()
+    async with aclosing(merge([gen])) as merged:
+        async for _, out in merged:
+            for o in out.outputs:
+                if o.index in finished:
+                    continue
+                if o.index not in started:  # the role comes first, on its own, as OpenAI does
+                    started.add(o.index)
+                    yield sse(fmt.chunk(o.index, {"role": "assistant", "content": ""}, None, None))
+                if o.delta_text or o.delta_token_ids or o.finish_reason:
+                    lp = (
+                        fmt.logprobs(o.delta_token_ids, o.delta_logprobs)
+                        if o.delta_logprobs is not None
+                        else None
+                    )
+                    yield sse(fmt.chunk(o.index, {"content": o.delta_text}, lp, o))
+                if o.finish_reason:
+                    finished.add(o.index)
+            final = out
+    if include_usage and final is not None:
+        yield sse(fmt.envelope([], fmt.usage(final), "chat.completion.chunk"))
+    yield sse("[DONE]")
+
+
+class _ChatFormatter:
+    def __init__(self, state: ServerState, rid: str, top_logprobs: int) -> None:
+        self.state, self.rid, self.created = state, rid, int(time.time())
+        self.top_logprobs = top_logprobs
+
+    def envelope(self, choices: list[dict], usage_: dict | None, obj: str) -> dict[str, Any]:
+        out = {"id": self.rid, "object": obj, "created": self.created, "model": self.state.model_name,
+               "choices": choices}  # fmt: skip
+        if usage_ is not None:
+            out["usage"] = usage_
+        return out
+
+    def chunk(
+        self, index: int, delta: dict, logprobs: dict | None, o: CompletionOutput | None
+    ) -> dict[str, Any]:
+        finish = o.finish_reason if o is not None else None
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        if finish:
+            choice["stop_reason"] = o.stop_reason
+        return self.envelope([choice], None, "chat.completion.chunk")
+
+    def logprobs(self, token_ids: list[int], entries: list) -> dict[str, Any]:
+        def item(tok: int, lp: float) -> dict[str, Any]:
+            text = self.state.token_text(tok)
+            return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+
+        content = []
+        for tok, e in zip(token_ids, entries):
+            top = sorted(
+                (v.rank, t, v.logprob)
+                for t, v in e.items()
+                if v.rank is not None and v.rank <= self.top_logprobs
+            )
+            content.append(
+                {**item(tok, e[tok].logprob), "top_logprobs": [item(t, lp) for _, t, lp in top]}
+            )
+        return {"content": content}
+
+    def usage(self, final: RequestOutput) -> dict[str, Any]:
+        return usage(
+            len(final.prompt_token_ids),
+            sum(len(o.token_ids) for o in final.outputs),
+            final.num_cached_tokens,
+        )

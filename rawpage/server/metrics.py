@@ -1,0 +1,89 @@
+"""Prometheus metrics with vLLM's names under a `rawpage:` prefix, for /metrics.
+
+Gauges and counters are updated in the engine thread after every step (the
+`on_step` hook of AsyncEngine); latencies are observed as tokens arrive.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from rawpage.engine import LLMEngine
+from rawpage.outputs import RequestOutput
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                    10.0, 20.0, 40.0, 80.0, 160.0)  # fmt: skip
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        r, labels = self.registry, ["model_name"]
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(f"rawpage:{name}", doc, labels, registry=r).labels(model_name)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(f"rawpage:{name}", doc, labels, registry=r).labels(model_name)
+
+        def histogram(name: str, doc: str) -> Histogram:
+            return Histogram(
+                f"rawpage:{name}", doc, labels, buckets=_LATENCY_BUCKETS, registry=r
+            ).labels(model_name)
+
+        self.running = gauge("num_requests_running", "Sequences in the running batch")
+        self.waiting = gauge("num_requests_waiting", "Sequences waiting to be scheduled")
+        self.swapped = gauge("num_requests_swapped", "Sequences swapped out to CPU memory")
+        self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0 to 1)")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens computed")
+        self.generation_tokens = counter("generation_tokens", "Tokens generated")
+        self.preemptions = counter("num_preemptions", "Sequences preempted")
+        self.prefix_queries = counter(
+            "prefix_cache_queries", "Prompt tokens looked up in the prefix cache"
+        )
+        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache")
+        self.swap_outs = counter("num_swap_outs", "Sequences swapped out to CPU memory")
+        self.swap_ins = counter("num_swap_ins", "Sequences swapped back in")
+        self.finished = counter("request_success", "Requests finished")
+        self.ttft = histogram("time_to_first_token_seconds", "Time from arrival to the first token")
+        self.itl = histogram("inter_token_latency_seconds", "Time between tokens of one sequence")
+        self.e2e = histogram("e2e_request_latency_seconds", "Time from arrival to the last token")
+        self._seen = {"prompt": 0, "gen": 0, "preempt": 0, "pq": 0, "ph": 0, "so": 0, "si": 0}
+        self._last_token: dict[str, float] = {}
+
+    def on_step(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
+        st, bm = engine.stats, engine.block_manager
+        if st.last is not None:
+            self.running.set(st.last.num_running)
+            self.waiting.set(st.last.num_waiting)
+            self.swapped.set(st.last.num_swapped)
+            self.kv_usage.set(st.last.kv_usage)
+        self._count("prompt", self.prompt_tokens, st.prompt_tokens_total)
+        self._count("gen", self.generation_tokens, st.generation_tokens_total)
+        self._count("preempt", self.preemptions, st.preemptions_total)
+        self._count("pq", self.prefix_queries, bm.prefix_queries)
+        self._count("ph", self.prefix_hits, bm.prefix_hits)
+        self._count("so", self.swap_outs, st.swap_outs_total)
+        self._count("si", self.swap_ins, st.swap_ins_total)
+        now = time.monotonic()
+        for out in outputs:
+            rid, m = out.request_id, out.metrics
+            if any(o.delta_token_ids for o in out.outputs):
+                last = self._last_token.get(rid)
+                if last is None and m is not None and m.first_token_time is not None:
+                    self.ttft.observe(m.first_token_time - m.arrival_time)
+                elif last is not None:
+                    self.itl.observe(now - last)
+                self._last_token[rid] = now
+            if out.finished:
+                self._last_token.pop(rid, None)
+                self.finished.inc()
+                if m is not None and m.finished_time is not None:
+                    self.e2e.observe(m.finished_time - m.arrival_time)
+
+    def _count(self, key: str, counter: Counter, total: int) -> None:
+        if total > self._seen[key]:
+            counter.inc(total - self._seen[key])
+            self._seen[key] = total

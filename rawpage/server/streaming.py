@@ -1,0 +1,95 @@
+"""Async plumbing shared by the endpoints: SSE framing, merging the output streams of
+several engine requests, and cancelling work when the client goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import aclosing
+from typing import Any, TypeVar
+
+from starlette.requests import Request
+
+from rawpage.outputs import RequestOutput
+
+T = TypeVar("T")
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+def sse(data: dict[str, Any] | str) -> str:
+    """One server-sent event: `data: {...}` and a blank line."""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {payload}\n\n"
+
+
+async def merge(
+    streams: list[AsyncIterator[RequestOutput]],
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Interleave several output streams as (stream index, output), in arrival order.
+    Closing this generator closes every stream, which aborts unfinished requests."""
+    if len(streams) == 1:  # the common case needs no tasks
+        async with aclosing(streams[0]) as s:
+            async for out in s:
+                yield 0, out
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i: int, stream: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async with aclosing(stream) as s:
+                async for out in s:
+                    await queue.put((i, out))
+        except BaseException as e:  # noqa: BLE001 - forwarded to the consumer
+            await queue.put((i, e))
+        finally:
+            await queue.put((i, done))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def final_outputs(streams: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
+    """Run every stream to its end; the last output of each, in order."""
+    last: list[RequestOutput | None] = [None] * len(streams)
+    async with aclosing(merge(streams)) as merged:
+        async for i, out in merged:
+            last[i] = out
+    return [o for o in last if o is not None]
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, but cancel it (aborting its requests) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise ClientDisconnected()
+    return task.result()
