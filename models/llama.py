@@ -31,9 +31,7 @@ class LayerWeights:
 
 
 class LlamaModel:
-    def __init__(
-        self, config: ModelConfig, backend: Backend, tensors: Mapping[str, np.ndarray]
-    ) -> None:
+    def __init__(self, config: ModelConfig, backend: Backend, tensors: Mapping[str, np.ndarray]) -> None:
         self.config = config
         self.backend = backend
         c, b = config, backend
@@ -44,15 +42,9 @@ class LlamaModel:
         self.layers = []
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
-            qkv = [
-                get(p + f"self_attn.{n}_proj.weight", (size, dim))
-                for n, size in zip("qkv", (q, kv, kv))
-            ]
+            qkv = [get(p + f"self_attn.{n}_proj.weight", (size, dim)) for n, size in zip("qkv", (q, kv, kv))]
             bias = (
-                [
-                    get(p + f"self_attn.{n}_proj.bias", (size,))
-                    for n, size in zip("qkv", (q, kv, kv))
-                ]
+                [get(p + f"self_attn.{n}_proj.bias", (size,)) for n, size in zip("qkv", (q, kv, kv))]
                 if c.attention_bias
                 else None
             )
@@ -77,15 +69,11 @@ class LlamaModel:
         freq_factors = tensors["rope_freqs"] if "rope_freqs" in tensors else None
         inv_freq = rope_inv_freq(c, freq_factors)
         # (max_pos, D): [cos | sin] per position, float32 whatever the model dtype
-        self.cos_sin = b.asarray(
-            cos_sin_cache(inv_freq, c.max_position_embeddings), dtype=np.float32
-        )
+        self.cos_sin = b.asarray(cos_sin_cache(inv_freq, c.max_position_embeddings), dtype=np.float32)
 
     def num_bytes(self) -> int:
         """Bytes held by the weights (a tied LM head counted once)."""
-        arrays = [self.embed, self.norm] + [
-            a for layer in self.layers for a in vars(layer).values() if a is not None
-        ]
+        arrays = [self.embed, self.norm] + [a for layer in self.layers for a in vars(layer).values() if a is not None]
         if self.lm_head is not self.embed:
             arrays.append(self.lm_head)
         return sum(int(a.nbytes) for a in arrays)
@@ -149,7 +137,5 @@ class _Getter:
             raise ModelLoadError(f"checkpoint has no tensor {name!r}")
         t = self.tensors[name]
         if tuple(t.shape) != shape:
-            raise ModelLoadError(
-                f"tensor {name!r} has shape {tuple(t.shape)}, but the config implies {shape}"
-            )
+            raise ModelLoadError(f"tensor {name!r} has shape {tuple(t.shape)}, but the config implies {shape}")
         return t

@@ -24,7 +24,7 @@ from rawpage.sequence import Sequence
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 watermark: float = 0.01) -> None:  # fmt: skip
+                 watermark: float = 0.01, num_cpu_blocks: int = 0) -> None:  # fmt: skip
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -36,6 +36,9 @@ class BlockManager:
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the runner
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of which found
+        # The swap pool: same block layout, in CPU memory. Swapped sequences own CPU blocks only.
+        self.num_cpu_blocks = num_cpu_blocks
+        self.cpu_free: list[int] = list(range(num_cpu_blocks - 1, -1, -1))
 
     # --- queries -----------------------------------------------------------------
     @property
@@ -137,9 +140,35 @@ class BlockManager:
         for b in child.block_table:
             self.ref_counts[b] += 1
 
+    # --- swapping ---------------------------------------------------------------------
+    def can_swap_out(self, seq: Sequence) -> bool:
+        return len(seq.block_table) <= len(self.cpu_free)
+
+    def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Move a sequence's blocks to the CPU pool. Returns (gpu block, cpu block) copies for
+        the runner, which must happen before the freed GPU blocks are written again."""
+        mapping = [(b, self.cpu_free.pop()) for b in seq.block_table]
+        self.free(seq)  # shared blocks stay on the GPU for their other owners
+        seq.cpu_block_table = [c for _, c in mapping]
+        return mapping
+
+    def can_swap_in(self, seq: Sequence, num_new_tokens: int) -> bool:
+        need = self.blocks_for(seq.num_computed_tokens + num_new_tokens)
+        return need <= self.num_free_blocks - self.watermark_blocks
+
+    def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Bring a swapped sequence back into fresh GPU blocks. Returns (cpu, gpu) copies."""
+        mapping = [(c, self._take_free_block()) for c in seq.cpu_block_table]
+        seq.block_table = [g for _, g in mapping]
+        self.cpu_free.extend(seq.cpu_block_table)
+        seq.cpu_block_table = []
+        return mapping
+
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's references. Tail blocks are freed first so that the LRU queue
         evicts a prefix's last blocks before its first ones."""
+        self.cpu_free.extend(seq.cpu_block_table)
+        seq.cpu_block_table = []
         for b in reversed(seq.block_table):
             self.ref_counts[b] -= 1
             assert self.ref_counts[b] >= 0, f"block {b} freed twice"

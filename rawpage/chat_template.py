@@ -25,9 +25,7 @@ def _raise_exception(message: str) -> None:
 
 
 def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, **kw: Any) -> str:
-    return json.dumps(
-        x, ensure_ascii=ensure_ascii, indent=indent, sort_keys=kw.get("sort_keys", False)
-    )
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, sort_keys=kw.get("sort_keys", False))
 
 
 def _strftime_now(fmt: str) -> str:
@@ -50,18 +48,12 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template does not compile: {e}") from None
         self.source = source
 
-    def render(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **ctx: Any
-    ) -> str:
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **ctx: Any) -> str:
         if not messages:
             raise ChatTemplateError("messages must be a non-empty list")
         try:
-            return self.template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt, **ctx
-            )
+            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, **ctx)
         except ChatTemplateError:
             raise
         except Exception as e:  # a template bug or a message shape it did not expect
-            raise ChatTemplateError(
-                f"chat template failed to render: {type(e).__name__}: {e}"
-            ) from None
+            raise ChatTemplateError(f"chat template failed to render: {type(e).__name__}: {e}") from None

@@ -30,27 +30,19 @@ def main(argv: list[str] | None = None) -> int:
     add_server_args(serve)
     EngineArgs.add_cli_args(serve)
 
-    gen = sub.add_parser(
-        "generate", help="complete one prompt and print the text as it is produced"
-    )
+    gen = sub.add_parser("generate", help="complete one prompt and print the text as it is produced")
     gen.add_argument("prompt", help="the prompt text")
-    gen.add_argument(
-        "--chat", action="store_true", help="wrap the prompt in the model's chat template"
-    )
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     _add_sampling_args(gen)
     EngineArgs.add_cli_args(gen)
 
-    chat = sub.add_parser(
-        "chat", help="interactive terminal chat (Ctrl-C stops a reply, Ctrl-D quits)"
-    )
+    chat = sub.add_parser("chat", help="interactive terminal chat (Ctrl-C stops a reply, Ctrl-D quits)")
     chat.add_argument("--system", help="system prompt")
     _add_sampling_args(chat)
     EngineArgs.add_cli_args(chat)
 
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "serve":
             from rawpage.server.app import run_server
@@ -66,15 +58,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
-    g.add_argument(
-        "--max-tokens", type=int, default=256, help="most tokens to generate (default: 256)"
-    )
+    g.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default: 256)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
-    g.add_argument(
-        "--sampling-seed", type=int, default=None, help="seed for this request's sampling"
-    )
+    g.add_argument("--sampling-seed", type=int, default=None, help="seed for this request's sampling")
 
 
 def _engine(args: argparse.Namespace):
@@ -143,9 +131,7 @@ def _chat(args: argparse.Namespace) -> int:
             continue
         history.append({"role": "user", "content": line})
         text = tok.apply_chat_template(history, chat_template=args.chat_template)
-        reply = _stream(
-            engine, {"prompt_token_ids": tok.encode(text, add_special_tokens=False)}, _params(args)
-        )
+        reply = _stream(engine, {"prompt_token_ids": tok.encode(text, add_special_tokens=False)}, _params(args))
         history.append({"role": "assistant", "content": reply})
 
 

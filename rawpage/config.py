@@ -57,8 +57,7 @@ class ModelConfig:
         arch = SUPPORTED_ARCHITECTURES.get(archs[0])
         if arch is None:
             raise UnsupportedModelError(
-                f"unsupported architecture {archs[0]!r}; rawpage runs "
-                f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
+                f"unsupported architecture {archs[0]!r}; rawpage runs {', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
             )
         if cfg.get("sliding_window") and cfg.get("use_sliding_window", arch == "llama"):
             if cfg["sliding_window"] < cfg.get("max_position_embeddings", 0):
@@ -93,9 +92,7 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise UnsupportedModelError(f"head_dim={self.head_dim} must be even for rotary")
-        rope_type = (self.rope_scaling or {}).get(
-            "rope_type", (self.rope_scaling or {}).get("type")
-        )
+        rope_type = (self.rope_scaling or {}).get("rope_type", (self.rope_scaling or {}).get("type"))
         if rope_type not in (None, "default", "llama3"):
             raise UnsupportedModelError(f"unsupported rope_scaling type {rope_type!r}")
 

@@ -17,9 +17,7 @@ _CONTEXT_TOKENS = 5
 
 
 class IncrementalDetokenizer:
-    def __init__(
-        self, tokenizer: Tokenizer, prompt_ids: list[int], skip_special_tokens: bool = True
-    ) -> None:
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int], skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.ids = list(prompt_ids[-_CONTEXT_TOKENS:])  # the decode window

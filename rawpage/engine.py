@@ -24,7 +24,7 @@ from rawpage.chat_template import ChatTemplate
 from rawpage.detokenizer import IncrementalDetokenizer
 from rawpage.engine_args import EngineArgs
 from rawpage.loader import load_checkpoint
-from rawpage.memory import DEFAULT_CPU_KV_CACHE, plan_fixed
+from rawpage.memory import DEFAULT_CPU_KV_CACHE, GiB, plan_fixed
 from rawpage.model_runner import ModelRunner, kv_bytes_per_block
 from rawpage.models.llama import LlamaModel
 from rawpage.outputs import CompletionOutput, RequestOutput
@@ -58,21 +58,24 @@ class LLMEngine:
         self.chat_template = ChatTemplate(args.chat_template) if args.chat_template else None
         self.backend = get_backend(args.device)
         if args.dtype not in ("auto", "float32") and self.backend.name == "cpu":
-            raise ValueError(
-                f"--device cpu computes in float32; --dtype {args.dtype} needs --device sim or cuda"
-            )
+            raise ValueError(f"--device cpu computes in float32; --dtype {args.dtype} needs --device sim or cuda")
         self.model = LlamaModel(c, self.backend, ckpt.tensors)
         self.max_model_len = self._resolve_max_model_len()
         self.block_size = args.block_size
         self.memory = self._plan_memory()
         num_blocks = self.memory.num_blocks
-        self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
+        num_cpu_blocks = 0
+        if args.preemption_mode == "swap":
+            num_cpu_blocks = int(args.swap_space * GiB) // self.memory.bytes_per_block
+            logger.info("swap space: %d CPU blocks (%.2f GiB)", num_cpu_blocks, args.swap_space)
+        self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching,
+                                          num_cpu_blocks=num_cpu_blocks)  # fmt: skip
         batched = args.max_num_batched_tokens or (8192 if self.backend.name == "cuda" else 2048)
         self.scheduler = Scheduler(
             SchedulerConfig(args.max_num_seqs, batched, self.max_model_len, args.preemption_mode),
             self.block_manager,
         )
-        self.runner = ModelRunner(self.model, self.backend, args.block_size, num_blocks)
+        self.runner = ModelRunner(self.model, self.backend, args.block_size, num_blocks, num_cpu_blocks)
         self.sampler = Sampler(c.vocab_size, c.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self._aborted: list[Request] = []  # to report as finished on the next step
@@ -185,6 +188,7 @@ class LLMEngine:
         touched: dict[str, Request] = {r.request_id: r for r in self._aborted}
         self._aborted = []
         num_prompt_tokens = num_generated = 0
+        self.runner.swap(sched.swap_out, sched.swap_in)
         if not sched.is_empty:
             self.runner.copy_blocks(sched.block_copies)
             rows = [self._logits_rows(seq, n) for seq, n in sched.scheduled]
@@ -201,9 +205,7 @@ class LLMEngine:
                 if seq.request.metrics.first_scheduled_time is None:
                     seq.request.metrics.first_scheduled_time = time.monotonic()
                 if seq.request.prompt_logprobs is not None and len(r) > 1:
-                    self._record_prompt_logprobs(
-                        seq.request, start, logits[offset : offset + len(r)]
-                    )
+                    self._record_prompt_logprobs(seq.request, start, logits[offset : offset + len(r)])
                 if seq.num_computed_tokens == seq.num_tokens:
                     for s in self._fork_if_needed(seq):
                         to_sample.append(s)
@@ -219,30 +221,18 @@ class LLMEngine:
             if o.finished:
                 self.requests.pop(o.request_id, None)
                 self.stats.requests_finished_total += 1
-        bm = self.block_manager
-        self.stats.record_step(
-            StepStats(
-                len(self.scheduler.running),
-                len(self.scheduler.waiting),
-                0,
-                bm.num_used_blocks / max(1, bm.num_blocks),
-                num_prompt_tokens,
-                num_generated,
-            ),  # fmt: skip
-            self.scheduler.num_preemptions,
-            bm.prefix_hits / max(1, bm.prefix_queries),
-        )
+        bm, sc = self.block_manager, self.scheduler
+        self.stats.swap_outs_total, self.stats.swap_ins_total = sc.num_swap_outs, sc.num_swap_ins
+        gauges = StepStats(len(sc.running), len(sc.waiting), len(sc.swapped), bm.num_used_blocks / max(1, bm.num_blocks),
+                           num_prompt_tokens, num_generated)  # fmt: skip
+        self.stats.record_step(gauges, sc.num_preemptions, bm.prefix_hits / max(1, bm.prefix_queries))
         return outputs
 
     def _logits_rows(self, seq: Sequence, n: int) -> np.ndarray:
         """Which rows of this sequence's chunk need logits: the last one if it completes the
         sequence's known tokens (we sample), all of them while recording prompt logprobs."""
         req = seq.request
-        if (
-            req.prompt_logprobs is not None
-            and seq.index == 0
-            and len(req.prompt_logprobs) < seq.num_prompt_tokens
-        ):
+        if req.prompt_logprobs is not None and seq.index == 0 and len(req.prompt_logprobs) < seq.num_prompt_tokens:
             return np.arange(n)
         if seq.num_computed_tokens + n == seq.num_tokens:
             return np.array([n - 1])
@@ -319,9 +309,7 @@ class LLMEngine:
                     index=seq.index,
                     text=visible,
                     token_ids=list(toks),
-                    cumulative_logprob=seq.cumulative_logprob
-                    if req.params.logprobs is not None
-                    else None,
+                    cumulative_logprob=seq.cumulative_logprob if req.params.logprobs is not None else None,
                     logprobs=lps,
                     finish_reason=seq.finish_reason,
                     stop_reason=seq.stop_reason,

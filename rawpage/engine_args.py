@@ -130,9 +130,7 @@ class EngineArgs:
                        help="memory for the KV cache, e.g. 2GiB (cpu default: 2GiB; cuda: from --gpu-memory-utilization)")  # fmt: skip
         g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                        help="fraction of GPU memory for weights, activations and KV cache (default: 0.9)")  # fmt: skip
-        g.add_argument(
-            "--num-gpu-blocks-override", type=int, help="use exactly this many KV blocks"
-        )
+        g.add_argument("--num-gpu-blocks-override", type=int, help="use exactly this many KV blocks")
         g.add_argument(
             "--swap-space",
             type=float,
@@ -143,9 +141,7 @@ class EngineArgs:
                        help="what happens to a preempted sequence's KV cache (default: recompute)")  # fmt: skip
         g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                        help="reuse KV blocks of identical prompt prefixes across requests (default: on)")  # fmt: skip
-        g.add_argument(
-            "--enforce-eager", action="store_true", help="cuda: do not capture CUDA graphs"
-        )
+        g.add_argument("--enforce-eager", action="store_true", help="cuda: do not capture CUDA graphs")
         g.add_argument(
             "--chat-template",
             help="Jinja chat template, or a file holding one (default: the model's)",

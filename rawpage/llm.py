@@ -26,9 +26,7 @@ class LLM:
         max_num_seqs, max_num_batched_tokens, block_size, kv_cache_memory, seed, ..."""
         unknown = set(kwargs) - EngineArgs.field_names()
         if unknown:
-            raise TypeError(
-                f"LLM() got unknown keyword(s) {sorted(unknown)}; see EngineArgs for the list"
-            )
+            raise TypeError(f"LLM() got unknown keyword(s) {sorted(unknown)}; see EngineArgs for the list")
         kwargs.setdefault("log_stats_interval", 0)
         self.engine = LLMEngine(EngineArgs(model=model, **kwargs))
         self._ids = itertools.count()
@@ -44,9 +42,7 @@ class LLM:
         priority: list[int] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion with continuous batching; outputs in prompt order."""
-        if isinstance(prompts, (str, dict)) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
-        ):
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
         params = params if isinstance(params, list) else [params] * len(prompts)
@@ -75,9 +71,7 @@ class LLM:
         """Apply the chat template to each conversation, then generate."""
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         tok = self.engine.tokenizer
-        template = chat_template or (
-            self.engine.chat_template.source if self.engine.chat_template else None
-        )
+        template = chat_template or (self.engine.chat_template.source if self.engine.chat_template else None)
         prompts = [
             {"prompt_token_ids": tok.encode(
                 tok.apply_chat_template(c, add_generation_prompt, chat_template=template), add_special_tokens=False)}
@@ -97,9 +91,7 @@ class LLM:
                     if bar is not None:
                         bar.update(1)
             if bar is not None:
-                bar.set_postfix_str(
-                    f"{generated / max(1e-9, time.monotonic() - start):.1f} tok/s", refresh=False
-                )
+                bar.set_postfix_str(f"{generated / max(1e-9, time.monotonic() - start):.1f} tok/s", refresh=False)
         if bar is not None:
             bar.close()
         return [done[i] for i in ids if i in done]

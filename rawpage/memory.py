@@ -88,9 +88,7 @@ def check_fits(plan: MemoryPlan, flag: str) -> None:
         fix = f"raise {flag} to {-(-need_kv // 2**20)}MiB"
     else:
         want = (plan.weights_bytes + plan.activation_bytes + need_kv) / (plan.total_bytes or 1)
-        fix = f"raise {flag} to {min(want, 1.0):.2f}" + (
-            " (the model does not fit this GPU)" if want > 1 else ""
-        )
+        fix = f"raise {flag} to {min(want, 1.0):.2f}" + (" (the model does not fit this GPU)" if want > 1 else "")
     raise OutOfMemoryError(
         f"the KV cache holds {plan.num_tokens:,} tokens ({plan.num_blocks} blocks), fewer than one sequence "
         f"of --max-model-len {plan.max_model_len}. Lower --max-model-len to {plan.num_tokens} or less, "

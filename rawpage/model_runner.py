@@ -22,13 +22,27 @@ def kv_bytes_per_block(config: ModelConfig, block_size: int, itemsize: int) -> i
 
 
 class ModelRunner:
-    def __init__(self, model, backend: Backend, block_size: int, num_blocks: int) -> None:
+    def __init__(self, model, backend: Backend, block_size: int, num_blocks: int, num_cpu_blocks: int = 0) -> None:
         c = model.config
         self.model, self.backend, self.block_size = model, backend, block_size
         shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)  # (NB, BS, Hkv, D)
         self.kv_caches: list[tuple[Array, Array]] = [
             (backend.zeros(shape), backend.zeros(shape)) for _ in range(c.num_layers)
         ]
+        # The swap pool: the same layout in host memory, (NB_cpu, BS, Hkv, D) per layer.
+        cpu_shape = (num_cpu_blocks, block_size, c.num_kv_heads, c.head_dim)
+        dtype = self.kv_caches[0][0].dtype
+        self.cpu_caches = [(np.zeros(cpu_shape, dtype), np.zeros(cpu_shape, dtype)) for _ in range(c.num_layers)]
+
+    def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
+        """Swap-outs first: their GPU blocks may already be promised to someone else."""
+        for mapping, to_cpu in ((swap_out, True), (swap_in, False)):
+            if not mapping:
+                continue
+            m = np.array(mapping, dtype=np.int64)
+            for (k, v), (ck, cv) in zip(self.kv_caches, self.cpu_caches):
+                for src, dst in ((k, ck), (v, cv)) if to_cpu else ((ck, k), (cv, v)):
+                    self.backend.swap_blocks(src, dst, m)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: give each (src, dst) block pair identical contents in every layer."""
@@ -36,9 +50,7 @@ class ModelRunner:
             k, v = zip(*self.kv_caches)
             self.backend.copy_blocks(list(k), list(v), np.array(copies, dtype=np.int64))
 
-    def build_batch(
-        self, scheduled: list[tuple[Sequence, int]], logits_rows: list[np.ndarray]
-    ) -> ForwardBatch:
+    def build_batch(self, scheduled: list[tuple[Sequence, int]], logits_rows: list[np.ndarray]) -> ForwardBatch:
         """scheduled: (sequence, n new tokens) pairs; logits_rows[i]: which of sequence i's
         n rows need logits (indices into its chunk)."""
         bs = self.block_size
@@ -49,31 +61,19 @@ class ModelRunner:
         np.cumsum(q_lens, out=qsl[1:])
         T = int(qsl[-1])
         input_ids = np.fromiter(
-            (
-                t
-                for s, n in scheduled
-                for t in s.token_ids[s.num_computed_tokens : s.num_computed_tokens + n]
-            ),
+            (t for s, n in scheduled for t in s.token_ids[s.num_computed_tokens : s.num_computed_tokens + n]),
             dtype=np.int32,
             count=T,
         )
         seq_of_token = np.repeat(np.arange(len(seqs)), q_lens)  # (T,)
-        positions = (
-            np.arange(T, dtype=np.int32) - qsl[:-1][seq_of_token] + starts[seq_of_token]
-        ).astype(np.int32)
+        positions = (np.arange(T, dtype=np.int32) - qsl[:-1][seq_of_token] + starts[seq_of_token]).astype(np.int32)
         max_blocks = max(len(s.block_table) for s in seqs)
-        block_tables = np.zeros(
-            (len(seqs), max_blocks), dtype=np.int32
-        )  # (B, max_blocks), 0-padded
+        block_tables = np.zeros((len(seqs), max_blocks), dtype=np.int32)  # (B, max_blocks), 0-padded
         for i, s in enumerate(seqs):
             block_tables[i, : len(s.block_table)] = s.block_table
-        slot_mapping = (block_tables[seq_of_token, positions // bs] * bs + positions % bs).astype(
-            np.int32
-        )
+        slot_mapping = (block_tables[seq_of_token, positions // bs] * bs + positions % bs).astype(np.int32)
         seq_lens = starts + q_lens
-        logits_indices = np.concatenate([qsl[i] + r for i, r in enumerate(logits_rows)]).astype(
-            np.int32
-        )
+        logits_indices = np.concatenate([qsl[i] + r for i, r in enumerate(logits_rows)]).astype(np.int32)
         b = self.backend
         return ForwardBatch(
             input_ids=b.asarray(input_ids, np.int32),
@@ -87,14 +87,10 @@ class ModelRunner:
             host_seq_lens=seq_lens,
         )
 
-    def execute(
-        self, scheduled: list[tuple[Sequence, int]], logits_rows: list[np.ndarray]
-    ) -> np.ndarray:
+    def execute(self, scheduled: list[tuple[Sequence, int]], logits_rows: list[np.ndarray]) -> np.ndarray:
         """Run one forward pass; returns float32 logits (N, V) for the requested rows, in order."""
         batch = self.build_batch(scheduled, logits_rows)
         hidden = self.model.forward(batch, self.kv_caches)
         if len(batch.host_query_lens) == 0 or hidden.shape[0] == 0:
             return np.zeros((0, self.model.config.vocab_size), dtype=np.float32)
-        return self.backend.to_numpy(self.model.compute_logits(hidden)).astype(
-            np.float32, copy=False
-        )
+        return self.backend.to_numpy(self.model.compute_logits(hidden)).astype(np.float32, copy=False)

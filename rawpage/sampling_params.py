@@ -62,9 +62,7 @@ class SamplingParams:
             bad("frequency_penalty", "must be in [-2, 2]")
         if self.repetition_penalty <= 0:
             bad("repetition_penalty", "must be > 0")
-        if self.max_tokens is not None and (
-            not isinstance(self.max_tokens, int) or self.max_tokens < 1
-        ):
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
             bad("max_tokens", "must be an integer >= 1 (or None)")
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
             bad("min_tokens", "must be an integer >= 0")

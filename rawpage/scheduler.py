@@ -34,9 +34,9 @@ class SchedulerConfig:
 class SchedulerOutput:
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, new tokens)
     preempted: list[Sequence] = field(default_factory=list)
-    block_copies: list[tuple[int, int]] = field(
-        default_factory=list
-    )  # copy-on-write, before the forward
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write, before the forward
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (gpu, cpu) block copies, done first
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu, gpu) block copies, done next
 
     @property
     def num_batched_tokens(self) -> int:
@@ -58,7 +58,10 @@ class Scheduler:
         self.block_manager = block_manager
         self.waiting: list[Sequence] = []  # kept sorted by _order
         self.running: list[Sequence] = []  # kept sorted by _order
+        self.swapped: list[Sequence] = []  # preempted to CPU memory; resumed before new admissions
         self.num_preemptions = 0
+        self.num_swap_outs = 0
+        self.num_swap_ins = 0
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -71,7 +74,7 @@ class Scheduler:
 
     def finish(self, seq: Sequence) -> None:
         """Remove a finished or aborted sequence and free its blocks at once."""
-        for queue in (self.running, self.waiting):
+        for queue in (self.running, self.waiting, self.swapped):
             if seq in queue:
                 queue.remove(seq)
         self.block_manager.free(seq)
@@ -79,7 +82,7 @@ class Scheduler:
 
     @property
     def num_unfinished(self) -> int:
-        return len(self.running) + len(self.waiting)
+        return len(self.running) + len(self.waiting) + len(self.swapped)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -91,10 +94,12 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_uncomputed_tokens, budget)
+            if n == 0:  # a beam waiting for its siblings' logits
+                i += 1
+                continue
             while not bm.append_slots(seq, n):
                 victim = self.running[-1]
-                self._preempt(victim)
-                out.preempted.append(victim)
+                self._preempt(victim, out)
                 if victim is seq:
                     break
             else:
@@ -102,8 +107,24 @@ class Scheduler:
                 budget -= n
                 i += 1
 
-        # 2. admit waiting sequences, unless this step already had to preempt
-        while self.waiting and budget > 0 and not out.preempted:
+        # 2. bring swapped sequences back, oldest first, unless this step had to preempt
+        while self.swapped and budget > 0 and not out.preempted:
+            seq = self.swapped[0]
+            n = min(seq.num_uncomputed_tokens, budget)
+            if len(self.running) >= self.config.max_num_seqs or not bm.can_swap_in(seq, n):
+                break
+            self.swapped.pop(0)
+            out.swap_in += bm.swap_in(seq)
+            self.num_swap_ins += 1
+            ok = bm.append_slots(seq, n)
+            assert ok, "can_swap_in promised room"
+            seq.status = SequenceStatus.RUNNING
+            bisect.insort(self.running, seq, key=_order)
+            out.scheduled.append((seq, n))
+            budget -= n
+
+        # 3. admit waiting sequences, unless this step had to preempt or others wait in swap
+        while self.waiting and budget > 0 and not out.preempted and not self.swapped:
             seq = self.waiting[0]
             if len(self.running) + self._seats(seq) > self.config.max_num_seqs:
                 break
@@ -134,17 +155,24 @@ class Scheduler:
         (a long prompt may start with the chunk that fits rather than wait for the whole)."""
         bm = self.block_manager
         remaining = seq.num_tokens - len(cached) * bm.block_size
-        revived = sum(
-            1 for b in cached if bm.ref_counts[b] == 0
-        )  # cached blocks leaving the free queue
+        revived = sum(1 for b in cached if bm.ref_counts[b] == 0)  # cached blocks leaving the free queue
         free_slots = (bm.num_free_blocks - bm.watermark_blocks - revived) * bm.block_size
         return max(0, min(remaining, budget, free_slots))
 
-    def _preempt(self, seq: Sequence) -> None:
-        """Recompute mode: drop the sequence's blocks; it rejoins the waiting queue and
-        later recomputes its prompt and generated tokens in one prefill."""
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        """Swap mode: copy the sequence's blocks to CPU memory and park it; it resumes where
+        it was. Recompute mode (or a full CPU pool): drop its blocks; it rejoins the waiting
+        queue and later recomputes its prompt and generated tokens in one prefill."""
         self.running.remove(seq)
-        self.block_manager.free(seq)
-        seq.num_computed_tokens = 0
         self.num_preemptions += 1
+        out.preempted.append(seq)
+        bm = self.block_manager
+        if self.config.preemption_mode == "swap" and bm.can_swap_out(seq):
+            out.swap_out += bm.swap_out(seq)
+            self.num_swap_outs += 1
+            seq.status = SequenceStatus.SWAPPED
+            bisect.insort(self.swapped, seq, key=_order)
+            return
+        bm.free(seq)
+        seq.num_computed_tokens = 0
         self.add(seq)

@@ -35,9 +35,7 @@ class Logprob:
 
 
 class Sequence:
-    def __init__(
-        self, seq_id: int, request: Request, token_ids: list[int], index: int, seed: int
-    ) -> None:
+    def __init__(self, seq_id: int, request: Request, token_ids: list[int], index: int, seed: int) -> None:
         self.seq_id = seq_id
         self.request = request
         self.index = index  # which of the request's n completions
@@ -47,6 +45,7 @@ class Sequence:
         self.block_table: list[int] = []  # logical block i -> physical block id
         self.block_hashes: list[int] = []  # prefix-cache names of its full blocks (BlockManager)
         self.num_hashed_blocks = 0  # leading blocks of block_table already named in the cache
+        self.cpu_block_table: list[int] = []  # while swapped: where its blocks wait in CPU memory
         self.status = SequenceStatus.WAITING
         self.rng = np.random.default_rng([seed, index])  # siblings of one request differ
         self.seed = seed

@@ -52,8 +52,6 @@ def check_stop_string(seq: Sequence, new_text: str) -> bool:
 
 def check_length(seq: Sequence, max_model_len: int) -> bool:
     p = seq.request.params
-    if (
-        p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens
-    ) or seq.num_tokens >= max_model_len:
+    if (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or seq.num_tokens >= max_model_len:
         seq.finish_reason = "length"
     return seq.finish_reason is not None

@@ -113,9 +113,7 @@ class Tokenizer:
     def from_hf_folder(cls, folder: str, eos_token_ids: list[int]) -> Tokenizer:
         path = os.path.join(folder, "tokenizer.json")
         if not os.path.exists(path):
-            raise ModelLoadError(
-                f"{folder}: no tokenizer.json (rawpage reads the fast-tokenizer file)"
-            )
+            raise ModelLoadError(f"{folder}: no tokenizer.json (rawpage reads the fast-tokenizer file)")
         try:
             hf = HFTokenizer.from_file(path)
         except Exception as e:
@@ -181,9 +179,7 @@ def _byte_level_bpe(tokens: list[str], merges: list[str], meta: dict[str, Any]) 
     vocab = {t: i for i, t in enumerate(tokens)}
     pairs = [tuple(m.split(" ", 1)) for m in merges]
     hf = HFTokenizer(models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False))
-    splits = [
-        pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _PRE_TOKENIZER_REGEXES[pre]
-    ]
+    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _PRE_TOKENIZER_REGEXES[pre]]
     hf.pre_tokenizer = pre_tokenizers.Sequence(
         splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
     )
@@ -207,11 +203,7 @@ def _sentencepiece_bpe(
     merges = []
     for i in ranked:
         piece = tokens[i]
-        splits = [
-            (piece[:k], piece[k:])
-            for k in range(1, len(piece))
-            if piece[:k] in vocab and piece[k:] in vocab
-        ]
+        splits = [(piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab]
         merges += sorted(splits, key=lambda p: (vocab[p[0]], vocab[p[1]]))
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
     unk = tokens[unk_id] if unk_id is not None else None

@@ -51,7 +51,5 @@ def assert_no_leaks(engine):
     """Every KV block is back in the free pool and nothing holds a reference."""
     bm = engine.block_manager
     assert not engine.has_unfinished_requests()
-    assert bm.num_free_blocks == bm.num_blocks, (
-        f"{bm.num_blocks - bm.num_free_blocks} blocks leaked"
-    )
+    assert bm.num_free_blocks == bm.num_blocks, f"{bm.num_blocks - bm.num_free_blocks} blocks leaked"
     assert not any(bm.ref_counts)

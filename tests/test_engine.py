@@ -13,10 +13,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 def random_prompts(n, lo, hi, seed=0, vocab=400):
     rng = np.random.default_rng(seed)
-    return [
-        {"prompt_token_ids": rng.integers(3, vocab, rng.integers(lo, hi)).tolist()}
-        for _ in range(n)
-    ]
+    return [{"prompt_token_ids": rng.integers(3, vocab, rng.integers(lo, hi)).tolist()} for _ in range(n)]
 
 
 def tokens(outs):
@@ -69,23 +66,15 @@ def test_default_model_answers_paris():
 def test_stop_string_split_across_tokens_is_caught():
     llm = LLM()
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
-    plain = llm.chat(msgs, SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)[0].outputs[
-        0
-    ]
+    plain = llm.chat(msgs, SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)[0].outputs[0]
     assert plain.text.startswith("The capital of France is Paris")
     tok = llm.get_tokenizer()
     pieces = [tok.decode([t]) for t in plain.token_ids]
     assert " of" in pieces and " France" in pieces  # so "of Fr" spans two tokens
-    out = llm.chat(
-        msgs, SamplingParams(temperature=0, max_tokens=20, stop=["of Fr"]), use_tqdm=False
-    )[0].outputs[0]
+    out = llm.chat(msgs, SamplingParams(temperature=0, max_tokens=20, stop=["of Fr"]), use_tqdm=False)[0].outputs[0]
     assert out.text == "The capital " and out.finish_reason == "stop" and out.stop_reason == "of Fr"
-    keep = SamplingParams(
-        temperature=0, max_tokens=20, stop="Paris", include_stop_str_in_output=True
-    )
-    assert (
-        llm.chat(msgs, keep, use_tqdm=False)[0].outputs[0].text == "The capital of France is Paris"
-    )
+    keep = SamplingParams(temperature=0, max_tokens=20, stop="Paris", include_stop_str_in_output=True)
+    assert llm.chat(msgs, keep, use_tqdm=False)[0].outputs[0].text == "The capital of France is Paris"
 
 
 def test_aborts_mid_generation_free_everything(tiny_model_dir):
@@ -115,9 +104,7 @@ def test_aborts_mid_generation_free_everything(tiny_model_dir):
 
 def test_requests_that_cannot_fit_are_rejected_at_once(tiny_model_dir):
     llm = LLM(tiny_model_dir, max_model_len=160, num_gpu_blocks_override=10)
-    with pytest.raises(
-        ValueError, match=r"prompt \(155 tokens\) plus max_tokens \(10\) is 165 tokens.*160"
-    ):
+    with pytest.raises(ValueError, match=r"prompt \(155 tokens\) plus max_tokens \(10\) is 165 tokens.*160"):
         llm.generate({"prompt_token_ids": [5] * 155}, SamplingParams(max_tokens=10), use_tqdm=False)
     with pytest.raises(ValueError, match="empty"):
         llm.generate("", use_tqdm=False)
@@ -128,9 +115,7 @@ def test_requests_that_cannot_fit_are_rejected_at_once(tiny_model_dir):
 
 def test_seeded_sampling_is_independent_of_the_batch(tiny_model_dir):
     llm = LLM(tiny_model_dir)
-    p = SamplingParams(
-        temperature=0.9, top_p=0.95, top_k=50, seed=7, max_tokens=20, ignore_eos=True
-    )
+    p = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=7, max_tokens=20, ignore_eos=True)
     prompt = random_prompts(1, 30, 31, seed=5)[0]
     alone = tokens(llm.generate(prompt, p, use_tqdm=False))[0]
     others = random_prompts(6, 10, 120, seed=9)
@@ -138,18 +123,14 @@ def test_seeded_sampling_is_independent_of_the_batch(tiny_model_dir):
                          [SamplingParams(temperature=1.0, max_tokens=15)] * 3 + [p] + [SamplingParams(max_tokens=30)] * 3,
                          use_tqdm=False)  # fmt: skip
     assert tokens(mixed)[3] == alone
-    p8 = SamplingParams(
-        temperature=0.9, top_p=0.95, top_k=50, seed=8, max_tokens=20, ignore_eos=True
-    )
+    p8 = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=8, max_tokens=20, ignore_eos=True)
     other_seed = tokens(llm.generate(prompt, p8, use_tqdm=False))[0]
     assert other_seed != alone
 
 
 def test_parallel_sampling_and_logprobs(tiny_model_dir):
     llm = LLM(tiny_model_dir)
-    p = SamplingParams(
-        n=3, temperature=1.0, seed=3, max_tokens=10, ignore_eos=True, logprobs=2, prompt_logprobs=1
-    )
+    p = SamplingParams(n=3, temperature=1.0, seed=3, max_tokens=10, ignore_eos=True, logprobs=2, prompt_logprobs=1)
     out = llm.generate(random_prompts(1, 20, 21)[0], p, use_tqdm=False)[0]
     assert [o.index for o in out.outputs] == [0, 1, 2]
     assert len({tuple(o.token_ids) for o in out.outputs}) == 3  # three different samples
@@ -157,9 +138,7 @@ def test_parallel_sampling_and_logprobs(tiny_model_dir):
         assert len(o.token_ids) == 10 and len(o.logprobs) == 10
         for tok, lp in zip(o.token_ids, o.logprobs):
             assert tok in lp and lp[tok].logprob <= 0 and len(lp) >= 2
-        assert o.cumulative_logprob == pytest.approx(
-            sum(lp[t].logprob for t, lp in zip(o.token_ids, o.logprobs))
-        )
+        assert o.cumulative_logprob == pytest.approx(sum(lp[t].logprob for t, lp in zip(o.token_ids, o.logprobs)))
     assert len(out.prompt_logprobs) == 20 and out.prompt_logprobs[0] is None
     assert all(out.prompt_token_ids[i] in out.prompt_logprobs[i] for i in range(1, 20))
     assert_no_leaks(llm.engine)
@@ -167,9 +146,7 @@ def test_parallel_sampling_and_logprobs(tiny_model_dir):
 
 def test_max_tokens_min_tokens_and_lengths(tiny_model_dir):
     llm = LLM(tiny_model_dir, max_model_len=64)
-    out = llm.generate(
-        random_prompts(1, 10, 11)[0], SamplingParams(max_tokens=7, ignore_eos=True), use_tqdm=False
-    )
+    out = llm.generate(random_prompts(1, 10, 11)[0], SamplingParams(max_tokens=7, ignore_eos=True), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 7 and out[0].outputs[0].finish_reason == "length"
     out = llm.generate(
         random_prompts(1, 60, 61)[0],
@@ -209,3 +186,21 @@ def test_pool_too_small_for_max_model_len_says_which_flag(tiny_model_dir):
         match="Lower --max-model-len to 144 or less, or raise --kv-cache-memory to 2MiB",
     ):
         LLM(tiny_model_dir, kv_cache_memory="300KiB")
+
+
+@pytest.mark.parametrize("cpu_blocks", [400, 3])  # room for everything / so little that it falls back to recompute
+def test_swap_preemption_gives_identical_outputs(tiny_model_dir, cpu_blocks):
+    prompts = random_prompts(24, 5, 200, seed=3)
+    ref = LLM(tiny_model_dir, enable_prefix_caching=False)
+    expected = tokens(ref.generate(prompts, GREEDY, use_tqdm=False))
+    block_bytes = 2 * 4 * 16 * 2 * 32 * 4  # K and V x 4 layers x 16 slots x 2 KV heads x 32 dims x float32
+    llm = LLM(tiny_model_dir, num_gpu_blocks_override=20, max_model_len=320, max_num_batched_tokens=64,
+              preemption_mode="swap", swap_space=cpu_blocks * block_bytes / 2**30, enable_prefix_caching=False)  # fmt: skip
+    assert llm.engine.block_manager.num_cpu_blocks == cpu_blocks
+    assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == expected
+    sc = llm.engine.scheduler
+    assert sc.num_swap_outs > 0 and sc.num_swap_ins == sc.num_swap_outs
+    if cpu_blocks == 3:
+        assert sc.num_preemptions > sc.num_swap_outs  # some fell back to recompute
+    assert_no_leaks(llm.engine)
+    assert len(llm.engine.block_manager.cpu_free) == cpu_blocks

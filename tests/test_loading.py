@@ -84,15 +84,11 @@ def test_bf16_safetensors(tmp_path, tok):
     np.testing.assert_array_equal(logits_of(folder), ref)
 
 
-@pytest.mark.parametrize(
-    "qtype,tol", [("F16", 2e-3), ("BF16", 1e-2), ("Q8_0", 2e-2), ("Q4_0", 0.3), ("Q4_1", 0.3)]
-)
+@pytest.mark.parametrize("qtype,tol", [("F16", 2e-3), ("BF16", 1e-2), ("Q8_0", 2e-2), ("Q4_0", 0.3), ("Q4_1", 0.3)])
 def test_quantized_gguf_dequantizes_to_the_weights(tmp_path, tok, qtype, tol):
     cfg = tiny_config()
     tensors = random_tensors(cfg)
-    ckpt = load_checkpoint(
-        write_gguf(str(tmp_path / f"m-{qtype}.gguf"), cfg, tensors, tok, qtype=qtype)
-    )
+    ckpt = load_checkpoint(write_gguf(str(tmp_path / f"m-{qtype}.gguf"), cfg, tensors, tok, qtype=qtype))
     for name in ("model.layers.1.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
                  "model.layers.0.mlp.down_proj.weight"):  # fmt: skip
         err = np.abs(ckpt.tensors[name] - tensors[name]).max() / np.abs(tensors[name]).max()
@@ -109,16 +105,12 @@ def test_k_quant_tensors_load(tmp_path, tok, qtype):
     cfg = tiny_config(hidden_size=256, intermediate_size=256, num_attention_heads=4, head_dim=64)
     tensors = random_tensors(cfg)
     rng = np.random.default_rng(0)
-    raw = rng.integers(
-        0, 256, (cfg["intermediate_size"], cfg["hidden_size"] // block * size), dtype=np.uint8
-    )
+    raw = rng.integers(0, 256, (cfg["intermediate_size"], cfg["hidden_size"] // block * size), dtype=np.uint8)
     scale = np.array([0.01], np.float16).view(np.uint8)  # keep the block scales small and finite
     for at in [0, 2] if qtype == "Q4_K" else [size - 2]:  # where the f16 scales sit in a block
         raw.reshape(-1, size)[:, at : at + 2] = scale
     expected = gguf.quants.dequantize(raw, qt)
-    path = write_gguf(
-        str(tmp_path / "k.gguf"), cfg, tensors, tok, raw={"blk.0.ffn_gate.weight": (raw, qtype)}
-    )
+    path = write_gguf(str(tmp_path / "k.gguf"), cfg, tensors, tok, raw={"blk.0.ffn_gate.weight": (raw, qtype)})
     ckpt = load_checkpoint(path)
     np.testing.assert_array_equal(ckpt.tensors["model.layers.0.mlp.gate_proj.weight"], expected)
     model = LlamaModel(ckpt.config, get_backend("cpu"), ckpt.tensors)
@@ -163,9 +155,7 @@ def good_files(tmp_path_factory, tok):
     d = tmp_path_factory.mktemp("good")
     cfg = tiny_config()
     tensors = random_tensors(cfg)
-    return write_hf_folder(str(d / "hf"), cfg, tensors, tok), write_gguf(
-        str(d / "m.gguf"), cfg, tensors, tok
-    )
+    return write_hf_folder(str(d / "hf"), cfg, tensors, tok), write_gguf(str(d / "m.gguf"), cfg, tensors, tok)
 
 
 def test_missing_path():
@@ -235,9 +225,7 @@ def test_missing_tensor_and_wrong_shape(tmp_path, tok):
     with pytest.raises(ModelLoadError, match="up_proj"):
         LlamaModel(ckpt.config, get_backend("cpu"), ckpt.tensors)
     tensors = random_tensors(cfg)
-    tensors["model.layers.0.self_attn.o_proj.weight"] = tensors[
-        "model.layers.0.self_attn.o_proj.weight"
-    ][:, :10]
+    tensors["model.layers.0.self_attn.o_proj.weight"] = tensors["model.layers.0.self_attn.o_proj.weight"][:, :10]
     ckpt = load_checkpoint(write_hf_folder(str(tmp_path / "b"), cfg, tensors, tok))
     with pytest.raises(ModelLoadError, match="o_proj.*shape"):
         LlamaModel(ckpt.config, get_backend("cpu"), ckpt.tensors)

@@ -62,9 +62,7 @@ def test_min_p_drops_unlikely_tokens():
 def test_plain_sampling_follows_the_distribution():
     row = logits_from_probs([0.5, 0.3, 0.2])
     toks = draw_many(SamplingParams(temperature=1.0), row, n=5000)
-    np.testing.assert_allclose(
-        np.bincount(toks, minlength=3)[:3] / 5000, [0.5, 0.3, 0.2], atol=0.03
-    )
+    np.testing.assert_allclose(np.bincount(toks, minlength=3)[:3] / 5000, [0.5, 0.3, 0.2], atol=0.03)
 
 
 def test_seed_gives_the_same_tokens_whatever_the_batch():
@@ -88,9 +86,7 @@ def test_penalties_and_bias():
     seq = seq_with(SamplingParams(frequency_penalty=0.5, presence_penalty=0.25, repetition_penalty=2.0,
                                   logit_bias={9: 3.0}), prompt=(6,), output=(5, 5, 7))  # fmt: skip
     out = s.apply_processors(row.copy(), [seq])[0]
-    assert out[5] == pytest.approx(
-        2.0 / 2.0 - 0.5 * 2 - 0.25
-    )  # repetition, then 2x frequency, presence
+    assert out[5] == pytest.approx(2.0 / 2.0 - 0.5 * 2 - 0.25)  # repetition, then 2x frequency, presence
     assert out[6] == pytest.approx(-2.0 * 2.0)  # a prompt token: repetition only
     assert out[7] == pytest.approx(0.0 - 0.5 - 0.25)
     assert out[9] == pytest.approx(3.0)
@@ -124,7 +120,5 @@ def test_invalid_params_name_the_parameter(kwargs, name):
 
 
 def test_logprobs_zero_reports_only_the_sampled_token():
-    out = Sampler(V, [EOS])(
-        logits_from_probs([0.2, 0.8])[None], [seq_with(SamplingParams(temperature=0, logprobs=0))]
-    )
+    out = Sampler(V, [EOS])(logits_from_probs([0.2, 0.8])[None], [seq_with(SamplingParams(temperature=0, logprobs=0))])
     assert len(out.top_ids[0]) == 0 and out.logprobs[0] == pytest.approx(np.log(0.8), rel=1e-4)

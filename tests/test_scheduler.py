@@ -184,3 +184,25 @@ def test_random_workload_never_leaks(caching):
     for s in live:
         sched.finish(s)
     assert bm.num_free_blocks == 20 and not any(bm.ref_counts)
+
+
+def test_swap_out_and_back_in():
+    bm = BlockManager(6, 4, enable_prefix_caching=False, watermark=0.0, num_cpu_blocks=4)
+    sched = Scheduler(SchedulerConfig(8, 1000, 4096, preemption_mode="swap"), bm)
+    seqs = [make_seq(8, float(i)) for i in range(3)]
+    for s in seqs:
+        sched.add(s)
+    fake_step(sched)
+    old_table = list(seqs[2].block_table)
+    out = fake_step(sched)  # the newest is swapped out
+    assert out.preempted == [seqs[2]] and sched.swapped == [seqs[2]]
+    assert [g for g, _ in out.swap_out] == old_table and seqs[2].num_computed_tokens == 8
+    assert seqs[2].block_table == [] and len(seqs[2].cpu_block_table) == 2 and len(bm.cpu_free) == 2
+    parked = list(seqs[2].cpu_block_table)
+    sched.finish(seqs[0])
+    out = fake_step(sched)  # room again: swapped back in, and it resumes decoding (1 token)
+    assert [c for c, _ in out.swap_in] == parked and [g for _, g in out.swap_in] == seqs[2].block_table[:2]
+    assert (seqs[2], 1) in out.scheduled and len(bm.cpu_free) == 4
+    for s in seqs[1:]:
+        sched.finish(s)
+    assert bm.num_free_blocks == 6

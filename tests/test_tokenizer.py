@@ -97,9 +97,7 @@ def test_sentencepiece_gguf_vocab_matches_sentencepiece(tmp_path):
     spm = pytest.importorskip("sentencepiece")
 
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text(
-        "\n".join(TRICKY * 20 + ["The quick brown fox jumps over the lazy dog."] * 50)
-    )
+    corpus.write_text("\n".join(TRICKY * 20 + ["The quick brown fox jumps over the lazy dog."] * 50))
     spm.SentencePieceTrainer.train(
         input=str(corpus), model_prefix=str(tmp_path / "sp"), vocab_size=400, model_type="bpe", character_coverage=0.98,
         byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
@@ -148,9 +146,7 @@ def test_chat_template_is_sandboxed():
 
 
 def test_chat_template_raise_exception_and_file(tmp_path):
-    t = ChatTemplate(
-        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}ok"
-    )
+    t = ChatTemplate("{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}ok")
     with pytest.raises(ChatTemplateError, match="user first"):
         t.render([{"role": "assistant", "content": "x"}])
     path = tmp_path / "t.jinja"

@@ -109,9 +109,7 @@ def write_hf_folder(folder: str, cfg: dict, tensors: dict, tok: Tokenizer, shard
         save_file(part, os.path.join(folder, f"model-{s + 1:05d}-of-{shards:05d}.safetensors"))
     tok.save(os.path.join(folder, "tokenizer.json"))
     with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
-        json.dump(
-            {"bos_token": SPECIAL[1], "eos_token": SPECIAL[2], "chat_template": CHAT_TEMPLATE}, f
-        )
+        json.dump({"bos_token": SPECIAL[1], "eos_token": SPECIAL[2], "chat_template": CHAT_TEMPLATE}, f)
     with open(os.path.join(folder, "generation_config.json"), "w") as f:
         json.dump({"temperature": 0.7, "top_p": 0.9, "eos_token_id": 2}, f)
     return folder
@@ -119,11 +117,7 @@ def write_hf_folder(folder: str, cfg: dict, tensors: dict, tok: Tokenizer, shard
 
 def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     """llama.cpp's convert_hf_to_gguf q/k permutation: [half, D/2] -> [D/2, half] rows per head."""
-    return (
-        w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(w.shape)
-    )
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 _GGUF_LAYER = {
@@ -179,9 +173,7 @@ def write_gguf(path: str, cfg: dict, tensors: dict, tok: Tokenizer, qtype: str =
             i, rest = name[len("model.layers.") :].split(".", 1)
             gname = f"blk.{i}.{_GGUF_LAYER[rest]}"
             if arch == "llama" and rest.startswith(("self_attn.q_proj", "self_attn.k_proj")):
-                heads = (
-                    cfg["num_attention_heads"] if "q_proj" in rest else cfg["num_key_value_heads"]
-                )
+                heads = cfg["num_attention_heads"] if "q_proj" in rest else cfg["num_key_value_heads"]
                 t = llama_cpp_permute(t, heads)
         else:
             gname = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",

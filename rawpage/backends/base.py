@@ -37,9 +37,7 @@ class Backend:
     def rms_norm(self, x: Array, weight: Array, eps: float) -> Array:
         raise NotImplementedError
 
-    def fused_add_rms_norm(
-        self, x: Array, residual: Array, weight: Array, eps: float
-    ) -> tuple[Array, Array]:
+    def fused_add_rms_norm(self, x: Array, residual: Array, weight: Array, eps: float) -> tuple[Array, Array]:
         """Returns (rms_norm(x + residual), x + residual). May reuse x and residual's memory."""
         raise NotImplementedError
 
@@ -47,9 +45,7 @@ class Backend:
         """q: (T, H, D), k: (T, Hkv, D), in place."""
         raise NotImplementedError
 
-    def write_kv(
-        self, k: Array, v: Array, k_cache: Array, v_cache: Array, slot_mapping: Array
-    ) -> None:
+    def write_kv(self, k: Array, v: Array, k_cache: Array, v_cache: Array, slot_mapping: Array) -> None:
         raise NotImplementedError
 
     def paged_attention(
@@ -70,7 +66,10 @@ class Backend:
     def silu_and_mul(self, x: Array) -> Array:
         raise NotImplementedError
 
-    def copy_blocks(
-        self, k_caches: list[Array], v_caches: list[Array], block_mapping: np.ndarray
-    ) -> None:
+    def swap_blocks(self, src: Array, dst: Array, block_mapping: np.ndarray) -> None:
+        """Copy whole blocks between the device pool and the CPU swap pool (NumPy), either way:
+        dst[m[:, 1]] = src[m[:, 0]]."""
+        raise NotImplementedError
+
+    def copy_blocks(self, k_caches: list[Array], v_caches: list[Array], block_mapping: np.ndarray) -> None:
         raise NotImplementedError

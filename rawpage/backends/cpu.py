@@ -14,7 +14,7 @@ import numpy as np
 
 from rawpage.backends.base import Backend
 from rawpage.ops.activation import silu_and_mul_ref
-from rawpage.ops.cache_ops import copy_blocks_ref
+from rawpage.ops.cache_ops import copy_blocks_ref, swap_blocks_ref
 from rawpage.ops.paged_attention import gather_kv
 from rawpage.ops.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from rawpage.ops.rope import rope_ref
@@ -63,17 +63,16 @@ class CPUBackend(Backend):
     def copy_blocks(self, k_caches, v_caches, block_mapping):
         copy_blocks_ref(k_caches, v_caches, block_mapping)
 
-    def paged_attention(
-        self, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, meta=None
-    ):
+    def swap_blocks(self, src, dst, block_mapping):
+        swap_blocks_ref(src, dst, block_mapping)
+
+    def paged_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, meta=None):
         out = np.empty_like(q)
         q_lens = np.diff(query_start_loc)
         decode = q_lens == 1
         if decode.any():
             rows = query_start_loc[:-1][decode]
-            out[rows] = decode_attention(
-                q[rows], k_cache, v_cache, block_tables[decode], seq_lens[decode], scale
-            )
+            out[rows] = decode_attention(q[rows], k_cache, v_cache, block_tables[decode], seq_lens[decode], scale)
         for i in np.flatnonzero(~decode):
             s, e, L = int(query_start_loc[i]), int(query_start_loc[i + 1]), int(seq_lens[i])
             k = gather_kv(k_cache, block_tables[i], L)
@@ -116,12 +115,8 @@ def decode_attention(
     n_blocks = int(-(-seq_lens.max() // bs))
     table = block_tables[:, :n_blocks]  # (B, nb); entries past a sequence's end are masked
     Lp = n_blocks * bs
-    k = (
-        np.take(k_cache, table, axis=0).reshape(B, Lp, Hkv, D).transpose(0, 2, 3, 1)
-    )  # (B, Hkv, D, Lp)
-    v = (
-        np.take(v_cache, table, axis=0).reshape(B, Lp, Hkv, D).transpose(0, 2, 1, 3)
-    )  # (B, Hkv, Lp, D)
+    k = np.take(k_cache, table, axis=0).reshape(B, Lp, Hkv, D).transpose(0, 2, 3, 1)  # (B, Hkv, D, Lp)
+    v = np.take(v_cache, table, axis=0).reshape(B, Lp, Hkv, D).transpose(0, 2, 1, 3)  # (B, Hkv, Lp, D)
     scores = np.matmul(q.reshape(B, Hkv, G, D), k) * scale  # (B, Hkv, G, Lp)
     pad = np.arange(Lp)[None, :] >= seq_lens[:, None]  # (B, Lp)
     scores += np.where(pad, -np.inf, 0.0).astype(np.float32)[:, None, None, :]

@@ -32,9 +32,7 @@ def resolve_model_path(model: str | None) -> str:
         return default_model_path()
     path = os.path.expanduser(model)
     if not os.path.exists(path):
-        raise ModelLoadError(
-            f"model {model!r} not found: pass a Hugging Face model folder or a .gguf file path"
-        )
+        raise ModelLoadError(f"model {model!r} not found: pass a Hugging Face model folder or a .gguf file path")
     return path
 
 

@@ -93,9 +93,7 @@ class GGUFCheckpoint:
                 tie_word_embeddings=not any(t.name == "output.weight" for t in self.tensor_infos),
                 attention_bias=any(t.name.endswith("attn_q.bias") for t in self.tensor_infos),
                 bos_token_id=m.get("tokenizer.ggml.bos_token_id"),
-                eos_token_ids=[m["tokenizer.ggml.eos_token_id"]]
-                if "tokenizer.ggml.eos_token_id" in m
-                else [],
+                eos_token_ids=[m["tokenizer.ggml.eos_token_id"]] if "tokenizer.ggml.eos_token_id" in m else [],
                 torch_dtype="float16",
                 name=str(m.get("general.name", "")),
             )

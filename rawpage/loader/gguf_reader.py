@@ -99,9 +99,7 @@ def read_gguf(path: str) -> tuple[dict[str, Any], list[GGUFTensorInfo], np.memma
         raise ModelLoadError(f"{path}: GGUF version {version} is not supported (2 or 3)")
     n_tensors, n_kv = cur.scalar("Q"), cur.scalar("Q")
     if n_tensors > len(data) or n_kv > len(data):
-        raise ModelLoadError(
-            f"{path}: corrupt GGUF header ({n_tensors} tensors, {n_kv} metadata items)"
-        )
+        raise ModelLoadError(f"{path}: corrupt GGUF header ({n_tensors} tensors, {n_kv} metadata items)")
     meta: dict[str, Any] = {}
     for _ in range(n_kv):
         key = cur.string()
@@ -119,15 +117,11 @@ def read_gguf(path: str) -> tuple[dict[str, Any], list[GGUFTensorInfo], np.memma
         try:
             block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
         except (ValueError, KeyError):
-            raise ModelLoadError(
-                f"{path}: tensor {name!r} has unknown GGML type {ggml_type}"
-            ) from None
+            raise ModelLoadError(f"{path}: tensor {name!r} has unknown GGML type {ggml_type}") from None
         n = int(np.prod(dims, dtype=np.int64))
         nbytes = n // block * type_size
         start = data_start + offset
         if start + nbytes > len(data):
-            raise ModelLoadError(
-                f"{path}: tensor {name!r} runs past the end of the file (the file is truncated)"
-            )
+            raise ModelLoadError(f"{path}: tensor {name!r} runs past the end of the file (the file is truncated)")
         tensors.append(GGUFTensorInfo(name, tuple(reversed(dims)), ggml_type, start, nbytes))
     return meta, tensors, data

@@ -40,9 +40,7 @@ def open_safetensors(folder: str) -> TensorSource:
     """All tensors of the folder's shards, by name; read lazily from memory maps."""
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     if not files:
-        raise ModelLoadError(
-            f"{folder}: no *.safetensors files (other weight formats are not supported)"
-        )
+        raise ModelLoadError(f"{folder}: no *.safetensors files (other weight formats are not supported)")
     readers = {}
     for path in files:
         st = SafetensorsFile(path)

@@ -49,9 +49,7 @@ class SafetensorsFile:
                 raise ModelLoadError(f"{path}: not a safetensors file (shorter than its header)")
             n = int.from_bytes(head, "little")
             if n <= 0 or 8 + n > size:
-                raise ModelLoadError(
-                    f"{path}: corrupt safetensors header (claims {n} bytes, file has {size})"
-                )
+                raise ModelLoadError(f"{path}: corrupt safetensors header (claims {n} bytes, file has {size})")
             try:
                 header = json.loads(f.read(n))
             except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -63,9 +61,7 @@ class SafetensorsFile:
         data_len = size - self._data_start
         for name, e in header.items():
             if e.get("dtype") not in _DTYPES:
-                raise ModelLoadError(
-                    f"{path}: tensor {name!r} has unsupported dtype {e.get('dtype')!r}"
-                )
+                raise ModelLoadError(f"{path}: tensor {name!r} has unsupported dtype {e.get('dtype')!r}")
             begin, end = e["data_offsets"]
             itemsize = np.dtype(_DTYPES[e["dtype"]]).itemsize
             if end > data_len or end - begin != itemsize * int(np.prod(e["shape"], dtype=np.int64)):

@@ -10,7 +10,5 @@ def silu_and_mul_ref(x: np.ndarray) -> np.ndarray:
     d = x.shape[-1] // 2
     g = x[..., :d].astype(np.float32)
     u = x[..., d:].astype(np.float32)
-    with np.errstate(
-        over="ignore"
-    ):  # exp(-g) -> inf for very negative g gives silu = -0, correctly
+    with np.errstate(over="ignore"):  # exp(-g) -> inf for very negative g gives silu = -0, correctly
         return (g / (1.0 + np.exp(-g)) * u).astype(x.dtype)

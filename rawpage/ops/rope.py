@@ -18,9 +18,7 @@ def cos_sin_cache(inv_freq: np.ndarray, max_position: int) -> np.ndarray:
     return np.concatenate([np.cos(angles), np.sin(angles)], axis=1).astype(np.float32)
 
 
-def rope_ref(
-    positions: np.ndarray, q: np.ndarray, k: np.ndarray, cos_sin: np.ndarray, is_neox: bool = True
-) -> None:
+def rope_ref(positions: np.ndarray, q: np.ndarray, k: np.ndarray, cos_sin: np.ndarray, is_neox: bool = True) -> None:
     """positions: (T,), q: (T, H, D), k: (T, Hkv, D), cos_sin: (max_pos, D). In place."""
     half = cos_sin.shape[1] // 2
     cos = cos_sin[positions, :half][:, None, :]  # (T, 1, D/2)

@@ -43,13 +43,9 @@ def default_served_name(model: str | None) -> str:
 
 def build_app(engine_args: EngineArgs, served_model_name: str | None = None, api_key: str | None = None,
               max_request_bytes: int = 4 << 20) -> Starlette:  # fmt: skip
-    name = (
-        served_model_name or engine_args.served_model_name or default_served_name(engine_args.model)
-    )
+    name = served_model_name or engine_args.served_model_name or default_served_name(engine_args.model)
     metrics = ServerMetrics(name)
-    state = ServerState(
-        AsyncEngine(engine_args, on_step=metrics.on_step), name, metrics, api_key, max_request_bytes
-    )
+    state = ServerState(AsyncEngine(engine_args, on_step=metrics.on_step), name, metrics, api_key, max_request_bytes)
 
     def api(handler: Handler, v1: bool = True) -> Callable[[Request], Awaitable[Response]]:
         """Wrap a handler: auth for /v1, and every failure as an OpenAI error object."""
@@ -70,9 +66,7 @@ def build_app(engine_args: EngineArgs, served_model_name: str | None = None, api
                 return JSONResponse(APIError(str(e)).body(), status_code=400)
             except Exception as e:  # a bug: say so in the API's shape, log the traceback
                 logger.exception("internal error in %s", request.url.path)
-                err = APIError(
-                    f"internal error: {type(e).__name__}", 500, type="internal_server_error"
-                )
+                err = APIError(f"internal error: {type(e).__name__}", 500, type="internal_server_error")
                 return JSONResponse(err.body(), status_code=500)
 
         return endpoint
@@ -109,9 +103,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 async def health(request: Request, state: ServerState) -> Response:
     if state.engine.error is not None:
-        return JSONResponse(
-            {"status": "unhealthy", "error": str(state.engine.error)}, status_code=500
-        )
+        return JSONResponse({"status": "unhealthy", "error": str(state.engine.error)}, status_code=500)
     if state.engine.is_loading:
         return JSONResponse({"status": "loading"}, status_code=503)
     return JSONResponse({"status": "ok"})
@@ -175,7 +167,5 @@ def run_server(args: argparse.Namespace) -> int:
     name = app.state.rawpage.model_name
     logger.info("rawpage %s: serving %s at http://%s:%d/v1 (loading the model now; /health is 503 until ready)",
                 __version__, name, args.host, args.port)  # fmt: skip
-    uvicorn.run(
-        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30
-    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30)
     return 0

@@ -121,9 +121,7 @@ class AsyncEngine:
                         self.on_step(self.engine, outputs)
         except BaseException as e:  # noqa: BLE001 - every waiting request must hear about it
             self.error = e
-            logger.error(
-                "engine step failed; the server is now unhealthy\n%s", traceback.format_exc()
-            )
+            logger.error("engine step failed; the server is now unhealthy\n%s", traceback.format_exc())
             dead = EngineDeadError(f"the engine failed: {type(e).__name__}: {e}")
             for stream in list(self._streams.values()):
                 stream.put(dead)

@@ -25,18 +25,12 @@ def parse_messages(body: Body) -> list[dict[str, Any]]:
     out = []
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise APIError(
-                f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]"
-            )
+            raise APIError(f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]")
         content = m.get("content")
         if isinstance(content, list):  # content parts: we take text
             texts = []
             for part in content:
-                if (
-                    not isinstance(part, dict)
-                    or part.get("type") != "text"
-                    or not isinstance(part.get("text"), str)
-                ):
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                     raise APIError(
                         f"messages[{i}]: only text content parts are supported",
                         param=f"messages[{i}].content",
@@ -67,9 +61,7 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
     if max_tokens is None:
         max_tokens = body.int("max_tokens", None, 1)
     params = sampling_params(body, max_tokens, (top or 0) if want_logprobs else None)
-    template = body.str("chat_template") or (
-        llm.chat_template.source if llm.chat_template else None
-    )
+    template = body.str("chat_template") or (llm.chat_template.source if llm.chat_template else None)
     try:
         text = llm.tokenizer.apply_chat_template(
             messages, body.bool("add_generation_prompt", True), chat_template=template,
@@ -95,9 +87,7 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
          "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}
         for o in final.outputs
     ]  # fmt: skip
-    return JSONResponse(
-        fmt.envelope(choices, fmt.usage(final), "chat.completion"), headers={"X-Request-Id": rid}
-    )
+    return JSONResponse(fmt.envelope(choices, fmt.usage(final), "chat.completion"), headers={"X-Request-Id": rid})
 
 
 async def _stream(fmt: _ChatFormatter, gen: AsyncIterator[RequestOutput], include_usage: bool):
@@ -113,11 +103,7 @@ async def _stream(fmt: _ChatFormatter, gen: AsyncIterator[RequestOutput], includ
                     started.add(o.index)
                     yield sse(fmt.chunk(o.index, {"role": "assistant", "content": ""}, None, None))
                 if o.delta_text or o.delta_token_ids or o.finish_reason:
-                    lp = (
-                        fmt.logprobs(o.delta_token_ids, o.delta_logprobs)
-                        if o.delta_logprobs is not None
-                        else None
-                    )
+                    lp = fmt.logprobs(o.delta_token_ids, o.delta_logprobs) if o.delta_logprobs is not None else None
                     yield sse(fmt.chunk(o.index, {"content": o.delta_text}, lp, o))
                 if o.finish_reason:
                     finished.add(o.index)
@@ -139,9 +125,7 @@ class _ChatFormatter:
             out["usage"] = usage_
         return out
 
-    def chunk(
-        self, index: int, delta: dict, logprobs: dict | None, o: CompletionOutput | None
-    ) -> dict[str, Any]:
+    def chunk(self, index: int, delta: dict, logprobs: dict | None, o: CompletionOutput | None) -> dict[str, Any]:
         finish = o.finish_reason if o is not None else None
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         if finish:
@@ -156,13 +140,9 @@ class _ChatFormatter:
         content = []
         for tok, e in zip(token_ids, entries):
             top = sorted(
-                (v.rank, t, v.logprob)
-                for t, v in e.items()
-                if v.rank is not None and v.rank <= self.top_logprobs
+                (v.rank, t, v.logprob) for t, v in e.items() if v.rank is not None and v.rank <= self.top_logprobs
             )
-            content.append(
-                {**item(tok, e[tok].logprob), "top_logprobs": [item(t, lp) for _, t, lp in top]}
-            )
+            content.append({**item(tok, e[tok].logprob), "top_logprobs": [item(t, lp) for _, t, lp in top]})
         return {"content": content}
 
     def usage(self, final: RequestOutput) -> dict[str, Any]:

@@ -28,14 +28,9 @@ def _prompts(body: Body, state: ServerState) -> list[tuple[str | None, list[int]
             return [(x, tok.encode(x)) for x in p]
         if all(isinstance(x, int) and not isinstance(x, bool) for x in p):
             return [(None, p)]
-        if all(
-            isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
-            for x in p
-        ):
+        if all(isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x) for x in p):
             return [(None, x) for x in p]
-    raise APIError(
-        "'prompt' must be a non-empty string, list of strings, or list of token ids", param="prompt"
-    )
+    raise APIError("'prompt' must be a non-empty string, list of strings, or list of token ids", param="prompt")
 
 
 async def create_completion(request: Request, state: ServerState) -> Response:
@@ -57,9 +52,7 @@ async def create_completion(request: Request, state: ServerState) -> Response:
     rid = state.request_id(request, "cmpl")
     tag = uuid.uuid4().hex[:8]
     streams = [
-        state.engine.generate(
-            f"{rid}#{i}#{tag}", {"prompt_token_ids": ids}, params, body.int("priority", 0)
-        )
+        state.engine.generate(f"{rid}#{i}#{tag}", {"prompt_token_ids": ids}, params, body.int("priority", 0))
         for i, (_, ids) in enumerate(prompts)
     ]
     fmt = _Formatter(state, rid, params.n, echo, prompts)
@@ -72,9 +65,7 @@ async def create_completion(request: Request, state: ServerState) -> Response:
     return JSONResponse(fmt.envelope(choices, fmt.usage(finals)), headers={"X-Request-Id": rid})
 
 
-async def _stream(
-    fmt: _Formatter, streams: list[AsyncIterator[RequestOutput]], include_usage: bool
-):
+async def _stream(fmt: _Formatter, streams: list[AsyncIterator[RequestOutput]], include_usage: bool):
     finals: dict[int, RequestOutput] = {}
     async with aclosing(merge(streams)) as merged:
         async for i, out in merged:
@@ -127,23 +118,15 @@ class _Formatter:
         lp_ids, lp_entries = list(token_ids), list(logprobs) if logprobs is not None else None
         if self.echo and first:
             prompt_text, prompt_ids = self.prompts[i]
-            text = (
-                prompt_text
-                if prompt_text is not None
-                else self.state.llm.tokenizer.decode(prompt_ids)
-            ) + text
+            text = (prompt_text if prompt_text is not None else self.state.llm.tokenizer.decode(prompt_ids)) + text
             if lp_entries is not None:
                 lp_ids = out.prompt_token_ids + lp_ids
-                lp_entries = (
-                    list(out.prompt_logprobs or [None] * len(out.prompt_token_ids)) + lp_entries
-                )
+                lp_entries = list(out.prompt_logprobs or [None] * len(out.prompt_token_ids)) + lp_entries
         self._chars[key] = offset + len(text)
         return {
             "index": i * self.n + o.index,
             "text": text,
-            "logprobs": self._logprobs(lp_ids, lp_entries, offset)
-            if lp_entries is not None
-            else None,
+            "logprobs": self._logprobs(lp_ids, lp_entries, offset) if lp_entries is not None else None,
             "finish_reason": o.finish_reason if final else None,
             "stop_reason": o.stop_reason if final else None,
         }
@@ -158,8 +141,7 @@ class _Formatter:
             "tokens": tokens,
             "token_logprobs": [e[t].logprob if e else None for t, e in zip(token_ids, entries)],
             "top_logprobs": [
-                {self.state.token_text(k): v.logprob for k, v in e.items()} if e else None
-                for e in entries
+                {self.state.token_text(k): v.logprob for k, v in e.items()} if e else None for e in entries
             ],  # fmt: skip
             "text_offset": offsets,
         }

@@ -29,9 +29,7 @@ class ServerMetrics:
             return Counter(f"rawpage:{name}", doc, labels, registry=r).labels(model_name)
 
         def histogram(name: str, doc: str) -> Histogram:
-            return Histogram(
-                f"rawpage:{name}", doc, labels, buckets=_LATENCY_BUCKETS, registry=r
-            ).labels(model_name)
+            return Histogram(f"rawpage:{name}", doc, labels, buckets=_LATENCY_BUCKETS, registry=r).labels(model_name)
 
         self.running = gauge("num_requests_running", "Sequences in the running batch")
         self.waiting = gauge("num_requests_waiting", "Sequences waiting to be scheduled")
@@ -40,9 +38,7 @@ class ServerMetrics:
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens computed")
         self.generation_tokens = counter("generation_tokens", "Tokens generated")
         self.preemptions = counter("num_preemptions", "Sequences preempted")
-        self.prefix_queries = counter(
-            "prefix_cache_queries", "Prompt tokens looked up in the prefix cache"
-        )
+        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache")
         self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache")
         self.swap_outs = counter("num_swap_outs", "Sequences swapped out to CPU memory")
         self.swap_ins = counter("num_swap_ins", "Sequences swapped back in")

@@ -58,9 +58,7 @@ class Body:
             raise APIError(f"'{name}' must be a boolean", param=name)
         return v
 
-    def int(
-        self, name: str, default: int | None = None, lo: int | None = None, hi: int | None = None
-    ) -> int | None:
+    def int(self, name: str, default: int | None = None, lo: int | None = None, hi: int | None = None) -> int | None:
         v = self._get(name, default)
         if v is default:
             return v
@@ -88,9 +86,7 @@ class Body:
 
     def int_list(self, name: str) -> list[int]:
         v = self._get(name, [])
-        if not isinstance(v, list) or not all(
-            isinstance(x, int) and not isinstance(x, bool) for x in v
-        ):
+        if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
             raise APIError(f"'{name}' must be a list of integers", param=name)
         return v
 

@@ -31,13 +31,9 @@ class ServerState:
     def llm(self) -> LLMEngine:
         """The loaded engine, or a 503 while it loads (or after it died)."""
         if self.engine.error is not None:
-            raise APIError(
-                f"the engine is not running: {self.engine.error}", 503, type="service_unavailable"
-            )
+            raise APIError(f"the engine is not running: {self.engine.error}", 503, type="service_unavailable")
         if self.engine.engine is None:
-            raise APIError(
-                "the model is still loading; retry shortly", 503, type="service_unavailable"
-            )
+            raise APIError("the model is still loading; retry shortly", 503, type="service_unavailable")
         return self.engine.engine
 
     def check_auth(self, request: Request) -> None:
@@ -62,16 +58,12 @@ class ServerState:
     async def read_body(self, request: Request) -> Body:
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > self.max_request_bytes:
-            raise APIError(
-                f"request body of {size} bytes exceeds the limit of {self.max_request_bytes}", 413
-            )
+            raise APIError(f"request body of {size} bytes exceeds the limit of {self.max_request_bytes}", 413)
         chunks, total = [], 0
         async for chunk in request.stream():
             total += len(chunk)
             if total > self.max_request_bytes:
-                raise APIError(
-                    f"request body exceeds the limit of {self.max_request_bytes} bytes", 413
-                )
+                raise APIError(f"request body exceeds the limit of {self.max_request_bytes} bytes", 413)
             chunks.append(chunk)
         try:
             return Body(json.loads(b"".join(chunks)))

@@ -38,10 +38,7 @@ async def stream_chat(client, url, question, max_tokens, stop_after=None):
 def wait_idle(server, timeout=60.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (
-            server.metric("rawpage:num_requests_running") == 0
-            and server.metric("rawpage:num_requests_waiting") == 0
-        ):
+        if server.metric("rawpage:num_requests_running") == 0 and server.metric("rawpage:num_requests_waiting") == 0:
             return
         time.sleep(0.2)
     raise TimeoutError("requests still running")
@@ -64,9 +61,7 @@ def test_disconnecting_clients_free_their_blocks(server):
                 leavers.append(
                     (
                         c,
-                        stream_chat(
-                            c, server.url, f"Write a long poem number {i}.", 200, rnd.randint(1, 15)
-                        ),
+                        stream_chat(c, server.url, f"Write a long poem number {i}.", 200, rnd.randint(1, 15)),
                     )
                 )
             stayers = [stream_chat(done_client, server.url, q, 24) for q in questions]
@@ -90,18 +85,14 @@ def test_batching_multiplies_throughput(server):
             body = lambda i: {"messages": [{"role": "user", "content": f"Story {i}:"}], "max_tokens": 48,  # noqa: E731
                               "temperature": 0.8, "seed": i, "ignore_eos": True}  # fmt: skip
             t0 = time.monotonic()
-            rs = await asyncio.gather(
-                *[client.post(server.url + CHAT, json=body(i)) for i in range(n)]
-            )
+            rs = await asyncio.gather(*[client.post(server.url + CHAT, json=body(i)) for i in range(n)])
             dt = time.monotonic() - t0
             assert all(r.status_code == 200 for r in rs)
             return sum(r.json()["usage"]["completion_tokens"] for r in rs) / dt
 
     single = asyncio.run(run(1))
     many = asyncio.run(run(64))
-    print(
-        f"one stream: {single:.1f} tok/s, 64 streams: {many:.1f} tok/s, ratio {many / single:.1f}"
-    )
+    print(f"one stream: {single:.1f} tok/s, 64 streams: {many:.1f} tok/s, ratio {many / single:.1f}")
     assert many >= 3 * single
 
 
@@ -129,14 +120,10 @@ _fields = {
 }
 _messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"]) | _json,
                                             "content": st.text(max_size=30) | _json}), max_size=3) | _json  # fmt: skip
-_max_tokens = st.integers(1, 4) | st.sampled_from(
-    [0, -1, "4", 2.5, [], {}]
-)  # never unbounded: keep it quick
+_max_tokens = st.integers(1, 4) | st.sampled_from([0, -1, "4", 2.5, [], {}])  # never unbounded: keep it quick
 
 
-@settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_fuzzed_bodies_never_500(server, data):
     chat = data.draw(st.booleans())
@@ -145,9 +132,7 @@ def test_fuzzed_bodies_never_500(server, data):
     if chat:
         body["messages"] = data.draw(_messages)
     else:
-        body["prompt"] = data.draw(
-            st.text(max_size=40) | st.lists(st.integers(-3, 60000), max_size=5) | _json
-        )
+        body["prompt"] = data.draw(st.text(max_size=40) | st.lists(st.integers(-3, 60000), max_size=5) | _json)
     raw = json.dumps(body).encode()  # NaN and Infinity included, as a careless client might send
     r = httpx.post(server.url + (CHAT if chat else "/v1/completions"), content=raw, timeout=120,
                    headers={"content-type": "application/json"})  # fmt: skip

@@ -51,33 +51,25 @@ def test_bad_fields_are_400_naming_the_param(server, path, body, param):
 
 
 def test_malformed_json(server):
-    r = httpx.post(
-        server.url + CHAT, content=b"{not json", headers={"content-type": "application/json"}
-    )
+    r = httpx.post(server.url + CHAT, content=b"{not json", headers={"content-type": "application/json"})
     assert_error(r, 400, match="not valid JSON")
     assert_error(httpx.post(server.url + CHAT, json=[1, 2]), 400, match="JSON object")
 
 
 def test_prompt_plus_max_tokens_over_the_context(server):
-    r = httpx.post(
-        server.url + "/v1/completions", json={"prompt": "hello world", "max_tokens": 8191}
-    )
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "hello world", "max_tokens": 8191})
     assert_error(
         r,
         400,
         "prompt",
         match="(2 tokens) plus max_tokens (8191) is 8193 tokens, more than --max-model-len 8192",
     )
-    r = httpx.post(
-        server.url + "/v1/completions", json={"prompt": "hello " * 9000, "max_tokens": 10}
-    )
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "hello " * 9000, "max_tokens": 10})
     assert_error(r, 400, "prompt", match="--max-model-len 8192")
 
 
 def test_unknown_model_is_404(server):
-    assert_error(
-        httpx.post(server.url + CHAT, json={"model": "gpt-4", "messages": MSGS}), 404, "model"
-    )
+    assert_error(httpx.post(server.url + CHAT, json={"model": "gpt-4", "messages": MSGS}), 404, "model")
 
 
 def test_unknown_route_and_method(server):
@@ -93,9 +85,7 @@ def test_oversized_body_is_413(server):
 def test_tokenize_and_detokenize(server):
     r = httpx.post(server.url + "/tokenize", json={"prompt": "Hello world"}).json()
     assert r["count"] == len(r["tokens"]) == 2 and r["max_model_len"] == 8192
-    assert httpx.post(server.url + "/detokenize", json={"tokens": r["tokens"]}).json() == {
-        "prompt": "Hello world"
-    }
+    assert httpx.post(server.url + "/detokenize", json={"tokens": r["tokens"]}).json() == {"prompt": "Hello world"}
     chat = httpx.post(server.url + "/tokenize", json={"messages": MSGS}).json()
     assert chat["count"] > 10
     assert_error(httpx.post(server.url + "/detokenize", json={"tokens": [-1]}), 400, "tokens")
@@ -129,17 +119,13 @@ def test_api_key_and_loading_503():
         r = httpx.get(s.url + "/health", timeout=30) if _wait_listening(s) else None
         assert r is not None and r.status_code == 503 and r.json() == {"status": "loading"}
         assert_error(
-            httpx.post(
-                s.url + CHAT, json={"messages": MSGS}, headers={"Authorization": "Bearer sekret"}
-            ),
+            httpx.post(s.url + CHAT, json={"messages": MSGS}, headers={"Authorization": "Bearer sekret"}),
             503,
         )
         s.wait_ready()
         assert_error(httpx.post(s.url + CHAT, json={"messages": MSGS}), 401)
         assert_error(
-            httpx.post(
-                s.url + CHAT, json={"messages": MSGS}, headers={"Authorization": "Bearer nope"}
-            ),
+            httpx.post(s.url + CHAT, json={"messages": MSGS}, headers={"Authorization": "Bearer nope"}),
             401,
         )
         ok = httpx.post(

@@ -37,9 +37,7 @@ def test_chat_streaming_matches_non_streaming_and_reports_usage(client):
     kw = dict(model=MODEL, messages=[{"role": "user", "content": "Write a haiku about the sea."}], max_tokens=30,
               temperature=0)  # fmt: skip
     full = client.chat.completions.create(**kw).choices[0].message.content
-    chunks = list(
-        client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
-    )
+    chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -56,14 +54,9 @@ def test_completions_streaming_and_not(client):
 
 
 def test_n_greater_than_one(client):
-    r = client.chat.completions.create(
-        model=MODEL, messages=FRANCE, n=3, max_tokens=12, temperature=1.0, seed=5
-    )
+    r = client.chat.completions.create(model=MODEL, messages=FRANCE, n=3, max_tokens=12, temperature=1.0, seed=5)
     assert sorted(c.index for c in r.choices) == [0, 1, 2]
-    assert (
-        all(c.message.content for c in r.choices)
-        and len({c.message.content for c in r.choices}) > 1
-    )
+    assert all(c.message.content for c in r.choices) and len({c.message.content for c in r.choices}) > 1
     stream = client.completions.create(model=MODEL, prompt=["Once upon a time", "In a galaxy"], n=2, max_tokens=8,
                                        temperature=1.0, seed=3, stream=True)  # fmt: skip
     texts: dict[int, str] = {}
@@ -82,25 +75,16 @@ def test_logprobs(client):
         assert item.logprob <= 0 and len(item.top_logprobs) == 3
         assert item.top_logprobs[0].logprob >= item.top_logprobs[1].logprob
         assert item.token == item.top_logprobs[0].token  # greedy picks the most likely
-    c = client.completions.create(
-        model=MODEL, prompt="Hello", max_tokens=4, temperature=0, logprobs=2, echo=True
-    )
+    c = client.completions.create(model=MODEL, prompt="Hello", max_tokens=4, temperature=0, logprobs=2, echo=True)
     lp = c.choices[0].logprobs
     assert c.choices[0].text.startswith("Hello")
-    assert (
-        lp.token_logprobs[0] is None and len(lp.tokens) == 1 + 4
-    )  # the prompt's one token, then output
+    assert lp.token_logprobs[0] is None and len(lp.tokens) == 1 + 4  # the prompt's one token, then output
     assert all(len(t) == 2 or t is None for t in lp.top_logprobs[1:])
 
 
 def test_stop(client):
-    r = client.chat.completions.create(
-        model=MODEL, messages=FRANCE, max_tokens=20, temperature=0, stop=["Paris"]
-    )
-    assert (
-        r.choices[0].message.content == "The capital of France is "
-        and r.choices[0].finish_reason == "stop"
-    )
+    r = client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=20, temperature=0, stop=["Paris"])
+    assert r.choices[0].message.content == "The capital of France is " and r.choices[0].finish_reason == "stop"
 
 
 def test_seed_reproducible(client):
