@@ -52,7 +52,7 @@ struct PrefillSmem {
   static constexpr int kLdS = Bc + 4;  // S rows (float)
   static constexpr int kLdP = Bc + 8;  // P rows (T)
   static constexpr int kLdO = D + 4;   // O rows (float)
-  static constexpr int align(int bytes) { return (bytes + 127) / 128 * 128; }
+  __host__ __device__ static constexpr int align(int bytes) { return (bytes + 127) / 128 * 128; }
   static constexpr int kQ = 0;
   static constexpr int kK = kQ + align(prefill::kBr * kLdT * int(sizeof(T)));
   static constexpr int kV = kK + align(Bc * kLdT * int(sizeof(T)));
@@ -241,7 +241,7 @@ __device__ void paged_attention_prefill(
 }
 
 #define PREFILL_ENTRY(T, suffix, D, Bc)                                                        \
-  extern "C" __global__ void __launch_bounds__(prefill::kThreads)                             \
+  extern "C" __global__ void __launch_bounds__(prefill::kThreads, 2)                           \
       paged_attention_prefill_##suffix##_d##D##_bc##Bc(                                        \
           T* out, const T* q, const T* k_cache, const T* v_cache, const int* block_tables,    \
           const int* seq_lens, const int* query_start_loc, int max_blocks, int num_kv_heads,  \
