@@ -84,12 +84,15 @@ class GuardedArgs:
     def explain(self, fault: int) -> str:
         """Which argument's fence a faulting address hit, as a sentence (or "")."""
         for r in self._regions:
-            end = r.addr + (r.hi - r.lo + 15) // 16 * 16
+            size = r.hi - r.lo
+            end = r.addr + (size + 15) // 16 * 16  # the trailing fence page starts here
             names = ", ".join(f"#{i}" for i in r.args)
             if end <= fault < end + PAGE:
-                return f"\nThe address is {fault - (r.addr + r.hi - r.lo)} bytes past the end of argument {names} ({r.hi - r.lo} bytes)."
-            if r.addr - PAGE <= fault < r.addr:
+                beyond = fault - (r.addr + size) + 1
                 return (
-                    f"\nThe address is {r.addr - fault} bytes before the start of argument {names}."
+                    f"\nThe address is {beyond} byte(s) past the end of argument {names} "
+                    f"({size} bytes)."
                 )
+            if r.addr - PAGE <= fault < r.addr:
+                return f"\nThe address is {r.addr - fault} byte(s) before the start of argument {names}."
         return ""
