@@ -16,6 +16,7 @@ import numpy as np
 from rawpage.ops.launch import (
     KernelLoader,
     dtype_suffix,
+    int32_array,
     same_dtype,
     threads_for,
     token_stride,
@@ -74,10 +75,10 @@ def launch_rope(
     k_work = k if token_stride(k) is not None else xp.ascontiguousarray(k)
     kernel = loader.get_function("rope.cu", f"rope_{dtype_suffix(q)}")
     args = (
-        xp.ascontiguousarray(positions, dtype=xp.int32),
+        int32_array(xp, positions),
         q_work,
         k_work,
-        xp.ascontiguousarray(cos_sin),
+        xp.ascontiguousarray(xp.asarray(cos_sin)),
         np.int32(D),
         np.int32(H),
         np.int32(k.shape[1]),

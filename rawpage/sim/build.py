@@ -79,6 +79,12 @@ def compiler() -> str:
     return os.environ.get("RAWPAGE_SIM_CXX", "g++")
 
 
+def cxxflags() -> list[str]:
+    """CXXFLAGS, plus $RAWPAGE_SIM_CXXFLAGS (for example "-O0 -g" to debug a kernel
+    in gdb, or "-DRP_SIM_UCONTEXT" to use the portable context switch)."""
+    return CXXFLAGS + os.environ.get("RAWPAGE_SIM_CXXFLAGS", "").split()
+
+
 @functools.cache
 def compiler_version(cxx: str) -> str:
     try:
@@ -124,7 +130,7 @@ def build_runtime() -> Path:
     sources = sorted(RUNTIME_DIR.glob("*.cpp"))
     key = _digest(
         _files_digest(sources + sorted(RUNTIME_DIR.glob("*.h")) + _sim_headers())
-        + [" ".join(CXXFLAGS).encode(), compiler_version(cxx).encode()]
+        + [" ".join(cxxflags()).encode(), compiler_version(cxx).encode()]
     )
     out = cache_dir() / f"librpsim-{key}.so"
     if out.exists():
@@ -133,7 +139,7 @@ def build_runtime() -> Path:
         tmp_out = Path(tmp) / out.name
         cmd = [
             cxx,
-            *CXXFLAGS,
+            *cxxflags(),
             "-shared",
             f"-I{INCLUDE_DIR}",
             *map(str, sources),
@@ -196,7 +202,7 @@ def build_module(
         _files_digest([source, *neighbours, *_sim_headers()])
         + [
             runtime.name.encode(),
-            " ".join(CXXFLAGS + flags).encode(),
+            " ".join(cxxflags() + flags).encode(),
             compiler_version(cxx).encode(),
         ]
     )
@@ -212,7 +218,7 @@ def build_module(
         wrapper = Path(tmp) / f"{source.stem}_sim.cpp"
         wrapper.write_text(_wrapper(source, kernels, shared))
         tmp_out = Path(tmp) / out.name
-        cmd = [cxx, *CXXFLAGS, "-shared", *flags, str(wrapper), "-o", str(tmp_out)]
+        cmd = [cxx, *cxxflags(), "-shared", *flags, str(wrapper), "-o", str(tmp_out)]
         cmd += [str(runtime), f"-Wl,-rpath,{runtime.parent}"]
         _run(cmd, f"compiling {source.name} for the simulator")
         tmp_meta = Path(tmp) / meta.name

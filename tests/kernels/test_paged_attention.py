@@ -192,3 +192,12 @@ def test_unsupported_head_size_says_which_are(device):
     host, dev = paged_batch(device, "float16", rng, [1], [4], 2, 2, 48, 16)
     with pytest.raises(ValueError, match="head size 48"):
         run(device, dev, 0.1, [1], [4])
+
+
+def test_prefill_shared_memory_fits_sm80():
+    """Every compiled (dtype, head size) needs at most sm_80's 163 KiB per block."""
+    for suffix, itemsize in (("f32", 4), ("f16", 2), ("bf16", 2)):
+        for D in (16, 32, 64, 80, 96, 128, 256):
+            if suffix == "f32" and D > 128:
+                continue
+            assert prefill_smem_bytes(D, prefill_key_tile(suffix, D), itemsize) <= 163 * 1024
