@@ -121,7 +121,6 @@ class SimFunction:
         block: Any,
         args: tuple | list,
         shared_mem: int = 0,
-        stream: Any = None,
     ) -> None:
         if len(args) != len(self.param_kinds):
             raise TypeError(f"{self.name} takes {len(self.param_kinds)} arguments, got {len(args)}")

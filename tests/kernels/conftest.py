@@ -78,11 +78,11 @@ class Device:
         )
 
 
-def _devices() -> list[str]:
+def devices() -> list[str]:
     return [d for d in os.environ.get("RAWPAGE_KERNEL_DEVICES", "sim,cuda").split(",") if d]
 
 
-@pytest.fixture(scope="session", params=_devices())
+@pytest.fixture(scope="session", params=devices())
 def device(request: pytest.FixtureRequest) -> Device:
     if request.param == "sim":
         from rawpage.sim import SimKernelLoader

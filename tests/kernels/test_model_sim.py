@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from rawpage.models.llama import LlamaModel
 
-from rawpage.backends import get_backend
+from rawpage.backends import cuda_available, get_backend
 from rawpage.config import ModelConfig
 from rawpage.forward_batch import ForwardBatch
+from tests.kernels.conftest import devices
 
 BLOCK_SIZE, NUM_BLOCKS = 16, 24
 
@@ -111,17 +112,20 @@ def schedule(rng, vocab):
     ]
 
 
-# max |sim - cpu| / max |cpu logit|, per dtype: the kernels' rounding through 2 layers
+# max |device - cpu| / max |cpu logit|, per dtype: the kernels' rounding through 2 layers
 LOGIT_TOLERANCE = {"float32": 1e-5, "float16": 6e-3, "bfloat16": 4e-2}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_tiny_llama_logits_match_cpu(dtype):
+@pytest.mark.parametrize("device", devices())
+def test_tiny_llama_logits_match_cpu(device, dtype):
+    if device == "cuda" and not cuda_available():
+        pytest.skip("no GPU visible to CuPy")
     config, tensors = tiny_llama()
     cpu = Runner(LlamaModel(config, get_backend("cpu"), tensors))
-    sim = Runner(LlamaModel(config, get_backend("sim", dtype), tensors))
+    dev = Runner(LlamaModel(config, get_backend(device, dtype), tensors))
     for i, chunks in enumerate(schedule(np.random.default_rng(1), config.vocab_size)):
-        want, got = cpu.step(chunks), sim.step(chunks)
+        want, got = cpu.step(chunks), dev.step(chunks)
         err = np.abs(got - want).max() / np.abs(want).max()
         assert err < LOGIT_TOLERANCE[dtype], f"step {i}: relative error {err:.2e}"
         if dtype == "float32":
