@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from rawpage.backends import get_backend
+from rawpage.backends import cuda_available, get_backend
 from rawpage.block_manager import BlockManager
 from rawpage.chat_template import ChatTemplate
 from rawpage.detokenizer import IncrementalDetokenizer
@@ -45,6 +45,17 @@ logger = logging.getLogger("rawpage")
 PromptType = str | list[int] | dict[str, Any]
 
 
+def resolve_dtype(dtype: str, device: str, checkpoint_dtype: str) -> str | None:
+    """--dtype auto: float32 on cpu and sim; on cuda bfloat16 for bfloat16 checkpoints, else float16."""
+    if dtype == "half":
+        return "float16"
+    if dtype != "auto":
+        return dtype
+    if device in ("cuda", "auto") and cuda_available():
+        return "bfloat16" if "bfloat16" in checkpoint_dtype else "float16"
+    return None
+
+
 class LLMEngine:
     def __init__(self, args: EngineArgs | None = None, **kwargs: Any) -> None:
         args = args or EngineArgs(**kwargs)
@@ -56,9 +67,7 @@ class LLMEngine:
         self.tokenizer = ckpt.tokenizer
         self.generation_config = ckpt.generation_config
         self.chat_template = ChatTemplate(args.chat_template) if args.chat_template else None
-        self.backend = get_backend(args.device)
-        if args.dtype not in ("auto", "float32") and self.backend.name == "cpu":
-            raise ValueError(f"--device cpu computes in float32; --dtype {args.dtype} needs --device sim or cuda")
+        self.backend = get_backend(args.device, resolve_dtype(args.dtype, args.device, c.torch_dtype))
         self.model = LlamaModel(c, self.backend, ckpt.tensors)
         self.max_model_len = self._resolve_max_model_len()
         self.block_size = args.block_size

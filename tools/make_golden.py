@@ -36,15 +36,11 @@ GREEDY_TOKENS = 32
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="GGUF file (default: the embedded SmolLM2 GGUF)")
     ap.add_argument(
         "--out",
-        default=os.path.join(
-            os.path.dirname(__file__), "..", "tests", "data", "golden_smollm2.json"
-        ),
+        default=os.path.join(os.path.dirname(__file__), "..", "tests", "data", "golden_smollm2.json"),
     )
     args = ap.parse_args()
     json.dump(record(args.model), open(args.out, "w"), indent=1)
@@ -77,18 +73,14 @@ def record(model_path: str | None = None) -> dict:
             )
         for question in CHAT_PROMPTS:
             msgs = [{"role": "user", "content": question}]
-            ids = tok.apply_chat_template(
-                msgs, add_generation_prompt=True, tokenize=True, return_dict=True
-            )["input_ids"]
+            ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True)[
+                "input_ids"
+            ]
             seq = list(ids)
-            for _ in range(
-                GREEDY_TOKENS
-            ):  # plain greedy, no EOS stop, full recompute: nothing clever
+            for _ in range(GREEDY_TOKENS):  # plain greedy, no EOS stop, full recompute: nothing clever
                 seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
             gen = seq[len(ids) :]
-            out["greedy"].append(
-                {"question": question, "prompt_ids": ids, "tokens": gen, "text": tok.decode(gen)}
-            )
+            out["greedy"].append({"question": question, "prompt_ids": ids, "tokens": gen, "text": tok.decode(gen)})
     return out
 
 

@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+
+from rawpage.ops.launch import KernelLoader, dtype_suffix, threads_for
+
+# --- launch (cuda/activation.cu) -----------------------------------------------------
+# Grid: one block per token. Block: up to 1024 threads striding over the I outputs.
+
+
+def launch_silu_and_mul(xp: Any, loader: KernelLoader, x: Any) -> Any:
+    """x: (T, 2I) holding [gate | up] -> (T, I)."""
+    x = xp.ascontiguousarray(x)
+    T, d = x.shape[0], x.shape[1] // 2
+    out = xp.empty((T, d), dtype=x.dtype)
+    if T:
+        kernel = loader.get_function("activation.cu", f"silu_and_mul_{dtype_suffix(x)}")
+        kernel((T,), (threads_for(d),), (out, x, np.int32(d)))
+    return out
 
 
 def silu_and_mul_ref(x: np.ndarray) -> np.ndarray:

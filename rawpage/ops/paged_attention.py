@@ -15,7 +15,19 @@ With GQA, query head h reads KV head h // (H / Hkv).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+
+from rawpage.ops.launch import (
+    KernelLoader,
+    ceil_div,
+    dtype_suffix,
+    int32_array,
+    require_aligned,
+    same_dtype,
+    token_stride,
+)
 
 
 def gather_kv(cache: np.ndarray, block_table: np.ndarray, seq_len: int) -> np.ndarray:
@@ -58,3 +70,143 @@ def paged_attention_ref(
         o = np.einsum("kgnl,lkd->nkgd", p, v)  # (n, Hkv, G, D)
         out[s:e] = o.reshape(n, H, D).astype(q.dtype)
     return out
+
+
+# --- launch (cuda/paged_attention_decode.cu, cuda/paged_attention_prefill.cu) ---------
+
+HEAD_SIZES = (16, 32, 64, 80, 96, 128, 256)  # compiled into both kernels
+DECODE_THREADS = 128
+DECODE_PARTITION_SIZE = 512  # tokens per split-K partition
+# Split long decodes only while the unsplit grid (B * H blocks) would leave a
+# large GPU underfilled; past this many blocks, splitting only adds the reduce.
+DECODE_SPLIT_BELOW_BLOCKS = 512
+PREFILL_THREADS = 128
+PREFILL_ROWS = 64  # query rows per block (Br): 4 warps of 16
+
+
+def prefill_key_tile(suffix: str, head_size: int) -> int:
+    """Keys per tile (Bc) for a dtype and head size, as instantiated in the kernel."""
+    if suffix == "f32":
+        if head_size > 128:
+            raise ValueError("float32 prefill attention supports head sizes up to 128")
+        return 32
+    return 32 if head_size == 256 else 64
+
+
+def prefill_smem_bytes(head_size: int, key_tile: int, itemsize: int) -> int:
+    """Dynamic shared memory of one prefill block; mirrors PrefillSmem in the kernel
+    (which traps if given less): Q (Br x D+8), K and V (Bc x D+8) and P (Br x Bc+8)
+    in the dtype, S (Br x Bc+4) and O (Br x D+4) in float32, each 128-byte aligned."""
+
+    def region(n: int) -> int:
+        return ceil_div(n, 128) * 128
+
+    br, bc, ld_t = PREFILL_ROWS, key_tile, head_size + 8
+    return (
+        region(br * ld_t * itemsize)
+        + 2 * region(bc * ld_t * itemsize)
+        + region(br * (bc + 4) * 4)
+        + region(br * (bc + 8) * itemsize)
+        + region(br * (head_size + 4) * 4)
+    )
+
+
+def launch_paged_attention(
+    xp: Any,
+    loader: KernelLoader,
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    block_tables: Any,
+    seq_lens: Any,
+    query_start_loc: Any,
+    scale: float,
+    max_query_len: int,
+    max_seq_len: int,
+    partition_size: int | None = None,
+) -> Any:
+    """Same contract as paged_attention_ref; q may be a view with contiguous rows.
+    max_query_len and max_seq_len are host-side facts about the batch. A batch in
+    which every sequence decodes goes to the decode kernel (split into partitions
+    of `partition_size` tokens when given, else by the heuristic above); any other
+    batch goes to the prefill kernel."""
+    same_dtype(q, k_cache, v_cache)
+    T, H, D = q.shape
+    Hkv = k_cache.shape[2]
+    if D not in HEAD_SIZES:
+        raise ValueError(f"head size {D} has no attention kernel; compiled sizes: {HEAD_SIZES}")
+    if H % Hkv or k_cache.shape[3] != D or k_cache.shape != v_cache.shape:
+        raise ValueError(f"q {q.shape} does not match the caches {k_cache.shape}")
+    out = xp.empty((T, H, D), dtype=q.dtype)
+    if T == 0:
+        return out
+    q = q if token_stride(q) is not None else xp.ascontiguousarray(q)
+    require_aligned("q", q, token_stride(q) * q.itemsize)
+    require_aligned("k_cache", k_cache)
+    require_aligned("v_cache", v_cache)
+    block_tables = int32_array(xp, block_tables)
+    seq_lens, query_start_loc = int32_array(xp, seq_lens), int32_array(xp, query_start_loc)
+    common = (k_cache, v_cache, block_tables, seq_lens, query_start_loc)
+    if max_query_len == 1:
+        _launch_decode(xp, loader, out, q, *common, scale, max_seq_len, partition_size)
+    else:
+        _launch_prefill(loader, out, q, *common, scale, max_query_len)
+    return out
+
+
+def _launch_decode(
+    xp, loader, out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+    scale, max_seq_len, partition_size,
+) -> None:  # fmt: skip
+    # Grid: (H, B, P): one block per query head, sequence and partition of the
+    # context. Block: 8 slots of 16 lanes; a slot takes one key at a time, each
+    # lane D/16 of its elements. With P > 1 the reduce kernel merges partitions:
+    # grid (H, B), threads over D.
+    T, H, D = q.shape
+    B = block_tables.shape[0]
+    if partition_size is None:
+        split = max_seq_len > DECODE_PARTITION_SIZE and B * H < DECODE_SPLIT_BELOW_BLOCKS
+        partition_size = DECODE_PARTITION_SIZE if split else max(max_seq_len, 1)
+    P = ceil_div(max(max_seq_len, 1), partition_size)
+    part_o = xp.empty((B, H, P, D) if P > 1 else (1,), dtype=np.float32)
+    part_ml = xp.empty((B, H, P, 2) if P > 1 else (1,), dtype=np.float32)
+    suffix = dtype_suffix(q)
+    kernel = loader.get_function(
+        "paged_attention_decode.cu", f"paged_attention_decode_{suffix}_d{D}"
+    )
+    args = (
+        out, part_o, part_ml, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+        np.int32(block_tables.shape[1]), np.int32(k_cache.shape[2]), np.int32(k_cache.shape[1]),
+        np.int32(partition_size), np.int32(token_stride(q)), np.float32(scale),
+    )  # fmt: skip
+    kernel((H, B, P), (DECODE_THREADS,), args)
+    if P > 1:
+        reduce = loader.get_function(
+            "paged_attention_decode.cu", f"paged_attention_decode_reduce_{suffix}"
+        )
+        args = (
+            out, part_o, part_ml, seq_lens, query_start_loc,
+            np.int32(D), np.int32(partition_size), np.int32(P),
+        )  # fmt: skip
+        reduce((H, B), (DECODE_THREADS,), args, shared_mem=4 * P)
+
+
+def _launch_prefill(
+    loader, out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len,
+) -> None:  # fmt: skip
+    # Grid: (ceil(max_query_len / 64), H, B): one block per 64-row query tile,
+    # head and sequence; tiles past a sequence's chunk exit at once. Block: 4
+    # warps, each owning 16 query rows; all share each key/value tile.
+    T, H, D = q.shape
+    B = block_tables.shape[0]
+    suffix = dtype_suffix(q)
+    key_tile = prefill_key_tile(suffix, D)
+    smem = prefill_smem_bytes(D, key_tile, q.itemsize)
+    name = f"paged_attention_prefill_{suffix}_d{D}_bc{key_tile}"
+    kernel = loader.get_function("paged_attention_prefill.cu", name)
+    args = (
+        out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+        np.int32(block_tables.shape[1]), np.int32(k_cache.shape[2]), np.int32(k_cache.shape[1]),
+        np.int32(token_stride(q)), np.float32(scale), np.int32(smem),
+    )  # fmt: skip
+    kernel((ceil_div(max_query_len, PREFILL_ROWS), H, B), (PREFILL_THREADS,), args, shared_mem=smem)

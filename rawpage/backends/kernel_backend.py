@@ -1,0 +1,137 @@
+"""The backend that runs our CUDA kernels, on whichever array module it is given.
+
+`sim` gives it NumPy arrays and kernels compiled for the CPU; `cuda` gives it
+CuPy arrays and kernels compiled by NVRTC. Every op goes through the launch
+code in rawpage/ops, so the grid and block computation, argument packing and
+dtype dispatch that run on the GPU are the ones the simulator tests.
+
+GEMMs and the embedding gather are not our kernels: here they are array-module
+calls with float32 accumulation (NumPy BLAS under sim; the cuda backend
+overrides matmul to reach cuBLAS directly).
+
+Activations, weights and KV caches are stored in `dtype`: float32, float16, or
+bfloat16 as uint16 bits (see rawpage/dtypes.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rawpage.backends.base import Array, Backend
+from rawpage.dtypes import (
+    BFLOAT16,
+    bf16_from_f32,
+    bf16_to_f32,
+    dtype_name,
+    from_float32,
+    storage_dtype,
+    to_float32,
+)
+from rawpage.ops.activation import launch_silu_and_mul
+from rawpage.ops.cache_ops import launch_copy_blocks
+from rawpage.ops.launch import KernelLoader
+from rawpage.ops.paged_attention import launch_paged_attention
+from rawpage.ops.rms_norm import launch_fused_add_rms_norm, launch_rms_norm
+from rawpage.ops.rope import launch_rope
+from rawpage.ops.write_kv import launch_write_kv
+
+
+class KernelBackend(Backend):
+    def __init__(self, xp: Any, loader: KernelLoader, dtype: str = "float32") -> None:
+        self.xp, self.loader = xp, loader
+        self.dtype = storage_dtype(dtype)
+        self.dtype_name = dtype_name(self.dtype)
+
+    # --- arrays -----------------------------------------------------------
+    def asarray(self, x: np.ndarray, dtype: Any = None) -> Array:
+        """Host array -> device array in `dtype` (default: the backend's dtype).
+        float data headed for bfloat16 is rounded to nearest even."""
+        target = self.dtype if dtype is None else np.dtype(dtype)
+        host = np.asarray(x)
+        if target == BFLOAT16 and host.dtype != BFLOAT16:
+            host = bf16_from_f32(host)
+        return self.xp.ascontiguousarray(self.xp.asarray(host, dtype=target))
+
+    def to_numpy(self, x: Array) -> np.ndarray:
+        """Device array -> NumPy; bfloat16 comes back as float32 (NumPy has no bfloat16)."""
+        host = x if isinstance(x, np.ndarray) else x.get()
+        return bf16_to_f32(host) if host.dtype == BFLOAT16 else host
+
+    def zeros(self, shape: tuple[int, ...], dtype: Any = None) -> Array:
+        return self.xp.zeros(shape, dtype=self.dtype if dtype is None else dtype)
+
+    # --- ops not written as our kernels -------------------------------------
+    def embedding(self, ids: Array, table: Array) -> Array:
+        return table[ids]
+
+    def matmul(self, x: Array, w: Array, bias: Array | None = None) -> Array:
+        y = to_float32(x) @ to_float32(w).T  # (T, out), float32 accumulation
+        if bias is not None:
+            y += to_float32(bias)
+        return from_float32(y, self.dtype)
+
+    # --- our kernels ----------------------------------------------------------
+    def rms_norm(self, x: Array, weight: Array, eps: float) -> Array:
+        return launch_rms_norm(self.xp, self.loader, x, weight, eps)
+
+    def fused_add_rms_norm(
+        self, x: Array, residual: Array, weight: Array, eps: float
+    ) -> tuple[Array, Array]:
+        return launch_fused_add_rms_norm(self.xp, self.loader, x, residual, weight, eps)
+
+    def rope(self, positions: Array, q: Array, k: Array, cos_sin: Array, is_neox: bool) -> None:
+        launch_rope(self.xp, self.loader, positions, q, k, cos_sin, is_neox)
+
+    def write_kv(
+        self, k: Array, v: Array, k_cache: Array, v_cache: Array, slot_mapping: Array
+    ) -> None:
+        launch_write_kv(self.xp, self.loader, k, v, k_cache, v_cache, slot_mapping)
+
+    def paged_attention(
+        self,
+        q: Array,
+        k_cache: Array,
+        v_cache: Array,
+        block_tables: Array,
+        seq_lens: Array,
+        query_start_loc: Array,
+        scale: float,
+        meta: Any = None,
+    ) -> Array:
+        host_q_lens = getattr(meta, "host_query_lens", None)
+        host_seq_lens = getattr(meta, "host_seq_lens", None)
+        if host_q_lens is None or host_seq_lens is None:  # no host facts: read them back
+            host_q_lens = np.diff(self.to_numpy(query_start_loc))
+            host_seq_lens = self.to_numpy(seq_lens)
+        return launch_paged_attention(
+            self.xp,
+            self.loader,
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            query_start_loc,
+            scale,
+            max_query_len=int(np.max(host_q_lens, initial=0)),
+            max_seq_len=int(np.max(host_seq_lens, initial=0)),
+        )
+
+    def silu_and_mul(self, x: Array) -> Array:
+        return launch_silu_and_mul(self.xp, self.loader, x)
+
+    def copy_blocks(
+        self, k_caches: list[Array], v_caches: list[Array], block_mapping: np.ndarray
+    ) -> None:
+        launch_copy_blocks(self.xp, self.loader, k_caches, v_caches, block_mapping)
+
+    def swap_blocks(self, src: Array, dst: Array, block_mapping: np.ndarray) -> None:
+        """Whole blocks between the device pool and the host swap pool, either way."""
+        m = np.asarray(block_mapping)
+        if isinstance(dst, np.ndarray):  # device -> host (a no-op conversion under sim)
+            blocks = src[self.xp.asarray(m[:, 0])]
+            dst[m[:, 1]] = blocks if self.xp is np else self.xp.asnumpy(blocks)
+        else:  # host -> device
+            dst[self.xp.asarray(m[:, 1])] = self.xp.asarray(src[m[:, 0]])

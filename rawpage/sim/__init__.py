@@ -1,0 +1,42 @@
+"""The CUDA-on-CPU simulator behind `--device sim`.
+
+The kernels in cuda/ compile unchanged with g++ against include/cuda_sim.h and
+run on the CPU: every CUDA thread is a fiber, blocks run on a few worker
+threads, and __syncthreads, warp shuffles and votes, and WMMA are cooperative
+barriers (runtime/). build.py compiles and caches; launcher.py calls kernels
+with CuPy's RawKernel convention on NumPy arrays.
+
+    loader = SimKernelLoader()
+    kernel = loader.get_function("rms_norm.cu", "rms_norm_f16")
+    kernel((T,), (256,), (out, x, w, np.float32(1e-5), np.int32(dim)))
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rawpage.sim.build import SimCompileError
+from rawpage.sim.launcher import SimFunction, SimLaunchError, SimModule
+
+__all__ = ["SimCompileError", "SimFunction", "SimKernelLoader", "SimLaunchError", "SimModule"]
+
+
+class SimKernelLoader:
+    """The `sim` backend's KernelLoader: one SimModule per file in cuda/, built on first use."""
+
+    def __init__(
+        self, debug: bool | None = None, workers: int | None = None, source_dir: Path | None = None
+    ) -> None:
+        from rawpage.ops.launch import cuda_source_dir
+
+        self.debug, self.workers = debug, workers
+        self.source_dir = Path(source_dir) if source_dir else cuda_source_dir()
+        self._modules: dict[str, SimModule] = {}
+
+    def module(self, name: str) -> SimModule:
+        if name not in self._modules:
+            self._modules[name] = SimModule(self.source_dir / name, self.debug, self.workers)
+        return self._modules[name]
+
+    def get_function(self, module: str, name: str) -> SimFunction:
+        return self.module(module).get_function(name)

@@ -1,0 +1,125 @@
+"""rms_norm, fused_add_rms_norm, rope, write_kv, silu_and_mul and copy_blocks:
+the kernels in cuda/ against the NumPy references in rawpage/ops."""
+
+import numpy as np
+import pytest
+
+from rawpage.ops.activation import launch_silu_and_mul, silu_and_mul_ref
+from rawpage.ops.cache_ops import copy_blocks_ref, launch_copy_blocks
+from rawpage.ops.rms_norm import (
+    fused_add_rms_norm_ref,
+    launch_fused_add_rms_norm,
+    launch_rms_norm,
+    rms_norm_ref,
+)
+from rawpage.ops.rope import cos_sin_cache, launch_rope, rope_ref
+from rawpage.ops.write_kv import launch_write_kv, write_kv_ref
+from tests.kernels.conftest import DTYPES, assert_close
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,dim", [(1, 64), (5, 576), (3, 1000), (2, 4096)])
+def test_rms_norm(device, dtype, T, dim):
+    rng = np.random.default_rng(dim)
+    x = device.rounded(rng.standard_normal((T, dim)) * 3, dtype)
+    w = device.rounded(rng.standard_normal(dim), dtype)
+    got = launch_rms_norm(
+        device.xp, device.loader, device.put(x, dtype), device.put(w, dtype), 1e-5
+    )
+    assert_close(device.get(got), rms_norm_ref(x, w, 1e-5), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,dim", [(1, 64), (7, 576), (2, 1000)])
+def test_fused_add_rms_norm(device, dtype, T, dim):
+    rng = np.random.default_rng(dim + 1)
+    x = device.rounded(rng.standard_normal((T, dim)), dtype)
+    res = device.rounded(rng.standard_normal((T, dim)) * 4, dtype)
+    w = device.rounded(rng.standard_normal(dim), dtype)
+    x_dev, res_dev = device.put(x, dtype), device.put(res, dtype)
+    normed, new_res = launch_fused_add_rms_norm(
+        device.xp, device.loader, x_dev, res_dev, device.put(w, dtype), 1e-5
+    )
+    want_normed, want_res = fused_add_rms_norm_ref(x, res, w, 1e-5)
+    assert_close(device.get(new_res), want_res, dtype, "residual")
+    assert_close(device.get(normed), want_normed, dtype, "normed")
+    # In place: the results live in the memory the caller passed.
+    assert normed is x_dev and new_res is res_dev
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("H,Hkv,D", [(4, 2, 64), (9, 3, 64), (2, 1, 128), (4, 4, 16)])
+def test_rope_on_views_into_qkv(device, dtype, is_neox, H, Hkv, D):
+    """q and k are views into the fused qkv output, as in the model; v must not change."""
+    rng = np.random.default_rng(D + H)
+    T = 6
+    qkv = device.rounded(rng.standard_normal((T, (H + 2 * Hkv) * D)), dtype)
+    positions = rng.integers(0, 200, T).astype(np.int32)
+    cs = cos_sin_cache(1.0 / (10000.0 ** (np.arange(0, D, 2) / D)), 256)
+    dev = device.put(qkv, dtype)
+    q = dev[:, : H * D].reshape(T, H, D)
+    k = dev[:, H * D : (H + Hkv) * D].reshape(T, Hkv, D)
+    launch_rope(
+        device.xp, device.loader, device.put_raw(positions), q, k, device.put_raw(cs), is_neox
+    )
+    want_q = qkv[:, : H * D].reshape(T, H, D).copy()
+    want_k = qkv[:, H * D : (H + Hkv) * D].reshape(T, Hkv, D).copy()
+    rope_ref(positions, want_q, want_k, cs, is_neox)
+    out = device.get(dev)
+    assert_close(out[:, : H * D].reshape(T, H, D), want_q, dtype, "q")
+    assert_close(out[:, H * D : (H + Hkv) * D].reshape(T, Hkv, D), want_k, dtype, "k")
+    np.testing.assert_array_equal(out[:, (H + Hkv) * D :], qkv[:, (H + Hkv) * D :])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("BS,Hkv,D", [(16, 2, 64), (32, 3, 128), (16, 1, 16)])
+def test_write_kv_scatters_and_skips_padding(device, dtype, BS, Hkv, D):
+    rng = np.random.default_rng(BS + D)
+    T, NB, H = 9, 6, 2 * Hkv
+    qkv = device.rounded(rng.standard_normal((T, (H + 2 * Hkv) * D)), dtype)
+    k = qkv[:, H * D : (H + Hkv) * D].reshape(T, Hkv, D)
+    v = qkv[:, (H + Hkv) * D :].reshape(T, Hkv, D)
+    slots = rng.permutation(NB * BS)[:T].astype(np.int32)
+    slots[[2, 5]] = -1
+    slots[0] = NB * BS - 1  # the very last slot of the cache
+    k_cache = device.rounded(rng.standard_normal((NB, BS, Hkv, D)), dtype)
+    v_cache = device.rounded(rng.standard_normal((NB, BS, Hkv, D)), dtype)
+    dev_qkv = device.put(qkv, dtype)
+    kc, vc = device.put(k_cache, dtype), device.put(v_cache, dtype)
+    launch_write_kv(
+        device.xp,
+        device.loader,
+        dev_qkv[:, H * D : (H + Hkv) * D].reshape(T, Hkv, D),
+        dev_qkv[:, (H + Hkv) * D :].reshape(T, Hkv, D),
+        kc,
+        vc,
+        device.put_raw(slots),
+    )
+    write_kv_ref(k, v, k_cache, v_cache, slots)
+    np.testing.assert_array_equal(device.get(kc), k_cache)
+    np.testing.assert_array_equal(device.get(vc), v_cache)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,d", [(1, 32), (5, 1536), (3, 100)])
+def test_silu_and_mul(device, dtype, T, d):
+    rng = np.random.default_rng(d)
+    x = device.rounded(rng.standard_normal((T, 2 * d)) * 3, dtype)
+    got = launch_silu_and_mul(device.xp, device.loader, device.put(x, dtype))
+    assert_close(device.get(got), silu_and_mul_ref(x), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_copy_blocks_every_layer(device, dtype):
+    rng = np.random.default_rng(7)
+    shape, layers = (8, 16, 2, 64), 3
+    ks = [device.rounded(rng.standard_normal(shape), dtype) for _ in range(layers)]
+    vs = [device.rounded(rng.standard_normal(shape), dtype) for _ in range(layers)]
+    mapping = np.array([[1, 4], [7, 0], [2, 3]])
+    kd = [device.put(a, dtype) for a in ks]
+    vd = [device.put(a, dtype) for a in vs]
+    launch_copy_blocks(device.xp, device.loader, kd, vd, mapping)
+    copy_blocks_ref(ks, vs, mapping)
+    for got, want in zip(kd + vd, ks + vs):
+        np.testing.assert_array_equal(device.get(got), want)
