@@ -18,8 +18,21 @@ then forgets the hash.
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from rawpage.sequence import Sequence
+
+
+@dataclass
+class KVUsage:
+    """Memory accounting of the pool, for the log, the metrics and the benchmarks."""
+
+    blocks_used: int
+    blocks_free: int
+    logical_tokens: int  # tokens in the cache as the sequences see them (shared ones counted per sequence)
+    stored_tokens: int  # tokens physically stored (shared ones counted once)
+    waste: int  # allocated slots holding no token: blocks_used * BS - stored_tokens
+    blocks_saved_by_sharing: int  # extra references: blocks that would exist without sharing
 
 
 class BlockManager:
@@ -34,6 +47,8 @@ class BlockManager:
         self.cached: dict[int, int] = {}  # block hash -> physical block
         self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the runner
+        self.num_cow_copies = 0
+        self.num_evictions = 0  # cached blocks whose content was dropped to make room
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of which found
         # The swap pool: same block layout, in CPU memory. Swapped sequences own CPU blocks only.
@@ -55,6 +70,20 @@ class BlockManager:
     def num_shared_blocks_saved(self) -> int:
         """Physical blocks saved by sharing: each extra reference to a block is one block not stored twice."""
         return sum(r - 1 for r in self.ref_counts if r > 1)
+
+    def usage(self, seqs: list[Sequence]) -> KVUsage:
+        """Account for the blocks of the given sequences (the ones holding GPU blocks)."""
+        filled: dict[int, int] = {}  # physical block -> slots holding a token
+        logical = 0
+        for s in seqs:
+            logical += s.num_computed_tokens
+            for i, b in enumerate(s.block_table):
+                n = min(self.block_size, max(0, s.num_computed_tokens - i * self.block_size))
+                filled[b] = max(filled.get(b, 0), n)
+        stored = sum(filled.values())
+        used = self.num_used_blocks
+        return KVUsage(used, self.num_free_blocks, logical, stored, used * self.block_size - stored,
+                       self.num_shared_blocks_saved())  # fmt: skip
 
     # --- prefix caching --------------------------------------------------------------
     def block_hashes(self, seq: Sequence, num_full_blocks: int) -> list[int]:
@@ -129,6 +158,7 @@ class BlockManager:
             self.ref_counts[src] -= 1
             seq.block_table[first] = dst
             self.pending_copies.append((src, dst))
+            self.num_cow_copies += 1
         for _ in range(new):
             seq.block_table.append(self._take_free_block())
         return True
@@ -187,6 +217,7 @@ class BlockManager:
         block, _ = self.free_queue.popitem(last=False)
         h = self.block_hash[block]
         if h is not None:  # evict: the block's old content is about to be overwritten
+            self.num_evictions += 1
             self.block_hash[block] = None
             if self.cached.get(h) == block:
                 del self.cached[h]

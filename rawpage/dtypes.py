@@ -31,9 +31,7 @@ def storage_dtype(name: str | np.dtype | type) -> np.dtype:
         return STORAGE[name]
     dt = np.dtype(name)
     if dt not in STORAGE.values():
-        raise ValueError(
-            f"{dt} is not an activation dtype (float32, float16, or uint16 = bfloat16)"
-        )
+        raise ValueError(f"{dt} is not an activation dtype (float32, float16, or uint16 = bfloat16)")
     return dt
 
 

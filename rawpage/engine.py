@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from rawpage.backends import cuda_available, get_backend
+from rawpage.beam_search import BeamState, final_hypotheses, is_done, select
 from rawpage.block_manager import BlockManager
 from rawpage.chat_template import ChatTemplate
 from rawpage.detokenizer import IncrementalDetokenizer
@@ -28,10 +29,10 @@ from rawpage.memory import DEFAULT_CPU_KV_CACHE, GiB, plan_fixed
 from rawpage.model_runner import ModelRunner, kv_bytes_per_block
 from rawpage.models.llama import LlamaModel
 from rawpage.outputs import CompletionOutput, RequestOutput
-from rawpage.sampler import Sampler, SamplerOutput
+from rawpage.sampler import Sampler, SamplerOutput, log_softmax, top_k_ids
 from rawpage.sampling_params import SamplingParams
 from rawpage.scheduler import Scheduler, SchedulerConfig
-from rawpage.sequence import Logprob, Request, Sequence
+from rawpage.sequence import Logprob, Request, Sequence, SequenceStatus
 from rawpage.stats import EngineStats, StepStats
 from rawpage.stop_checker import (
     check_length,
@@ -150,6 +151,8 @@ class LLMEngine:
         req.seqs.append(Sequence(next(self._seq_ids), req, ids, 0, seed))
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
+        if params.use_beam_search:
+            req.beam = BeamState(params.n, params.length_penalty, params.early_stopping)
         self.requests[request_id] = req
         self.scheduler.add(req.seqs[0])
         return req
@@ -188,6 +191,10 @@ class LLMEngine:
                     self.scheduler.finish(seq)
             self._aborted.append(req)
 
+    def kv_usage(self):
+        """Blocks in use, tokens stored, waste and blocks saved by sharing, right now."""
+        return self.block_manager.usage(self.scheduler.running)
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
@@ -204,6 +211,7 @@ class LLMEngine:
             logits = self.runner.execute(sched.scheduled, rows)
             to_sample: list[Sequence] = []
             sample_rows: list[int] = []
+            beam_rows: list[tuple[Sequence, int]] = []
             offset = 0
             for (seq, n), r in zip(sched.scheduled, rows):
                 start = seq.num_computed_tokens
@@ -215,7 +223,9 @@ class LLMEngine:
                     seq.request.metrics.first_scheduled_time = time.monotonic()
                 if seq.request.prompt_logprobs is not None and len(r) > 1:
                     self._record_prompt_logprobs(seq.request, start, logits[offset : offset + len(r)])
-                if seq.num_computed_tokens == seq.num_tokens:
+                if seq.num_computed_tokens == seq.num_tokens and seq.request.beam is not None:
+                    beam_rows.append((seq, offset + len(r) - 1))
+                elif seq.num_computed_tokens == seq.num_tokens:
                     for s in self._fork_if_needed(seq):
                         to_sample.append(s)
                         sample_rows.append(offset + len(r) - 1)
@@ -224,7 +234,9 @@ class LLMEngine:
             if to_sample:
                 out = self.sampler(logits[sample_rows], to_sample)
                 self._append_tokens(to_sample, out)
-                num_generated = len(to_sample)
+            num_generated = len(to_sample) + len(beam_rows)
+            if beam_rows:
+                self._beam_search_step(beam_rows, logits)
         outputs = [self._make_output(req) for req in touched.values()]
         for o in outputs:
             if o.finished:
@@ -234,7 +246,7 @@ class LLMEngine:
         self.stats.swap_outs_total, self.stats.swap_ins_total = sc.num_swap_outs, sc.num_swap_ins
         gauges = StepStats(len(sc.running), len(sc.waiting), len(sc.swapped), bm.num_used_blocks / max(1, bm.num_blocks),
                            num_prompt_tokens, num_generated)  # fmt: skip
-        self.stats.record_step(gauges, sc.num_preemptions, bm.prefix_hits / max(1, bm.prefix_queries))
+        self.stats.record_step(gauges, sc.num_preemptions, bm.prefix_hits / max(1, bm.prefix_queries), self.kv_usage)
         return outputs
 
     def _logits_rows(self, seq: Sequence, n: int) -> np.ndarray:
@@ -256,15 +268,75 @@ class LLMEngine:
         req.forked = True
         for i in range(1, req.params.n):
             child = seq.fork(next(self._seq_ids), i, seq.seed)
-            self.block_manager.fork(seq, child)
             req.seqs.append(child)
-            self.scheduler.add_running(child)
+            if self.args.share_forked_blocks:
+                self.block_manager.fork(seq, child)
+                self.scheduler.add_running(child)
+            else:  # the comparison point: every child stores (and computes) the prompt again
+                child.num_computed_tokens = 0
+                self.scheduler.add(child)
         return list(req.seqs)
+
+    # --- beam search ------------------------------------------------------------------
+    def _beam_search_step(self, rows: list[tuple[Sequence, int]], logits: np.ndarray) -> None:
+        """Stash each beam's next-token logprobs; advance a request once all its live beams
+        have theirs (beams of one request may be computed in different steps)."""
+        reqs = {}
+        for seq, row in rows:
+            processed = self.sampler.apply_processors(
+                logits[row : row + 1, : self.model_config.vocab_size].copy(), [seq]
+            )
+            seq.request.beam.pending[seq.seq_id] = log_softmax(processed)[0]
+            reqs[seq.request.request_id] = seq.request
+        for req in reqs.values():
+            live = [s for s in req.seqs if not s.is_finished]
+            if all(s.seq_id in req.beam.pending for s in live):
+                self._advance_beams(req, live)
+
+    def _advance_beams(self, req: Request, live: list[Sequence]) -> None:
+        st, p = req.beam, req.params
+        req.forked = True  # its beams now take one seat each
+        rows = np.stack([st.pending.pop(s.seq_id) for s in live])
+        chosen = select(st, live, rows, set(self.model_config.eos_token_ids), p.ignore_eos)
+        # Forks first, from the parents as they are; then drops; then every beam gets its token.
+        assigned, seen = [], set()
+        for parent, tok, lp in chosen:
+            beam = parent if parent.seq_id not in seen else self._fork_beam(req, parent)
+            seen.add(parent.seq_id)
+            assigned.append((beam, tok, lp))
+        for s in live:
+            if s.seq_id not in seen:
+                self.scheduler.finish(s)
+                req.seqs.remove(s)
+        for beam, tok, lp in assigned:
+            beam.append_token(tok, lp)
+        beams = [b for b, _, _ in assigned]
+        at_limit = bool(beams) and any(
+            (p.max_tokens is not None and b.num_output_tokens >= p.max_tokens) or b.num_tokens >= self.max_model_len
+            for b in beams
+        )
+        if not beams or at_limit or is_done(st, beams, self.max_model_len):
+            st.results = final_hypotheses(st, beams, "length")
+            for b in beams:
+                b.finish_reason = "length"
+                self.scheduler.finish(b)
+            st.done = True
+
+    def _fork_beam(self, req: Request, parent: Sequence) -> Sequence:
+        """A new beam sharing the parent's KV blocks (or, if the parent lost them to
+        preemption meanwhile, recomputing them)."""
+        child = parent.fork(next(self._seq_ids), len(req.seqs), parent.seed)
+        req.seqs.append(child)
+        if parent.status == SequenceStatus.RUNNING:
+            self.block_manager.fork(parent, child)
+            self.scheduler.add_running(child)
+        else:
+            child.num_computed_tokens = 0
+            self.scheduler.add(child)
+        return child
 
     def _record_prompt_logprobs(self, req: Request, start: int, logits: np.ndarray) -> None:
         """logits row j (position start + j) predicts prompt token start + j + 1."""
-        from rawpage.sampler import log_softmax, top_k_ids
-
         k = req.params.prompt_logprobs
         ids = req.prompt_token_ids
         lps = log_softmax(logits[:, : self.model_config.vocab_size])
@@ -305,6 +377,8 @@ class LLMEngine:
                 self.scheduler.finish(seq)
 
     def _make_output(self, req: Request) -> RequestOutput:
+        if req.beam is not None:
+            return self._beam_output(req)
         outs = []
         for seq in req.seqs:
             visible = seq.text
@@ -333,3 +407,16 @@ class LLMEngine:
             req.metrics.finished_time = time.monotonic()
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, req.prompt_logprobs, outs,
                              finished, req.metrics, req.num_cached_tokens)  # fmt: skip
+
+    def _beam_output(self, req: Request) -> RequestOutput:
+        """Beam search reports once, at the end: the best `n` hypotheses, best first."""
+        outs = []
+        if req.is_finished:
+            hyps = req.beam.results or final_hypotheses(req.beam, [], "abort")
+            for i, h in enumerate(hyps):
+                text = self.tokenizer.decode(h.token_ids, req.params.skip_special_tokens)
+                outs.append(CompletionOutput(i, text, h.token_ids, h.cumulative_logprob, None, h.finish_reason,
+                                             None, text, list(h.token_ids)))  # fmt: skip
+            req.metrics.finished_time = time.monotonic()
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, req.prompt_logprobs, outs,
+                             req.is_finished, req.metrics, req.num_cached_tokens)  # fmt: skip

@@ -39,6 +39,7 @@ class EngineArgs:
     swap_space: float = 4.0  # GiB of CPU memory for swapped-out blocks
     preemption_mode: str = "recompute"  # recompute | swap
     enable_prefix_caching: bool = True
+    share_forked_blocks: bool = True  # False (tests, benchmarks): n > 1 children recompute their own prompt copy
     enforce_eager: bool = False
     chat_template: str | None = None
     seed: int = 0

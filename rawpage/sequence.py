@@ -126,7 +126,7 @@ class Request:
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     metrics: RequestMetrics = field(init=False)
-    lora: Any = None
+    beam: Any = None  # BeamState when params.use_beam_search
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(self.arrival_time)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 logger = logging.getLogger("rawpage")
 
@@ -36,7 +38,9 @@ class EngineStats:
     _window_gen: int = 0
     _last_log: float = field(default_factory=time.monotonic)
 
-    def record_step(self, s: StepStats, preemptions_total: int, prefix_hit_rate: float) -> None:
+    def record_step(self, s: StepStats, preemptions_total: int, prefix_hit_rate: float,
+                    usage: Callable[[], Any]) -> None:  # fmt: skip
+        """usage() gives the block accounting (KVUsage); it is only computed when a line is logged."""
         self.last = s
         self.prompt_tokens_total += s.num_prompt_tokens
         self.generation_tokens_total += s.num_generation_tokens
@@ -46,11 +50,14 @@ class EngineStats:
         now = time.monotonic()
         if self.log_interval and now - self._last_log >= self.log_interval:
             dt = now - self._window_start
+            u = usage()
             logger.info(
-                "running: %d, waiting: %d, swapped: %d, preemptions: %d, KV cache: %.1f%%, "
-                "prefix cache hits: %.1f%%, prompt: %.1f tok/s, generation: %.1f tok/s",
+                "running: %d, waiting: %d, swapped: %d, preemptions: %d, KV cache: %.1f%% (%d blocks, "
+                "%d tokens stored, %d slots wasted, %d blocks saved by sharing), prefix cache hits: %.1f%%, "
+                "prompt: %.1f tok/s, generation: %.1f tok/s",
                 s.num_running, s.num_waiting, s.num_swapped, self.preemptions_total, 100 * s.kv_usage,
-                100 * prefix_hit_rate, self._window_prompt / dt, self._window_gen / dt,
+                u.blocks_used, u.stored_tokens, u.waste, u.blocks_saved_by_sharing, 100 * prefix_hit_rate,
+                self._window_prompt / dt, self._window_gen / dt,
             )  # fmt: skip
             self._last_log = self._window_start = now
             self._window_prompt = self._window_gen = 0

@@ -22,9 +22,7 @@ def get_backend(device: str = "cpu", dtype: str | None = None) -> Backend:
         from rawpage.backends.cpu import CPUBackend
 
         if dtype not in (None, "float32"):
-            raise ValueError(
-                f"--device cpu computes in float32; for --dtype {dtype} use --device sim or cuda"
-            )
+            raise ValueError(f"--device cpu computes in float32; for --dtype {dtype} use --device sim or cuda")
         return CPUBackend()
     if device == "sim":
         from rawpage.backends.sim import SimBackend

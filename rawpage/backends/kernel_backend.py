@@ -76,17 +76,13 @@ class KernelBackend(Backend):
     def rms_norm(self, x: Array, weight: Array, eps: float) -> Array:
         return launch_rms_norm(self.xp, self.loader, x, weight, eps)
 
-    def fused_add_rms_norm(
-        self, x: Array, residual: Array, weight: Array, eps: float
-    ) -> tuple[Array, Array]:
+    def fused_add_rms_norm(self, x: Array, residual: Array, weight: Array, eps: float) -> tuple[Array, Array]:
         return launch_fused_add_rms_norm(self.xp, self.loader, x, residual, weight, eps)
 
     def rope(self, positions: Array, q: Array, k: Array, cos_sin: Array, is_neox: bool) -> None:
         launch_rope(self.xp, self.loader, positions, q, k, cos_sin, is_neox)
 
-    def write_kv(
-        self, k: Array, v: Array, k_cache: Array, v_cache: Array, slot_mapping: Array
-    ) -> None:
+    def write_kv(self, k: Array, v: Array, k_cache: Array, v_cache: Array, slot_mapping: Array) -> None:
         launch_write_kv(self.xp, self.loader, k, v, k_cache, v_cache, slot_mapping)
 
     def paged_attention(
@@ -122,9 +118,7 @@ class KernelBackend(Backend):
     def silu_and_mul(self, x: Array) -> Array:
         return launch_silu_and_mul(self.xp, self.loader, x)
 
-    def copy_blocks(
-        self, k_caches: list[Array], v_caches: list[Array], block_mapping: np.ndarray
-    ) -> None:
+    def copy_blocks(self, k_caches: list[Array], v_caches: list[Array], block_mapping: np.ndarray) -> None:
         launch_copy_blocks(self.xp, self.loader, k_caches, v_caches, block_mapping)
 
     def swap_blocks(self, src: Array, dst: Array, block_mapping: np.ndarray) -> None:

@@ -13,9 +13,7 @@ from rawpage.sim import SimKernelLoader
 class SimBackend(KernelBackend):
     name = "sim"
 
-    def __init__(
-        self, dtype: str = "float32", debug: bool | None = None, workers: int | None = None
-    ) -> None:
+    def __init__(self, dtype: str = "float32", debug: bool | None = None, workers: int | None = None) -> None:
         """dtype: float32, float16 or bfloat16. debug: fence every kernel argument
         with inaccessible pages (default: $RAWPAGE_SIM_DEBUG). workers: OS threads
         that run blocks (default: $RAWPAGE_SIM_THREADS, else the CPUs available)."""

@@ -39,9 +39,7 @@ def launch_copy_blocks(
     for k_cache, v_cache in zip(k_caches, v_caches):
         block_bytes = k_cache[0].size * k_cache.itemsize
         if block_bytes % 16 or k_cache.shape != v_cache.shape:
-            raise ValueError(
-                f"cannot copy blocks of caches shaped {k_cache.shape}, {v_cache.shape}"
-            )
+            raise ValueError(f"cannot copy blocks of caches shaped {k_cache.shape}, {v_cache.shape}")
         require_aligned("k_cache", k_cache)
         require_aligned("v_cache", v_cache)
         chunks = block_bytes // 16

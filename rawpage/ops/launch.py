@@ -25,9 +25,7 @@ DTYPE_SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", BFLOAT
 
 
 class KernelFunction(Protocol):
-    def __call__(
-        self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, shared_mem: int = 0
-    ) -> None: ...
+    def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, shared_mem: int = 0) -> None: ...
 
 
 class KernelLoader(Protocol):
@@ -48,9 +46,7 @@ def dtype_suffix(x: Any) -> str:
     try:
         return DTYPE_SUFFIX[np.dtype(x.dtype)]
     except KeyError:
-        raise TypeError(
-            f"kernels take float32, float16 or bfloat16 (stored as uint16), not {x.dtype}"
-        ) from None
+        raise TypeError(f"kernels take float32, float16 or bfloat16 (stored as uint16), not {x.dtype}") from None
 
 
 def same_dtype(*arrays: Any) -> None:

@@ -171,9 +171,7 @@ def _launch_decode(
     part_o = xp.empty((B, H, P, D) if P > 1 else (1,), dtype=np.float32)
     part_ml = xp.empty((B, H, P, 2) if P > 1 else (1,), dtype=np.float32)
     suffix = dtype_suffix(q)
-    kernel = loader.get_function(
-        "paged_attention_decode.cu", f"paged_attention_decode_{suffix}_d{D}"
-    )
+    kernel = loader.get_function("paged_attention_decode.cu", f"paged_attention_decode_{suffix}_d{D}")
     args = (
         out, part_o, part_ml, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
         np.int32(block_tables.shape[1]), np.int32(k_cache.shape[2]), np.int32(k_cache.shape[1]),
@@ -181,9 +179,7 @@ def _launch_decode(
     )  # fmt: skip
     kernel((H, B, P), (DECODE_THREADS,), args)
     if P > 1:
-        reduce = loader.get_function(
-            "paged_attention_decode.cu", f"paged_attention_decode_reduce_{suffix}"
-        )
+        reduce = loader.get_function("paged_attention_decode.cu", f"paged_attention_decode_reduce_{suffix}")
         args = (
             out, part_o, part_ml, seq_lens, query_start_loc,
             np.int32(D), np.int32(partition_size), np.int32(P),

@@ -57,7 +57,5 @@ def launch_fused_add_rms_norm(
     T, dim = x.shape
     if T:
         kernel = loader.get_function("rms_norm.cu", f"fused_add_rms_norm_{dtype_suffix(x)}")
-        kernel(
-            (T,), (threads_for(dim, 256),), (x, residual, weight, np.float32(eps), np.int32(dim))
-        )
+        kernel((T,), (threads_for(dim, 256),), (x, residual, weight, np.float32(eps), np.int32(dim)))
     return x, residual

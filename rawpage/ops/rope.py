@@ -63,9 +63,7 @@ def launch_rope(
     same_dtype(q, k)
     T, H, D = q.shape
     if cos_sin.dtype != np.float32 or cos_sin.shape[1] != D:
-        raise ValueError(
-            f"cos_sin must be float32 (max_pos, {D}), got {cos_sin.dtype} {cos_sin.shape}"
-        )
+        raise ValueError(f"cos_sin must be float32 (max_pos, {D}), got {cos_sin.dtype} {cos_sin.shape}")
     if T == 0:
         return
     # Rows must be contiguous; otherwise rotate a contiguous copy and write it back.

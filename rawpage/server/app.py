@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 from collections.abc import Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -167,5 +168,10 @@ def run_server(args: argparse.Namespace) -> int:
     name = app.state.rawpage.model_name
     logger.info("rawpage %s: serving %s at http://%s:%d/v1 (loading the model now; /health is 503 until ready)",
                 __version__, name, args.host, args.port)  # fmt: skip
+    # uvicorn handles SIGINT/SIGTERM itself (stop accepting, let streams finish, then the lifespan
+    # shutdown stops the engine) and afterwards re-raises the signal to the handler found before
+    # it started. That handler is this no-op, so a graceful shutdown exits with status 0.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30)
     return 0

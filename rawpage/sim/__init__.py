@@ -24,9 +24,7 @@ __all__ = ["SimCompileError", "SimFunction", "SimKernelLoader", "SimLaunchError"
 class SimKernelLoader:
     """The `sim` backend's KernelLoader: one SimModule per file in cuda/, built on first use."""
 
-    def __init__(
-        self, debug: bool | None = None, workers: int | None = None, source_dir: Path | None = None
-    ) -> None:
+    def __init__(self, debug: bool | None = None, workers: int | None = None, source_dir: Path | None = None) -> None:
         from rawpage.ops.launch import cuda_source_dir
 
         self.debug, self.workers = debug, workers

@@ -91,8 +91,7 @@ def compiler_version(cxx: str) -> str:
         out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError) as e:
         raise SimCompileError(
-            f"the simulator needs a C++17 compiler; {cxx!r} did not run ({e}). "
-            "Install g++ or set RAWPAGE_SIM_CXX."
+            f"the simulator needs a C++17 compiler; {cxx!r} did not run ({e}). Install g++ or set RAWPAGE_SIM_CXX."
         ) from e
     return out.stdout.splitlines()[0] if out.stdout else cxx
 
@@ -177,8 +176,7 @@ def _wrapper(source: Path, kernels: list[str], shared: list[tuple[str, str]]) ->
                 f"found {names}; declare it once (for example in a helper that returns it as T*)"
             )
         lines += [
-            f"thread_local {elem} {name}[RP_SIM_DYNAMIC_SMEM_BYTES / sizeof({elem})]"
-            " __attribute__((aligned(128)));",
+            f"thread_local {elem} {name}[RP_SIM_DYNAMIC_SMEM_BYTES / sizeof({elem})] __attribute__((aligned(128)));",
             f"static void* rp_sim_dynamic_smem() {{ return (void*){name}; }}",
         ]
         smem = "RP_SIM_DYNAMIC_SMEM_BYTES, &rp_sim_dynamic_smem"
@@ -188,9 +186,7 @@ def _wrapper(source: Path, kernels: list[str], shared: list[tuple[str, str]]) ->
     return "\n".join(lines) + "\n"
 
 
-def build_module(
-    source: Path, include_dirs: tuple[Path, ...] = (), defines: tuple[str, ...] = ()
-) -> BuiltModule:
+def build_module(source: Path, include_dirs: tuple[Path, ...] = (), defines: tuple[str, ...] = ()) -> BuiltModule:
     """Compile one .cu file for the simulator (cached). Raises SimCompileError."""
     source = Path(source).resolve()
     cxx = compiler()

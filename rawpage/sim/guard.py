@@ -89,10 +89,7 @@ class GuardedArgs:
             names = ", ".join(f"#{i}" for i in r.args)
             if end <= fault < end + PAGE:
                 beyond = fault - (r.addr + size) + 1
-                return (
-                    f"\nThe address is {beyond} byte(s) past the end of argument {names} "
-                    f"({size} bytes)."
-                )
+                return f"\nThe address is {beyond} byte(s) past the end of argument {names} ({size} bytes)."
             if r.addr - PAGE <= fault < r.addr:
                 return f"\nThe address is {r.addr - fault} byte(s) before the start of argument {names}."
         return ""

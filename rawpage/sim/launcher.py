@@ -98,9 +98,7 @@ class SimFunction:
             )
         want = _NUMPY_KINDS.get(kind)
         if a.dtype.itemsize != size or (want and a.dtype.kind != want):
-            raise TypeError(
-                f"{where} is a {size}-byte {_KIND_NAMES.get(kind, 'value')}, got {a.dtype}"
-            )
+            raise TypeError(f"{where} is a {size}-byte {_KIND_NAMES.get(kind, 'value')}, got {a.dtype}")
         return ctypes.create_string_buffer(a.tobytes(), size)
 
     def _cell(self, i: int, a: Any, kind: int, size: int) -> Any:
@@ -111,9 +109,7 @@ class SimFunction:
             return ctypes.c_void_p(a.ctypes.data)
         if a is None:
             return ctypes.c_void_p(0)
-        raise TypeError(
-            f"argument {i} of {self.name} is a pointer: pass a NumPy array, not {type(a).__name__}"
-        )
+        raise TypeError(f"argument {i} of {self.name} is a pointer: pass a NumPy array, not {type(a).__name__}")
 
     def __call__(
         self,
@@ -166,8 +162,7 @@ class SimFunction:
                 guards.copy_out_and_free()
         if self.module.trace:
             print(
-                f"sim: {self.name} grid={g} block={b} smem={shared_mem} "
-                f"{self.last_seconds * 1e3:.2f} ms",
+                f"sim: {self.name} grid={g} block={b} smem={shared_mem} {self.last_seconds * 1e3:.2f} ms",
                 file=sys.stderr,
             )
         if rc != 0:
@@ -197,8 +192,6 @@ class SimModule:
     def get_function(self, name: str) -> SimFunction:
         if name not in self._functions:
             if name not in self.kernels:
-                raise AttributeError(
-                    f"{self.source.name} has no kernel {name!r}; it has {', '.join(self.kernels)}"
-                )
+                raise AttributeError(f"{self.source.name} has no kernel {name!r}; it has {', '.join(self.kernels)}")
             self._functions[name] = SimFunction(self, name)
         return self._functions[name]

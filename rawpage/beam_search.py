@@ -1,0 +1,98 @@
+"""Beam search (vLLM's `use_beam_search`, with `n` as the beam width).
+
+The beams of a request are ordinary sequences. Every step, once all live beams
+have their next-token log-probabilities, we score the 2 * width best
+continuations of each, keep the `width` best overall, and re-point sequences:
+a beam chosen k times is forked k - 1 times (its children share its KV blocks
+by reference; only a shared, partially filled last block is copied when a child
+writes into it), and a beam not chosen is dropped (its references released).
+Candidates ending in EOS become finished hypotheses, as in Hugging Face's
+BeamSearchScorer; the result is the `width` best hypotheses by
+cumulative log-probability / length ** length_penalty.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rawpage.sequence import Sequence
+
+
+@dataclass
+class Hypothesis:
+    token_ids: list[int]  # generated tokens
+    cumulative_logprob: float
+    score: float
+    finish_reason: str
+
+
+@dataclass
+class BeamState:
+    width: int
+    length_penalty: float
+    early_stopping: bool | str
+    finished: list[Hypothesis] = field(default_factory=list)  # best first
+    pending: dict[int, np.ndarray] = field(default_factory=dict)  # seq_id -> logprobs (V,) of its next token
+    done: bool = False
+    results: list[Hypothesis] = field(default_factory=list)  # the final best `width`, once done
+
+    def add(self, hyp: Hypothesis) -> None:
+        self.finished.append(hyp)
+        self.finished.sort(key=lambda h: h.score, reverse=True)
+        del self.finished[self.width :]
+
+
+def beam_score(cumulative_logprob: float, seq_len: int, length_penalty: float) -> float:
+    """vLLM's (and HF's) length-normalised score; seq_len counts prompt and output."""
+    return cumulative_logprob / (seq_len**length_penalty)
+
+
+def select(state: BeamState, beams: list[Sequence], logprobs: np.ndarray, eos_ids: set[int],
+           ignore_eos: bool) -> list[tuple[Sequence, int, float]]:  # fmt: skip
+    """logprobs: (len(beams), V). Returns up to `width` (parent beam, token, token logprob),
+    best first; EOS candidates among the top `width` become finished hypotheses."""
+    k = min(2 * state.width, logprobs.shape[1])
+    cand = np.argpartition(-logprobs, k - 1, axis=1)[:, :k]  # (beams, k) token ids
+    cand_lp = np.take_along_axis(logprobs, cand, axis=1)
+    total = cand_lp + np.array([b.cumulative_logprob for b in beams])[:, None]  # cumulative if chosen
+    order = np.argsort(-total, axis=None, kind="stable")
+    chosen: list[tuple[Sequence, int, float]] = []
+    for rank, flat in enumerate(order):
+        i, j = divmod(int(flat), k)
+        beam, token, lp = beams[i], int(cand[i, j]), float(cand_lp[i, j])
+        if token in eos_ids and not ignore_eos:
+            if rank < state.width:  # only a top-ranked EOS ends a hypothesis
+                cum = beam.cumulative_logprob + lp
+                # The EOS itself does not count towards the length, as in vLLM.
+                state.add(Hypothesis(beam.output_token_ids + [token], cum,
+                                     beam_score(cum, beam.num_tokens, state.length_penalty), "stop"))  # fmt: skip
+            continue
+        chosen.append((beam, token, lp))
+        if len(chosen) == state.width:
+            break
+    return chosen
+
+
+def is_done(state: BeamState, beams: list[Sequence], max_len: int) -> bool:
+    """Can no running beam beat the worst of `width` finished hypotheses any more?"""
+    if len(state.finished) < state.width:
+        return False
+    if state.early_stopping is True:
+        return True
+    best = max(b.cumulative_logprob for b in beams)
+    cur_len = beams[0].num_tokens
+    if state.early_stopping == "never" and state.length_penalty > 0:
+        best_possible = beam_score(best, max_len, state.length_penalty)  # it may still grow
+    else:
+        best_possible = beam_score(best, cur_len, state.length_penalty)
+    return state.finished[-1].score >= best_possible
+
+
+def final_hypotheses(state: BeamState, beams: list[Sequence], finish_reason: str) -> list[Hypothesis]:
+    """The `width` best of the finished hypotheses and the beams still running."""
+    for b in beams:
+        state.add(Hypothesis(b.output_token_ids, b.cumulative_logprob,
+                             beam_score(b.cumulative_logprob, b.num_tokens, state.length_penalty), finish_reason))  # fmt: skip
+    return list(state.finished)
