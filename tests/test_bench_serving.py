@@ -49,9 +49,13 @@ REPO = Path(__file__).resolve().parent.parent
 # --- metrics ---------------------------------------------------------------
 
 
-def record(sent, chunks, finished, out_tokens, target=None, success=True, source="usage"):
-    return RequestRecord(0, sent, list(chunks), finished, success, "", "", target or out_tokens,
-                         10, out_tokens, source)  # fmt: skip
+def record(sent, chunks, finished, out_tokens, target=None, success=True):
+    """A request with 10 prompt tokens, counted by the server's usage."""
+    return RequestRecord(
+        index=0, sent=sent, chunk_times=list(chunks), finished=finished, success=success,
+        target_output_tokens=target or out_tokens or 0, input_tokens=10,
+        output_tokens=out_tokens, token_count_source="usage",
+    )  # fmt: skip
 
 
 def test_request_metrics_on_synthetic_timestamps():

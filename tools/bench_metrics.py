@@ -17,6 +17,7 @@ send before running the model at all, and which would make TTFT look instant.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -115,9 +116,7 @@ def summarize(records: list[RequestRecord], duration_s: float) -> BenchmarkSumma
     ok = [r for r in records if r.success]
     inputs = sum(r.input_tokens or 0 for r in ok)
     outputs = sum(r.output_tokens or 0 for r in ok)
-    sources: dict[str, int] = {}
-    for r in ok:
-        sources[r.token_count_source or "unknown"] = sources.get(r.token_count_source or "unknown", 0) + 1
+    sources = Counter(r.token_count_source or "unknown" for r in ok)
     per_second = 1.0 / duration_s if duration_s > 0 else 0.0
     return BenchmarkSummary(
         completed=len(ok),
@@ -133,7 +132,7 @@ def summarize(records: list[RequestRecord], duration_s: float) -> BenchmarkSumma
         itl=LatencyStats.of([g for r in ok for g in inter_token_latencies(r)]),
         e2el=LatencyStats.of([e2e_latency(r) for r in ok]),
         output_len_mismatches=sum(1 for r in ok if r.output_tokens != r.target_output_tokens),
-        token_count_sources=sources,
+        token_count_sources=dict(sources),
     )
 
 

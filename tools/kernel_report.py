@@ -96,9 +96,7 @@ def compile_file(source: Path, archs: tuple[str, ...] = ARCHS) -> list[KernelSta
     gencode = [f"-gencode=arch=compute_{a[3:]},code={a}" for a in archs]
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [nvcc, "--fatbin", *gencode, *NVCC_FLAGS, f"-I{source.parent}", str(source)]
-        proc = subprocess.run(
-            cmd + ["-o", os.path.join(tmp, "out.fatbin")], capture_output=True, text=True
-        )
+        proc = subprocess.run(cmd + ["-o", os.path.join(tmp, "out.fatbin")], capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"nvcc failed on {source.name}:\n{proc.stderr}")
     stats = parse_ptxas(source.name, proc.stdout + proc.stderr)
@@ -109,9 +107,7 @@ def compile_file(source: Path, archs: tuple[str, ...] = ARCHS) -> list[KernelSta
     return stats
 
 
-def report(
-    files: list[Path], archs: tuple[str, ...] = ARCHS, jobs: int | None = None
-) -> list[KernelStats]:
+def report(files: list[Path], archs: tuple[str, ...] = ARCHS, jobs: int | None = None) -> list[KernelStats]:
     jobs = jobs or max(1, len(os.sched_getaffinity(0)))
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         results = pool.map(lambda f: compile_file(f, archs), files)
@@ -121,9 +117,7 @@ def report(
 def format_table(stats: list[KernelStats]) -> str:
     rows = [("file", "kernel", "arch", "regs", "smem", "stack", "spill st", "spill ld")]
     for s in sorted(stats, key=lambda s: (s.file, s.kernel, s.arch)):
-        rows.append(
-            (s.file, s.kernel, s.arch, s.registers, s.smem, s.stack, s.spill_stores, s.spill_loads)
-        )
+        rows.append((s.file, s.kernel, s.arch, s.registers, s.smem, s.stack, s.spill_stores, s.spill_loads))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(r, widths)) for r in rows)
 

@@ -67,15 +67,11 @@ class Device:
     def get(self, a: Any) -> np.ndarray:
         """device array -> float32 host copy."""
         host = a if isinstance(a, np.ndarray) else a.get()
-        return np.array(
-            to_float32(host) if host.dtype == BFLOAT16 or host.dtype.kind == "f" else host
-        )
+        return np.array(to_float32(host) if host.dtype == BFLOAT16 or host.dtype.kind == "f" else host)
 
     def rounded(self, host: np.ndarray, dtype: str) -> np.ndarray:
         """What `host` becomes in `dtype`, back as float32: the reference's input."""
-        return np.array(
-            to_float32(from_float32(np.asarray(host, np.float32), storage_dtype(dtype)))
-        )
+        return np.array(to_float32(from_float32(np.asarray(host, np.float32), storage_dtype(dtype))))
 
 
 def devices() -> list[str]:

@@ -23,9 +23,7 @@ def test_rms_norm(device, dtype, T, dim):
     rng = np.random.default_rng(dim)
     x = device.rounded(rng.standard_normal((T, dim)) * 3, dtype)
     w = device.rounded(rng.standard_normal(dim), dtype)
-    got = launch_rms_norm(
-        device.xp, device.loader, device.put(x, dtype), device.put(w, dtype), 1e-5
-    )
+    got = launch_rms_norm(device.xp, device.loader, device.put(x, dtype), device.put(w, dtype), 1e-5)
     assert_close(device.get(got), rms_norm_ref(x, w, 1e-5), dtype)
 
 
@@ -37,9 +35,7 @@ def test_fused_add_rms_norm(device, dtype, T, dim):
     res = device.rounded(rng.standard_normal((T, dim)) * 4, dtype)
     w = device.rounded(rng.standard_normal(dim), dtype)
     x_dev, res_dev = device.put(x, dtype), device.put(res, dtype)
-    normed, new_res = launch_fused_add_rms_norm(
-        device.xp, device.loader, x_dev, res_dev, device.put(w, dtype), 1e-5
-    )
+    normed, new_res = launch_fused_add_rms_norm(device.xp, device.loader, x_dev, res_dev, device.put(w, dtype), 1e-5)
     want_normed, want_res = fused_add_rms_norm_ref(x, res, w, 1e-5)
     assert_close(device.get(new_res), want_res, dtype, "residual")
     assert_close(device.get(normed), want_normed, dtype, "normed")
@@ -60,9 +56,7 @@ def test_rope_on_views_into_qkv(device, dtype, is_neox, H, Hkv, D):
     dev = device.put(qkv, dtype)
     q = dev[:, : H * D].reshape(T, H, D)
     k = dev[:, H * D : (H + Hkv) * D].reshape(T, Hkv, D)
-    launch_rope(
-        device.xp, device.loader, device.put_raw(positions), q, k, device.put_raw(cs), is_neox
-    )
+    launch_rope(device.xp, device.loader, device.put_raw(positions), q, k, device.put_raw(cs), is_neox)
     want_q = qkv[:, : H * D].reshape(T, H, D).copy()
     want_k = qkv[:, H * D : (H + Hkv) * D].reshape(T, Hkv, D).copy()
     rope_ref(positions, want_q, want_k, cs, is_neox)

@@ -73,9 +73,7 @@ def run(device, dev, scale, q_lens, ctx_lens, partition_size=None):
 def reference(host, scale):
     q, kc, vc, tables, seq_lens, qsl = host
     # The reference may read the NaN padding of the last block, then slice it off.
-    return paged_attention_ref(
-        q, np.nan_to_num(kc), np.nan_to_num(vc), tables, seq_lens, qsl, scale
-    )
+    return paged_attention_ref(q, np.nan_to_num(kc), np.nan_to_num(vc), tables, seq_lens, qsl, scale)
 
 
 # ---- decode ------------------------------------------------------------------------
@@ -175,9 +173,7 @@ def test_prefill_smem_formula_is_exactly_what_the_kernel_needs(device):
     host, dev = paged_batch(device, dtype, rng, [3], [3], 2, 2, D, 16)
     bc = prefill_key_tile("f16", D)
     smem = prefill_smem_bytes(D, bc, 2) - 128
-    kernel = device.loader.get_function(
-        "paged_attention_prefill.cu", f"paged_attention_prefill_f16_d{D}_bc{bc}"
-    )
+    kernel = device.loader.get_function("paged_attention_prefill.cu", f"paged_attention_prefill_f16_d{D}_bc{bc}")
     out = device.xp.empty((3, 2, D), np.float16)
     q, kc, vc, tables, seq_lens, qsl = dev
     args = (out, q, kc, vc, tables, seq_lens, qsl, np.int32(tables.shape[1]), np.int32(2))

@@ -55,9 +55,7 @@ def test_shuffles_move_any_type_up_to_8_bytes(sim):
     f0, h0, d0 = f.copy(), h.copy(), d.copy()
     sim.get_function("shuffle_types")((1,), (32,), (f, h, d))
     np.testing.assert_array_equal(f, f0[np.arange(32) ^ 1])
-    np.testing.assert_array_equal(
-        h, h0[np.where(np.arange(32) + 3 < 32, np.arange(32) + 3, np.arange(32))]
-    )
+    np.testing.assert_array_equal(h, h0[np.where(np.arange(32) + 3 < 32, np.arange(32) + 3, np.arange(32))])
     np.testing.assert_array_equal(d, np.full(32, d0[31]))
 
 
@@ -168,9 +166,7 @@ def test_wmma_layouts_and_fragment_elementwise(sim, kernel, dtype, a_col, b_col)
     a_mem = np.ascontiguousarray(a.T if a_col else a)
     b_mem = np.ascontiguousarray(b.T if b_col else b)
     c = np.zeros((16, 16), np.float32)
-    sim.get_function(kernel)(
-        (1,), (32,), (c, a_mem, b_mem, np.ascontiguousarray(C0.T), np.float32(0.5))
-    )
+    sim.get_function(kernel)((1,), (32,), (c, a_mem, b_mem, np.ascontiguousarray(C0.T), np.float32(0.5)))
     np.testing.assert_allclose(c, (A @ B + C0) * 0.5, rtol=1e-5, atol=1e-5)
 
 
@@ -193,13 +189,9 @@ def test_synchronization_mistakes_are_reported(sim, kernel, block, message):
 
 def test_debug_mode_catches_an_index_past_the_end(sim_debug):
     out = np.zeros(31 * 4, np.float32)  # thread 31 writes element 124, one past the end
-    with pytest.raises(
-        SimLaunchError, match=r"(?s)thread \(31,0,0\).*1 byte\(s\) past the end of argument #0"
-    ):
+    with pytest.raises(SimLaunchError, match=r"(?s)thread \(31,0,0\).*1 byte\(s\) past the end of argument #0"):
         sim_debug.get_function("index_past_the_end")((1,), (32,), (out, np.int32(4)))
-    sim_debug.get_function("index_past_the_end")(
-        (1,), (32,), (np.zeros(125, np.float32), np.int32(4))
-    )
+    sim_debug.get_function("index_past_the_end")((1,), (32,), (np.zeros(125, np.float32), np.int32(4)))
 
 
 def test_debug_mode_catches_an_index_before_the_start(sim_debug):
@@ -216,16 +208,12 @@ def test_debug_mode_catches_writes_past_dynamic_shared_memory(sim_debug):
 
 def test_wild_pointer_is_an_error_not_a_crash(sim):
     with pytest.raises(SimLaunchError, match="segmentation fault"):
-        sim.get_function("index_past_the_end")(
-            (1,), (32,), (np.zeros(1, np.float32), np.int32(1 << 28))
-        )
+        sim.get_function("index_past_the_end")((1,), (32,), (np.zeros(1, np.float32), np.int32(1 << 28)))
 
 
 def test_fiber_stack_overflow_is_named(sim):
     with pytest.raises(SimLaunchError, match="stack overflow"):
-        sim.get_function("deep_recursion_stack")(
-            (1,), (32,), (np.zeros(1, np.float32), np.int32(3))
-        )
+        sim.get_function("deep_recursion_stack")((1,), (32,), (np.zeros(1, np.float32), np.int32(3)))
 
 
 @pytest.mark.parametrize(
