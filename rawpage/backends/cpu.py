@@ -99,16 +99,35 @@ def prefill_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float)
     return o.reshape(Hkv, G, n, D).transpose(2, 0, 1, 3).reshape(n, H, D)
 
 
+# Sequences per decode-attention chunk. Gathering the K/V of the whole batch at once
+# (tens of MB) runs out of cache; chunks of 8 similar-length sequences measured ~2.5x
+# faster on this 2-core machine (B=32, 350-token contexts: 5.5 ms -> 2.0 ms a layer).
+_DECODE_CHUNK = 8
+
+
 def decode_attention(
     q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
     seq_lens: np.ndarray, scale: float,
 ) -> np.ndarray:  # fmt: skip
     """One query token per sequence. q: (B, H, D) -> (B, H, D).
 
-    Gathers every sequence's blocks into (B, L_max, Hkv, D), padding short
-    contexts, and masks the padding before the softmax: a few large batched
-    GEMMs instead of a Python loop over sequences.
+    Sequences are sorted by length and taken a few at a time, so that padding is
+    small and each chunk's gathered K/V stays in cache.
     """
+    out = np.empty_like(q)
+    order = np.argsort(seq_lens, kind="stable")
+    for i in range(0, len(order), _DECODE_CHUNK):
+        idx = order[i : i + _DECODE_CHUNK]
+        out[idx] = _decode_chunk(q[idx], k_cache, v_cache, block_tables[idx], seq_lens[idx], scale)
+    return out
+
+
+def _decode_chunk(
+    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
+    seq_lens: np.ndarray, scale: float,
+) -> np.ndarray:  # fmt: skip
+    """Gathers the chunk's blocks into (B, L_max, Hkv, D), padding short contexts, and
+    masks the padding before the softmax: a few batched GEMMs, no loop over sequences."""
     B, H, D = q.shape
     bs, Hkv = k_cache.shape[1], k_cache.shape[2]
     G = H // Hkv

