@@ -33,7 +33,7 @@ lint: setup
 # Builds the peers outside the repository first (tools/build_peers.sh, ~25 minutes once).
 PEERS ?= $(abspath ../peers)
 compare: setup
-	$(PY) -m pip install -q '.[tools]'
+	$(PY) -m pip install -q -e '.[tools]'
 	tools/build_peers.sh $(PEERS)
 	$(PY) tools/compare.py --llamacpp-python $(PEERS)/llamacpp-venv/bin/python \
 		--llama-server $(PEERS)/llama.cpp-build/bin/llama-server --transformers-python $(PEERS)/hf-venv/bin/python
