@@ -1,0 +1,38 @@
+"""The `rawpage` command: generate and chat on the default model, and clear errors."""
+
+import subprocess
+import sys
+
+CLI = [sys.executable, "-m", "rawpage.cli"]
+
+
+def run(*args, stdin=None):
+    return subprocess.run([*CLI, *args], input=stdin, capture_output=True, text=True, timeout=300)
+
+
+def test_generate_prints_the_continuation():
+    out = run("generate", "--chat", "What is the capital of France?", "--max-tokens", "16")
+    assert out.returncode == 0, out.stderr
+    assert "Paris" in out.stdout
+
+
+def test_generate_raw_prompt_with_sampling():
+    out = run("generate", "Once upon a time", "--max-tokens", "8", "--temperature", "0.8", "--sampling-seed", "1")
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.strip()) > 0
+
+
+def test_chat_keeps_history_until_eof():
+    out = run("chat", "--max-tokens", "24", stdin="What is the capital of France?\nAnd of Italy?\n")
+    assert out.returncode == 0, out.stderr
+    assert "Paris" in out.stdout and "Rome" in out.stdout
+
+
+def test_errors_are_one_clear_line():
+    out = run("generate", "hi", "--model", "/nonexistent.gguf")
+    assert out.returncode == 2 and "rawpage: error: model '/nonexistent.gguf' not found" in out.stderr
+    assert "Traceback" not in out.stderr
+    out = run("generate", "")
+    assert out.returncode == 2 and "empty" in out.stderr
+    out = run("generate", "hi", "--max-model-len", "999999")
+    assert out.returncode == 2 and "exceeds the model's context length 8192" in out.stderr
