@@ -113,12 +113,12 @@ class AsyncEngine:
                 self._drain_inbox(block=not self.engine.has_unfinished_requests())
                 if self.engine.has_unfinished_requests():
                     outputs = self.engine.step()
+                    if self.on_step is not None:  # metrics first: a client that got its output sees it counted
+                        self.on_step(self.engine, outputs)
                     for out in outputs:
                         stream = self._streams.get(out.request_id)
                         if stream is not None:
                             stream.put(out)
-                    if self.on_step is not None:
-                        self.on_step(self.engine, outputs)
         except BaseException as e:  # noqa: BLE001 - every waiting request must hear about it
             self.error = e
             logger.error("engine step failed; the server is now unhealthy\n%s", traceback.format_exc())
