@@ -107,8 +107,6 @@ class BlockManager:
             if block is None:
                 break
             matched.append(block)
-        self.prefix_queries += seq.num_tokens
-        self.prefix_hits += len(matched) * self.block_size
         return matched
 
     def cache_full_blocks(self, seq: Sequence) -> None:
@@ -136,6 +134,9 @@ class BlockManager:
     def allocate(self, seq: Sequence, cached_blocks: list[int]) -> None:
         """Start a sequence on its cached prefix; append_slots adds the rest."""
         assert not seq.block_table
+        if self.enable_prefix_caching:
+            self.prefix_queries += seq.num_tokens
+            self.prefix_hits += len(cached_blocks) * self.block_size
         for b in cached_blocks:
             if self.ref_counts[b] == 0:
                 del self.free_queue[b]

@@ -116,11 +116,7 @@ class Scheduler:
             self.swapped.pop(0)
             out.swap_in += bm.swap_in(seq)
             self.num_swap_ins += 1
-            ok = bm.append_slots(seq, n)
-            assert ok, "can_swap_in promised room"
-            seq.status = SequenceStatus.RUNNING
-            bisect.insort(self.running, seq, key=_order)
-            out.scheduled.append((seq, n))
+            self._start(seq, n, out)
             budget -= n
 
         # 3. admit waiting sequences, unless this step had to preempt or others wait in swap
@@ -136,15 +132,19 @@ class Scheduler:
             bm.allocate(seq, cached)
             if seq.index == 0 and seq.num_output_tokens == 0:
                 seq.request.num_cached_tokens = seq.num_computed_tokens
-            ok = bm.append_slots(seq, n)
-            assert ok, "can_allocate promised room"
-            seq.status = SequenceStatus.RUNNING
-            bisect.insort(self.running, seq, key=_order)
-            out.scheduled.append((seq, n))
+            self._start(seq, n, out)
             budget -= n
 
         out.block_copies, bm.pending_copies = bm.pending_copies, []
         return out
+
+    def _start(self, seq: Sequence, n: int, out: SchedulerOutput) -> None:
+        """Join the running batch with n new tokens; the caller checked the pool has room."""
+        ok = self.block_manager.append_slots(seq, n)
+        assert ok, "room was checked before starting the sequence"
+        seq.status = SequenceStatus.RUNNING
+        bisect.insort(self.running, seq, key=_order)
+        out.scheduled.append((seq, n))
 
     def _seats(self, seq: Sequence) -> int:
         """Running slots a waiting sequence will take: n for a request that will fork."""

@@ -11,7 +11,6 @@ the vocabulary itself; we rebuild the equivalent `tokenizers` pipeline:
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -110,7 +109,8 @@ class Tokenizer:
     # --- constructors -----------------------------------------------------
 
     @classmethod
-    def from_hf_folder(cls, folder: str, eos_token_ids: list[int]) -> Tokenizer:
+    def from_hf_folder(cls, folder: str, eos_token_ids: list[int], cfg: dict[str, Any]) -> Tokenizer:
+        """tokenizer.json from the folder; cfg is its tokenizer_config.json (or {})."""
         path = os.path.join(folder, "tokenizer.json")
         if not os.path.exists(path):
             raise ModelLoadError(f"{folder}: no tokenizer.json (rawpage reads the fast-tokenizer file)")
@@ -118,7 +118,6 @@ class Tokenizer:
             hf = HFTokenizer.from_file(path)
         except Exception as e:
             raise ModelLoadError(f"{path}: cannot be read as a tokenizer ({e})") from None
-        cfg = _read_json(os.path.join(folder, "tokenizer_config.json"))
         template = cfg.get("chat_template")
         if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
             named = {t["name"]: t["template"] for t in template}
@@ -218,16 +217,6 @@ def _sentencepiece_bpe(
         steps.append(decoders.Strip(" ", 1, 0))
     hf.decoder = decoders.Sequence(steps)
     return hf
-
-
-def _read_json(path: str) -> dict[str, Any]:
-    if not os.path.exists(path):
-        return {}
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
 
 
 def _token_id(hf: HFTokenizer, token: Any) -> int | None:

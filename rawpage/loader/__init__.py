@@ -52,11 +52,12 @@ def _load_hf_folder(folder: str) -> Checkpoint:
 
     config = hf_folder.load_config(folder)
     tensors = hf_folder.open_safetensors(folder)
-    tokenizer = Tokenizer.from_hf_folder(folder, config.eos_token_ids)
+    tokenizer_config = hf_folder.read_json(os.path.join(folder, "tokenizer_config.json"))
+    tokenizer = Tokenizer.from_hf_folder(folder, config.eos_token_ids, tokenizer_config)
     config.eos_token_ids = tokenizer.eos_token_ids
     if config.bos_token_id is None:
         config.bos_token_id = tokenizer.bos_token_id
-    gen = hf_folder.read_generation_config(folder)
+    gen = hf_folder.read_json(os.path.join(folder, "generation_config.json"))  # the authors' sampling defaults
     for eos in _as_list(gen.get("eos_token_id")):
         if eos not in config.eos_token_ids:
             config.eos_token_ids.append(eos)

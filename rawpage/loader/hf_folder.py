@@ -13,21 +13,12 @@ from rawpage.loader.safetensors_file import SafetensorsFile, bf16_to_f32
 from rawpage.loader.tensors import TensorSource
 
 
-def read_config(folder: str) -> dict[str, Any]:
-    path = os.path.join(folder, "config.json")
+def read_json(path: str, required: bool = False) -> dict[str, Any]:
+    """A JSON file as a dict; {} if it is absent and not required."""
     if not os.path.exists(path):
-        raise ModelLoadError(f"{folder}: no config.json; is this a Hugging Face model folder?")
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
-
-
-def read_generation_config(folder: str) -> dict[str, Any]:
-    """Sampling defaults the model authors chose (temperature, top_p, ...)."""
-    path = os.path.join(folder, "generation_config.json")
-    if not os.path.exists(path):
+        if required:
+            folder = os.path.dirname(path)
+            raise ModelLoadError(f"{folder}: no {os.path.basename(path)}; is this a Hugging Face model folder?")
         return {}
     try:
         with open(path) as f:
@@ -53,6 +44,7 @@ def open_safetensors(folder: str) -> TensorSource:
 
 
 def load_config(folder: str) -> ModelConfig:
-    cfg = ModelConfig.from_hf(read_config(folder), name=os.path.basename(os.path.normpath(folder)))
+    cfg = ModelConfig.from_hf(read_json(os.path.join(folder, "config.json"), required=True),
+                              name=os.path.basename(os.path.normpath(folder)))  # fmt: skip
     cfg.validate()
     return cfg
