@@ -91,7 +91,7 @@ def prefill_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float)
     scores = np.matmul(qh, k.transpose(1, 2, 0)) * scale  # (Hkv, G*n, L)
     scores = scores.reshape(Hkv, G, n, L)
     future = np.arange(L)[None, :] > np.arange(L - n, L)[:, None]  # (n, L): key after query
-    scores[:, :, future] = -np.inf
+    scores += np.where(future, -np.inf, 0.0).astype(np.float32)  # (adding a mask beats boolean assignment)
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
