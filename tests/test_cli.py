@@ -36,3 +36,27 @@ def test_errors_are_one_clear_line():
     assert out.returncode == 2 and "empty" in out.stderr
     out = run("generate", "hi", "--max-model-len", "999999")
     assert out.returncode == 2 and "exceeds the model's context length 8192" in out.stderr
+
+
+def test_ctrl_c_stops_a_reply_but_not_the_chat():
+    import signal
+    import threading
+    import time
+
+    proc = subprocess.Popen([*CLI, "chat", "--max-tokens", "2000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    chars: list[str] = []
+    reader = threading.Thread(target=lambda: chars.extend(iter(lambda: proc.stdout.read(1), "")), daemon=True)
+    reader.start()
+    proc.stdin.write("Write a very long essay about the history of Europe.\n")
+    proc.stdin.flush()
+    deadline = time.monotonic() + 120
+    while len(chars) < 40 and time.monotonic() < deadline:  # the reply is streaming
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(1.0)
+    _, err = proc.communicate("What is the capital of France?\n", timeout=300)
+    reader.join(10)
+    out = "".join(chars)
+    assert proc.returncode == 0, err
+    assert "[stopped]" in out and "Paris" in out.split("[stopped]", 1)[1]
