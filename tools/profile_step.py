@@ -1,0 +1,81 @@
+"""Where do the milliseconds of one decode step go? GEMMs, attention, sampling, Python.
+
+    python tools/profile_step.py --batch 32 --context 300
+
+Fills the batch with `--batch` sequences of `--context` prompt tokens, prefills them,
+then times `--steps` decode steps, splitting each into the backend's ops, the
+sampler, the scheduler, building the batch, and everything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+
+import numpy as np
+
+OPS = ["matmul", "paged_attention", "fused_add_rms_norm", "rms_norm", "rope", "write_kv", "silu_and_mul", "embedding"]
+
+
+def timed(obj, name: str, totals: dict) -> None:
+    fn = getattr(obj, name)
+
+    def wrapper(*a, **kw):
+        t = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            totals[name] += time.perf_counter() - t
+
+    setattr(obj, name, wrapper)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--context", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=20)
+    args = ap.parse_args()
+    from rawpage import LLM, SamplingParams
+
+    llm = LLM(args.model, device=args.device, max_num_seqs=args.batch)
+    eng = llm.engine
+    rng = np.random.default_rng(0)
+    params = SamplingParams(temperature=0, max_tokens=args.steps + 2, ignore_eos=True)
+    for i in range(args.batch):
+        eng.add_request(str(i), {"prompt_token_ids": rng.integers(100, 30000, args.context).tolist()}, params)
+    while any(s.is_prefill for s in eng.scheduler.running + eng.scheduler.waiting):
+        eng.step()
+    totals: dict[str, float] = defaultdict(float)
+    for op in OPS:
+        timed(eng.backend, op, totals)
+    timed(eng.scheduler, "schedule", totals)
+    timed(eng.runner, "build_batch", totals)
+    call = type(eng.sampler).__call__  # an instance's __call__ is looked up on its class
+
+    def sampler(self, *a, **kw):
+        t = time.perf_counter()
+        try:
+            return call(self, *a, **kw)
+        finally:
+            totals["sampler"] += time.perf_counter() - t
+
+    type(eng.sampler).__call__ = sampler
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        eng.step()
+    total = time.perf_counter() - t0
+    per = {k: v / args.steps * 1000 for k, v in totals.items()}
+    print(f"decode step at batch {args.batch}, context ~{args.context}: {total / args.steps * 1000:.1f} ms "
+          f"({args.batch * args.steps / total:.1f} tok/s)")  # fmt: skip
+    for k, v in sorted(per.items(), key=lambda kv: -kv[1]):
+        print(f"  {k:20s} {v:8.2f} ms  {100 * v / (total / args.steps * 1000):5.1f}%")
+    rest = total / args.steps * 1000 - sum(per.values())
+    print(f"  {'other (Python)':20s} {rest:8.2f} ms  {100 * rest / (total / args.steps * 1000):5.1f}%")
+
+
+if __name__ == "__main__":
+    main()
