@@ -62,7 +62,7 @@ class LLMEngine:
         args = args or EngineArgs(**kwargs)
         self.args = args
         t0 = time.monotonic()
-        ckpt = load_checkpoint(args.model)
+        ckpt = load_checkpoint(args.model, args.load_format, args.seed)
         self.model_path = ckpt.path
         self.model_config = c = ckpt.config
         self.tokenizer = ckpt.tokenizer
