@@ -22,7 +22,9 @@ from rawpage.backends import cuda_available, get_backend
 from rawpage.beam_search import BeamState, final_hypotheses, is_done, select
 from rawpage.block_manager import BlockManager
 from rawpage.chat_template import ChatTemplate
+from rawpage.cuda_graphs import graph_batch_sizes
 from rawpage.detokenizer import IncrementalDetokenizer
+from rawpage.device_logits import DeviceLogits
 from rawpage.engine_args import EngineArgs
 from rawpage.loader import load_checkpoint
 from rawpage.memory import DEFAULT_CPU_KV_CACHE, GiB, plan_fixed
@@ -85,7 +87,9 @@ class LLMEngine:
             SchedulerConfig(args.max_num_seqs, batched, self.max_model_len, args.preemption_mode),
             self.block_manager,
         )
-        self.runner = ModelRunner(self.model, self.backend, args.block_size, num_blocks, num_cpu_blocks)
+        graphs = self.backend.supports_graphs and not args.enforce_eager
+        self.runner = ModelRunner(self.model, self.backend, args.block_size, num_blocks, num_cpu_blocks,
+                                  graph_batch_sizes(args.max_num_seqs) if graphs else None, self.max_model_len)  # fmt: skip
         self.sampler = Sampler(c.vocab_size, c.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self._aborted: list[Request] = []  # to report as finished on the next step
@@ -232,7 +236,7 @@ class LLMEngine:
                 offset += len(r)
                 touched[seq.request.request_id] = seq.request
             if to_sample:
-                out = self.sampler(logits[sample_rows], to_sample)
+                out = self.sampler.sample_rows(logits, sample_rows, to_sample)
                 self._append_tokens(to_sample, out)
             num_generated = len(to_sample) + len(beam_rows)
             if beam_rows:
@@ -278,7 +282,7 @@ class LLMEngine:
         return list(req.seqs)
 
     # --- beam search ------------------------------------------------------------------
-    def _beam_search_step(self, rows: list[tuple[Sequence, int]], logits: np.ndarray) -> None:
+    def _beam_search_step(self, rows: list[tuple[Sequence, int]], logits: DeviceLogits) -> None:
         """Stash each beam's next-token logprobs; advance a request once all its live beams
         have theirs (beams of one request may be computed in different steps)."""
         reqs = {}
