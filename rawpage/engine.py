@@ -27,10 +27,11 @@ from rawpage.detokenizer import IncrementalDetokenizer
 from rawpage.device_logits import DeviceLogits
 from rawpage.engine_args import EngineArgs
 from rawpage.loader import load_checkpoint
-from rawpage.memory import DEFAULT_CPU_KV_CACHE, GiB, plan_fixed
+from rawpage.memory import DEFAULT_CPU_KV_CACHE, GiB, plan_fixed, profile_gpu
 from rawpage.model_runner import ModelRunner, kv_bytes_per_block
 from rawpage.models.llama import LlamaModel
 from rawpage.outputs import CompletionOutput, RequestOutput
+from rawpage.profile_run import profile_run
 from rawpage.sampler import Sampler, SamplerOutput, log_softmax, top_k_ids
 from rawpage.sampling_params import SamplingParams
 from rawpage.scheduler import Scheduler, SchedulerConfig
@@ -74,7 +75,8 @@ class LLMEngine:
         self.model = LlamaModel(c, self.backend, ckpt.tensors)
         self.max_model_len = self._resolve_max_model_len()
         self.block_size = args.block_size
-        self.memory = self._plan_memory()
+        batched = args.max_num_batched_tokens or (8192 if self.backend.name == "cuda" else 2048)
+        self.memory = self._plan_memory(batched)
         num_blocks = self.memory.num_blocks
         num_cpu_blocks = 0
         if args.preemption_mode == "swap":
@@ -82,7 +84,6 @@ class LLMEngine:
             logger.info("swap space: %d CPU blocks (%.2f GiB)", num_cpu_blocks, args.swap_space)
         self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching,
                                           num_cpu_blocks=num_cpu_blocks)  # fmt: skip
-        batched = args.max_num_batched_tokens or (8192 if self.backend.name == "cuda" else 2048)
         self.scheduler = Scheduler(
             SchedulerConfig(args.max_num_seqs, batched, self.max_model_len, args.preemption_mode),
             self.block_manager,
@@ -109,10 +110,17 @@ class LLMEngine:
             raise ValueError(f"--max-model-len {want} exceeds the model's context length {limit}")
         return want
 
-    def _plan_memory(self):
+    def _plan_memory(self, max_num_batched_tokens: int):
         a, c = self.args, self.model_config
         per_block = kv_bytes_per_block(c, a.block_size, self.backend.dtype.itemsize)
         weights = self.model.num_bytes()
+        if self.backend.memory is not None and not a.num_gpu_blocks_override and not a.kv_cache_memory:
+            # GPU: measure the worst-case step, then the KV cache takes the rest of the budget.
+            def worst_case() -> None:
+                profile_run(self.model, self.backend, max_num_batched_tokens, a.max_num_seqs, a.block_size)
+
+            return profile_gpu(self.backend.memory, weights, worst_case, a.gpu_memory_utilization, per_block,
+                               a.block_size, self.max_model_len)  # fmt: skip
         if a.num_gpu_blocks_override:
             budget = a.num_gpu_blocks_override * per_block
             return plan_fixed(
