@@ -99,8 +99,9 @@ class DecodeGraphs:
             batch.host_seq_lens = np.full(size, max_model_len, np.int32)
             self.graphs[size] = backend.capture_graph(lambda batch=batch: model.forward(batch, kv_caches))
         self.buffer.frozen = True
-        logger.info("captured %d decode graphs (batch sizes %s) in %.1f s", len(self.sizes),
-                    _ranges(self.sizes), time.perf_counter() - start)  # fmt: skip
+        held = getattr(backend, "graph_memory_bytes", lambda: 0)()  # outside the memory plan: see memory.py
+        logger.info("captured %d decode graphs (batch sizes %s) in %.1f s; their temporaries hold %.0f MiB",
+                    len(self.sizes), _ranges(self.sizes), time.perf_counter() - start, held / 2**20)  # fmt: skip
 
     def can_run(self, hb: HostBatch) -> bool:
         fits = pick_bucket(self.sizes, len(hb.seq_lens)) is not None and hb.block_tables.shape[1] <= self.width

@@ -6,6 +6,8 @@ covered on the CPU by test_cublas_gemm.py, test_memory.py and test_cuda_graphs.p
 tools/gpu_check.sh runs this file.
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -83,8 +85,11 @@ def test_device_logits_argmax_matches_numpy(cupy):
 
 
 def _greedy(tiny_model_dir, **kw):
+    """Greedy tokens of 11 prompts. The pool is fixed at 512 blocks unless the caller
+    asks for profiling: a tiny model in 90% of a large GPU would be millions of blocks."""
     from rawpage import LLM, SamplingParams
 
+    kw.setdefault("num_gpu_blocks_override", 512)
     llm = LLM(tiny_model_dir, device="cuda", max_model_len=256, **kw)
     prompts = [{"prompt_token_ids": list(range(5 + 7 * i, 25 + 13 * i))} for i in range(11)]
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)
@@ -112,11 +117,13 @@ def test_graphs_in_bfloat16_agree_with_eager(tiny_model_dir):
     assert with_graphs == eager
 
 
-def test_memory_is_sized_by_profiling(tiny_model_dir):
-    llm, _ = _greedy(tiny_model_dir, dtype="bfloat16", gpu_memory_utilization=0.3)
+def test_memory_is_sized_by_profiling(tiny_model_dir, cupy):
+    free, total = cupy.cuda.runtime.memGetInfo()
+    util = round((total - free + (1 << 30)) / total, 3)  # about 1 GiB for the KV cache
+    llm, _ = _greedy(tiny_model_dir, dtype="bfloat16", gpu_memory_utilization=util, num_gpu_blocks_override=None)
     plan = llm.engine.memory
-    assert plan.total_bytes and plan.utilization == 0.3 and plan.activation_bytes > 0
-    budget = plan.total_bytes * 0.3 - plan.weights_bytes - plan.activation_bytes - plan.other_bytes
+    assert plan.total_bytes == total and plan.utilization == util and plan.activation_bytes > 0
+    budget = int(plan.total_bytes * util) - plan.weights_bytes - plan.activation_bytes - plan.other_bytes
     assert 0 <= budget - plan.kv_bytes < plan.bytes_per_block
     assert "device memory" in plan.describe()
 
@@ -127,10 +134,11 @@ def test_dummy_llama_shape_loads_and_generates(tmp_path):
 
     from rawpage import LLM, SamplingParams
 
-    cfg = json.load(open("tools/configs/llama-3.2-1b/config.json"))
+    cfg = json.loads((Path(__file__).parent.parent / "tools/configs/llama-3.2-1b/config.json").read_text())
     cfg.update(num_hidden_layers=2, hidden_size=256, intermediate_size=512, num_attention_heads=4,
                num_key_value_heads=2, vocab_size=1000)  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    llm = LLM(str(tmp_path / "config.json"), load_format="dummy", device="cuda", max_model_len=512, max_num_seqs=4)
+    llm = LLM(str(tmp_path / "config.json"), load_format="dummy", device="cuda", max_model_len=512, max_num_seqs=4,
+              num_gpu_blocks_override=64)  # fmt: skip
     out = llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=5, ignore_eos=True), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 5
