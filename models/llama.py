@@ -7,7 +7,7 @@ V = vocabulary, T = tokens in the batch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +16,7 @@ from rawpage.backends.base import Array, Backend
 from rawpage.config import ModelConfig, rope_inv_freq
 from rawpage.errors import ModelLoadError
 from rawpage.forward_batch import ForwardBatch
+from rawpage.loader.dummy import DummyWeights
 from rawpage.ops.rope import cos_sin_cache
 
 
@@ -31,42 +32,43 @@ class LayerWeights:
 
 
 class LlamaModel:
-    def __init__(self, config: ModelConfig, backend: Backend, tensors: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, config: ModelConfig, backend: Backend, tensors: Mapping[str, np.ndarray] | DummyWeights) -> None:
+        """tensors: a checkpoint's float32 tensors under Hugging Face names (read lazily,
+        one weight at a time, so the host never holds a second copy of the model), or
+        DummyWeights, which draws every weight on the backend's device."""
         self.config = config
         self.backend = backend
         c, b = config, backend
-        get = _Getter(tensors)
-        dim, q, kv, inter = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size
+        weights = tensors if isinstance(tensors, DummyWeights) else _CheckpointWeights(tensors)
 
-        self.embed = b.asarray(get("model.embed_tokens.weight", (c.vocab_size, dim)))  # (V, dim)
+        def load(*parts: tuple[str, tuple[int, ...]]) -> Array:
+            """One weight on the device: the named tensors, concatenated along dim 0."""
+            return weights.load(b, list(parts))
+
+        dim, q, kv, inter = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size
+        self.embed = load(("model.embed_tokens.weight", (c.vocab_size, dim)))  # (V, dim)
         self.layers = []
-        for i in range(c.num_layers):
+        for i in _progress(range(c.num_layers), "loading weights"):
             p = f"model.layers.{i}."
-            qkv = [get(p + f"self_attn.{n}_proj.weight", (size, dim)) for n, size in zip("qkv", (q, kv, kv))]
-            bias = (
-                [get(p + f"self_attn.{n}_proj.bias", (size,)) for n, size in zip("qkv", (q, kv, kv))]
-                if c.attention_bias
-                else None
-            )
-            gate = get(p + "mlp.gate_proj.weight", (inter, dim))
-            up = get(p + "mlp.up_proj.weight", (inter, dim))
+            attn = [(p + f"self_attn.{n}_proj.weight", (size, dim)) for n, size in zip("qkv", (q, kv, kv))]
+            bias = [(p + f"self_attn.{n}_proj.bias", (size,)) for n, size in zip("qkv", (q, kv, kv))]
             self.layers.append(
                 LayerWeights(
-                    input_norm=b.asarray(get(p + "input_layernorm.weight", (dim,))),
-                    qkv=b.asarray(np.concatenate(qkv)),
-                    qkv_bias=b.asarray(np.concatenate(bias)) if bias else None,
-                    o_proj=b.asarray(get(p + "self_attn.o_proj.weight", (dim, q))),
-                    post_norm=b.asarray(get(p + "post_attention_layernorm.weight", (dim,))),
-                    gate_up=b.asarray(np.concatenate([gate, up])),
-                    down=b.asarray(get(p + "mlp.down_proj.weight", (dim, inter))),
+                    input_norm=load((p + "input_layernorm.weight", (dim,))),
+                    qkv=load(*attn),
+                    qkv_bias=load(*bias) if c.attention_bias else None,
+                    o_proj=load((p + "self_attn.o_proj.weight", (dim, q))),
+                    post_norm=load((p + "post_attention_layernorm.weight", (dim,))),
+                    gate_up=load((p + "mlp.gate_proj.weight", (inter, dim)), (p + "mlp.up_proj.weight", (inter, dim))),
+                    down=load((p + "mlp.down_proj.weight", (dim, inter))),
                 )
             )
-        self.norm = b.asarray(get("model.norm.weight", (dim,)))  # (dim,)
-        if c.tie_word_embeddings or "lm_head.weight" not in tensors:
+        self.norm = load(("model.norm.weight", (dim,)))  # (dim,)
+        if c.tie_word_embeddings or not weights.has("lm_head.weight"):
             self.lm_head = self.embed  # (V, dim), tied to the embedding
         else:
-            self.lm_head = b.asarray(get("lm_head.weight", (c.vocab_size, dim)))
-        freq_factors = tensors["rope_freqs"] if "rope_freqs" in tensors else None
+            self.lm_head = load(("lm_head.weight", (c.vocab_size, dim)))
+        freq_factors = tensors["rope_freqs"] if weights.has("rope_freqs") else None
         inv_freq = rope_inv_freq(c, freq_factors)
         # (max_pos, D): [cos | sin] per position, float32 whatever the model dtype
         self.cos_sin = b.asarray(cos_sin_cache(inv_freq, c.max_position_embeddings), dtype=np.float32)
@@ -126,16 +128,33 @@ class LlamaModel:
         return self.backend.matmul(hidden, self.lm_head)
 
 
-class _Getter:
-    """Fetches a tensor by name, checking it exists and has the shape the config implies."""
+class _CheckpointWeights:
+    """Fetches tensors by name from a checkpoint, checking each exists and has the shape
+    the config implies, and uploads each weight to the backend as soon as it is built."""
 
     def __init__(self, tensors: Mapping[str, np.ndarray]) -> None:
         self.tensors = tensors
 
-    def __call__(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         if name not in self.tensors:
             raise ModelLoadError(f"checkpoint has no tensor {name!r}")
         t = self.tensors[name]
         if tuple(t.shape) != shape:
             raise ModelLoadError(f"tensor {name!r} has shape {tuple(t.shape)}, but the config implies {shape}")
         return t
+
+    def load(self, backend: Backend, parts: list[tuple[str, tuple[int, ...]]]) -> Array:
+        arrays = [self.get(name, shape) for name, shape in parts]
+        return backend.asarray(arrays[0] if len(arrays) == 1 else np.concatenate(arrays))
+
+
+def _progress(items: range, desc: str) -> Iterable[int]:
+    """A progress bar over the layers when stderr is a terminal (tqdm decides), else none."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # a bare GPU image: no bar
+        return items
+    return tqdm(items, desc=desc, unit="layer", disable=None, leave=False)

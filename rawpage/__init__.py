@@ -1,5 +1,6 @@
 """rawpage: PagedAttention and continuous batching, on NumPy, CuPy and our own CUDA kernels."""
 
+from rawpage import _checkout  # noqa: F401  (first: makes rawpage.models importable from a checkout)
 from rawpage.engine_args import EngineArgs
 from rawpage.llm import LLM
 from rawpage.outputs import CompletionOutput, RequestOutput

@@ -12,9 +12,6 @@ import os
 from datetime import datetime
 from typing import Any
 
-from jinja2 import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-
 
 class ChatTemplateError(ValueError):
     """The template could not be compiled or rendered for these messages."""
@@ -35,6 +32,11 @@ def _strftime_now(fmt: str) -> str:
 class ChatTemplate:
     def __init__(self, source: str) -> None:
         """`source` is a Jinja template string, or a path to a file holding one."""
+        # jinja2 is imported here, not at the top: engines that never render a chat
+        # template (benchmarks, the GPU check on a bare image) do not need it installed.
+        from jinja2 import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
         if "{" not in source and os.path.isfile(source):
             with open(source) as f:
                 source = f.read()

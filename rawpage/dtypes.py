@@ -44,8 +44,9 @@ def bf16_from_f32(x: Any) -> Any:
     bits = x.astype(np.float32).view(np.uint32)
     rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
     nan = (bits & 0x7FFFFFFF) > 0x7F800000
-    rounded[nan] = (bits[nan] >> 16) | 0x40
-    return rounded.astype(np.uint16)
+    # np.where rather than a boolean-mask store: on CuPy arrays (through NumPy's
+    # __array_function__) it stays one elementwise kernel, with no host sync.
+    return np.where(nan, (bits >> 16) | 0x40, rounded).astype(np.uint16)
 
 
 def bf16_to_f32(b: Any) -> Any:

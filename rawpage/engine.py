@@ -22,13 +22,16 @@ from rawpage.backends import cuda_available, get_backend
 from rawpage.beam_search import BeamState, final_hypotheses, is_done, select
 from rawpage.block_manager import BlockManager
 from rawpage.chat_template import ChatTemplate
+from rawpage.cuda_graphs import graph_batch_sizes
 from rawpage.detokenizer import IncrementalDetokenizer
+from rawpage.device_logits import DeviceLogits
 from rawpage.engine_args import EngineArgs
 from rawpage.loader import load_checkpoint
-from rawpage.memory import DEFAULT_CPU_KV_CACHE, GiB, plan_fixed
+from rawpage.memory import DEFAULT_CPU_KV_CACHE, GiB, plan_fixed, profile_gpu
 from rawpage.model_runner import ModelRunner, kv_bytes_per_block
 from rawpage.models.llama import LlamaModel
 from rawpage.outputs import CompletionOutput, RequestOutput
+from rawpage.profile_run import profile_run
 from rawpage.sampler import Sampler, SamplerOutput, log_softmax, top_k_ids
 from rawpage.sampling_params import SamplingParams
 from rawpage.scheduler import Scheduler, SchedulerConfig
@@ -62,7 +65,7 @@ class LLMEngine:
         args = args or EngineArgs(**kwargs)
         self.args = args
         t0 = time.monotonic()
-        ckpt = load_checkpoint(args.model)
+        ckpt = load_checkpoint(args.model, args.load_format, args.seed)
         self.model_path = ckpt.path
         self.model_config = c = ckpt.config
         self.tokenizer = ckpt.tokenizer
@@ -72,7 +75,8 @@ class LLMEngine:
         self.model = LlamaModel(c, self.backend, ckpt.tensors)
         self.max_model_len = self._resolve_max_model_len()
         self.block_size = args.block_size
-        self.memory = self._plan_memory()
+        batched = args.max_num_batched_tokens or (8192 if self.backend.name == "cuda" else 2048)
+        self.memory = self._plan_memory(batched)
         num_blocks = self.memory.num_blocks
         num_cpu_blocks = 0
         if args.preemption_mode == "swap":
@@ -80,12 +84,13 @@ class LLMEngine:
             logger.info("swap space: %d CPU blocks (%.2f GiB)", num_cpu_blocks, args.swap_space)
         self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching,
                                           num_cpu_blocks=num_cpu_blocks)  # fmt: skip
-        batched = args.max_num_batched_tokens or (8192 if self.backend.name == "cuda" else 2048)
         self.scheduler = Scheduler(
             SchedulerConfig(args.max_num_seqs, batched, self.max_model_len, args.preemption_mode),
             self.block_manager,
         )
-        self.runner = ModelRunner(self.model, self.backend, args.block_size, num_blocks, num_cpu_blocks)
+        graphs = self.backend.supports_graphs and not args.enforce_eager
+        self.runner = ModelRunner(self.model, self.backend, args.block_size, num_blocks, num_cpu_blocks,
+                                  graph_batch_sizes(args.max_num_seqs) if graphs else None, self.max_model_len)  # fmt: skip
         self.sampler = Sampler(c.vocab_size, c.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self._aborted: list[Request] = []  # to report as finished on the next step
@@ -105,10 +110,17 @@ class LLMEngine:
             raise ValueError(f"--max-model-len {want} exceeds the model's context length {limit}")
         return want
 
-    def _plan_memory(self):
+    def _plan_memory(self, max_num_batched_tokens: int):
         a, c = self.args, self.model_config
         per_block = kv_bytes_per_block(c, a.block_size, self.backend.dtype.itemsize)
         weights = self.model.num_bytes()
+        if self.backend.memory is not None and not a.num_gpu_blocks_override and not a.kv_cache_memory:
+            # GPU: measure the worst-case step, then the KV cache takes the rest of the budget.
+            def worst_case() -> None:
+                profile_run(self.model, self.backend, max_num_batched_tokens, a.max_num_seqs, a.block_size)
+
+            return profile_gpu(self.backend.memory, weights, worst_case, a.gpu_memory_utilization, per_block,
+                               a.block_size, self.max_model_len)  # fmt: skip
         if a.num_gpu_blocks_override:
             budget = a.num_gpu_blocks_override * per_block
             return plan_fixed(
@@ -232,7 +244,7 @@ class LLMEngine:
                 offset += len(r)
                 touched[seq.request.request_id] = seq.request
             if to_sample:
-                out = self.sampler(logits[sample_rows], to_sample)
+                out = self.sampler.sample_rows(logits, sample_rows, to_sample)
                 self._append_tokens(to_sample, out)
             num_generated = len(to_sample) + len(beam_rows)
             if beam_rows:
@@ -278,7 +290,7 @@ class LLMEngine:
         return list(req.seqs)
 
     # --- beam search ------------------------------------------------------------------
-    def _beam_search_step(self, rows: list[tuple[Sequence, int]], logits: np.ndarray) -> None:
+    def _beam_search_step(self, rows: list[tuple[Sequence, int]], logits: DeviceLogits) -> None:
         """Stash each beam's next-token logprobs; advance a request once all its live beams
         have theirs (beams of one request may be computed in different steps)."""
         reqs = {}

@@ -3,12 +3,26 @@
 CPU: the KV pool gets --kv-cache-memory (default 2 GiB).
 GPU (like vLLM): load the weights, run one worst-case forward pass to measure
 peak activation memory, then give the KV cache everything left under
---gpu-memory-utilization of the device's total memory.
+--gpu-memory-utilization of the device's total memory:
+
+    KV = total x utilization - weights - peak activations - other
+    other = what the device reports in use beyond our memory pool: the CUDA
+            context, cuBLAS's workspace, loaded kernels, other processes
+
+`profile_gpu` does the measuring through the small DeviceMemory interface, so
+the arithmetic is tested with a fake device; `plan_gpu` is the formula.
+
+The decode CUDA graphs are captured after the KV cache is allocated, and their
+temporaries (one decode step of at most --max-num-seqs tokens, far smaller than
+the profiled prefill peak) come out of the 1 - utilization headroom, as in
+vLLM; startup logs how much they hold.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 GiB = 1 << 30
 DEFAULT_CPU_KV_CACHE = 2 * GiB
@@ -29,6 +43,7 @@ class MemoryPlan:
     max_model_len: int
     total_bytes: int | None = None  # device memory, GPU only
     utilization: float | None = None
+    other_bytes: int = 0  # GPU: in use outside our pool (context, cuBLAS, other processes)
 
     @property
     def num_tokens(self) -> int:
@@ -45,9 +60,10 @@ class MemoryPlan:
                 f"device memory {self.total_bytes / GiB:.2f} GiB x utilization {self.utilization:.2f} "
                 f"= {self.total_bytes * self.utilization / GiB:.2f} GiB budget"
             )
+        other = f", other {self.other_bytes / GiB:.3f} GiB (CUDA context, cuBLAS, kernels)" if self.other_bytes else ""
         lines += [
             f"weights {self.weights_bytes / GiB:.3f} GiB, peak activations {self.activation_bytes / GiB:.3f} GiB, "
-            f"KV cache {self.kv_bytes / GiB:.3f} GiB",
+            f"KV cache {self.kv_bytes / GiB:.3f} GiB{other}",
             f"KV cache: {self.num_blocks} blocks x {self.block_size} tokens "
             f"({self.bytes_per_block / 2**10:.0f} KiB per block) = {self.num_tokens:,} tokens; "
             f"{self.max_full_length_seqs:.1f} sequences of --max-model-len {self.max_model_len} fit",
@@ -66,14 +82,55 @@ def plan_fixed(kv_budget: int, bytes_per_block: int, block_size: int, max_model_
 
 
 def plan_gpu(total_bytes: int, utilization: float, weights_bytes: int, activation_bytes: int,
-             bytes_per_block: int, block_size: int, max_model_len: int) -> MemoryPlan:  # fmt: skip
-    """vLLM's rule: KV gets utilization * total - weights - peak activations."""
-    budget = int(total_bytes * utilization) - weights_bytes - activation_bytes
+             bytes_per_block: int, block_size: int, max_model_len: int, other_bytes: int = 0) -> MemoryPlan:  # fmt: skip
+    """vLLM's rule: KV gets utilization * total - weights - peak activations - other."""
+    budget = int(total_bytes * utilization) - weights_bytes - activation_bytes - other_bytes
     num_blocks = max(0, budget // bytes_per_block)
     plan = MemoryPlan(weights_bytes, activation_bytes, num_blocks * bytes_per_block, bytes_per_block,
-                      num_blocks, block_size, max_model_len, total_bytes, utilization)  # fmt: skip
+                      num_blocks, block_size, max_model_len, total_bytes, utilization, other_bytes)  # fmt: skip
     check_fits(plan, "--gpu-memory-utilization")
     return plan
+
+
+class DeviceMemory(Protocol):
+    """What memory sizing needs to know about a GPU (CupyMemory in rawpage/backends/cuda.py)."""
+
+    def mem_get_info(self) -> tuple[int, int]:
+        """(free, total) bytes of device memory, as the driver reports them (all processes)."""
+        ...
+
+    def pool_held_bytes(self) -> int:
+        """Bytes our memory pool holds from the device: arrays in use plus freed blocks it keeps."""
+        ...
+
+    def release_cached(self) -> None:
+        """Give the pool's free blocks back to the device."""
+        ...
+
+    def synchronize(self) -> None: ...
+
+
+def profile_gpu(memory: DeviceMemory, weights_bytes: int, run_worst_case: Callable[[], None], utilization: float,
+                bytes_per_block: int, block_size: int, max_model_len: int) -> MemoryPlan:  # fmt: skip
+    """Call once the weights are loaded. Runs the worst-case forward pass and sizes the KV cache.
+
+    The pool keeps every block it ever handed out, so after the pass it holds
+    what it held before plus the pass's peak working set: that growth is the
+    activation peak. Whatever else the driver reports in use (weights and
+    activations aside) is "other"; so the KV cache gets utilization x total
+    minus everything in use at the peak."""
+    memory.synchronize()
+    memory.release_cached()
+    held_before = memory.pool_held_bytes()
+    run_worst_case()
+    memory.synchronize()
+    activations = max(0, memory.pool_held_bytes() - held_before)
+    free, total = memory.mem_get_info()
+    other = max(0, (total - free) - weights_bytes - activations)
+    # The peak is reserved in the plan; hand the cached blocks back so that the KV
+    # cache's large arrays can be carved from them.
+    memory.release_cached()
+    return plan_gpu(total, utilization, weights_bytes, activations, bytes_per_block, block_size, max_model_len, other)
 
 
 def check_fits(plan: MemoryPlan, flag: str) -> None:
@@ -87,10 +144,17 @@ def check_fits(plan: MemoryPlan, flag: str) -> None:
     elif flag == "--kv-cache-memory":
         fix = f"raise {flag} to {-(-need_kv // 2**20)}MiB"
     else:
-        want = (plan.weights_bytes + plan.activation_bytes + need_kv) / (plan.total_bytes or 1)
-        fix = f"raise {flag} to {min(want, 1.0):.2f}" + (" (the model does not fit this GPU)" if want > 1 else "")
+        need = plan.weights_bytes + plan.activation_bytes + plan.other_bytes + need_kv
+        want = -(-100 * need // (plan.total_bytes or 1)) / 100  # rounded up: enough, not almost
+        fix = (
+            f"raise {flag} to {want:.2f}"
+            if want <= 1
+            else "use a GPU with more memory (the model does not fit this GPU)"
+        )
+        if plan.num_tokens == 0:  # no KV room at all: a shorter --max-model-len cannot help
+            fix += ", or lower --max-num-batched-tokens to shrink the activation peak"
+    shorter = f"Lower --max-model-len to {plan.num_tokens} or less, or " if plan.num_tokens else "To fix it, "
     raise OutOfMemoryError(
         f"the KV cache holds {plan.num_tokens:,} tokens ({plan.num_blocks} blocks), fewer than one sequence "
-        f"of --max-model-len {plan.max_model_len}. Lower --max-model-len to {plan.num_tokens} or less, "
-        f"or {fix}.\n{plan.describe()}"
+        f"of --max-model-len {plan.max_model_len}. {shorter}{fix}.\n{plan.describe()}"
     )

@@ -2,17 +2,23 @@
 
 It turns the scheduler's list of (sequence, new tokens) into the flat arrays the
 model reads (input_ids, positions, slot_mapping, block_tables, seq_lens,
-query_start_loc), built with vectorized NumPy and copied to the device once,
-then runs the forward pass and returns the logits rows the engine asked for.
+query_start_loc), built with vectorized NumPy and copied to the device once
+(rawpage/batch_buffer.py), then runs the forward pass (a pure decode step
+replays a CUDA graph when it has them: rawpage/cuda_graphs.py) and returns the
+logits rows the engine asked for, still on the device (rawpage/device_logits.py).
 """
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from rawpage.backends.base import Array, Backend
+from rawpage.batch_buffer import BatchBuffer, HostBatch
 from rawpage.config import ModelConfig
-from rawpage.forward_batch import ForwardBatch
+from rawpage.cuda_graphs import DecodeGraphs
+from rawpage.device_logits import DeviceLogits
 from rawpage.sequence import Sequence
 
 
@@ -22,7 +28,10 @@ def kv_bytes_per_block(config: ModelConfig, block_size: int, itemsize: int) -> i
 
 
 class ModelRunner:
-    def __init__(self, model, backend: Backend, block_size: int, num_blocks: int, num_cpu_blocks: int = 0) -> None:
+    def __init__(self, model, backend: Backend, block_size: int, num_blocks: int, num_cpu_blocks: int = 0,
+                 graph_batch_sizes: list[int] | None = None, max_model_len: int | None = None) -> None:  # fmt: skip
+        """graph_batch_sizes: capture a decode graph for each of these batch sizes
+        (cuda_graphs.graph_batch_sizes); None runs every step eagerly."""
         c = model.config
         self.model, self.backend, self.block_size = model, backend, block_size
         shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)  # (NB, BS, Hkv, D)
@@ -33,6 +42,11 @@ class ModelRunner:
         cpu_shape = (num_cpu_blocks, block_size, c.num_kv_heads, c.head_dim)
         dtype = self.kv_caches[0][0].dtype
         self.cpu_caches = [(np.zeros(cpu_shape, dtype), np.zeros(cpu_shape, dtype)) for _ in range(c.num_layers)]
+        self.buffer = BatchBuffer(backend)
+        self.graphs = None
+        if graph_batch_sizes:
+            self.graphs = DecodeGraphs(model, backend, self.kv_caches, graph_batch_sizes,
+                                       max_model_len or c.max_position_embeddings, block_size)  # fmt: skip
 
     def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
         """Swap-outs first: their GPU blocks may already be promised to someone else."""
@@ -50,47 +64,45 @@ class ModelRunner:
             k, v = zip(*self.kv_caches)
             self.backend.copy_blocks(list(k), list(v), np.array(copies, dtype=np.int64))
 
-    def build_batch(self, scheduled: list[tuple[Sequence, int]], logits_rows: list[np.ndarray]) -> ForwardBatch:
+    def build_batch(self, scheduled: list[tuple[Sequence, int]], logits_rows: list[np.ndarray]) -> HostBatch:
         """scheduled: (sequence, n new tokens) pairs; logits_rows[i]: which of sequence i's
-        n rows need logits (indices into its chunk)."""
+        n rows need logits (indices into its chunk). Python touches each sequence a few
+        times and each token once (its id); everything else is whole-array NumPy."""
         bs = self.block_size
         seqs = [s for s, _ in scheduled]
-        q_lens = np.array([n for _, n in scheduled], dtype=np.int32)  # (B,)
-        starts = np.array([s.num_computed_tokens for s in seqs], dtype=np.int32)  # (B,)
-        qsl = np.zeros(len(seqs) + 1, dtype=np.int32)
+        B = len(seqs)
+        q_lens = np.fromiter((n for _, n in scheduled), np.int32, B)  # (B,)
+        starts = np.fromiter((s.num_computed_tokens for s in seqs), np.int32, B)  # (B,)
+        qsl = np.zeros(B + 1, dtype=np.int32)
         np.cumsum(q_lens, out=qsl[1:])
         T = int(qsl[-1])
-        input_ids = np.fromiter(
-            (t for s, n in scheduled for t in s.token_ids[s.num_computed_tokens : s.num_computed_tokens + n]),
-            dtype=np.int32,
-            count=T,
-        )
-        seq_of_token = np.repeat(np.arange(len(seqs)), q_lens)  # (T,)
+        new_tokens = (s.token_ids[a : a + n] for s, a, n in zip(seqs, starts.tolist(), q_lens.tolist()))
+        input_ids = np.fromiter(itertools.chain.from_iterable(new_tokens), np.int32, T)  # (T,)
+        seq_of_token = np.repeat(np.arange(B), q_lens)  # (T,)
         positions = (np.arange(T, dtype=np.int32) - qsl[:-1][seq_of_token] + starts[seq_of_token]).astype(np.int32)
-        max_blocks = max(len(s.block_table) for s in seqs)
-        block_tables = np.zeros((len(seqs), max_blocks), dtype=np.int32)  # (B, max_blocks), 0-padded
-        for i, s in enumerate(seqs):
-            block_tables[i, : len(s.block_table)] = s.block_table
+        # Block tables, (B, max_blocks) zero-padded: one flat copy of every table, scattered by index.
+        n_blocks = np.fromiter((len(s.block_table) for s in seqs), np.int64, B)
+        flat = np.fromiter(itertools.chain.from_iterable(s.block_table for s in seqs), np.int32, int(n_blocks.sum()))
+        block_tables = np.zeros((B, int(n_blocks.max())), dtype=np.int32)
+        row_of_block = np.repeat(np.arange(B), n_blocks)
+        col_of_block = np.arange(flat.size) - np.repeat(np.cumsum(n_blocks) - n_blocks, n_blocks)
+        block_tables[row_of_block, col_of_block] = flat
         slot_mapping = (block_tables[seq_of_token, positions // bs] * bs + positions % bs).astype(np.int32)
-        seq_lens = starts + q_lens
         logits_indices = np.concatenate([qsl[i] + r for i, r in enumerate(logits_rows)]).astype(np.int32)
-        b = self.backend
-        return ForwardBatch(
-            input_ids=b.asarray(input_ids, np.int32),
-            positions=b.asarray(positions, np.int32),
-            slot_mapping=b.asarray(slot_mapping, np.int32),
-            block_tables=b.asarray(block_tables, np.int32),
-            seq_lens=b.asarray(seq_lens, np.int32),
-            query_start_loc=b.asarray(qsl, np.int32),
-            logits_indices=b.asarray(logits_indices, np.int32),
-            host_query_lens=q_lens,
-            host_seq_lens=seq_lens,
-        )
+        return HostBatch(input_ids, positions, slot_mapping, starts + q_lens, qsl, logits_indices, block_tables)
 
-    def execute(self, scheduled: list[tuple[Sequence, int]], logits_rows: list[np.ndarray]) -> np.ndarray:
-        """Run one forward pass; returns float32 logits (N, V) for the requested rows, in order."""
-        batch = self.build_batch(scheduled, logits_rows)
-        hidden = self.model.forward(batch, self.kv_caches)
-        if len(batch.host_query_lens) == 0 or hidden.shape[0] == 0:
-            return np.zeros((0, self.model.config.vocab_size), dtype=np.float32)
-        return self.backend.to_numpy(self.model.compute_logits(hidden)).astype(np.float32, copy=False)
+    def execute(self, scheduled: list[tuple[Sequence, int]], logits_rows: list[np.ndarray]) -> DeviceLogits:
+        """Run one forward pass; returns the logits (N, V) of the requested rows, in order."""
+        hb = self.build_batch(scheduled, logits_rows)
+        if self.graphs is not None and self.graphs.can_run(hb):
+            hidden = self.graphs.run(hb)  # (bucket, dim): every row of the padded batch
+            rows = hb.logits_indices
+            if not np.array_equal(rows, np.arange(len(hb.seq_lens))):
+                hidden = hidden[self.backend.asarray(rows, np.int64)]
+            else:
+                hidden = hidden[: len(rows)]
+        else:
+            hidden = self.model.forward(self.buffer.upload(hb), self.kv_caches)  # (N, dim)
+        if hidden.shape[0] == 0:
+            return DeviceLogits(self.backend, self.backend.zeros((0, self.model.config.vocab_size), np.float32))
+        return DeviceLogits(self.backend, self.model.compute_logits(hidden))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rawpage.device_logits import DeviceLogits
 from rawpage.sequence import Sequence
 
 # Top-p first looks for the nucleus among this many most likely tokens; a full
@@ -69,6 +70,18 @@ class Sampler:
                 top_lps[i] = raw[j, top_ids[i]]
         return SamplerOutput(tokens, picked, top_ids, top_lps, ranks)
 
+    def sample_rows(self, logits: DeviceLogits, rows: list[int], seqs: list[Sequence]) -> SamplerOutput:
+        """Sample seqs[i] from row rows[i] of logits that may still be on the GPU.
+
+        When every sequence is plainly greedy (nothing edits its logits, no logprobs
+        asked), the answer is the raw argmax: it is taken on the device and only
+        the token ids are copied back. Otherwise the rows come to the host."""
+        if not all(_plain_greedy(s) for s in seqs):
+            return self(logits[rows], seqs)
+        n = len(seqs)
+        tokens = logits.argmax(rows)
+        return SamplerOutput(tokens, np.full(n, np.nan), [None] * n, [None] * n, np.zeros(n, dtype=np.int64))
+
     def apply_processors(self, logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
         """Per-request logit edits, in vLLM's order. (N, V) in place."""
         V = self.vocab_size
@@ -114,6 +127,21 @@ class Sampler:
         cdf = np.cumsum(probs, axis=-1, dtype=np.float64)
         tokens = (cdf < (u * cdf[:, -1])[:, None]).sum(axis=-1)
         return np.minimum(tokens, probs.shape[1] - 1)
+
+
+def _plain_greedy(s: Sequence) -> bool:
+    """Greedy with no logit edits (apply_processors would change nothing) and no logprobs."""
+    p = s.request.params
+    return (
+        p.greedy
+        and not p.logit_bias
+        and s.num_output_tokens >= p.min_tokens
+        and p.repetition_penalty == 1.0
+        and not p.presence_penalty
+        and not p.frequency_penalty
+        and p.logprobs is None
+        and not p.use_beam_search
+    )
 
 
 def nucleus_mask(p: np.ndarray, top_p: float) -> None:

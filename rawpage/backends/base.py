@@ -3,16 +3,40 @@ B (sequences), H / Hkv (query / KV heads), D (head dim), NB (blocks), BS (block 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from rawpage.dtypes import from_float32
+
 Array = Any  # numpy.ndarray on cpu and sim, cupy.ndarray on cuda
+
+
+class Graph:
+    """A recorded forward pass that can run again on the same buffers: `replay()` returns
+    the output array. Here (cpu, sim) it simply calls the function again; the cuda
+    backend records a CUDA graph (rawpage/backends/cuda_graph.py). Either way, a replay
+    reads whatever its input buffers hold at that moment."""
+
+    def __init__(self, fn: Callable[[], Array]) -> None:
+        self.fn = fn
+        self.output = fn()  # the "capture": the same first run the cuda backend warms up with
+
+    def replay(self) -> Array:
+        self.output = self.fn()
+        return self.output
 
 
 class Backend:
     name: str
     dtype: np.dtype  # activation and weight dtype
+    # Whether capture_graph() records real graphs. Where it does not (cpu, sim), the
+    # engine runs eagerly; tests can still drive the graph bookkeeping through Graph.
+    supports_graphs: bool = False
+    # The device's memory, for sizing the KV cache by profiling (memory.DeviceMemory);
+    # None where the KV cache has a fixed budget (cpu, sim).
+    memory: Any = None
 
     # --- arrays -----------------------------------------------------------
     def asarray(self, x: np.ndarray, dtype: Any = None) -> Array:
@@ -24,6 +48,24 @@ class Backend:
 
     def zeros(self, shape: tuple[int, ...], dtype: Any = None) -> Array:
         raise NotImplementedError
+
+    def copy_from_host(self, dst: Array, src: np.ndarray) -> None:
+        """dst[...] = src for a device array dst and a host array of the same shape and dtype,
+        in stream order; src may be reused as soon as this returns."""
+        dst[...] = src
+
+    def uniform(self, shape: tuple[int, ...], bound: float, seed: int, offset: float = 0.0) -> Array:
+        """offset + U(-bound, bound) in self.dtype, deterministic in `seed` (dummy weights).
+        Generated where the array will live: here on the host, on the GPU by cuda."""
+        x = np.random.default_rng(seed).uniform(-bound, bound, shape).astype(np.float32) + np.float32(offset)
+        return from_float32(x, self.dtype)
+
+    def capture_graph(self, fn: Callable[[], Array]) -> Graph:
+        """Record fn (a forward pass over fixed input buffers) for replay."""
+        return Graph(fn)
+
+    def synchronize(self) -> None:
+        """Wait for all queued device work (a no-op on the host)."""
 
     # --- ops (see rawpage/ops/* for the math) -------------------------------
     def embedding(self, ids: Array, table: Array) -> Array:

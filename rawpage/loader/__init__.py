@@ -1,8 +1,9 @@
 """Open a model from disk: a Hugging Face folder, a .gguf file, or the embedded default.
 
 `load_checkpoint` returns everything the engine needs, in format-free form:
-a ModelConfig, a lazy map of float32 tensors under Hugging Face names, the
-tokenizer, and the model's own sampling defaults.
+a ModelConfig, a lazy map of float32 tensors under Hugging Face names (or, with
+load_format="dummy", random weights of the config's shapes), the tokenizer, and
+the model's own sampling defaults.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 from rawpage.config import ModelConfig
 from rawpage.errors import ModelLoadError
 from rawpage.loader.default_model import default_model_path
+from rawpage.loader.dummy import DummyWeights
 from rawpage.loader.tensors import TensorSource
 from rawpage.tokenizer import Tokenizer
 
@@ -22,7 +24,7 @@ from rawpage.tokenizer import Tokenizer
 class Checkpoint:
     path: str
     config: ModelConfig
-    tensors: TensorSource
+    tensors: TensorSource | DummyWeights
     tokenizer: Tokenizer
     generation_config: dict[str, Any] = field(default_factory=dict)
 
@@ -36,7 +38,11 @@ def resolve_model_path(model: str | None) -> str:
     return path
 
 
-def load_checkpoint(model: str | None = None) -> Checkpoint:
+def load_checkpoint(model: str | None = None, load_format: str = "auto", seed: int = 0) -> Checkpoint:
+    """load_format "dummy": `model` is a config.json (or a folder with one); the weights
+    are random, drawn from `seed` when the model is built."""
+    if load_format == "dummy":
+        return _load_dummy(model, seed)
     path = resolve_model_path(model)
     if os.path.isdir(path):
         return _load_hf_folder(path)
@@ -72,6 +78,20 @@ def _load_gguf(path: str) -> Checkpoint:
     tokenizer = Tokenizer.from_gguf(ckpt.meta)
     ckpt.config.eos_token_ids = tokenizer.eos_token_ids
     return Checkpoint(path, ckpt.config, ckpt.tensors, tokenizer, {})
+
+
+def _load_dummy(model: str | None, seed: int) -> Checkpoint:
+    from rawpage.loader.dummy import config_path, load_dummy_config, placeholder_tokenizer
+
+    if model is None:
+        raise ModelLoadError("--load-format dummy needs --model pointing at a config.json (see tools/configs/)")
+    config = load_dummy_config(model)
+    folder = os.path.dirname(config_path(model))
+    if os.path.exists(os.path.join(folder, "tokenizer.json")):
+        tokenizer = Tokenizer.from_hf_folder(folder, config.eos_token_ids)
+    else:
+        tokenizer = placeholder_tokenizer(config)
+    return Checkpoint(folder, config, DummyWeights(seed), tokenizer, {})
 
 
 def _as_list(x: Any) -> list[int]:

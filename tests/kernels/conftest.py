@@ -93,6 +93,10 @@ def device(request: pytest.FixtureRequest) -> Device:
 
         from rawpage.backends.cuda import CupyKernelLoader
 
+        if os.environ.get("RAWPAGE_CUDA_NO_POOL"):
+            # Under compute-sanitizer: every array its own cudaMalloc, so that a read
+            # past an array's end cannot land, unnoticed, in a neighbour from the pool.
+            cupy.cuda.set_allocator(None)
         return Device("cuda", cupy, CupyKernelLoader())
     raise ValueError(f"unknown kernel test device {request.param!r}")
 

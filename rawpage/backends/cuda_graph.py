@@ -1,0 +1,69 @@
+"""CUDA graphs on CuPy: record a decode forward pass once, replay it with one launch.
+
+A decode step of a 32-layer model is ~400 kernel launches (and cuBLAS calls)
+issued from Python; at small batch the GPU finishes each one faster than Python
+issues the next. A graph replays them all from one cudaGraphLaunch.
+
+What a replay assumes, and how it holds:
+- Inputs are read from the same device addresses every time: the runner
+  captures on views of its metadata buffer and rewrites that buffer in place
+  before each replay (rawpage/batch_buffer.py). Weights and KV caches never move.
+- The graph's own temporaries come from a memory pool of its own
+  (`GraphMemory`), shared by all captured graphs. Nothing outside a capture
+  allocates from it, so no live array can ever sit where a replay writes. Graphs
+  may share temporaries with one another because replays run one at a time, in
+  stream order.
+- Launch choices made on the host (the decode kernel's split count, grids)
+  are frozen at capture. The runner captures with the longest context the
+  engine allows, so each frozen choice is valid for every later batch.
+- Nothing in the forward pass synchronizes with the host or reads device
+  memory from Python; the capture would fail loudly if it did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+class GraphMemory:
+    """The pool that graph temporaries live in, and the stream graphs are captured on
+    (capture cannot happen on the legacy default stream)."""
+
+    def __init__(self) -> None:
+        import cupy
+
+        self.pool = cupy.cuda.MemoryPool()
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+
+    def held_bytes(self) -> int:
+        return int(self.pool.total_bytes())
+
+
+class CudaGraph:
+    """fn recorded as a CUDA graph. `replay()` launches it on the current stream and
+    returns the output array allocated during capture (the same array every time)."""
+
+    def __init__(self, fn: Callable[[], Any], memory: GraphMemory) -> None:
+        import cupy
+
+        device = cupy.cuda.Device()
+        device.synchronize()  # the input buffers were written on another stream
+        with cupy.cuda.using_allocator(memory.pool.malloc), memory.stream:
+            # Warm-up run: compiles and loads every kernel, sizes cuBLAS's workspace
+            # and grows the pool, so that the capture itself allocates nothing new.
+            fn()
+            memory.stream.synchronize()
+            memory.stream.begin_capture()
+            try:
+                self.output = fn()
+            finally:
+                self.graph = memory.stream.end_capture()
+        self.graph.upload(memory.stream)
+        memory.stream.synchronize()
+
+    def replay(self) -> Any:
+        import cupy
+
+        self.graph.launch(cupy.cuda.get_current_stream())
+        return self.output

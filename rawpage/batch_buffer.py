@@ -1,0 +1,76 @@
+"""The batch metadata of one step: built on the host with NumPy, sent in one copy.
+
+The model runner fills a HostBatch (vectorized NumPy, no per-token Python per
+layer); `BatchBuffer.upload` packs its int32 fields end to end into one host
+array, copies that to the device in one host-to-device transfer, and hands the
+model a ForwardBatch whose arrays are views into the one device buffer:
+
+    [input_ids T | positions T | slot_mapping T | seq_lens B | query_start_loc B+1
+     | logits_indices N | block_tables B*W]
+
+The device buffer never moves. So a CUDA graph captured on the views of a given
+(T, B, N, W) reads the new step's data when the same shapes are uploaded again:
+the decode graphs (rawpage/cuda_graphs.py) rely on that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rawpage.backends.base import Backend
+from rawpage.forward_batch import ForwardBatch
+
+FIELDS = ("input_ids", "positions", "slot_mapping", "seq_lens", "query_start_loc", "logits_indices", "block_tables")
+
+
+@dataclass
+class HostBatch:
+    """One step's metadata on the host, all int32 (see ForwardBatch for the meaning)."""
+
+    input_ids: np.ndarray  # (T,)
+    positions: np.ndarray  # (T,)
+    slot_mapping: np.ndarray  # (T,), -1 = do not store
+    seq_lens: np.ndarray  # (B,)
+    query_start_loc: np.ndarray  # (B+1,)
+    logits_indices: np.ndarray  # (N,)
+    block_tables: np.ndarray  # (B, W)
+
+    @property
+    def query_lens(self) -> np.ndarray:
+        return np.diff(self.query_start_loc)
+
+    @property
+    def is_decode(self) -> bool:
+        """Every sequence has exactly one new token (the decode kernel's case)."""
+        return len(self.seq_lens) > 0 and len(self.input_ids) == len(self.seq_lens)
+
+    def num_ints(self) -> int:
+        return sum(getattr(self, f).size for f in FIELDS)
+
+
+class BatchBuffer:
+    """A device int32 buffer that receives each step's HostBatch in one copy."""
+
+    def __init__(self, backend: Backend, capacity: int = 1 << 16) -> None:
+        self.backend = backend
+        self.device = backend.zeros((capacity,), np.int32)
+        self.frozen = False  # set once graphs hold views into self.device
+
+    def upload(self, hb: HostBatch) -> ForwardBatch:
+        n = hb.num_ints()
+        if n > self.device.shape[0]:
+            if self.frozen:
+                raise RuntimeError(
+                    f"batch metadata of {n} ints does not fit the {self.device.shape[0]} captured graphs read from"
+                )
+            self.device = self.backend.zeros((max(n, 2 * self.device.shape[0]),), np.int32)
+        flat = np.concatenate([getattr(hb, f).ravel() for f in FIELDS]).astype(np.int32, copy=False)
+        self.backend.copy_from_host(self.device[:n], flat)
+        views, start = {}, 0
+        for f in FIELDS:
+            a = getattr(hb, f)
+            views[f] = self.device[start : start + a.size].reshape(a.shape)
+            start += a.size
+        return ForwardBatch(**views, host_query_lens=hb.query_lens, host_seq_lens=hb.seq_lens)

@@ -1,0 +1,114 @@
+"""GPU memory sizing with a fake device: the profile measures the activation peak,
+the KV cache gets the rest of total x utilization, and a model that leaves no
+room for one --max-model-len sequence fails with a message naming the flags."""
+
+import pytest
+
+from rawpage.memory import GiB, OutOfMemoryError, plan_gpu, profile_gpu
+
+MiB = 1 << 20
+
+
+class FakeDevice:
+    """A GPU of `total` bytes: `context` bytes taken before we start, and a pool that,
+    like CuPy's, keeps every block it hands out until release_cached()."""
+
+    def __init__(self, total: int, context: int = 0) -> None:
+        self.total, self.context = total, context
+        self.live = 0  # bytes in arrays that exist
+        self.cached = 0  # bytes the pool holds for reuse
+        self.released = 0
+
+    def alloc(self, n: int) -> None:
+        reuse = min(n, self.cached)
+        self.cached -= reuse
+        self.live += n
+
+    def free(self, n: int) -> None:
+        self.live -= n
+        self.cached += n
+
+    # memory.DeviceMemory
+    def mem_get_info(self) -> tuple[int, int]:
+        return self.total - self.context - self.live - self.cached, self.total
+
+    def pool_held_bytes(self) -> int:
+        return self.live + self.cached
+
+    def release_cached(self) -> None:
+        self.released += 1
+        self.cached = 0
+
+    def synchronize(self) -> None:
+        pass
+
+
+def forward_pass(dev: FakeDevice, *steps: int):
+    """A worst-case pass that allocates and frees activations; its peak is max(steps)
+    when each step frees the previous one's arrays first."""
+
+    def run() -> None:
+        for n in steps:
+            dev.alloc(n)
+            dev.free(n)
+
+    return run
+
+
+def test_kv_gets_what_is_left_under_utilization():
+    dev = FakeDevice(total=80 * GiB, context=700 * MiB)
+    weights = 16 * GiB
+    dev.alloc(weights)
+    per_block = 2 * MiB  # e.g. Llama-3-8B: 32 layers x 16 tokens x 8 heads x 128 x 2 bytes x 2
+    plan = profile_gpu(dev, weights, forward_pass(dev, 1 * GiB, 3 * GiB, 2 * GiB), 0.9, per_block, 16, 8192)
+    assert plan.activation_bytes == 3 * GiB
+    assert plan.other_bytes == 700 * MiB
+    want_blocks = (int(80 * GiB * 0.9) - weights - 3 * GiB - 700 * MiB) // per_block
+    assert plan.num_blocks == want_blocks
+    assert plan.kv_bytes == want_blocks * per_block
+    assert dev.cached == 0, "the profile's cached blocks go back before the KV cache is allocated"
+    text = plan.describe()
+    assert "80.00 GiB x utilization 0.90" in text and f"{want_blocks} blocks x 16 tokens" in text
+    assert f"{want_blocks * 16 / 8192:.1f} sequences of --max-model-len 8192 fit" in text
+
+
+def test_memory_in_use_before_profiling_counts_against_the_budget():
+    """Arrays that are not weights (a rope table, another process) shrink the KV cache."""
+    dev = FakeDevice(total=40 * GiB)
+    dev.alloc(10 * GiB)  # weights
+    dev.alloc(1 * GiB)  # something else the model keeps
+    plan = profile_gpu(dev, 10 * GiB, forward_pass(dev, 2 * GiB), 0.5, MiB, 16, 1024)
+    assert plan.num_blocks == (20 * GiB - 10 * GiB - 2 * GiB - 1 * GiB) // MiB
+
+
+def test_utilization_too_low_says_which_flag_and_what_value():
+    dev = FakeDevice(total=24 * GiB, context=500 * MiB)
+    dev.alloc(15 * GiB)
+    with pytest.raises(OutOfMemoryError) as e:
+        profile_gpu(dev, 15 * GiB, forward_pass(dev, 4 * GiB), 0.8, 2 * MiB, 16, 8192)
+    msg = str(e.value)
+    # 15 + 4 + 0.49 GiB in use, and 8192 tokens need 512 blocks = 1 GiB: 20.49 / 24 = 0.854, rounded up
+    assert "raise --gpu-memory-utilization to 0.86" in msg
+    assert "lower --max-num-batched-tokens" in msg  # no KV room at all: the peak is what to shrink
+    assert "weights 15.000 GiB, peak activations 4.000 GiB" in msg
+
+
+def test_room_for_part_of_a_sequence_suggests_a_shorter_max_model_len():
+    # 20 GiB budget - 15 - 4 = 1 GiB = 512 blocks of 2 MiB = 8192 tokens < 16384;
+    # 16384 tokens need 2 GiB: (15 + 4 + 2) / 25 = 0.84
+    plan_args = (int(20 * GiB / 0.8), 0.8, 15 * GiB, 4 * GiB, 2 * MiB, 16, 16384)
+    with pytest.raises(OutOfMemoryError) as e:
+        plan_gpu(*plan_args)
+    msg = str(e.value)
+    assert "Lower --max-model-len to 8192 or less, or raise --gpu-memory-utilization to 0.84" in msg
+
+
+def test_a_model_bigger_than_the_gpu_says_so():
+    with pytest.raises(OutOfMemoryError, match="the model does not fit this GPU"):
+        plan_gpu(16 * GiB, 0.9, 20 * GiB, GiB, MiB, 16, 4096)
+
+
+def test_plan_gpu_exact_arithmetic():
+    plan = plan_gpu(100_000, 0.5, 20_000, 5_000, 1_000, 16, 100, other_bytes=4_500)
+    assert plan.num_blocks == (50_000 - 20_000 - 5_000 - 4_500) // 1_000 == 20
+    assert plan.num_tokens == 320
