@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TOOLS = ["bench_throughput.py", "bench_sharing.py", "bench_serving.py", "compare.py", "make_golden.py", "profile_step.py"]
+TOOLS = [
+    "bench_throughput.py",
+    "bench_sharing.py",
+    "bench_serving.py",
+    "compare.py",
+    "make_golden.py",
+    "profile_step.py",
+]
 
 
 @pytest.mark.parametrize("tool", TOOLS)
