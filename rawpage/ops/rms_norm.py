@@ -16,15 +16,17 @@ from rawpage.ops.launch import KernelLoader, dtype_suffix, same_dtype, threads_f
 def rms_norm_ref(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x: (T, dim), weight: (dim,) -> (T, dim), computed in float32."""
     xf = x.astype(np.float32, copy=False)
-    inv_rms = 1.0 / np.sqrt(np.mean(xf * xf, axis=-1, keepdims=True) + eps)
-    return ((xf * inv_rms) * weight.astype(np.float32, copy=False)).astype(x.dtype, copy=False)
+    inv_rms = 1.0 / np.sqrt(np.einsum("td,td->t", xf, xf)[:, None] / xf.shape[-1] + eps)  # (T, 1)
+    out = xf * inv_rms
+    out *= weight.astype(np.float32, copy=False)
+    return out.astype(x.dtype, copy=False)
 
 
 def fused_add_rms_norm_ref(
     x: np.ndarray, residual: np.ndarray, weight: np.ndarray, eps: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """x, residual: (T, dim) -> (normed, new residual = x + residual)."""
-    residual = (x.astype(np.float32) + residual.astype(np.float32)).astype(x.dtype)
+    residual = (x.astype(np.float32, copy=False) + residual.astype(np.float32, copy=False)).astype(x.dtype, copy=False)
     return rms_norm_ref(residual, weight, eps), residual
 
 
