@@ -39,7 +39,7 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
         try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
+            if httpx.get(url + "/v1/models", timeout=2).status_code == 200:  # every engine has it; not all have /health
                 return
         except httpx.HTTPError:
             pass
