@@ -22,6 +22,9 @@ from rawpage.ops.rope import cos_sin_cache
 
 @dataclass
 class LayerWeights:
+    """One decoder layer. Linear weights are shown (out, in), as checkpoints store them;
+    backend.prepare_linear may keep them in another layout its matmul prefers."""
+
     input_norm: Array  # (dim,)
     qkv: Array  # ((H + 2 Hkv) * D, dim)   q, k, v projections fused into one GEMM
     qkv_bias: Array | None  # ((H + 2 Hkv) * D,)  Qwen2 only
@@ -55,19 +58,21 @@ class LlamaModel:
             self.layers.append(
                 LayerWeights(
                     input_norm=load((p + "input_layernorm.weight", (dim,))),
-                    qkv=load(*attn),
+                    qkv=b.prepare_linear(load(*attn)),
                     qkv_bias=load(*bias) if c.attention_bias else None,
-                    o_proj=load((p + "self_attn.o_proj.weight", (dim, q))),
+                    o_proj=b.prepare_linear(load((p + "self_attn.o_proj.weight", (dim, q)))),
                     post_norm=load((p + "post_attention_layernorm.weight", (dim,))),
-                    gate_up=load((p + "mlp.gate_proj.weight", (inter, dim)), (p + "mlp.up_proj.weight", (inter, dim))),
-                    down=load((p + "mlp.down_proj.weight", (dim, inter))),
+                    gate_up=b.prepare_linear(
+                        load((p + "mlp.gate_proj.weight", (inter, dim)), (p + "mlp.up_proj.weight", (inter, dim)))
+                    ),
+                    down=b.prepare_linear(load((p + "mlp.down_proj.weight", (dim, inter)))),
                 )
             )
         self.norm = load(("model.norm.weight", (dim,)))  # (dim,)
         if c.tie_word_embeddings or not weights.has("lm_head.weight"):
-            self.lm_head = self.embed  # (V, dim), tied to the embedding
+            self.lm_head = b.prepare_linear(self.embed)  # tied to the embedding (the same array, or a re-laid copy)
         else:
-            self.lm_head = load(("lm_head.weight", (c.vocab_size, dim)))
+            self.lm_head = b.prepare_linear(load(("lm_head.weight", (c.vocab_size, dim))))
         freq_factors = tensors["rope_freqs"] if weights.has("rope_freqs") else None
         inv_freq = rope_inv_freq(c, freq_factors)
         # (max_pos, D): [cos | sin] per position, float32 whatever the model dtype

@@ -72,8 +72,13 @@ class Backend:
         """ids: (T,) -> (T, dim)."""
         raise NotImplementedError
 
+    def prepare_linear(self, w: Array) -> Array:
+        """A Linear layer's weight, (out, in) as checkpoints store it, in the layout this
+        backend's matmul reads fastest. Called once per weight at load time."""
+        return w
+
     def matmul(self, x: Array, w: Array, bias: Array | None = None) -> Array:
-        """x: (T, in), w: (out, in) as stored by Linear layers -> x @ w.T (+ bias): (T, out)."""
+        """x: (T, in), w: a Linear weight from prepare_linear -> x @ W.T (+ bias): (T, out)."""
         raise NotImplementedError
 
     def rms_norm(self, x: Array, weight: Array, eps: float) -> Array:
