@@ -185,8 +185,10 @@ def main() -> None:
     ap.add_argument("--input-len", default="64:256")
     ap.add_argument("--output-len", default="64:128")
     ap.add_argument("--raw-dir", default="/tmp/rawpage-compare", help="per-request results and server logs")
-    ap.add_argument("--skip-serving", action="store_true")
-    ap.add_argument("--skip-offline", action="store_true")
+    ap.add_argument("--skip-serving", action="store_true", help="keep the serving results of docs/bench/compare.json")
+    ap.add_argument("--skip-offline", action="store_true", help="keep the offline results of docs/bench/compare.json")
+    ap.add_argument("--only-rawpage", action="store_true",
+                    help="rerun rawpage alone; the peers' results stay as recorded in docs/bench/compare.json")  # fmt: skip
     args = ap.parse_args()
     from rawpage.loader.default_model import default_model_path
 
@@ -194,9 +196,11 @@ def main() -> None:
     raw.mkdir(parents=True, exist_ok=True)
     summary.parent.mkdir(parents=True, exist_ok=True)
     prev = json.loads(summary.read_text()) if summary.exists() else {}
-    serving = prev.get("serving", {}) if args.skip_serving else run_serving(args, default_model_path(), raw)
+    if args.only_rawpage:
+        args.llamacpp_python = args.llama_server = args.transformers_python = None
+    serving = prev.get("serving", {}) | ({} if args.skip_serving else run_serving(args, default_model_path(), raw))
     serving = {e: {int(c): s for c, s in by_c.items()} for e, by_c in serving.items()}
-    offline = prev.get("offline", {}) if args.skip_offline else run_offline(args, raw)
+    offline = prev.get("offline", {}) | ({} if args.skip_offline else run_offline(args, raw))
     summary.write_text(json.dumps({"serving": serving, "offline": offline}, indent=1) + "\n")
     plot(serving, ROOT / "docs" / "img" / "throughput_vs_concurrency.png")
     doc = ROOT / "docs" / "benchmarks.md"
