@@ -41,7 +41,9 @@ def main() -> None:
     args = ap.parse_args()
     from rawpage import LLM, SamplingParams
 
+    t0 = time.perf_counter()
     llm = LLM(args.model, device=args.device, max_num_seqs=args.batch)
+    print(f"engine ready in {time.perf_counter() - t0:.2f} s (open the model, dequantize, build weights, KV pool)")
     eng = llm.engine
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0, max_tokens=args.steps + 2, ignore_eos=True)
