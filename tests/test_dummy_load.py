@@ -23,6 +23,8 @@ def config_file(tmp_path):
 
 
 def weights(model):
+    """Every weight, as loaded. Build the model on `sim`: its prepare_linear keeps the (out, in)
+    layout (the cpu backend re-lays Linear weights out as (in, out))."""
     out = {"embed": model.embed, "norm": model.norm, "lm_head": model.lm_head}
     for i, layer in enumerate(model.layers):
         out.update({f"{i}.{k}": v for k, v in vars(layer).items() if v is not None})
@@ -33,9 +35,9 @@ def test_shapes_scales_and_determinism(config_file):
     ckpt = load_checkpoint(config_file, load_format="dummy")
     c = ckpt.config
     assert (c.hidden_size, c.num_layers, c.vocab_size, c.torch_dtype) == (64, 2, 300, "bfloat16")
-    a = weights(LlamaModel(c, get_backend("cpu"), ckpt.tensors))
-    b = weights(LlamaModel(c, get_backend("cpu"), load_checkpoint(config_file, load_format="dummy").tensors))
-    other = weights(LlamaModel(c, get_backend("cpu"), load_checkpoint(config_file, "dummy", seed=1).tensors))
+    a = weights(LlamaModel(c, get_backend("sim"), ckpt.tensors))
+    b = weights(LlamaModel(c, get_backend("sim"), load_checkpoint(config_file, load_format="dummy").tensors))
+    other = weights(LlamaModel(c, get_backend("sim"), load_checkpoint(config_file, "dummy", seed=1).tensors))
     assert a.keys() == b.keys()
     for k in a:
         np.testing.assert_array_equal(a[k], b[k])  # same seed, same model
@@ -54,8 +56,10 @@ def test_a_folder_with_only_a_config_loads_too_and_tied_heads_are_tied(config_fi
     (tmp_path / "tied").mkdir()
     (tmp_path / "tied" / "config.json").write_text(json.dumps(cfg))
     ckpt = load_checkpoint(str(tmp_path / "tied"), load_format="dummy")
-    model = LlamaModel(ckpt.config, get_backend("cpu"), ckpt.tensors)
+    model = LlamaModel(ckpt.config, get_backend("sim"), ckpt.tensors)
     assert model.lm_head is model.embed
+    cpu = LlamaModel(ckpt.config, get_backend("cpu"), ckpt.tensors)  # the same weights, laid out (in, out)
+    np.testing.assert_array_equal(cpu.lm_head.T, cpu.embed)
 
 
 def test_placeholder_tokenizer_round_trips_ids(config_file):
