@@ -23,26 +23,20 @@ from rawpage.beam_search import BeamState, final_hypotheses, is_done, select
 from rawpage.block_manager import BlockManager
 from rawpage.chat_template import ChatTemplate
 from rawpage.cuda_graphs import graph_batch_sizes
-from rawpage.detokenizer import IncrementalDetokenizer
 from rawpage.device_logits import DeviceLogits
 from rawpage.engine_args import EngineArgs
 from rawpage.loader import load_checkpoint
 from rawpage.memory import DEFAULT_CPU_KV_CACHE, GiB, plan_fixed, profile_gpu
 from rawpage.model_runner import ModelRunner, kv_bytes_per_block
 from rawpage.models.llama import LlamaModel
-from rawpage.outputs import CompletionOutput, RequestOutput
+from rawpage.output_processor import OutputProcessor
+from rawpage.outputs import RequestOutput
 from rawpage.profile_run import profile_run
-from rawpage.sampler import Sampler, SamplerOutput, log_softmax, top_k_ids
+from rawpage.sampler import Sampler, log_softmax
 from rawpage.sampling_params import SamplingParams
 from rawpage.scheduler import Scheduler, SchedulerConfig
-from rawpage.sequence import Logprob, Request, Sequence, SequenceStatus
+from rawpage.sequence import Request, Sequence, SequenceStatus
 from rawpage.stats import EngineStats, StepStats
-from rawpage.stop_checker import (
-    check_length,
-    check_stop_string,
-    check_stop_token,
-    stop_string_holdback,
-)
 
 logger = logging.getLogger("rawpage")
 
@@ -92,6 +86,8 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.backend, args.block_size, num_blocks, num_cpu_blocks,
                                   graph_batch_sizes(args.max_num_seqs) if graphs else None, self.max_model_len)  # fmt: skip
         self.sampler = Sampler(c.vocab_size, c.eos_token_ids)
+        self.output = OutputProcessor(self.tokenizer, c.eos_token_ids, c.vocab_size, self.max_model_len,
+                                      self.scheduler.finish)  # fmt: skip
         self.requests: dict[str, Request] = {}
         self._aborted: list[Request] = []  # to report as finished on the next step
         self._seq_ids = itertools.count()
@@ -234,7 +230,7 @@ class LLMEngine:
                 if seq.request.metrics.first_scheduled_time is None:
                     seq.request.metrics.first_scheduled_time = time.monotonic()
                 if seq.request.prompt_logprobs is not None and len(r) > 1:
-                    self._record_prompt_logprobs(seq.request, start, logits[offset : offset + len(r)])
+                    self.output.record_prompt_logprobs(seq.request, start, logits[offset : offset + len(r)])
                 if seq.num_computed_tokens == seq.num_tokens and seq.request.beam is not None:
                     beam_rows.append((seq, offset + len(r) - 1))
                 elif seq.num_computed_tokens == seq.num_tokens:
@@ -245,11 +241,11 @@ class LLMEngine:
                 touched[seq.request.request_id] = seq.request
             if to_sample:
                 out = self.sampler.sample_rows(logits, sample_rows, to_sample)
-                self._append_tokens(to_sample, out)
+                self.output.append_tokens(to_sample, out)
             num_generated = len(to_sample) + len(beam_rows)
             if beam_rows:
                 self._beam_search_step(beam_rows, logits)
-        outputs = [self._make_output(req) for req in touched.values()]
+        outputs = [self.output.make_output(req) for req in touched.values()]
         for o in outputs:
             if o.finished:
                 self.requests.pop(o.request_id, None)
@@ -346,89 +342,3 @@ class LLMEngine:
             child.num_computed_tokens = 0
             self.scheduler.add(child)
         return child
-
-    def _record_prompt_logprobs(self, req: Request, start: int, logits: np.ndarray) -> None:
-        """logits row j (position start + j) predicts prompt token start + j + 1."""
-        k = req.params.prompt_logprobs
-        ids = req.prompt_token_ids
-        lps = log_softmax(logits[:, : self.model_config.vocab_size])
-        for j in range(len(lps)):
-            pos = start + j + 1
-            if pos >= len(ids) or pos < len(req.prompt_logprobs):
-                continue
-            tok = ids[pos]
-            entry = {tok: Logprob(float(lps[j, tok]), int((lps[j] > lps[j, tok]).sum()) + 1)}
-            for rank, t in enumerate(top_k_ids(lps[j], k) if k else [], start=1):
-                entry.setdefault(int(t), Logprob(float(lps[j, t]), rank))
-            req.prompt_logprobs.append(entry)
-
-    def _append_tokens(self, seqs: list[Sequence], out: SamplerOutput) -> None:
-        now = time.monotonic()
-        eos = self.model_config.eos_token_ids
-        for i, seq in enumerate(seqs):
-            tok, lp = int(out.token_ids[i]), float(out.logprobs[i])
-            seq.append_token(tok, 0.0 if np.isnan(lp) else lp)
-            p = seq.request.params
-            if p.logprobs is not None:
-                entry = {tok: Logprob(lp, int(out.ranks[i]))}
-                for rank, (t, v) in enumerate(zip(out.top_ids[i], out.top_logprobs[i]), start=1):
-                    entry.setdefault(int(t), Logprob(float(v), rank))
-                seq.logprobs.append(entry)
-            m = seq.request.metrics
-            m.first_token_time = m.first_token_time or now
-            m.last_token_time = now
-            if not check_stop_token(seq, eos):
-                if seq.detokenizer is None:
-                    seq.detokenizer = IncrementalDetokenizer(
-                        self.tokenizer, seq.request.prompt_token_ids, p.skip_special_tokens
-                    )
-                delta = seq.detokenizer.add([tok])
-                seq.text += delta
-                check_stop_string(seq, delta)
-            if seq.finish_reason or check_length(seq, self.max_model_len):
-                self.scheduler.finish(seq)
-
-    def _make_output(self, req: Request) -> RequestOutput:
-        if req.beam is not None:
-            return self._beam_output(req)
-        outs = []
-        for seq in req.seqs:
-            visible = seq.text
-            hold = stop_string_holdback(seq)
-            if hold and not seq.is_finished:
-                visible = visible[: max(seq.num_emitted_chars, len(visible) - hold)]
-            toks = seq.output_token_ids
-            lps = seq.logprobs if req.params.logprobs is not None else None
-            outs.append(
-                CompletionOutput(
-                    index=seq.index,
-                    text=visible,
-                    token_ids=list(toks),
-                    cumulative_logprob=seq.cumulative_logprob if req.params.logprobs is not None else None,
-                    logprobs=lps,
-                    finish_reason=seq.finish_reason,
-                    stop_reason=seq.stop_reason,
-                    delta_text=visible[seq.num_emitted_chars :],
-                    delta_token_ids=list(toks[seq.num_emitted_tokens :]),
-                    delta_logprobs=lps[seq.num_emitted_tokens :] if lps is not None else None,
-                )
-            )
-            seq.num_emitted_chars, seq.num_emitted_tokens = len(visible), len(toks)
-        finished = req.is_finished
-        if finished:
-            req.metrics.finished_time = time.monotonic()
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, req.prompt_logprobs, outs,
-                             finished, req.metrics, req.num_cached_tokens)  # fmt: skip
-
-    def _beam_output(self, req: Request) -> RequestOutput:
-        """Beam search reports once, at the end: the best `n` hypotheses, best first."""
-        outs = []
-        if req.is_finished:
-            hyps = req.beam.results or final_hypotheses(req.beam, [], "abort")
-            for i, h in enumerate(hyps):
-                text = self.tokenizer.decode(h.token_ids, req.params.skip_special_tokens)
-                outs.append(CompletionOutput(i, text, h.token_ids, h.cumulative_logprob, None, h.finish_reason,
-                                             None, text, list(h.token_ids)))  # fmt: skip
-            req.metrics.finished_time = time.monotonic()
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, req.prompt_logprobs, outs,
-                             req.is_finished, req.metrics, req.num_cached_tokens)  # fmt: skip

@@ -55,8 +55,10 @@ def test_ctrl_c_stops_a_reply_but_not_the_chat():
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
     time.sleep(1.0)
-    _, err = proc.communicate("What is the capital of France?\n", timeout=300)
+    proc.stdin.write("What is the capital of France?\n")  # not communicate(): the reader thread owns stdout
+    proc.stdin.close()
+    proc.wait(300)
     reader.join(10)
     out = "".join(chars)
-    assert proc.returncode == 0, err
+    assert proc.returncode == 0, proc.stderr.read()
     assert "[stopped]" in out and "Paris" in out.split("[stopped]", 1)[1]

@@ -1,0 +1,124 @@
+"""OutputProcessor: sampled tokens -> text and RequestOutputs.
+
+After the sampler, every sequence gets its token appended, its logprobs recorded,
+its text extended by incremental detokenization, and its stop conditions checked
+(EOS and stop tokens, stop strings across token boundaries, max_tokens, the
+context limit). A finished sequence is handed back at once so that its KV blocks
+are freed in the same step. Then each touched request becomes a RequestOutput
+with cumulative fields and this step's deltas.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from rawpage.beam_search import final_hypotheses
+from rawpage.detokenizer import IncrementalDetokenizer
+from rawpage.outputs import CompletionOutput, RequestOutput
+from rawpage.sampler import SamplerOutput, log_softmax, top_k_ids
+from rawpage.sequence import Logprob, Request, Sequence
+from rawpage.stop_checker import check_length, check_stop_string, check_stop_token, stop_string_holdback
+from rawpage.tokenizer import Tokenizer
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer, eos_token_ids: list[int], vocab_size: int, max_model_len: int,
+                 finish: Callable[[Sequence], None]) -> None:  # fmt: skip
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.finish = finish  # Scheduler.finish: drop the sequence and free its blocks
+
+    def record_prompt_logprobs(self, req: Request, start: int, logits: np.ndarray) -> None:
+        """logits row j (position start + j) predicts prompt token start + j + 1."""
+        k = req.params.prompt_logprobs
+        ids = req.prompt_token_ids
+        lps = log_softmax(logits[:, : self.vocab_size])
+        for j in range(len(lps)):
+            pos = start + j + 1
+            if pos >= len(ids) or pos < len(req.prompt_logprobs):
+                continue
+            tok = ids[pos]
+            entry = {tok: Logprob(float(lps[j, tok]), int((lps[j] > lps[j, tok]).sum()) + 1)}
+            for rank, t in enumerate(top_k_ids(lps[j], k) if k else [], start=1):
+                entry.setdefault(int(t), Logprob(float(lps[j, t]), rank))
+            req.prompt_logprobs.append(entry)
+
+    def append_tokens(self, seqs: list[Sequence], out: SamplerOutput) -> None:
+        """Give each sequence its sampled token: logprobs, text, stop checks; finished ones
+        are handed to `finish` at once, so their blocks are freed this step."""
+        now = time.monotonic()
+        eos = self.eos_token_ids
+        for i, seq in enumerate(seqs):
+            tok, lp = int(out.token_ids[i]), float(out.logprobs[i])
+            seq.append_token(tok, 0.0 if np.isnan(lp) else lp)
+            p = seq.request.params
+            if p.logprobs is not None:
+                entry = {tok: Logprob(lp, int(out.ranks[i]))}
+                for rank, (t, v) in enumerate(zip(out.top_ids[i], out.top_logprobs[i]), start=1):
+                    entry.setdefault(int(t), Logprob(float(v), rank))
+                seq.logprobs.append(entry)
+            m = seq.request.metrics
+            m.first_token_time = m.first_token_time or now
+            m.last_token_time = now
+            if not check_stop_token(seq, eos):
+                if seq.detokenizer is None:
+                    seq.detokenizer = IncrementalDetokenizer(
+                        self.tokenizer, seq.request.prompt_token_ids, p.skip_special_tokens
+                    )
+                delta = seq.detokenizer.add([tok])
+                seq.text += delta
+                check_stop_string(seq, delta)
+            if seq.finish_reason or check_length(seq, self.max_model_len):
+                self.finish(seq)
+
+    def make_output(self, req: Request) -> RequestOutput:
+        """The request's output after this step: cumulative text and tokens, plus the deltas
+        since the last output (text that may still become a stop string is held back)."""
+        if req.beam is not None:
+            return self._beam_output(req)
+        outs = []
+        for seq in req.seqs:
+            visible = seq.text
+            hold = stop_string_holdback(seq)
+            if hold and not seq.is_finished:
+                visible = visible[: max(seq.num_emitted_chars, len(visible) - hold)]
+            toks = seq.output_token_ids
+            lps = seq.logprobs if req.params.logprobs is not None else None
+            outs.append(
+                CompletionOutput(
+                    index=seq.index,
+                    text=visible,
+                    token_ids=list(toks),
+                    cumulative_logprob=seq.cumulative_logprob if req.params.logprobs is not None else None,
+                    logprobs=lps,
+                    finish_reason=seq.finish_reason,
+                    stop_reason=seq.stop_reason,
+                    delta_text=visible[seq.num_emitted_chars :],
+                    delta_token_ids=list(toks[seq.num_emitted_tokens :]),
+                    delta_logprobs=lps[seq.num_emitted_tokens :] if lps is not None else None,
+                )
+            )
+            seq.num_emitted_chars, seq.num_emitted_tokens = len(visible), len(toks)
+        finished = req.is_finished
+        if finished:
+            req.metrics.finished_time = time.monotonic()
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, req.prompt_logprobs, outs,
+                             finished, req.metrics, req.num_cached_tokens)  # fmt: skip
+
+    def _beam_output(self, req: Request) -> RequestOutput:
+        """Beam search reports once, at the end: the best `n` hypotheses, best first."""
+        outs = []
+        if req.is_finished:
+            hyps = req.beam.results or final_hypotheses(req.beam, [], "abort")
+            for i, h in enumerate(hyps):
+                text = self.tokenizer.decode(h.token_ids, req.params.skip_special_tokens)
+                outs.append(CompletionOutput(i, text, h.token_ids, h.cumulative_logprob, None, h.finish_reason,
+                                             None, text, list(h.token_ids)))  # fmt: skip
+            req.metrics.finished_time = time.monotonic()
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, req.prompt_logprobs, outs,
+                             req.is_finished, req.metrics, req.num_cached_tokens)  # fmt: skip
