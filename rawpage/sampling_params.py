@@ -26,7 +26,6 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # top-N logprobs per prompt token
     logit_bias: dict[int, float] | None = None  # added to the logits before sampling
     skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
     # beam search (vLLM's offline API): n is the beam width
     use_beam_search: bool = False
     length_penalty: float = 1.0

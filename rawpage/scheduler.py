@@ -80,10 +80,6 @@ class Scheduler:
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
 
-    @property
-    def num_unfinished(self) -> int:
-        return len(self.running) + len(self.waiting) + len(self.swapped)
-
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens

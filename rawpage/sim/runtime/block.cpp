@@ -14,7 +14,7 @@
 
 namespace rp_sim {
 
-static std::string format(const char* fmt, ...) {
+std::string format(const char* fmt, ...) {
   char buf[512];
   va_list ap;
   va_start(ap, fmt);

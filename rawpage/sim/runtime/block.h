@@ -51,4 +51,7 @@ bool run_block(BlockRun& b, StackSet& stacks);
 // Describes the thread running in `b` as "thread (x,y,z)".
 std::string describe_thread(const Thread& t);
 
+// printf into a std::string (messages that become Python exceptions); block.cpp.
+std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
 }  // namespace rp_sim

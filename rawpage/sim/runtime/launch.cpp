@@ -70,16 +70,6 @@ static void install_fault_handlers() {
   }
 }
 
-static std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-static std::string format(const char* fmt, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  return buf;
-}
-
 struct Launch {
   const LaunchDesc* desc;
   unsigned long nblocks;
