@@ -1,16 +1,30 @@
 """Chat templates: a model's Jinja template turns a list of messages into prompt text.
 
-Templates come from the model files (or `--chat-template`) and are untrusted,
-so they render in jinja2's immutable sandbox, with the same environment
-Hugging Face uses (trim_blocks, lstrip_blocks, `raise_exception`, `tojson`).
+Templates come from the model files, `--chat-template`, or (only with
+`--trust-request-chat-template`) a request, so they are untrusted code. They
+render in jinja2's immutable sandbox, with the environment Hugging Face uses
+(trim_blocks, lstrip_blocks, `raise_exception`, `tojson`), and within a budget:
+
+- a template is always a string; only the operator's `--chat-template` may name
+  a file (`ChatTemplate.from_arg`), so no request can make the server read one;
+- rendering stops after `timeout` seconds: a trace function checks the clock on
+  every line the compiled template runs, so a loop that prints nothing is caught;
+- output, `str * n` and `x ** n` are bounded by `max_chars`, so one expression
+  cannot allocate gigabytes before any check runs.
 """
 
 from __future__ import annotations
 
 import json
+import operator
 import os
+import sys
+import time
 from datetime import datetime
 from typing import Any
+
+DEFAULT_MAX_CHARS = 4 << 20  # characters of rendered prompt; more cannot fit a context anyway
+DEFAULT_TIMEOUT = 2.0  # seconds of rendering; real templates take about a millisecond
 
 
 class ChatTemplateError(ValueError):
@@ -29,33 +43,101 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def _sandbox(max_chars: int):
+    """An immutable sandbox whose `*` and `**` refuse results larger than max_chars."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class BoundedSandbox(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**"})
+
+        def call_binop(self, context: Any, op: str, left: Any, right: Any) -> Any:
+            if op == "*":
+                for seq, times in ((left, right), (right, left)):
+                    if isinstance(seq, (str, list, tuple)) and isinstance(times, int):
+                        if len(seq) * times > max_chars:
+                            raise ChatTemplateError(f"the template builds a value over {max_chars} long")
+                return operator.mul(left, right)
+            if op == "**":
+                if isinstance(right, (int, float)) and abs(right) > 64:
+                    raise ChatTemplateError("the template raises a number to a power over 64")
+                return operator.pow(left, right)
+            return super().call_binop(context, op, left, right)
+
+    return BoundedSandbox(trim_blocks=True, lstrip_blocks=True)
+
+
 class ChatTemplate:
-    def __init__(self, source: str) -> None:
-        """`source` is a Jinja template string, or a path to a file holding one."""
+    def __init__(self, source: str, max_chars: int = DEFAULT_MAX_CHARS, timeout: float = DEFAULT_TIMEOUT) -> None:
+        """`source` is Jinja template text; it is never read as a path (see `from_arg`)."""
         # jinja2 is imported here, not at the top: engines that never render a chat
         # template (benchmarks, the GPU check on a bare image) do not need it installed.
         from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        if "{" not in source and os.path.isfile(source):
-            with open(source) as f:
-                source = f.read()
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        if not isinstance(source, str):
+            raise ChatTemplateError("a chat template must be a string")
+        self.max_chars, self.timeout = max_chars, timeout
+        env = _sandbox(max_chars)
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
+        env.globals.pop("lipsum", None)  # lipsum(n=10**9) would build a gigabyte
         try:
             self.template = env.from_string(source)
         except TemplateError as e:
             raise ChatTemplateError(f"chat template does not compile: {e}") from None
         self.source = source
 
+    @classmethod
+    def from_arg(cls, value: str) -> ChatTemplate:
+        """The operator's `--chat-template`: a path to a Jinja file, or the template itself."""
+        if "{" not in value and os.path.isfile(value):
+            with open(value) as f:
+                return cls(f.read())
+        if "{" not in value:
+            raise ChatTemplateError(f"--chat-template {value!r} is neither a file nor a Jinja template")
+        return cls(value)
+
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **ctx: Any) -> str:
         if not messages:
             raise ChatTemplateError("messages must be a non-empty list")
+        deadline = time.monotonic() + self.timeout
+        pieces, size = [], 0
         try:
-            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, **ctx)
+            with _Deadline(deadline, self.timeout):
+                for piece in self.template.generate(messages=messages, add_generation_prompt=add_generation_prompt,
+                                                    **ctx):  # fmt: skip
+                    size += len(piece)
+                    if size > self.max_chars:
+                        raise ChatTemplateError(f"the rendered prompt is over {self.max_chars} characters")
+                    pieces.append(piece)
         except ChatTemplateError:
             raise
         except Exception as e:  # a template bug or a message shape it did not expect
             raise ChatTemplateError(f"chat template failed to render: {type(e).__name__}: {e}") from None
+        return "".join(pieces)
+
+
+class _Deadline:
+    """Trace the compiled template's own frames (Jinja names them '<template>') and raise
+    once the deadline has passed. Other frames are not traced, so the cost is a clock read
+    per template line. Works in whichever thread renders; restores the previous tracer."""
+
+    def __init__(self, deadline: float, timeout: float) -> None:
+        self.deadline, self.timeout = deadline, timeout
+
+    def _line(self, frame: Any, event: str, arg: Any) -> Any:
+        if time.monotonic() > self.deadline:
+            raise ChatTemplateError(f"the chat template took longer than {self.timeout:g} s to render")
+        return self._line
+
+    def _call(self, frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_filename == "<template>":
+            return self._line
+        return None
+
+    def __enter__(self) -> None:
+        self._previous = sys.gettrace()
+        sys.settrace(self._call)
+
+    def __exit__(self, *exc: Any) -> None:
+        sys.settrace(self._previous)

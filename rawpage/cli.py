@@ -106,8 +106,7 @@ def _generate(args: argparse.Namespace) -> int:
     prompt = args.prompt
     if args.chat:
         tok = engine.tokenizer
-        text = tok.apply_chat_template([{"role": "user", "content": prompt}],
-                                       chat_template=args.chat_template)  # fmt: skip
+        text = tok.apply_chat_template([{"role": "user", "content": prompt}], chat_template=engine.chat_template)
         prompt = {"prompt_token_ids": tok.encode(text, add_special_tokens=False)}
     _stream(engine, prompt, _params(args))
     return 0
@@ -130,7 +129,7 @@ def _chat(args: argparse.Namespace) -> int:
         if not line.strip():
             continue
         history.append({"role": "user", "content": line})
-        text = tok.apply_chat_template(history, chat_template=args.chat_template)
+        text = tok.apply_chat_template(history, chat_template=engine.chat_template)
         reply = _stream(engine, {"prompt_token_ids": tok.encode(text, add_special_tokens=False)}, _params(args))
         history.append({"role": "assistant", "content": reply})
 

@@ -25,6 +25,7 @@ from rawpage.chat_template import ChatTemplate
 from rawpage.cuda_graphs import graph_batch_sizes
 from rawpage.device_logits import DeviceLogits
 from rawpage.engine_args import EngineArgs
+from rawpage.errors import InvalidRequestError
 from rawpage.loader import load_checkpoint
 from rawpage.memory import DEFAULT_CPU_KV_CACHE, GiB, plan_fixed, profile_gpu
 from rawpage.model_runner import ModelRunner, kv_bytes_per_block
@@ -41,6 +42,9 @@ from rawpage.stats import EngineStats, StepStats
 logger = logging.getLogger("rawpage")
 
 PromptType = str | list[int] | dict[str, Any]
+
+# Steps that may fail in a row (each failing its own requests) before the engine gives up.
+MAX_CONSECUTIVE_STEP_FAILURES = 8
 
 
 def resolve_dtype(dtype: str, device: str, checkpoint_dtype: str) -> str | None:
@@ -64,7 +68,7 @@ class LLMEngine:
         self.model_config = c = ckpt.config
         self.tokenizer = ckpt.tokenizer
         self.generation_config = ckpt.generation_config
-        self.chat_template = ChatTemplate(args.chat_template) if args.chat_template else None
+        self.chat_template = ChatTemplate.from_arg(args.chat_template) if args.chat_template else None
         self.backend = get_backend(args.device, resolve_dtype(args.dtype, args.device, c.torch_dtype))
         self.model = LlamaModel(c, self.backend, ckpt.tensors)
         self.max_model_len = self._resolve_max_model_len()
@@ -89,7 +93,9 @@ class LLMEngine:
         self.output = OutputProcessor(self.tokenizer, c.eos_token_ids, c.vocab_size, self.max_model_len,
                                       self.scheduler.finish)  # fmt: skip
         self.requests: dict[str, Request] = {}
-        self._aborted: list[Request] = []  # to report as finished on the next step
+        self._aborted: list[Request] = []  # to report as finished at the end of the next step
+        self._batch: dict[str, Request] | None = None  # the requests of the step in progress
+        self._consecutive_failures = 0
         self._seq_ids = itertools.count()
         self._rng = np.random.default_rng(args.seed)
         self.stats = EngineStats(args.log_stats_interval)
@@ -150,6 +156,9 @@ class LLMEngine:
                     arrival_time: float | None = None, priority: int = 0) -> Request:  # fmt: skip
         """Queue a request. Raises ValueError at once if it can never run."""
         params = params or SamplingParams()
+        if priority and self.args.scheduling_policy != "priority":
+            raise InvalidRequestError("priority needs --scheduling-policy priority; this engine schedules first come, "
+                                      "first served", "priority")  # fmt: skip
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, ids = self.tokenize_prompt(prompt)
@@ -166,23 +175,38 @@ class LLMEngine:
         return req
 
     def validate_prompt(self, ids: list[int], params: SamplingParams) -> None:
-        n, limit = len(ids), self.max_model_len
+        """Refuse, with a message that names the field, anything that could not run to the end:
+        token ids outside the vocabulary (in the prompt, stop_token_ids or logit_bias) and
+        prompts that leave no room under --max-model-len."""
+        n, limit, V = len(ids), self.max_model_len, self.model_config.vocab_size
         if n == 0:
-            raise ValueError("the prompt is empty; give at least one token")
-        bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
-        if bad:
-            raise ValueError(
-                f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})"
+            raise InvalidRequestError("the prompt is empty; give at least one token", "prompt")
+        for name, given in (("prompt", ids), ("stop_token_ids", params.stop_token_ids),
+                            ("logit_bias", list(params.logit_bias or ()))):  # fmt: skip
+            bad = [t for t in given if not 0 <= t < V]
+            if bad:
+                shown = ", ".join(str(t)[:24] for t in bad[:5])
+                raise InvalidRequestError(f"{name}: token ids [{shown}] are outside the vocabulary [0, {V})", name)
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(params, name)
+            if k is not None and k > self.args.max_logprobs:
+                raise InvalidRequestError(f"{name} is {k}, more than --max-logprobs {self.args.max_logprobs}", name)
+        if params.n > self.args.max_num_seqs:
+            raise InvalidRequestError(
+                f"n is {params.n}, more than --max-num-seqs {self.args.max_num_seqs}: the sequences of one request "
+                "must fit in one batch",
+                "n",
             )
         if params.max_tokens is None and n >= limit:
-            raise ValueError(
-                f"the prompt has {n} tokens, which leaves no room for output under --max-model-len {limit}"
+            raise InvalidRequestError(
+                f"the prompt has {n} tokens, which leaves no room for output under --max-model-len {limit}", "prompt"
             )
         total = n + (params.max_tokens or 0)
         if total > limit:
-            raise ValueError(
+            raise InvalidRequestError(
                 f"the prompt ({n} tokens) plus max_tokens ({params.max_tokens}) is {total} tokens, "
-                f"more than --max-model-len {limit}; shorten the prompt or lower max_tokens"
+                f"more than --max-model-len {limit}; shorten the prompt or lower max_tokens",
+                "prompt",
             )
         # Startup guaranteed that one --max-model-len sequence fits in the pool, so any
         # request that passes these checks can run to completion, if need be alone.
@@ -208,44 +232,81 @@ class LLMEngine:
 
     # --- one iteration ---------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """One iteration: schedule -> execute -> sample -> process outputs.
+
+        An exception while stepping fails only the requests it touched (their clients get
+        the error, their blocks are freed) and the engine goes on serving everyone else."""
+        try:
+            outputs = self._step()
+        except Exception as e:  # noqa: BLE001 - contained to this step's requests
+            return self._recover(e)
+        self._consecutive_failures = 0
+        return outputs
+
+    def _step(self) -> list[RequestOutput]:
+        self._batch = None
         sched = self.scheduler.schedule()
-        touched: dict[str, Request] = {r.request_id: r for r in self._aborted}
-        self._aborted = []
-        num_prompt_tokens = num_generated = 0
+        self._batch = {seq.request.request_id: seq.request for seq, _ in sched.scheduled}
         self.runner.swap(sched.swap_out, sched.swap_in)
-        if not sched.is_empty:
-            self.runner.copy_blocks(sched.block_copies)
-            rows = [self._logits_rows(seq, n) for seq, n in sched.scheduled]
-            logits = self.runner.execute(sched.scheduled, rows)
-            to_sample: list[Sequence] = []
-            sample_rows: list[int] = []
-            beam_rows: list[tuple[Sequence, int]] = []
-            offset = 0
-            for (seq, n), r in zip(sched.scheduled, rows):
-                start = seq.num_computed_tokens
-                if not (n == 1 and seq.num_output_tokens > 0 and start == seq.num_tokens - 1):
-                    num_prompt_tokens += n  # prompt or recomputed tokens, not a decode step
-                seq.num_computed_tokens += n
-                self.block_manager.cache_full_blocks(seq)
-                if seq.request.metrics.first_scheduled_time is None:
-                    seq.request.metrics.first_scheduled_time = time.monotonic()
-                if seq.request.prompt_logprobs is not None and len(r) > 1:
-                    self.output.record_prompt_logprobs(seq.request, start, logits[offset : offset + len(r)])
-                if seq.num_computed_tokens == seq.num_tokens and seq.request.beam is not None:
-                    beam_rows.append((seq, offset + len(r) - 1))
-                elif seq.num_computed_tokens == seq.num_tokens:
-                    for s in self._fork_if_needed(seq):
-                        to_sample.append(s)
-                        sample_rows.append(offset + len(r) - 1)
-                offset += len(r)
-                touched[seq.request.request_id] = seq.request
-            if to_sample:
-                out = self.sampler.sample_rows(logits, sample_rows, to_sample)
-                self.output.append_tokens(to_sample, out)
-            num_generated = len(to_sample) + len(beam_rows)
-            if beam_rows:
-                self._beam_search_step(beam_rows, logits)
-        outputs = [self.output.make_output(req) for req in touched.values()]
+        counts = self._execute(sched) if not sched.is_empty else (0, 0)
+        return self._finish_step(*counts)
+
+    def _execute(self, sched) -> tuple[int, int]:
+        """Run the forward pass for the scheduled chunks, then sample where a sequence has all
+        its known tokens computed. Returns (prompt tokens computed, tokens generated)."""
+        num_prompt_tokens = 0
+        self.runner.copy_blocks(sched.block_copies)
+        rows = [self._logits_rows(seq, n) for seq, n in sched.scheduled]
+        logits = self.runner.execute(sched.scheduled, rows)
+        to_sample: list[Sequence] = []
+        sample_rows: list[int] = []
+        beam_rows: list[tuple[Sequence, int]] = []
+        offset = 0
+        for (seq, n), r in zip(sched.scheduled, rows):
+            start = seq.num_computed_tokens
+            if not (n == 1 and seq.num_output_tokens > 0 and start == seq.num_tokens - 1):
+                num_prompt_tokens += n  # prompt or recomputed tokens, not a decode step
+            seq.num_computed_tokens += n
+            self.block_manager.cache_full_blocks(seq)
+            if seq.request.metrics.first_scheduled_time is None:
+                seq.request.metrics.first_scheduled_time = time.monotonic()
+            if seq.request.prompt_logprobs is not None and len(r) > 1:
+                self.output.record_prompt_logprobs(seq.request, start, logits[offset : offset + len(r)])
+            if seq.num_computed_tokens == seq.num_tokens and seq.request.beam is not None:
+                beam_rows.append((seq, offset + len(r) - 1))
+            elif seq.num_computed_tokens == seq.num_tokens:
+                for s in self._fork_if_needed(seq):
+                    to_sample.append(s)
+                    sample_rows.append(offset + len(r) - 1)
+            offset += len(r)
+        if to_sample:
+            self._sample(logits, sample_rows, to_sample)
+        if beam_rows:
+            self._beam_search_step(beam_rows, logits)
+        return num_prompt_tokens, len(to_sample) + len(beam_rows)
+
+    def _sample(self, logits: DeviceLogits, rows: list[int], seqs: list[Sequence]) -> None:
+        """Sample the whole batch at once; if one request's parameters break that, sample
+        each sequence alone so that only the culprit fails."""
+        try:
+            out = self.sampler.sample_rows(logits, rows, seqs)
+        except Exception:  # noqa: BLE001 - narrowed down below
+            for r, s in zip(rows, seqs):
+                if s.is_finished:
+                    continue
+                try:
+                    self.output.append_tokens([s], self.sampler.sample_rows(logits, [r], [s]), self._fail_seq)
+                except Exception as e:  # noqa: BLE001 - isolated to this request
+                    self._fail_request(s.request, e)
+            return
+        self.output.append_tokens(seqs, out, self._fail_seq)
+
+    def _finish_step(self, num_prompt_tokens: int, num_generated: int) -> list[RequestOutput]:
+        """Outputs for every request this step touched or aborted; finished ones are dropped."""
+        touched = dict(self._batch or {})
+        touched.update((r.request_id, r) for r in self._aborted)
+        self._aborted = []
+        outputs = [self._output(req) for req in touched.values()]
         for o in outputs:
             if o.finished:
                 self.requests.pop(o.request_id, None)
@@ -256,6 +317,49 @@ class LLMEngine:
                            num_prompt_tokens, num_generated)  # fmt: skip
         self.stats.record_step(gauges, sc.num_preemptions, bm.prefix_hits / max(1, bm.prefix_queries), self.kv_usage)
         return outputs
+
+    def _output(self, req: Request) -> RequestOutput:
+        try:
+            return self.output.make_output(req)
+        except Exception as e:  # noqa: BLE001 - isolated to this request
+            self._fail_request(req, e)
+            if req in self._aborted:  # reported right here, not again next step
+                self._aborted.remove(req)
+            return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, None, [], True, req.metrics,
+                                 req.num_cached_tokens, req.error)  # fmt: skip
+
+    # --- failures ----------------------------------------------------------------------------
+    def _recover(self, e: Exception) -> list[RequestOutput]:
+        """A step raised. Fail the requests of its batch (all requests, if it failed before
+        the batch was known) and report them. Only a failure that repeats step after step,
+        whatever the requests, means the engine itself is broken: that one propagates."""
+        self._consecutive_failures += 1
+        if self._consecutive_failures > MAX_CONSECUTIVE_STEP_FAILURES:
+            raise e
+        victims = list((self._batch if self._batch is not None else self.requests).values())
+        logger.error("a step failed (%s: %s); failing its %d request(s)", type(e).__name__, e, len(victims),
+                     exc_info=e)  # fmt: skip
+        for req in victims:
+            self._fail_request(req, e)
+        self._batch = None
+        return self._finish_step(0, 0)
+
+    def _fail_seq(self, seq: Sequence, e: Exception) -> None:
+        self._fail_request(seq.request, e)
+
+    def _fail_request(self, req: Request, e: Exception) -> None:
+        """End a request with an error: every sequence aborted, every block freed."""
+        if req.error is not None:
+            return
+        req.error = f"{type(e).__name__}: {e}"
+        logger.error("request %s failed: %s", req.request_id, req.error, exc_info=e)
+        for seq in req.seqs:
+            if not seq.is_finished:
+                seq.finish_reason = "abort"
+                self.scheduler.finish(seq)
+        if req.beam is not None:
+            req.beam.done = True
+        self._aborted.append(req)
 
     def _logits_rows(self, seq: Sequence, n: int) -> np.ndarray:
         """Which rows of this sequence's chunk need logits: the last one if it completes the
@@ -291,15 +395,23 @@ class LLMEngine:
         have theirs (beams of one request may be computed in different steps)."""
         reqs = {}
         for seq, row in rows:
-            processed = self.sampler.apply_processors(
-                logits[row : row + 1, : self.model_config.vocab_size].copy(), [seq]
-            )
-            seq.request.beam.pending[seq.seq_id] = log_softmax(processed)[0]
-            reqs[seq.request.request_id] = seq.request
+            if seq.is_finished:
+                continue
+            try:
+                processed = self.sampler.apply_processors(
+                    logits[row : row + 1, : self.model_config.vocab_size].copy(), [seq]
+                )
+                seq.request.beam.pending[seq.seq_id] = log_softmax(processed)[0]
+                reqs[seq.request.request_id] = seq.request
+            except Exception as e:  # noqa: BLE001 - isolated to this request
+                self._fail_request(seq.request, e)
         for req in reqs.values():
             live = [s for s in req.seqs if not s.is_finished]
-            if all(s.seq_id in req.beam.pending for s in live):
-                self._advance_beams(req, live)
+            if req.error is None and all(s.seq_id in req.beam.pending for s in live):
+                try:
+                    self._advance_beams(req, live)
+                except Exception as e:  # noqa: BLE001 - isolated to this request
+                    self._fail_request(req, e)
 
     def _advance_beams(self, req: Request, live: list[Sequence]) -> None:
         st, p = req.beam, req.params

@@ -42,6 +42,8 @@ class EngineArgs:
     share_forked_blocks: bool = True  # False (tests, benchmarks): n > 1 children recompute their own prompt copy
     enforce_eager: bool = False
     chat_template: str | None = None
+    max_logprobs: int = 20  # most logprobs / prompt_logprobs a request may ask for
+    scheduling_policy: str = "fcfs"  # fcfs | priority (requests' `priority` is honoured only here)
     seed: int = 0
     log_stats_interval: float = 5.0  # seconds between stats lines while busy; 0 = off
 
@@ -79,6 +81,8 @@ class EngineArgs:
             ),  # fmt: skip
             (self.load_format in ("auto", "dummy"), "load_format", "must be auto or dummy"),
             (self.swap_space >= 0, "swap_space", "must be >= 0"),
+            (self.max_logprobs >= 0, "max_logprobs", "must be >= 0"),
+            (self.scheduling_policy in ("fcfs", "priority"), "scheduling_policy", "must be fcfs or priority"),
         ]
         for ok, name, why in checks:
             if not ok:
@@ -147,6 +151,11 @@ class EngineArgs:
             "--chat-template",
             help="Jinja chat template, or a file holding one (default: the model's)",
         )
+        g.add_argument("--max-logprobs", type=int, default=20,
+                       help="most logprobs (and prompt logprobs) one request may ask for (default: 20)")  # fmt: skip
+        g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+                       help="fcfs: first come, first served; priority: a request's 'priority' field orders the "
+                            "queue (lower first; default: fcfs)")  # fmt: skip
         g.add_argument(
             "--seed",
             type=int,

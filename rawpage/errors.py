@@ -7,3 +7,11 @@ class ModelLoadError(ValueError):
 
 class UnsupportedModelError(ModelLoadError):
     """The checkpoint is readable but asks for something rawpage does not implement."""
+
+
+class InvalidRequestError(ValueError):
+    """A request the engine refuses before it runs; `param` names the field at fault."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param

@@ -71,7 +71,7 @@ class LLM:
         """Apply the chat template to each conversation, then generate."""
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         tok = self.engine.tokenizer
-        template = chat_template or (self.engine.chat_template.source if self.engine.chat_template else None)
+        template = chat_template or self.engine.chat_template  # Jinja text, or the engine's (--chat-template)
         prompts = [
             {"prompt_token_ids": tok.encode(
                 tok.apply_chat_template(c, add_generation_prompt, chat_template=template), add_special_tokens=False)}

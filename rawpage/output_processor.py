@@ -48,33 +48,43 @@ class OutputProcessor:
                 entry.setdefault(int(t), Logprob(float(lps[j, t]), rank))
             req.prompt_logprobs.append(entry)
 
-    def append_tokens(self, seqs: list[Sequence], out: SamplerOutput) -> None:
+    def append_tokens(self, seqs: list[Sequence], out: SamplerOutput,
+                      on_error: Callable[[Sequence, Exception], None]) -> None:  # fmt: skip
         """Give each sequence its sampled token: logprobs, text, stop checks; finished ones
-        are handed to `finish` at once, so their blocks are freed this step."""
+        are handed to `finish` at once, so their blocks are freed this step. A sequence
+        that fails here goes to `on_error`; the others carry on."""
         now = time.monotonic()
-        eos = self.eos_token_ids
         for i, seq in enumerate(seqs):
-            tok, lp = int(out.token_ids[i]), float(out.logprobs[i])
-            seq.append_token(tok, 0.0 if np.isnan(lp) else lp)
-            p = seq.request.params
-            if p.logprobs is not None:
-                entry = {tok: Logprob(lp, int(out.ranks[i]))}
-                for rank, (t, v) in enumerate(zip(out.top_ids[i], out.top_logprobs[i]), start=1):
-                    entry.setdefault(int(t), Logprob(float(v), rank))
-                seq.logprobs.append(entry)
-            m = seq.request.metrics
-            m.first_token_time = m.first_token_time or now
-            m.last_token_time = now
-            if not check_stop_token(seq, eos):
-                if seq.detokenizer is None:
-                    seq.detokenizer = IncrementalDetokenizer(
-                        self.tokenizer, seq.request.prompt_token_ids, p.skip_special_tokens
-                    )
-                delta = seq.detokenizer.add([tok])
-                seq.text += delta
-                check_stop_string(seq, delta)
-            if seq.finish_reason or check_length(seq, self.max_model_len):
-                self.finish(seq)
+            if seq.is_finished:  # a sibling's failure already ended its request
+                continue
+            try:
+                self._append_one(seq, out, i, now)
+            except Exception as e:  # noqa: BLE001 - isolated to this request
+                on_error(seq, e)
+
+    def _append_one(self, seq: Sequence, out: SamplerOutput, i: int, now: float) -> None:
+        eos = self.eos_token_ids
+        tok, lp = int(out.token_ids[i]), float(out.logprobs[i])
+        seq.append_token(tok, 0.0 if np.isnan(lp) else lp)
+        p = seq.request.params
+        if p.logprobs is not None:
+            entry = {tok: Logprob(lp, int(out.ranks[i]))}
+            for rank, (t, v) in enumerate(zip(out.top_ids[i], out.top_logprobs[i]), start=1):
+                entry.setdefault(int(t), Logprob(float(v), rank))
+            seq.logprobs.append(entry)
+        m = seq.request.metrics
+        m.first_token_time = m.first_token_time or now
+        m.last_token_time = now
+        if not check_stop_token(seq, eos):
+            if seq.detokenizer is None:
+                seq.detokenizer = IncrementalDetokenizer(
+                    self.tokenizer, seq.request.prompt_token_ids, p.skip_special_tokens
+                )
+            delta = seq.detokenizer.add([tok])
+            seq.text += delta
+            check_stop_string(seq, delta)
+        if seq.finish_reason or check_length(seq, self.max_model_len):
+            self.finish(seq)
 
     def make_output(self, req: Request) -> RequestOutput:
         """The request's output after this step: cumulative text and tokens, plus the deltas
@@ -108,7 +118,7 @@ class OutputProcessor:
         if finished:
             req.metrics.finished_time = time.monotonic()
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, req.prompt_logprobs, outs,
-                             finished, req.metrics, req.num_cached_tokens)  # fmt: skip
+                             finished, req.metrics, req.num_cached_tokens, req.error)  # fmt: skip
 
     def _beam_output(self, req: Request) -> RequestOutput:
         """Beam search reports once, at the end: the best `n` hypotheses, best first."""
@@ -121,4 +131,4 @@ class OutputProcessor:
                                              None, text, list(h.token_ids)))  # fmt: skip
             req.metrics.finished_time = time.monotonic()
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, req.prompt_logprobs, outs,
-                             req.is_finished, req.metrics, req.num_cached_tokens)  # fmt: skip
+                             req.is_finished, req.metrics, req.num_cached_tokens, req.error)  # fmt: skip

@@ -38,3 +38,4 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    error: str | None = None  # set when the engine failed this request (its outputs end with "abort")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -39,6 +40,8 @@ class SamplingParams:
             self.top_k = 0
         if self.logit_bias:
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+            if any(k < 0 for k in self.logit_bias) or not all(map(math.isfinite, self.logit_bias.values())):
+                raise ValueError("logit_bias must map non-negative token ids to finite numbers")
         self._validate()
 
     def _validate(self) -> None:
@@ -67,14 +70,21 @@ class SamplingParams:
             bad("min_tokens", "must be an integer >= 0")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             bad("min_tokens", f"must be <= max_tokens ({self.max_tokens})")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            bad("logprobs", "must be in [0, 20]")
-        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
-            bad("prompt_logprobs", "must be in [0, 20]")
+        # The upper bound is the engine's --max-logprobs (LLMEngine.validate_prompt).
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
+            bad("logprobs", "must be an integer >= 0")
+        if self.prompt_logprobs is not None and (not isinstance(self.prompt_logprobs, int) or self.prompt_logprobs < 0):
+            bad("prompt_logprobs", "must be an integer >= 0")
         if self.seed is not None and not isinstance(self.seed, int):
             bad("seed", "must be an integer")
         if any(not s for s in self.stop_strings):
             bad("stop", "must not contain empty strings")
+        bad_ids = [t for t in self.stop_token_ids if isinstance(t, bool) or not isinstance(t, int) or t < 0]
+        if bad_ids:
+            bad("stop_token_ids", "must be non-negative integer token ids")
+        if not math.isfinite(self.length_penalty) or not -10 <= self.length_penalty <= 10:
+            # length ** length_penalty must stay a finite, non-zero float for every length
+            bad("length_penalty", "must be a number in [-10, 10]")
         if self.use_beam_search:
             if self.temperature != 0 and self.temperature != 1.0:
                 bad(

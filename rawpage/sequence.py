@@ -127,6 +127,7 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     metrics: RequestMetrics = field(init=False)
     beam: Any = None  # BeamState when params.use_beam_search
+    error: str | None = None  # why the engine failed this request, if it did
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(self.arrival_time)

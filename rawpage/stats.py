@@ -32,6 +32,7 @@ class EngineStats:
     swap_outs_total: int = 0
     swap_ins_total: int = 0
     requests_finished_total: int = 0
+    steps_total: int = 0  # engine iterations that ran a forward pass
     last: StepStats | None = None
     _window_start: float = field(default_factory=time.monotonic)
     _window_prompt: int = 0
@@ -42,6 +43,7 @@ class EngineStats:
                     usage: Callable[[], Any]) -> None:  # fmt: skip
         """usage() gives the block accounting (KVUsage); it is only computed when a line is logged."""
         self.last = s
+        self.steps_total += bool(s.num_prompt_tokens or s.num_generation_tokens)
         self.prompt_tokens_total += s.num_prompt_tokens
         self.generation_tokens_total += s.num_generation_tokens
         self._window_prompt += s.num_prompt_tokens

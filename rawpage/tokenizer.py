@@ -88,11 +88,14 @@ class Tokenizer:
         self,
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
-        chat_template: str | None = None,
+        chat_template: str | ChatTemplate | None = None,
         **kwargs: Any,
     ) -> str:
-        """Render a conversation to prompt text (tokenize it with add_special_tokens=False)."""
-        template = ChatTemplate(chat_template) if chat_template else self.chat_template
+        """Render a conversation to prompt text (tokenize it with add_special_tokens=False).
+        `chat_template`, if given, replaces the model's: Jinja text (never a path) or a
+        compiled ChatTemplate."""
+        template = ChatTemplate(chat_template) if isinstance(chat_template, str) else chat_template
+        template = template or self.chat_template
         if template is None:
             raise ValueError(
                 "this model has no chat template; pass one with --chat-template "

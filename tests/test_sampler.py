@@ -110,7 +110,7 @@ def test_logprobs_are_top_n_sorted_with_ranks():
 @pytest.mark.parametrize(
     "kwargs,name",
     [({"top_p": 0}, "top_p"), ({"temperature": -1}, "temperature"), ({"top_k": -2}, "top_k"), ({"n": 0}, "n"),
-     ({"max_tokens": 0}, "max_tokens"), ({"min_p": 1.5}, "min_p"), ({"logprobs": 21}, "logprobs"),
+     ({"max_tokens": 0}, "max_tokens"), ({"min_p": 1.5}, "min_p"), ({"logprobs": -1}, "logprobs"),
      ({"presence_penalty": 3}, "presence_penalty"), ({"repetition_penalty": 0}, "repetition_penalty"),
      ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"), ({"stop": ["ok", ""]}, "stop")],
 )  # fmt: skip

@@ -15,15 +15,17 @@ from collections.abc import Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from rawpage import __version__
-from rawpage.chat_template import ChatTemplateError
 from rawpage.engine_args import EngineArgs
 from rawpage.loader import resolve_model_path
-from rawpage.server.async_engine import AsyncEngine, EngineDeadError
+from rawpage.server.args import ServerConfig
+from rawpage.server.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
 from rawpage.server.chat import create_chat_completion, parse_messages
 from rawpage.server.completions import create_completion
 from rawpage.server.metrics import ServerMetrics
@@ -42,25 +44,28 @@ def default_served_name(model: str | None) -> str:
     return name.split(".")[0] if name.endswith(".gguf") else name
 
 
-def build_app(engine_args: EngineArgs, served_model_name: str | None = None, api_key: str | None = None,
-              max_request_bytes: int = 4 << 20) -> Starlette:  # fmt: skip
-    name = served_model_name or engine_args.served_model_name or default_served_name(engine_args.model)
+def build_app(engine_args: EngineArgs, config: ServerConfig | None = None) -> Starlette:
+    config = config or ServerConfig()
+    name = config.served_model_name or engine_args.served_model_name or default_served_name(engine_args.model)
     metrics = ServerMetrics(name)
-    state = ServerState(AsyncEngine(engine_args, on_step=metrics.on_step), name, metrics, api_key, max_request_bytes)
+    engine = AsyncEngine(engine_args, on_step=metrics.on_step, max_waiting_requests=config.max_waiting_requests,
+                         request_timeout=config.request_timeout, max_unread_tokens=config.max_unread_tokens)  # fmt: skip
+    state = ServerState(engine, name, metrics, config)
 
-    def api(handler: Handler, v1: bool = True) -> Callable[[Request], Awaitable[Response]]:
-        """Wrap a handler: auth for /v1, and every failure as an OpenAI error object."""
+    def api(handler: Handler, auth: bool = True) -> Callable[[Request], Awaitable[Response]]:
+        """Wrap a handler: the API key (every route but /health), and every failure as an
+        OpenAI error object."""
 
         async def endpoint(request: Request) -> Response:
             try:
-                if v1:
+                if auth:
                     state.check_auth(request)
                 return await handler(request, state)
             except APIError as e:
-                return JSONResponse(e.body(), status_code=e.status)
+                return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
             except ClientDisconnected:
                 return Response(status_code=499)
-            except EngineDeadError as e:
+            except (EngineDeadError, RequestFailedError) as e:
                 err = APIError(str(e), 500, type="internal_server_error")
                 return JSONResponse(err.body(), status_code=500)
             except ValueError as e:  # a request the engine refused (e.g. at add time)
@@ -77,18 +82,25 @@ def build_app(engine_args: EngineArgs, served_model_name: str | None = None, api
         state.engine.start()  # loads the model in the engine thread; /health says 503 meanwhile
         yield
         state.engine.shutdown()
+        state.close()
 
     routes = [
         Route("/v1/chat/completions", api(create_chat_completion), methods=["POST"]),
         Route("/v1/completions", api(create_completion), methods=["POST"]),
         Route("/v1/models", api(list_models), methods=["GET"]),
-        Route("/tokenize", api(tokenize, v1=False), methods=["POST"]),
-        Route("/detokenize", api(detokenize, v1=False), methods=["POST"]),
-        Route("/health", api(health, v1=False), methods=["GET"]),
-        Route("/version", api(version, v1=False), methods=["GET"]),
-        Route("/metrics", api(metrics_endpoint, v1=False), methods=["GET"]),
+        Route("/tokenize", api(tokenize), methods=["POST"]),
+        Route("/detokenize", api(detokenize), methods=["POST"]),
+        Route("/health", api(health, auth=False), methods=["GET"]),
+        Route("/version", api(version), methods=["GET"]),
+        Route("/metrics", api(metrics_endpoint, auth=not config.metrics_public), methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    middleware = []
+    if config.allowed_origins:  # CORS is off unless the operator names origins
+        middleware.append(Middleware(CORSMiddleware, allow_origins=config.allowed_origins,
+                                     allow_methods=config.allowed_methods, allow_headers=config.allowed_headers))  # fmt: skip
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
+    # Starlette would redirect '/v1/models/' to a Location built from the Host header.
+    app.router.redirect_slashes = False
     app.state.rawpage = state
     for status in (404, 405):
         app.add_exception_handler(status, _http_error)
@@ -103,8 +115,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def health(request: Request, state: ServerState) -> Response:
-    if state.engine.error is not None:
-        return JSONResponse({"status": "unhealthy", "error": str(state.engine.error)}, status_code=500)
+    if state.engine.error is not None:  # the cause is in the server log, not for anonymous callers
+        return JSONResponse({"status": "unhealthy"}, status_code=500)
     if state.engine.is_loading:
         return JSONResponse({"status": "loading"}, status_code=503)
     return JSONResponse({"status": "ok"})
@@ -117,7 +129,7 @@ async def version(request: Request, state: ServerState) -> Response:
 async def list_models(request: Request, state: ServerState) -> Response:
     llm = state.llm
     model = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "rawpage",
-             "root": llm.model_path, "max_model_len": llm.max_model_len}  # fmt: skip
+             "root": state.model_name, "max_model_len": llm.max_model_len}  # fmt: skip
     return JSONResponse({"object": "list", "data": [model]})
 
 
@@ -127,18 +139,12 @@ async def tokenize(request: Request, state: ServerState) -> Response:
     state.check_model(body)
     tok = state.llm.tokenizer
     if "messages" in body.data:
-        template = state.llm.chat_template.source if state.llm.chat_template else None
-        try:
-            text = tok.apply_chat_template(parse_messages(body), body.bool("add_generation_prompt", True),
-                                           chat_template=template)  # fmt: skip
-        except ChatTemplateError as e:
-            raise APIError(str(e), param="messages") from None
-        ids = tok.encode(text, add_special_tokens=body.bool("add_special_tokens", False))
+        ids = await state.render_chat(body, parse_messages(body))
     else:
         prompt = body.str("prompt")
         if prompt is None:
             raise APIError("give 'prompt' (a string) or 'messages'", param="prompt")
-        ids = tok.encode(prompt, add_special_tokens=body.bool("add_special_tokens", True))
+        (ids,) = await state.encode([prompt], add_special_tokens=body.bool("add_special_tokens", True))
     out = {"count": len(ids), "max_model_len": state.llm.max_model_len, "tokens": ids}
     if body.bool("return_token_strs", False):
         out["token_strs"] = [tok.id_to_token(i) for i in ids]
@@ -152,7 +158,8 @@ async def detokenize(request: Request, state: ServerState) -> Response:
     vocab = state.llm.model_config.vocab_size
     if any(not 0 <= t < vocab for t in ids):
         raise APIError(f"'tokens' must be ids in [0, {vocab})", param="tokens")
-    return JSONResponse({"prompt": state.llm.tokenizer.decode(ids, skip_special_tokens=False)})
+    text = await state.off_loop(lambda: state.llm.tokenizer.decode(ids, skip_special_tokens=False))
+    return JSONResponse({"prompt": text})
 
 
 async def metrics_endpoint(request: Request, state: ServerState) -> Response:
@@ -164,7 +171,7 @@ def run_server(args: argparse.Namespace) -> int:
     import uvicorn
 
     engine_args = EngineArgs.from_cli_args(args)
-    app = build_app(engine_args, args.served_model_name, args.api_key, args.max_request_bytes)
+    app = build_app(engine_args, ServerConfig.from_cli_args(args))
     name = app.state.rawpage.model_name
     logger.info("rawpage %s: serving %s at http://%s:%d/v1 (loading the model now; /health is 503 until ready)",
                 __version__, name, args.host, args.port)  # fmt: skip

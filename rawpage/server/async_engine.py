@@ -16,14 +16,13 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
 
 from rawpage.engine import LLMEngine, PromptType
 from rawpage.engine_args import EngineArgs
 from rawpage.outputs import RequestOutput
 from rawpage.sampling_params import SamplingParams
+from rawpage.server.protocol import APIError
 
 logger = logging.getLogger("rawpage.server")
 
@@ -32,22 +31,111 @@ class EngineDeadError(RuntimeError):
     """The engine thread failed; the server can no longer generate."""
 
 
-@dataclass
-class _Stream:
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
+class RequestFailedError(RuntimeError):
+    """The engine failed this one request (and freed its blocks); it serves the others on."""
 
-    def put(self, item: Any) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+class _Stream:
+    """One request's outputs, from the engine thread to its handler on the event loop.
+
+    Outputs are cumulative with per-step deltas, so unread ones are merged into one
+    (deltas joined, the rest from the newest): a client that reads slowly costs one
+    output's memory, not one per step. A client that leaves more than `max_unread`
+    tokens unread is cut off."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_unread: int) -> None:
+        self.loop, self.max_unread = loop, max_unread
+        self.ready = asyncio.Event()
+        self._lock = threading.Lock()
+        self._pending: RequestOutput | BaseException | None = None
+
+    def put(self, item: RequestOutput | BaseException) -> bool:
+        """Engine thread. False if the reader fell too far behind (the caller aborts it)."""
+        with self._lock:
+            if isinstance(self._pending, BaseException):
+                return True  # an error is already waiting; it is the last word
+            if isinstance(item, RequestOutput) and isinstance(self._pending, RequestOutput):
+                item = _merge(self._pending, item)
+            self._pending = item
+            behind = isinstance(item, RequestOutput) and sum(len(o.delta_token_ids) for o in item.outputs)
+        self.loop.call_soon_threadsafe(self.ready.set)
+        return not behind or behind <= self.max_unread
+
+    async def get(self) -> RequestOutput:
+        while True:
+            await self.ready.wait()
+            self.ready.clear()
+            with self._lock:
+                item, self._pending = self._pending, None
+            if isinstance(item, BaseException):
+                raise item
+            if item is not None:
+                return item
+
+
+class RequestStream:
+    """The async iterator `AsyncEngine.generate` returns: one request's outputs until it
+    finishes. Closed early, or garbage-collected without being read to the end, it aborts
+    the request, so a client that left never costs compute."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str, stream: _Stream) -> None:
+        self.engine, self.request_id, self.stream = engine, request_id, stream
+        self.done = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.done:
+            raise StopAsyncIteration
+        try:
+            out = await self.stream.get()
+        except BaseException:
+            self._close()
+            raise
+        if out.finished:
+            self.done = True
+            self.engine._streams.pop(self.request_id, None)
+        return out
+
+    async def aclose(self) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if not self.done:
+            self.done = True
+            self.engine._streams.pop(self.request_id, None)
+            self.engine.abort(self.request_id)
+
+    def __del__(self) -> None:
+        self._close()
+
+
+def _merge(old: RequestOutput, new: RequestOutput) -> RequestOutput:
+    """`new` carrying the deltas of both (cumulative fields are already newest in `new`)."""
+    prev = {o.index: o for o in old.outputs}
+    for o in new.outputs:
+        p = prev.get(o.index)
+        if p is not None:
+            o.delta_text = p.delta_text + o.delta_text
+            o.delta_token_ids = p.delta_token_ids + o.delta_token_ids
+            if o.delta_logprobs is not None and p.delta_logprobs is not None:
+                o.delta_logprobs = p.delta_logprobs + o.delta_logprobs
+    return new
 
 
 class AsyncEngine:
-    def __init__(
-        self,
-        args: EngineArgs,
-        on_step: Callable[[LLMEngine, list[RequestOutput]], None] | None = None,
-    ):
+    def __init__(self, args: EngineArgs, on_step: Callable[[LLMEngine, list[RequestOutput]], None] | None = None,
+                 max_waiting_requests: int | None = None, request_timeout: float | None = None,
+                 max_unread_tokens: int = 8192) -> None:  # fmt: skip
         self.args = args
+        self.max_waiting_requests = max_waiting_requests
+        self.request_timeout = request_timeout
+        self.max_unread_tokens = max_unread_tokens
+        self._num_waiting = 0  # in the scheduler's queue at the last step (engine thread writes)
+        # Adds sent by handlers minus adds taken by the engine thread; each counter has one writer.
+        self._adds_sent = self._adds_taken = 0
+        self._deadlines: dict[str, float] = {}  # engine thread: request id -> when to abort it
         self.engine: LLMEngine | None = None
         self.error: BaseException | None = None  # why the engine thread stopped, if it did
         self.on_step = on_step  # metrics hook, called in the engine thread after every step
@@ -74,28 +162,24 @@ class AsyncEngine:
         return self.engine is None and self.error is None
 
     # --- called from the event loop ------------------------------------------------------
-    async def generate(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                       priority: int = 0) -> AsyncIterator[RequestOutput]:  # fmt: skip
-        """Yield this request's outputs until it finishes. Leaving early aborts it."""
+    def check_capacity(self, count: int = 1) -> None:
+        """Refuse early (429) when the queue already holds --max-waiting-requests."""
+        limit = self.max_waiting_requests
+        if limit is not None and self._num_waiting + self._adds_sent - self._adds_taken + count > limit:
+            raise APIError(f"the server is at capacity ({limit} requests waiting, --max-waiting-requests); "
+                           "retry shortly", 429, type="rate_limit_error", headers={"Retry-After": "1"})  # fmt: skip
+
+    def generate(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                 priority: int = 0) -> RequestStream:  # fmt: skip
+        """Queue a request now and return the stream of its outputs. Leaving the stream
+        early (closing it, or dropping it unread) aborts the request."""
         if self.error is not None:
-            raise EngineDeadError(f"the engine has stopped: {self.error}")
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+            raise EngineDeadError("the engine has stopped; see the server log")
+        stream = _Stream(asyncio.get_running_loop(), self.max_unread_tokens)
         self._streams[request_id] = stream
+        self._adds_sent += 1  # counted at once, so a burst cannot slip past check_capacity
         self._inbox.put(("add", request_id, prompt, params, priority, time.monotonic()))
-        finished = False
-        try:
-            while True:
-                item = await stream.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
-        finally:
-            self._streams.pop(request_id, None)
-            if not finished:
-                self.abort(request_id)
+        return RequestStream(self, request_id, stream)
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
@@ -112,19 +196,47 @@ class AsyncEngine:
             while not self._stop.is_set():
                 self._drain_inbox(block=not self.engine.has_unfinished_requests())
                 if self.engine.has_unfinished_requests():
+                    self._abort_expired()
                     outputs = self.engine.step()
-                    if self.on_step is not None:  # metrics first: a client that got its output sees it counted
-                        self.on_step(self.engine, outputs)
-                    for out in outputs:
-                        stream = self._streams.get(out.request_id)
-                        if stream is not None:
-                            stream.put(out)
+                    self._num_waiting = len(self.engine.scheduler.waiting)
+                    self._report(outputs)
         except BaseException as e:  # noqa: BLE001 - every waiting request must hear about it
             self.error = e
             logger.error("engine step failed; the server is now unhealthy\n%s", traceback.format_exc())
             dead = EngineDeadError(f"the engine failed: {type(e).__name__}: {e}")
             for stream in list(self._streams.values()):
                 stream.put(dead)
+
+    def _report(self, outputs: list[RequestOutput]) -> None:
+        if self.on_step is not None:  # metrics first: a client that got its output sees it counted
+            try:
+                self.on_step(self.engine, outputs)
+            except Exception:  # noqa: BLE001 - metrics must never stop generation
+                logger.exception("metrics hook failed")
+        for out in outputs:
+            if out.finished:
+                self._deadlines.pop(out.request_id, None)
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue
+            item = RequestFailedError(f"the engine failed this request: {out.error}") if out.error else out
+            if not stream.put(item) and not out.finished:
+                logger.warning("request %s: the client left %d+ tokens unread; aborting it", out.request_id,
+                               self.max_unread_tokens)  # fmt: skip
+                self.engine.abort_request(out.request_id)
+                stream.put(APIError(f"the client read too slowly (over {self.max_unread_tokens} tokens unread)",
+                                    408, type="timeout_error"))  # fmt: skip
+
+    def _abort_expired(self) -> None:
+        """--request-timeout: requests past their deadline end with finish_reason 'abort'."""
+        if not self._deadlines:
+            return
+        now = time.monotonic()
+        expired = [rid for rid, t in self._deadlines.items() if t < now]
+        for rid in expired:
+            del self._deadlines[rid]
+            logger.info("request %s ran past --request-timeout %g s; aborting it", rid, self.request_timeout)
+        self.engine.abort_request(expired)
 
     def _drain_inbox(self, block: bool) -> None:
         """Apply queued adds and aborts. With nothing to run, sleep until a command comes."""
@@ -143,12 +255,19 @@ class AsyncEngine:
         engine = self.engine
         if cmd[0] == "add":
             _, rid, prompt, params, priority, arrival = cmd
+            self._adds_taken += 1
             stream = self._streams.get(rid)
-            if stream is None:  # the client left before we got to it
+            if stream is None:  # the client left before we got to it: it costs nothing
                 return
             try:
                 engine.add_request(rid, prompt, params, arrival_time=arrival, priority=priority)
+                if self.request_timeout is not None:
+                    self._deadlines[rid] = arrival + self.request_timeout
             except ValueError as e:
                 stream.put(e)
+            except Exception as e:  # noqa: BLE001 - a bad request must not stop the engine thread
+                logger.exception("adding request %s failed", rid)
+                engine.abort_request(rid)
+                stream.put(RequestFailedError(f"the engine could not add this request: {type(e).__name__}: {e}"))
         elif cmd[0] == "abort":
             engine.abort_request(cmd[1])

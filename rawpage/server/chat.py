@@ -11,11 +11,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from rawpage.chat_template import ChatTemplateError
 from rawpage.outputs import CompletionOutput, RequestOutput
 from rawpage.server.protocol import APIError, Body, sampling_params, usage
 from rawpage.server.state import ServerState
-from rawpage.server.streaming import final_outputs, merge, sse, unless_disconnected
+from rawpage.server.streaming import final_outputs, guard_stream, merge, sse, unless_disconnected
+
+ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
 def parse_messages(body: Body) -> list[dict[str, Any]]:
@@ -26,6 +27,9 @@ def parse_messages(body: Body) -> list[dict[str, Any]]:
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise APIError(f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]")
+        if m["role"] not in ROLES:
+            raise APIError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m['role'][:32]!r}",
+                           param=f"messages[{i}].role")  # fmt: skip
         content = m.get("content")
         if isinstance(content, list):  # content parts: we take text
             texts = []
@@ -54,31 +58,24 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
     llm = state.llm
     messages = parse_messages(body)
     want_logprobs = body.bool("logprobs", False)
-    top = body.int("top_logprobs", None, 0, 20)
+    top = body.int("top_logprobs", None, 0, llm.args.max_logprobs)
     if top is not None and not want_logprobs:
         raise APIError("'top_logprobs' requires 'logprobs': true", param="top_logprobs")
     max_tokens = body.int("max_completion_tokens", None, 1)
     if max_tokens is None:
-        max_tokens = body.int("max_tokens", None, 1)
-    params = sampling_params(body, max_tokens, (top or 0) if want_logprobs else None)
-    template = body.str("chat_template") or (llm.chat_template.source if llm.chat_template else None)
-    try:
-        text = llm.tokenizer.apply_chat_template(
-            messages, body.bool("add_generation_prompt", True), chat_template=template,
-            **body.dict("chat_template_kwargs"),
-        )  # fmt: skip
-    except (ChatTemplateError, ValueError, TypeError) as e:
-        raise APIError(str(e), param="messages") from None
-    ids = llm.tokenizer.encode(text, add_special_tokens=False)
+        max_tokens = body.int("max_tokens", state.config.max_tokens_default, 1)
+    params = sampling_params(body, max_tokens, (top or 0) if want_logprobs else None, config=state.config)
+    ids = await state.render_chat(body, messages)
     state.validate_prompt(ids, params, "messages")
     stream = body.bool("stream", False)
     include_usage = Body(body.dict("stream_options")).bool("include_usage", False)
     rid = state.request_id(request, "chatcmpl")
+    state.engine.check_capacity(1)
     gen = state.engine.generate(f"{rid}#{uuid.uuid4().hex[:8]}", {"prompt_token_ids": ids}, params,
-                                body.int("priority", 0))  # fmt: skip
+                                state.priority(body))  # fmt: skip
     fmt = _ChatFormatter(state, rid, top or 0)
     if stream:
-        return StreamingResponse(_stream(fmt, gen, include_usage), media_type="text/event-stream",
+        return StreamingResponse(guard_stream(_stream(fmt, gen, include_usage)), media_type="text/event-stream",
                                  headers={"X-Request-Id": rid})  # fmt: skip
     (final,) = await unless_disconnected(request, final_outputs([gen]))
     choices = [
@@ -149,5 +146,5 @@ class _ChatFormatter:
         return usage(
             len(final.prompt_token_ids),
             sum(len(o.token_ids) for o in final.outputs),
-            final.num_cached_tokens,
+            final.num_cached_tokens if self.state.config.enable_prompt_tokens_details else None,
         )

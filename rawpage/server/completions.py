@@ -14,18 +14,22 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from rawpage.outputs import CompletionOutput, RequestOutput
 from rawpage.server.protocol import APIError, Body, sampling_params, usage
 from rawpage.server.state import ServerState
-from rawpage.server.streaming import final_outputs, merge, sse, unless_disconnected
+from rawpage.server.streaming import final_outputs, guard_stream, merge, sse, unless_disconnected
 
 
-def _prompts(body: Body, state: ServerState) -> list[tuple[str | None, list[int]]]:
-    """'prompt' may be a string, a list of strings, a list of token ids, or a list of lists."""
+async def _prompts(body: Body, state: ServerState) -> list[tuple[str | None, list[int]]]:
+    """'prompt' may be a string, a list of strings, a list of token ids, or a list of lists;
+    at most --max-prompts-per-request of them. Tokenization runs off the event loop."""
     p = body.data.get("prompt")
-    tok = state.llm.tokenizer
-    if isinstance(p, str):
-        return [(p, tok.encode(p))]
+    limit = state.config.max_prompts_per_request
+    if isinstance(p, list) and p and not all(isinstance(x, int) for x in p) and len(p) > limit:
+        raise APIError(f"'prompt' has {len(p)} prompts; the limit is {limit} (--max-prompts-per-request)",
+                       param="prompt")  # fmt: skip
+    if isinstance(p, str) and p:
+        p = [p]
     if isinstance(p, list) and p:
-        if all(isinstance(x, str) for x in p):
-            return [(x, tok.encode(x)) for x in p]
+        if all(isinstance(x, str) and x for x in p):
+            return list(zip(p, await state.encode(p)))
         if all(isinstance(x, int) and not isinstance(x, bool) for x in p):
             return [(None, p)]
         if all(isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x) for x in p):
@@ -36,13 +40,15 @@ def _prompts(body: Body, state: ServerState) -> list[tuple[str | None, list[int]
 async def create_completion(request: Request, state: ServerState) -> Response:
     body = await state.read_body(request)
     state.check_model(body)
-    prompts = _prompts(body, state)
+    max_logprobs = state.llm.args.max_logprobs
+    prompts = await _prompts(body, state)
     if body.data.get("suffix"):
         raise APIError("'suffix' is not supported", param="suffix")
     echo = body.bool("echo", False)
-    logprobs = body.int("logprobs", None, 0, 20)
-    params = sampling_params(body, body.int("max_tokens", 16, 1), logprobs,
-                             prompt_logprobs=logprobs if echo and logprobs is not None else None)  # fmt: skip
+    logprobs = body.int("logprobs", None, 0, max_logprobs)
+    max_tokens = body.int("max_tokens", state.config.max_tokens_default or 16, 1)
+    params = sampling_params(body, max_tokens, logprobs, prompt_logprobs=logprobs if echo and logprobs is not None
+                             else None, config=state.config)  # fmt: skip
     if body.int("best_of", None, 1) not in (None, params.n):
         raise APIError("'best_of' other than n is not supported", param="best_of")
     stream = body.bool("stream", False)
@@ -51,13 +57,15 @@ async def create_completion(request: Request, state: ServerState) -> Response:
         state.validate_prompt(ids, params, "prompt")
     rid = state.request_id(request, "cmpl")
     tag = uuid.uuid4().hex[:8]
+    priority = state.priority(body)
+    state.engine.check_capacity(len(prompts))
     streams = [
-        state.engine.generate(f"{rid}#{i}#{tag}", {"prompt_token_ids": ids}, params, body.int("priority", 0))
+        state.engine.generate(f"{rid}#{i}#{tag}", {"prompt_token_ids": ids}, params, priority)
         for i, (_, ids) in enumerate(prompts)
     ]
     fmt = _Formatter(state, rid, params.n, echo, prompts)
     if stream:
-        return StreamingResponse(_stream(fmt, streams, include_usage), media_type="text/event-stream",
+        return StreamingResponse(guard_stream(_stream(fmt, streams, include_usage)), media_type="text/event-stream",
                                  headers={"X-Request-Id": rid})  # fmt: skip
     finals = await unless_disconnected(request, final_outputs(streams))
     choices = [fmt.choice(i, out, o, o.text, o.token_ids, o.logprobs, final=True)
@@ -147,6 +155,7 @@ class _Formatter:
         }
 
     def usage(self, finals: list[RequestOutput]) -> dict[str, Any]:
+        cached = sum(f.num_cached_tokens for f in finals)
         return usage(sum(len(f.prompt_token_ids) for f in finals),
                      sum(len(o.token_ids) for f in finals for o in f.outputs),
-                     sum(f.num_cached_tokens for f in finals))  # fmt: skip
+                     cached if self.state.config.enable_prompt_tokens_details else None)  # fmt: skip

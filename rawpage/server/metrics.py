@@ -43,10 +43,11 @@ class ServerMetrics:
         self.swap_outs = counter("num_swap_outs", "Sequences swapped out to CPU memory")
         self.swap_ins = counter("num_swap_ins", "Sequences swapped back in")
         self.finished = counter("request_success", "Requests finished")
+        self.steps = counter("engine_steps", "Engine iterations that ran a forward pass")
         self.ttft = histogram("time_to_first_token_seconds", "Time from arrival to the first token")
         self.itl = histogram("inter_token_latency_seconds", "Time between tokens of one sequence")
         self.e2e = histogram("e2e_request_latency_seconds", "Time from arrival to the last token")
-        self._seen = {"prompt": 0, "gen": 0, "preempt": 0, "pq": 0, "ph": 0, "so": 0, "si": 0}
+        self._seen = {"steps": 0, "prompt": 0, "gen": 0, "preempt": 0, "pq": 0, "ph": 0, "so": 0, "si": 0}
         self._last_token: dict[str, float] = {}
 
     def on_step(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
@@ -56,6 +57,7 @@ class ServerMetrics:
             self.waiting.set(st.last.num_waiting)
             self.swapped.set(st.last.num_swapped)
             self.kv_usage.set(st.last.kv_usage)
+        self._count("steps", self.steps, st.steps_total)
         self._count("prompt", self.prompt_tokens, st.prompt_tokens_total)
         self._count("gen", self.generation_tokens, st.generation_tokens_total)
         self._count("preempt", self.preemptions, st.preemptions_total)

@@ -10,14 +10,17 @@ import math
 from typing import Any
 
 from rawpage.sampling_params import SamplingParams
+from rawpage.server.args import ServerConfig
 
 
 class APIError(Exception):
     """An error the client caused (or the server state it met), in OpenAI's shape."""
 
     def __init__(self, message: str, status: int = 400, param: str | None = None,
-                 type: str = "invalid_request_error", code: str | None = None) -> None:  # fmt: skip
+                 type: str = "invalid_request_error", code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:  # fmt: skip
         super().__init__(message)
+        self.headers = headers
         self.message, self.status, self.param, self.type, self.code = (
             message,
             status,
@@ -38,6 +41,33 @@ class APIError(Exception):
 
 
 _MISSING = object()
+MAX_JSON_DEPTH = 32  # an OpenAI request nests about 6 deep (tools schemas a little more)
+
+
+def check_json(data: Any) -> None:
+    """Refuse what json.loads accepts but nothing downstream can use: nesting deeper than
+    MAX_JSON_DEPTH, and strings with lone UTF-16 surrogates ("\\ud800"), which cannot be
+    encoded to UTF-8 for the tokenizer. Iterative, so depth costs no recursion."""
+    stack = [(data, 1)]
+    while stack:
+        x, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise APIError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(x, str):
+            _check_text(x)
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                _check_text(k)
+                stack.append((v, depth + 1))
+        elif isinstance(x, list):
+            stack.extend((v, depth + 1) for v in x)
+
+
+def _check_text(s: str) -> None:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError("the request contains a string with a lone UTF-16 surrogate (invalid Unicode)") from None
 
 
 class Body:
@@ -96,18 +126,24 @@ class Body:
             raise APIError(f"'{name}' must be an object", param=name)
         return v
 
-    def stop(self) -> list[str]:
+    def stop(self, max_count: int, max_chars: int) -> list[str]:
         v = self._get("stop", [])
         if isinstance(v, str):
             v = [v]
         if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
             raise APIError("'stop' must be a non-empty string or a list of them", param="stop")
+        if len(v) > max_count:
+            raise APIError(f"'stop' has {len(v)} strings; the limit is {max_count} (--max-stop-strings)", param="stop")
+        if any(len(s) > max_chars for s in v):
+            raise APIError(f"a stop string is longer than {max_chars} characters (--max-stop-string-chars)",
+                           param="stop")  # fmt: skip
         return v
 
 
-def sampling_params(body: Body, max_tokens: int | None, logprobs: int | None,
-                    prompt_logprobs: int | None = None) -> SamplingParams:  # fmt: skip
+def sampling_params(body: Body, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None,
+                    config: ServerConfig | None = None) -> SamplingParams:  # fmt: skip
     """The sampling fields shared by both endpoints, including vLLM's extras."""
+    config = config or ServerConfig()
     bias = body.dict("logit_bias")
     try:
         bias = {int(k): float(v) for k, v in bias.items()}
@@ -129,7 +165,7 @@ def sampling_params(body: Body, max_tokens: int | None, logprobs: int | None,
         seed=body.int("seed", None, -(2**63), 2**63 - 1),
         max_tokens=max_tokens,
         min_tokens=body.int("min_tokens", 0, 0),
-        stop=body.stop(),
+        stop=body.stop(config.max_stop_strings, config.max_stop_string_chars),
         stop_token_ids=body.int_list("stop_token_ids"),
         include_stop_str_in_output=body.bool("include_stop_str_in_output", False),
         ignore_eos=body.bool("ignore_eos", False),
@@ -149,10 +185,13 @@ def sampling_params(body: Body, max_tokens: int | None, logprobs: int | None,
         raise APIError(str(e), param=str(e).split(" ", 1)[0]) from None
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:
+    """OpenAI's usage object; cached_tokens only under --enable-prompt-tokens-details."""
+    out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out

@@ -1,20 +1,29 @@
-"""ServerState: what every handler needs — the engine, the model's name, the limits."""
+"""ServerState: what every handler needs — the engine, the model's name, the limits — and
+the work a handler must not do on the event loop (templates, tokenization)."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 
+from rawpage.chat_template import ChatTemplateError
 from rawpage.engine import LLMEngine
 from rawpage.sampling_params import SamplingParams
+from rawpage.server.args import ServerConfig
 from rawpage.server.async_engine import AsyncEngine
 from rawpage.server.metrics import ServerMetrics
-from rawpage.server.protocol import APIError, Body
+from rawpage.server.protocol import APIError, Body, check_json
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -22,32 +31,39 @@ class ServerState:
     engine: AsyncEngine
     model_name: str
     metrics: ServerMetrics
-    api_key: str | None = None
-    max_request_bytes: int = 4 << 20
-    chat_template: str | None = None
+    config: ServerConfig = field(default_factory=ServerConfig)
     created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        # Rendering a template or tokenizing 4 MB takes CPU time; on the event loop it
+        # would stall every other client (and /health), so it runs here.
+        self._preprocess = ThreadPoolExecutor(self.config.preprocess_threads, thread_name_prefix="rawpage-preprocess")
 
     @property
     def llm(self) -> LLMEngine:
         """The loaded engine, or a 503 while it loads (or after it died)."""
         if self.engine.error is not None:
-            raise APIError(f"the engine is not running: {self.engine.error}", 503, type="service_unavailable")
+            raise APIError("the engine is not running; see the server log", 503, type="service_unavailable")
         if self.engine.engine is None:
             raise APIError("the model is still loading; retry shortly", 503, type="service_unavailable")
         return self.engine.engine
 
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._preprocess, fn, *args)
+
+    def close(self) -> None:
+        self._preprocess.shutdown(wait=False, cancel_futures=True)
+
+    # --- access -------------------------------------------------------------------------
     def check_auth(self, request: Request) -> None:
-        if self.api_key is None:
+        if not self.config.api_keys:
             return
         header = request.headers.get("authorization", "")
-        given = header[7:] if header.lower().startswith("bearer ") else ""
-        if not hmac.compare_digest(given.encode(), self.api_key.encode()):  # constant time
-            raise APIError(
-                "missing or invalid API key",
-                401,
-                type="authentication_error",
-                code="invalid_api_key",
-            )
+        given = (header[7:] if header.lower().startswith("bearer ") else "").encode()
+        # Compare against every key, always, in constant time: no timing hint of which one nearly matched.
+        ok = [hmac.compare_digest(given, k.encode()) for k in self.config.api_keys]
+        if not any(ok):
+            raise APIError("missing or invalid API key", 401, type="authentication_error", code="invalid_api_key")
 
     def check_model(self, body: Body) -> None:
         name = body.str("model")
@@ -56,29 +72,69 @@ class ServerState:
                            param="model", type="not_found_error", code="model_not_found")  # fmt: skip
 
     async def read_body(self, request: Request) -> Body:
+        limit = self.config.max_request_bytes
         size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > self.max_request_bytes:
-            raise APIError(f"request body of {size} bytes exceeds the limit of {self.max_request_bytes}", 413)
+        if size is not None and size.isdigit() and int(size) > limit:
+            raise APIError(f"request body of {size} bytes exceeds the limit of {limit}", 413)
         chunks, total = [], 0
         async for chunk in request.stream():
             total += len(chunk)
-            if total > self.max_request_bytes:
-                raise APIError(f"request body exceeds the limit of {self.max_request_bytes} bytes", 413)
+            if total > limit:
+                raise APIError(f"request body exceeds the limit of {limit} bytes", 413)
             chunks.append(chunk)
         try:
-            return Body(json.loads(b"".join(chunks)))
+            data = json.loads(b"".join(chunks))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise APIError(f"the request body is not valid JSON: {e}") from None
+        except RecursionError:
+            raise APIError("the request body nests too deeply") from None
+        check_json(data)
+        return Body(data)
 
     def request_id(self, request: Request, prefix: str) -> str:
         given = request.headers.get("x-request-id")
-        return given if given and len(given) <= 128 else f"{prefix}-{uuid.uuid4().hex}"
+        return given if given and len(given) <= 128 and given.isprintable() else f"{prefix}-{uuid.uuid4().hex}"
+
+    # --- preprocessing (off the event loop) ---------------------------------------------------
+    async def encode(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        tok = self.llm.tokenizer
+        return await self.off_loop(lambda: [tok.encode(t, add_special_tokens=add_special_tokens) for t in texts])
+
+    async def render_chat(self, body: Body, messages: list[dict[str, Any]], param: str = "messages") -> list[int]:
+        """Messages -> chat template -> token ids. A request's own `chat_template` needs
+        --trust-request-chat-template, and is always template text, never a path."""
+        llm = self.llm
+        template = body.str("chat_template")
+        if template is not None and not self.config.trust_request_chat_template:
+            raise APIError("this server does not accept a request 'chat_template'; the operator can allow it "
+                           "with --trust-request-chat-template", param="chat_template")  # fmt: skip
+        kwargs = body.dict("chat_template_kwargs")
+        add_generation_prompt = body.bool("add_generation_prompt", True)
+        add_special = body.bool("add_special_tokens", False)
+
+        def work() -> list[int]:
+            text = llm.tokenizer.apply_chat_template(messages, add_generation_prompt,
+                                                     chat_template=template or llm.chat_template, **kwargs)  # fmt: skip
+            return llm.tokenizer.encode(text, add_special_tokens=add_special)
+
+        try:
+            return await self.off_loop(work)
+        except (ChatTemplateError, ValueError, TypeError) as e:
+            raise APIError(str(e), param="chat_template" if template is not None else param) from None
+
+    def priority(self, body: Body) -> int:
+        """A request's `priority` counts only under --scheduling-policy priority; elsewhere a
+        client could jump the queue with it, so it is refused."""
+        priority = body.int("priority", 0)
+        if priority and self.llm.args.scheduling_policy != "priority":
+            raise APIError("'priority' needs a server started with --scheduling-policy priority", param="priority")
+        return priority
 
     def validate_prompt(self, ids: list[int], params: SamplingParams, param: str) -> None:
         try:
             self.llm.validate_prompt(ids, params)
         except ValueError as e:
-            raise APIError(str(e), param=param) from None
+            raise APIError(str(e), param=param if getattr(e, "param", "prompt") == "prompt" else e.param) from None
 
     def token_text(self, token_id: int) -> str:
         return self.llm.tokenizer.decode([token_id], skip_special_tokens=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import aclosing
 from typing import Any, TypeVar
@@ -12,8 +13,10 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 
 from rawpage.outputs import RequestOutput
+from rawpage.server.protocol import APIError
 
 T = TypeVar("T")
+logger = logging.getLogger("rawpage.server")
 
 
 class ClientDisconnected(Exception):
@@ -24,6 +27,27 @@ def sse(data: dict[str, Any] | str) -> str:
     """One server-sent event: `data: {...}` and a blank line."""
     payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
     return f"data: {payload}\n\n"
+
+
+async def guard_stream(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Pass SSE events through; if the request fails once the stream has begun (the 200 is
+    already sent), end it the way OpenAI does: an error event, then [DONE]."""
+    try:
+        async with aclosing(events) as it:
+            async for event in it:
+                yield event
+    except (ClientDisconnected, asyncio.CancelledError):
+        raise
+    except Exception as e:  # noqa: BLE001 - reported to the client, never a torn connection
+        if isinstance(e, APIError):
+            err = e
+        elif isinstance(e, ValueError):
+            err = APIError(str(e))
+        else:
+            logger.error("stream failed: %s: %s", type(e).__name__, e)
+            err = APIError(str(e) or type(e).__name__, 500, type="internal_server_error")
+        yield sse(err.body())
+        yield sse("[DONE]")
 
 
 async def merge(

@@ -77,9 +77,10 @@ def test_disconnecting_clients_free_their_blocks(server):
     assert httpx.get(server.url + "/health").status_code == 200
 
 
-def test_batching_multiplies_throughput(server):
-    """64 concurrent streams must generate at least 3x the tokens per second of one stream,
-    as the server counts them (rawpage:generation_tokens_total over the wall time)."""
+def test_concurrent_streams_share_steps(server):
+    """64 concurrent streams are served in shared iterations: their 64 x 48 tokens take far
+    fewer engine steps than one step per token would. (Throughput itself is a benchmark,
+    in docs/benchmarks.md; a ratio of timings would fail on a busy machine.)"""
 
     async def one(client, i):
         body = {"messages": [{"role": "user", "content": f"Story {i}:"}], "max_tokens": 48, "temperature": 0.8,
@@ -90,18 +91,16 @@ def test_batching_multiplies_throughput(server):
 
     async def run(n):
         async with httpx.AsyncClient(timeout=600) as client:
-            before, t0 = server.metric("rawpage:generation_tokens_total"), time.monotonic()
-            done = await asyncio.gather(*[one(client, i) for i in range(n)])
-            dt = time.monotonic() - t0
-            assert all(done)
-            generated = server.metric("rawpage:generation_tokens_total") - before
-            assert generated == 48 * n
-            return generated / dt
+            return all(await asyncio.gather(*[one(client, i) for i in range(n)]))
 
-    single = asyncio.run(run(1))
-    many = asyncio.run(run(64))
-    print(f"one stream: {single:.1f} tok/s, 64 streams: {many:.1f} tok/s, ratio {many / single:.1f}")
-    assert many >= 3 * single
+    wait_idle(server)
+    gen0, steps0 = server.metric("rawpage:generation_tokens_total"), server.metric("rawpage:engine_steps_total")
+    assert asyncio.run(run(64))
+    generated = server.metric("rawpage:generation_tokens_total") - gen0
+    steps = server.metric("rawpage:engine_steps_total") - steps0
+    print(f"{generated:.0f} tokens in {steps:.0f} steps ({generated / steps:.1f} tokens per step)")
+    assert generated == 48 * 64
+    assert generated / steps >= 8
 
 
 _json = st.recursive(st.none() | st.booleans() | st.integers(-10, 10**6) | st.floats(allow_nan=True) | st.text(max_size=20),

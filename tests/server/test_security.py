@@ -1,0 +1,230 @@
+"""The security audit's findings (issue 15), each replayed against a real server.
+
+Every test here failed before the fix it covers: one request could stop the engine,
+a request's chat_template read files, templates froze the event loop, limits were
+missing, and errors disclosed internals."""
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.server.harness import ServerProcess
+from tests.server.test_errors import assert_error
+
+CHAT = "/v1/chat/completions"
+CMPL = "/v1/completions"
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+def healthy_and_serving(server) -> None:
+    assert httpx.get(server.url + "/health").status_code == 200
+    r = httpx.post(server.url + CMPL, json={"prompt": "The capital of France is", "max_tokens": 3, "temperature": 0})
+    assert r.status_code == 200, r.text
+
+
+# --- A1: one request must not stop the engine ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"prompt": "hi", "max_tokens": 4, "min_tokens": 2, "stop_token_ids": [999999999]}, "stop_token_ids"),
+        ({"prompt": "hi", "max_tokens": 4, "logit_bias": {"99999999999999999999999": 5}}, "logit_bias"),
+        ({"prompt": "hi", "max_tokens": 4, "logit_bias": {"-3": 5}}, "logit_bias"),
+        ({"prompt": "hi", "use_beam_search": True, "n": 2, "length_penalty": 600, "max_tokens": 3}, "length_penalty"),
+        ({"prompt": "hi", "use_beam_search": True, "n": 2, "length_penalty": -1e308, "max_tokens": 3},
+         "length_penalty"),
+        ({"prompt": "hi", "max_tokens": 4, "stop_token_ids": [-1]}, "stop_token_ids"),
+    ],
+)  # fmt: skip
+def test_engine_killers_are_400s_and_the_engine_lives(server, body, param):
+    assert_error(httpx.post(server.url + CMPL, json=body), 400, param)
+    healthy_and_serving(server)
+
+
+# --- A2: chat_template in a request -----------------------------------------------------------
+
+
+def test_request_chat_template_is_refused_without_the_flag(server):
+    for template in ("/etc/passwd", "{{ messages[0].content }}"):
+        body = {"messages": MSGS, "max_tokens": 2, "chat_template": template}
+        assert_error(httpx.post(server.url + CHAT, json=body), 400, "chat_template", "--trust-request-chat-template")
+        r = httpx.post(server.url + "/tokenize", json={"messages": MSGS, "chat_template": template})
+        assert_error(r, 400, "chat_template")
+
+
+@pytest.fixture(scope="module")
+def trusting(tmp_path_factory):
+    """A server that accepts request templates, and shows cached tokens, CORS, two API keys."""
+    s = ServerProcess("--trust-request-chat-template", "--enable-prompt-tokens-details", "--api-key", "k1,k2",
+                      "--allowed-origins", "https://ok.example", "--max-model-len", "2048")  # fmt: skip
+    yield s
+    assert s.stop() == 0, s.output()
+
+
+AUTH = {"Authorization": "Bearer k2"}
+
+
+def test_trusted_template_is_text_never_a_path(trusting):
+    body = {"messages": MSGS, "chat_template": "/etc/passwd", "add_generation_prompt": False}
+    r = httpx.post(trusting.url + "/tokenize", json={**body, "return_token_strs": True}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    text = httpx.post(trusting.url + "/detokenize", json={"tokens": r.json()["tokens"]}, headers=AUTH).json()
+    assert text["prompt"] == "/etc/passwd"  # the template's own text, not the file's content
+
+
+# --- A3: templates cannot freeze the server ---------------------------------------------------
+
+SLOW = "{% for i in range(15000) %}{% for j in range(15000) %}{% endfor %}{% endfor %}x"
+HUGE = '{{ "a" * 10000000 }}'
+
+
+@pytest.mark.parametrize("template,match", [(SLOW, "took longer than"), (HUGE, "over")])
+def test_hostile_templates_fail_fast_and_health_stays_responsive(trusting, template, match):
+    gaps: list[float] = []
+    stop = threading.Event()
+
+    def probe():
+        while not stop.is_set():
+            t0 = time.monotonic()
+            httpx.get(trusting.url + "/health", timeout=30)
+            gaps.append(time.monotonic() - t0)
+            time.sleep(0.05)
+
+    t = threading.Thread(target=probe)
+    t.start()
+    try:
+        body = {"messages": MSGS, "max_tokens": 2, "chat_template": template}
+        r = httpx.post(trusting.url + CHAT, json=body, headers=AUTH, timeout=60)
+    finally:
+        stop.set()
+        t.join()
+    assert_error(r, 400, "chat_template", match)
+    # The render runs in a worker thread; the event loop keeps answering. (Generous bound:
+    # the point is "not frozen for seconds", on a machine that may be busy.)
+    assert max(gaps) < 2.0, gaps
+
+
+# --- B5 / C6 / C7: cached tokens, keys, CORS ---------------------------------------------------
+
+
+def test_cached_tokens_only_with_prompt_tokens_details(server, trusting):
+    body = {"prompt": "The capital of France is", "max_tokens": 2}
+    assert "prompt_tokens_details" not in httpx.post(server.url + CMPL, json=body).json()["usage"]
+    usage = httpx.post(trusting.url + CMPL, json=body, headers=AUTH).json()["usage"]
+    assert "cached_tokens" in usage["prompt_tokens_details"]
+
+
+def test_every_route_but_health_needs_a_key(trusting):
+    for method, path, body in [("POST", "/tokenize", {"prompt": "hi"}), ("POST", "/detokenize", {"tokens": [1]}),
+                               ("GET", "/metrics", None), ("GET", "/version", None), ("GET", "/v1/models", None),
+                               ("POST", CHAT, {"messages": MSGS, "max_tokens": 2})]:  # fmt: skip
+        assert_error(httpx.request(method, trusting.url + path, json=body), 401)
+        ok = httpx.request(method, trusting.url + path, json=body, headers={"Authorization": "Bearer k1"})
+        assert ok.status_code == 200, (path, ok.text)
+    assert httpx.get(trusting.url + "/health").status_code == 200
+
+
+def test_cors_only_for_allowed_origins(server, trusting):
+    pre = {"Origin": "https://ok.example", "Access-Control-Request-Method": "POST"}
+    r = httpx.options(trusting.url + CHAT, headers=pre)
+    assert r.headers.get("access-control-allow-origin") == "https://ok.example"
+    r = httpx.options(trusting.url + CHAT, headers={**pre, "Origin": "https://evil.example"})
+    assert r.headers.get("access-control-allow-origin") is None
+    r = httpx.options(server.url + CHAT, headers=pre)  # off by default
+    assert r.headers.get("access-control-allow-origin") is None
+
+
+# --- C8: limits -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        (CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+        (CMPL, {"prompt": ["a"] * 1000}, "prompt"),
+        (CMPL, {"prompt": "hi", "stop": ["x"] * 17}, "stop"),
+        (CMPL, {"prompt": "hi", "stop": ["x" * 300]}, "stop"),
+        (CMPL, {"prompt": "hi", "logprobs": 21}, "logprobs"),
+        (CHAT, {"messages": MSGS, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        (CMPL, {"prompt": "hi", "priority": -5}, "priority"),
+        (CMPL, {"prompt": "hi", "n": 100}, "n"),
+    ],
+)
+def test_limits(server, path, body, param):
+    assert_error(httpx.post(server.url + path, json=body), 400, param)
+
+
+def test_deep_json_and_lone_surrogates_are_400s(server):
+    deep = "[" * 100000 + "]" * 100000
+    r = httpx.post(server.url + CHAT, content=deep.encode(), headers={"content-type": "application/json"})
+    assert_error(r, 400, match="nest")
+    body = '{"messages": [{"role": "user", "content": "hi \\ud800 there"}], "max_tokens": 2}'
+    r = httpx.post(server.url + CHAT, content=body.encode(), headers={"content-type": "application/json"})
+    assert_error(r, 400, match="surrogate")
+    healthy_and_serving(server)
+
+
+# --- C11: less disclosure ------------------------------------------------------------------------
+
+
+def test_no_paths_or_host_header_in_responses(server):
+    model = httpx.get(server.url + "/v1/models").json()["data"][0]
+    assert "/" not in model["root"] and model["root"] == model["id"]
+    r = httpx.get(server.url + "/v1/models/", headers={"Host": "evil.example"}, follow_redirects=False)
+    assert "evil.example" not in r.headers.get("location", "")
+    assert r.status_code == 404
+
+
+# --- C9: backpressure -----------------------------------------------------------------------------
+
+
+def test_overload_gives_fast_429s_and_admitted_requests_complete():
+    """500 requests against --max-waiting-requests 50: the excess is refused at once with
+    429 and Retry-After; every admitted request completes."""
+    s = ServerProcess("--max-waiting-requests", "50", "--max-num-seqs", "4", "--max-model-len", "512")
+    try:
+
+        async def one(client, i):
+            body = {"prompt": f"Count to {i}:", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+            t0 = time.monotonic()
+            r = await client.post(s.url + CMPL, json=body)
+            return r.status_code, time.monotonic() - t0, r.headers.get("retry-after"), r.json()
+
+        async def main():
+            limits = httpx.Limits(max_connections=500)
+            async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+                return await asyncio.gather(*[one(client, i) for i in range(500)])
+
+        results = asyncio.run(main())
+        codes = [c for c, *_ in results]
+        assert set(codes) <= {200, 429}, set(codes)
+        refused = [r for r in results if r[0] == 429]
+        admitted = [r for r in results if r[0] == 200]
+        assert len(refused) >= 300 and len(admitted) >= 50, (len(refused), len(admitted))
+        assert all(r[2] == "1" and r[3]["error"]["type"] == "rate_limit_error" for r in refused)
+        assert all(r[3]["usage"]["completion_tokens"] == 24 for r in admitted)
+        # Refusals cost no engine work: each is answered long before the admitted ones finish.
+        assert sorted(r[1] for r in refused)[len(refused) // 2] < max(r[1] for r in admitted)
+        assert httpx.get(s.url + "/health").status_code == 200
+    finally:
+        assert s.stop() == 0, s.output()
+
+
+def test_request_timeout_aborts_with_finish_reason_abort():
+    s = ServerProcess("--request-timeout", "1", "--max-model-len", "2048")
+    try:
+        body = {"prompt": "Tell me a long story.", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+        last = None
+        with httpx.stream("POST", s.url + CMPL, json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    last = json.loads(line[6:])
+        assert last["choices"][0]["finish_reason"] == "abort"
+        assert httpx.get(s.url + "/health").status_code == 200
+    finally:
+        assert s.stop() == 0, s.output()

@@ -1,0 +1,54 @@
+"""Stream plumbing without a server: errors after the 200, and slow readers."""
+
+import asyncio
+import json
+
+from rawpage.outputs import CompletionOutput, RequestOutput
+from rawpage.server.async_engine import RequestFailedError, _Stream
+from rawpage.server.streaming import guard_stream, sse
+
+
+def output(step: int, finished: bool = False) -> RequestOutput:
+    """Step `step` of a request that generates token `step` (text 't<step>') each step."""
+    toks = list(range(step + 1))
+    o = CompletionOutput(0, "".join(f"t{i}" for i in toks), toks, None, None, "length" if finished else None,
+                         delta_text=f"t{step}", delta_token_ids=[step])  # fmt: skip
+    return RequestOutput("r", "p", [1], None, [o], finished)
+
+
+def test_a_stream_that_fails_midway_ends_with_an_error_event_and_done():
+    async def events():
+        yield sse({"choices": [{"text": "partial"}]})
+        raise RequestFailedError("the engine failed this request: IndexError: boom")
+
+    async def collect():
+        return [e async for e in guard_stream(events())]
+
+    got = asyncio.run(collect())
+    assert got[0].startswith("data: {") and got[-1] == "data: [DONE]\n\n"
+    err = json.loads(got[1][6:])["error"]
+    assert err["type"] == "internal_server_error" and "IndexError: boom" in err["message"]
+    assert set(err) == {"message", "type", "param", "code"}
+
+
+def test_unread_outputs_merge_into_one_with_joined_deltas():
+    async def main():
+        s = _Stream(asyncio.get_running_loop(), max_unread=100)
+        for step in range(50):  # the engine runs ahead of a reader that reads nothing
+            assert s.put(output(step, finished=step == 49))
+        assert not isinstance(s._pending, list)  # one pending output, not fifty
+        got = await s.get()
+        o = got.outputs[0]
+        assert got.finished and o.token_ids == list(range(50))
+        assert o.delta_token_ids == list(range(50)) and o.delta_text == "".join(f"t{i}" for i in range(50))
+
+    asyncio.run(main())
+
+
+def test_a_reader_too_far_behind_is_reported():
+    async def main():
+        s = _Stream(asyncio.get_running_loop(), max_unread=10)
+        ok = [s.put(output(step)) for step in range(12)]
+        assert ok[:10] == [True] * 10 and ok[10:] == [False, False]
+
+    asyncio.run(main())
