@@ -7,3 +7,7 @@ class ModelLoadError(ValueError):
 
 class UnsupportedModelError(ModelLoadError):
     """The checkpoint is readable but asks for something rawpage does not implement."""
+
+
+class CudaUnusableError(RuntimeError):
+    """A GPU is visible (nvidia-smi, the driver, torch), but CuPy cannot import or use it."""
