@@ -69,7 +69,10 @@ def test_gpu_tests_fail_instead_of_skipping_when_a_gpu_is_visible(broken_cupy, f
 
     gpu_required._why_not.cache_clear()
     try:
-        with pytest.raises(pytest.fail.Exception, match=r"NVIDIA H200 \(UUID: GPU-0000\) is visible but CuPy cannot use it: ImportError"):
+        with pytest.raises(
+            pytest.fail.Exception,
+            match=r"NVIDIA H200 \(UUID: GPU-0000\) is visible but CuPy cannot use it: ImportError",
+        ):
             gpu_required.skip_without_cuda()
     finally:
         gpu_required._why_not.cache_clear()
