@@ -4,12 +4,13 @@ cuda backend's matmul on top of it, without a GPU: a fake libcublas on host memo
 and where, and that the handle's stream is set outside a capture and never inside."""
 
 import ctypes
+import os
 import re
 
 import numpy as np
 import pytest
 
-from rawpage.backends.cublas_ctypes import SIGNATURES, CublasGemm, loaded_library
+from rawpage.backends.cublas_ctypes import SIGNATURES, CublasGemm, loaded_library, open_loaded
 from rawpage.backends.cublas_gemm import CUBLAS_GEMM_DEFAULT, gemm_matmul, plan_gemm
 from rawpage.dtypes import from_float32, storage_dtype, to_float32
 from tests.fake_cublas import FakeCublas, FakeStream
@@ -153,8 +154,10 @@ def test_the_loaded_libcublas_is_found_in_the_process_maps():
     assert loaded_library(_LIBCUBLAS, MAPS) == "/opt/venv/nvidia/cu13/lib/libcublas.so.13"
     with pytest.raises(FileNotFoundError):
         loaded_library(_LIBCUBLAS, MAPS.splitlines()[0])
-    # and on this process's real maps: the C library is always loaded
-    assert re.search(r"libc[.-]", loaded_library(re.compile(r"^libc(\.so|-[\d.]+\.so)")))
+    # and on this process's real maps, with the C library, which is always loaded
+    libc = re.compile(r"^libc(\.so|-[\d.]+\.so)")
+    assert re.search(r"libc[.-]", loaded_library(libc))
+    assert open_loaded(libc).getpid() == os.getpid()
 
 
 class _CaptureStream(FakeStream):

@@ -125,6 +125,12 @@ def loaded_library(pattern: re.Pattern[str], maps: str | None = None) -> str:
     raise FileNotFoundError(f"no loaded library matches {pattern.pattern}")
 
 
+def open_loaded(pattern: re.Pattern[str]) -> ctypes.CDLL:
+    """ctypes' handle on an already-loaded library; RTLD_NOLOAD makes sure no second
+    copy is ever loaded (its cuBLAS would not know CuPy's handles)."""
+    return ctypes.CDLL(loaded_library(pattern), mode=os.RTLD_NOW | os.RTLD_NOLOAD)
+
+
 _default: CublasGemm | None = None
 
 
@@ -137,8 +143,8 @@ def default_gemm() -> CublasGemm:
 
         cupy.cuda.device.get_cublas_handle()  # makes CuPy load libcublas if it has not yet
         try:
-            path = loaded_library(_LIBCUBLAS)
+            lib = open_loaded(_LIBCUBLAS)
         except FileNotFoundError:
             raise RuntimeError("CuPy created a cuBLAS handle but no libcublas.so is mapped in this process") from None
-        _default = CublasGemm(ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_NOLOAD))
+        _default = CublasGemm(lib)
     return _default
