@@ -93,3 +93,20 @@ def test_gpu_tests_skip_without_a_gpu_unless_one_is_required(broken_cupy, monkey
             gpu_required.skip_without_cuda()
     finally:
         gpu_required._why_not.cache_clear()
+
+
+def test_the_cli_prints_cupys_error_in_one_line(tmp_path, fake_nvidia_smi):
+    import subprocess
+
+    broken = tmp_path / "cli" / "cupy"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text(f"raise ImportError({H200_ERROR!r})\n")
+    env = dict(os.environ, PYTHONPATH=str(broken.parent))
+    out = subprocess.run([sys.executable, "-m", "rawpage.cli", "generate", "hi", "--device", "cuda"], env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert (
+        f"rawpage: error: GPU 0: NVIDIA H200 (UUID: GPU-0000) is visible, but CuPy cannot use it: ImportError: {H200_ERROR}"
+        in out.stderr
+    )
+    assert "Traceback" not in out.stderr
