@@ -104,14 +104,14 @@ def test_stream_is_set_outside_capture_and_never_inside():
 
     gemm_matmul(np, gemm, HANDLE, eager, x, w, None, None)  # eager: bound to its stream first
     gemm_matmul(np, gemm, HANDLE, capture, x, w, None, None)  # the warm-up on the capture stream
-    gemm.bind_stream(HANDLE, capture)  # what CudaGraph does just before begin_capture
+    gemm.ensure_bound(HANDLE, capture)  # what CudaGraph does just before begin_capture: bound already
     capture.capturing = True
     for _ in range(3):
         gemm_matmul(np, gemm, HANDLE, capture, x, w, None, None)
     capture.capturing = False
     gemm_matmul(np, gemm, HANDLE, eager, x, w, None, None)
 
-    assert [c[0] for c in lib.calls if not c[3]].count("setStream") == 4
+    assert [c[0] for c in lib.calls if not c[3]].count("setStream") == 3
     assert not [c for c in lib.calls if c[0] == "setStream" and c[3]], "setStream inside a capture"
     captured = [c for c in lib.calls if c[0] == "gemmEx" and c[3]]
     assert len(captured) == 3 and all(c[2] == capture.ptr for c in captured)
@@ -218,3 +218,13 @@ def test_cuda_graph_binds_the_stream_before_capture_and_captures_gemms_without_s
     assert [c[0] for c in inside] == ["gemmEx", "gemmEx"] and all(c[2] == 0x77 for c in inside)
     last_before = [c for c in lib.calls[: lib.calls.index(inside[0])] if c[0] == "setStream"][-1]
     assert last_before == ("setStream", HANDLE, 0x77, False)
+
+
+def test_ensure_bound_binds_only_a_handle_bound_elsewhere():
+    a, b = FakeStream(ptr=0x100), FakeStream(ptr=0x200)
+    lib = FakeCublas(streams={a.ptr: a, b.ptr: b})
+    gemm = CublasGemm(lib)
+    gemm.ensure_bound(HANDLE, a)
+    gemm.ensure_bound(HANDLE, a)
+    gemm.ensure_bound(HANDLE, b)
+    assert [c[:3] for c in lib.calls] == [("setStream", HANDLE, a.ptr), ("setStream", HANDLE, b.ptr)]

@@ -88,6 +88,13 @@ class CublasGemm:
         check(self.lib.cublasSetStream_v2(handle, stream.ptr), "cublasSetStream_v2")
         self.bound[handle] = stream.ptr
 
+    def ensure_bound(self, handle: int, stream: Stream) -> None:
+        """bind_stream unless our last binding of this handle was to this stream (just
+        before a capture, after a warm-up on the capture stream: nothing to do, and
+        setStream would reset the handle's workspace for no reason)."""
+        if self.bound.get(handle) != stream.ptr:
+            self.bind_stream(handle, stream)
+
     def __call__(
         self, handle: int, stream: Stream, call: GemmCall, alpha: int, a: int, b: int, beta: int, c: int
     ) -> None:

@@ -59,9 +59,10 @@ class CudaGraph:
             # and grows the pool, so that the capture itself allocates nothing new.
             fn()
             memory.stream.synchronize()
-            # A cuBLAS handle's stream must not change inside a capture: bind it to the
-            # capture stream now, so that the captured GEMMs skip setStream (cublas_ctypes.py).
-            default_gemm().bind_stream(cupy.cuda.device.get_cublas_handle(), memory.stream)
+            # A cuBLAS handle's stream must not change inside a capture: the warm-up bound
+            # it to the capture stream (if it had GEMMs; otherwise bind it now), so the
+            # captured GEMMs skip setStream (cublas_ctypes.py).
+            default_gemm().ensure_bound(cupy.cuda.device.get_cublas_handle(), memory.stream)
             memory.stream.begin_capture()
             try:
                 self.output = fn()
