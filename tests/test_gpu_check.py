@@ -264,3 +264,10 @@ def test_check_fails_loudly_when_a_gpu_is_visible_but_cupy_cannot_import(tmp_pat
     assert "FAILED: kernel tests: not run" in log and "== kernels" not in log
     record = json.loads(next((tmp_path / "gpu").glob("*-nvidia-h200-abc1234.json")).read_text())
     assert record["kernel_tests"] is None and record["env"]["cupy_problem"].startswith("ImportError")
+
+
+def test_breakdown_child_runs_its_steps_on_the_cpu(tiny_config_file):
+    from tools.gpu_check import breakdown
+
+    # prefill, 3 warm-up steps, the profiled one: still every sequence decoding
+    assert breakdown.run_step(2, 20, tiny_config_file, device="cpu") == 2

@@ -73,16 +73,18 @@ def find_ncu() -> str | None:
     )
 
 
-def run_step(batch: int, context: int, config: str) -> None:
-    """The profiled child: one eager decode step at `batch` between profilerStart/Stop."""
-    import cupy
+def run_step(batch: int, context: int, config: str, device: str = "cuda") -> int:
+    """The profiled child: one eager decode step at `batch` between profilerStart/Stop
+    (device cpu: the same steps without a profiler, for the tests). Returns how many
+    sequences that step decoded."""
     import numpy as np
 
     from rawpage import LLM, SamplingParams
 
     # A pool just big enough: no memory profiling run, a quick start under ncu.
     blocks = max(batch, 2) * (-(-(context + 64) // 16))
-    llm = LLM(config, load_format="dummy", device="cuda", dtype="bfloat16", max_num_seqs=max(batch, 1),
+    dtype = "bfloat16" if device == "cuda" else "float32"
+    llm = LLM(config, load_format="dummy", device=device, dtype=dtype, max_num_seqs=max(batch, 1),
               max_model_len=context + 64, enforce_eager=True, num_gpu_blocks_override=blocks)  # fmt: skip
     engine = llm.engine
     rng = np.random.default_rng(0)
@@ -94,11 +96,18 @@ def run_step(batch: int, context: int, config: str) -> None:
         engine.step()  # prefill
     for _ in range(3):
         engine.step()  # decode warm-up: kernels loaded, cuBLAS heuristics cached
+    decoding = sum(len(r.seqs) for r in engine.requests.values())
+    if device != "cuda":
+        engine.step()
+        return decoding
+    import cupy
+
     cupy.cuda.Device().synchronize()
     cupy.cuda.runtime.profilerStart()
     engine.step()
     cupy.cuda.Device().synchronize()
     cupy.cuda.runtime.profilerStop()
+    return decoding
 
 
 def profile(ncu: str, batch: int, args, timeout: float) -> dict:
