@@ -13,7 +13,7 @@ import sys
 import uuid
 
 from rawpage.engine_args import EngineArgs
-from rawpage.errors import ModelLoadError
+from rawpage.errors import CudaUnusableError, ModelLoadError
 from rawpage.memory import OutOfMemoryError
 
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "generate":
             return _generate(args)
         return _chat(args)
-    except (ModelLoadError, OutOfMemoryError, ValueError) as e:
+    except (ModelLoadError, OutOfMemoryError, CudaUnusableError, ValueError) as e:
         print(f"rawpage: error: {e}", file=sys.stderr)
         return 2
 

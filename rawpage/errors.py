@@ -15,3 +15,7 @@ class InvalidRequestError(ValueError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+class CudaUnusableError(RuntimeError):
+    """A GPU is visible (nvidia-smi, the driver, torch), but CuPy cannot import or use it."""

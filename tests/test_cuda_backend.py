@@ -1,7 +1,8 @@
 """The cuda backend on a real GPU: gemmEx in every dtype, bfloat16 rounding on the
 device, dummy weights, memory sizing by profiling, and CUDA graphs against eager.
 
-Everything here skips cleanly without CuPy and a visible GPU; the same logic is
+Everything here skips where no GPU is visible (and fails where one is but CuPy
+cannot use it: tests/gpu_required.py); the same logic is
 covered on the CPU by test_cublas_gemm.py, test_memory.py and test_cuda_graphs.py.
 tools/gpu_check.sh runs this file.
 """
@@ -11,9 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rawpage.backends import cuda_available
+from tests.gpu_required import skip_without_cuda
 
-pytestmark = pytest.mark.skipif(not cuda_available(), reason="needs CuPy and a visible GPU")
+
+@pytest.fixture(autouse=True, scope="module")
+def _needs_cuda():  # module scope: before the `cupy` fixture imports it
+    skip_without_cuda()
+
 
 TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 

@@ -176,3 +176,11 @@ def test_engine_with_graphs_generates_what_eager_does(tiny_model_dir, monkeypatc
     assert replays[8] > 0 and replays[4] > 0, f"batches shrink as requests finish: {replays}"
     off = LLM(tiny_model_dir, max_num_seqs=8, max_model_len=256, enforce_eager=True)
     assert off.engine.runner.graphs is None
+
+
+def test_graphs_are_the_default_on_cuda():
+    """Issue 11: decode graphs on unless --enforce-eager (the engine checks both)."""
+    from rawpage.backends.cuda import CudaBackend
+    from rawpage.engine_args import EngineArgs
+
+    assert CudaBackend.supports_graphs and not EngineArgs().enforce_eager

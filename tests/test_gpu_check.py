@@ -3,15 +3,17 @@
 reads results the way the GPU run will write them."""
 
 import json
+import os
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 
 from tests.tiny_models import tiny_config
 
-STEPS = ["env", "deps", "parity", "microbench", "throughput", "summary"]
+STEPS = ["env", "deps", "parity", "microbench", "throughput", "breakdown", "summary"]
 
 
 @pytest.mark.parametrize("script", ["tools/gpu_check.sh", "tools/gpu_wheels.sh"])
@@ -43,11 +45,13 @@ def test_throughput_step_runs_on_the_cpu(tiny_config_file, tmp_path):
     out = tmp_path / "tp.json"
     r = throughput.main(["--config", tiny_config_file, "--device", "cpu", "--dtype", "float32",
                          "--num-requests", "6", "--input-len", "10:30", "--output-len", "4", "--max-num-seqs", "4",
-                         "--max-model-len", "128", "--decode-batch", "3", "--decode-context", "20",
+                         "--max-model-len", "128", "--decode-batches", "1,3", "--decode-context", "20",
                          "--decode-steps", "3", "--result-file", str(out)])  # fmt: skip
     assert r["output_tokens"] == 24 and r["output_tok_s"] > 0
     assert r["step_steps"] > 0 and r["step_build_batch_ms"] > 0
-    assert r["decode"]["batch"] == 3 and r["decode"]["kv_read_gb"] > 0
+    assert r["decode_b1"]["batch"] == 1 and r["decode_b3"]["batch"] == 3
+    assert r["decode_b3"]["kv_read_gb"] == pytest.approx(3 * r["decode_b1"]["kv_read_gb"])
+    assert r["decode_b3"]["wall_ms"] > 0 and r["decode_b3"]["gpu_ms"] is None  # no CUDA events on the CPU
     assert json.loads(out.read_text())["throughput_rawpage"]["num_requests"] == 6
 
 
@@ -85,14 +89,16 @@ def test_summary_table_from_parts(tmp_path):
     (parts / "throughput_rawpage.json").write_text(json.dumps({"throughput_rawpage": {
         "num_requests": 512, "output_tok_s": 6000.0, "total_tok_s": 36000.0, "startup_s": 30.0,
         "step_wall_ms": 40.0, "step_build_batch_ms": 0.5, "step_gpu_forward_ms": 35.0,
-        "decode": {"batch": 256, "context": 1024, "step_wall_ms": 30.0, "step_gpu_forward_ms": 25.0,
-                   "step_build_batch_ms": 0.4, "roofline_ms": 12.0, "wall_over_roofline": 2.5,
-                   "weight_gb": 16.1, "kv_read_gb": 34.4}}}))  # fmt: skip
+        "decode_b256": {"batch": 256, "context": 1024, "graphs": True, "wall_ms": 30.0, "gpu_ms": 25.0,
+                        "build_batch_ms": 0.4, "roofline_ms": 12.0, "wall_over_roofline": 2.5,
+                        "weight_gb": 16.1, "kv_read_gb": 34.4}}}))  # fmt: skip
     (parts / "throughput_hf.json").write_text(json.dumps({"throughput_hf": {"batch": 64, "output_tok_s": 1000.0}}))
-    (tmp_path / "k.log").write_text("....\n===== 120 passed, 3 skipped in 80.1s =====\n")
+    (tmp_path / "k.log").write_text("....\nSKIPPED [3] tests/kernels/test_paged_attention.py:168: a trap on a GPU "
+                                    "poisons the CUDA context\n===== 120 passed, 3 skipped in 80.1s =====\n")  # fmt: skip
     (tmp_path / "m.log").write_text("========= ERROR SUMMARY: 0 errors\n")
-    text = summary.main(["--parts", str(parts), "--kernel-log", str(tmp_path / "k.log"),
-                         "--memcheck-log", str(tmp_path / "m.log"), "--out-json", str(tmp_path / "r.json")])  # fmt: skip
+    assert summary.main(["--parts", str(parts), "--kernel-log", str(tmp_path / "k.log"), "--out-md", str(tmp_path / "s.md"),
+                         "--memcheck-log", str(tmp_path / "m.log"), "--out-json", str(tmp_path / "r.json")]) == 0  # fmt: skip
+    text = (tmp_path / "s.md").read_text()
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
     assert "120 passed, 3 skipped" in rows["kernel tests (cuda)"] and rows["kernel tests (cuda)"].endswith("| ok |")
     assert rows["compute-sanitizer memcheck"].endswith("| ok |")
@@ -101,9 +107,10 @@ def test_summary_table_from_parts(tmp_path):
     )
     assert rows["prefill attention 8x2048 causal"].endswith("MISS |")
     assert "(6.0x)" in rows["offline throughput, 512 req, Llama-3-8B shape"]
-    assert rows["decode step B=256 ctx=1024"].endswith("MISS |")
+    assert rows["decode step B=256 ctx=1024, graphs"].endswith("MISS |")
     assert rows["parity vs transformers, bfloat16"].endswith("— |"), "not measured is neither ok nor MISS"
-    assert json.loads((tmp_path / "r.json").read_text())["kernel_tests"] == "120 passed, 3 skipped in 80.1s"
+    kernel = json.loads((tmp_path / "r.json").read_text())["kernel_tests"]
+    assert (kernel["passed"], kernel["skipped"], kernel["unexpected_skips"], kernel["ok"]) == (120, 3, [], True)
 
 
 def test_deps_picks_wheels_for_this_interpreter(tmp_path):
@@ -121,3 +128,146 @@ def test_deps_picks_wheels_for_this_interpreter(tmp_path):
         z.writestr("demo_helper.py", "")
         z.writestr("demo-1.0.dist-info/METADATA", "")
     assert top_level(str(wheel)) == {"demo", "demo_helper"}
+
+
+SAMPLE = Path(__file__).parent / "data" / "gpu_check_h200_2026-11-30"  # figures of the first H200 run; see its README
+
+
+def test_record_written_from_the_recorded_h200_sample(tmp_path):
+    from tools.gpu_check import summary
+
+    status = summary.main(["--parts", str(SAMPLE / "parts"), "--kernel-log", str(SAMPLE / "kernel_tests.log"),
+                           "--memcheck-log", str(SAMPLE / "memcheck.log"), "--record-dir", str(tmp_path / "gpu"),
+                           "--date", "2026-11-30", "--gpu", "NVIDIA H200", "--commit", "04f1a5f"])  # fmt: skip
+    assert status == 1, "13 kernel test failures fail the check"
+    record = json.loads((tmp_path / "gpu" / "2026-11-30-nvidia-h200-04f1a5f.json").read_text())
+    assert (record["gpu"], record["commit"]) == ("NVIDIA H200", "04f1a5f")
+    assert (record["kernel_tests"]["passed"], record["kernel_tests"]["failed"], record["kernel_tests"]["ok"]) == (
+        198, 13, False)  # fmt: skip
+    assert record["parity"]["bfloat16"]["ok"] and record["parity"]["float32"]["prefill"]["max_rel"] == 1.4e-5
+    assert record["microbench"]["prefill"]["tflops"] == 40.0
+    assert record["throughput"]["ratio"] == pytest.approx(3356 / 567)
+    assert "decode_b1" not in record["throughput"]["rawpage"]
+    for key, (wall, roofline) in {"decode_b1": (7.74, 3.96), "decode_b256": (23.4, 12.4)}.items():
+        assert {"wall_ms", "gpu_ms", "roofline_ms"} <= set(record[key])
+        assert (record[key]["wall_ms"], record[key]["roofline_ms"], record[key]["gpu_ms"]) == (wall, roofline, None)
+    assert record["breakdown_b256"]["families"][0]["name"] == "paged_attention_decode"
+    assert record["breakdown_b1"]["kernels"] == 424 and record["breakdown_b256"]["total_ms"] == 35.3
+    md = (tmp_path / "gpu" / "2026-11-30-nvidia-h200-04f1a5f.md").read_text()
+    assert md == record["table_md"] + "\n" and md.startswith("| check | result | target | |")
+    rows = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| ")}
+    assert rows["kernel tests (cuda)"].endswith("| MISS |") and "13 failed, 198 passed" in rows["kernel tests (cuda)"]
+    assert (
+        "7.74 ms wall" in rows["decode step B=1 ctx=1024, graphs"]
+        and "= 1.95x" in rows["decode step B=1 ctx=1024, graphs"]
+    )
+    assert "paged_attention_decode 26.60 ms (75%)" in rows["one eager decode step B=256, ncu"]
+
+
+def test_a_record_always_has_every_key_even_when_nothing_ran():
+    from tools.gpu_check.record import build_record, record_name
+
+    record = build_record({}, "2026-12-01", "NVIDIA H200", "abc1234", "| table |")
+    for key in ("gpu", "commit", "kernel_tests", "parity", "microbench", "throughput", "decode_b1", "decode_b256",
+                "breakdown_b1", "breakdown_b256"):  # fmt: skip
+        assert key in record
+    assert record["decode_b1"] is None and record["throughput"] is None
+    assert record_name("2026-12-01", "NVIDIA H200 NVL", "abc1234") == "2026-12-01-nvidia-h200-nvl-abc1234"
+
+
+@pytest.mark.parametrize(
+    "log, ok",
+    [
+        (
+            "SKIPPED [210] tests/kernels/conftest.py:90: no GPU visible to CuPy\n== 2 passed, 210 skipped in 3.1s ==",
+            False,
+        ),
+        (
+            "SKIPPED [3] tests/kernels/test_paged_attention.py:168: a trap on a GPU poisons the CUDA context\n"
+            "== 208 passed, 3 skipped in 90.0s ==",
+            True,
+        ),
+        ("== 200 passed, 2 errors in 90.0s ==", False),
+        ("== 1 failed, 210 passed in 90.0s ==", False),
+        ("== 211 skipped in 1.0s ==", False),
+    ],
+    ids=["gpu_skips", "trap_skips", "errors", "failed", "nothing_passed"],
+)
+def test_kernel_step_passes_only_without_failures_or_unexpected_skips(tmp_path, log, ok):
+    from tools.gpu_check.summary import failures, pytest_result
+
+    (tmp_path / "k.log").write_text(log + "\n")
+    result = pytest_result(str(tmp_path / "k.log"))
+    assert result["ok"] is ok
+    assert bool(failures({"kernel_tests": result})) is not ok
+
+
+# Synthetic, in the layout of `ncu --csv --print-units base` (kernel names shortened)
+NCU_CSV = """==PROF== Connected to process 4242 (/usr/bin/python3.12)
+profiled one decode step
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","4242","python3.12","127.0.0.1","fused_add_rms_norm_bf16","1","13","(1024, 1, 1)","(1, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","15,008"
+"1","4242","python3.12","127.0.0.1","nvjet_tst_64x8_64x16_4x1_v_bz_TNT","1","13","(128, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","40,512"
+"2","4242","python3.12","127.0.0.1","paged_attention_decode_bf16_d128","1","13","(128, 1, 1)","(32, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","50,000"
+"3","4242","python3.12","127.0.0.1","paged_attention_decode_reduce_bf16","1","13","(128, 1, 1)","(32, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","4.5"
+"4","4242","python3.12","127.0.0.1","fused_add_rms_norm_bf16","1","13","(1024, 1, 1)","(1, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","14,992"
+==PROF== Disconnected from process 4242
+"""
+
+
+def test_ncu_csv_is_summed_by_kernel_family():
+    from tools.gpu_check.breakdown import parse_ncu_csv
+
+    r = parse_ncu_csv(NCU_CSV)
+    assert r["kernels"] == 5 and r["total_ms"] == pytest.approx(0.125012)
+    fams = {f["name"]: f for f in r["families"]}
+    assert set(fams) == {
+        "paged_attention_decode",
+        "gemm (cuBLAS)",
+        "fused_add_rms_norm",
+        "paged_attention_decode_reduce",
+    }
+    assert fams["fused_add_rms_norm"]["launches"] == 2 and fams["fused_add_rms_norm"]["ms"] == 0.03
+    assert fams["paged_attention_decode_reduce"]["ms"] == 0.0045
+    assert r["families"][0]["name"] == "paged_attention_decode"
+    with pytest.raises(ValueError, match="cudaProfilerStart"):
+        parse_ncu_csv("==PROF== no kernels were profiled\n")
+
+
+def test_breakdown_without_ncu_says_so(monkeypatch, tmp_path):
+    from tools.gpu_check import breakdown
+
+    monkeypatch.setattr(breakdown, "find_ncu", lambda: None)
+    r = breakdown.main(["--batches", "1,256", "--result-file", str(tmp_path / "b.json")])
+    assert r == {"breakdown_b1": {"skipped": "ncu not found"}, "breakdown_b256": {"skipped": "ncu not found"}}
+
+
+def test_check_fails_loudly_when_a_gpu_is_visible_but_cupy_cannot_import(tmp_path):
+    """The whole script, on the first H200 run's failure: a GPU on nvidia-smi, CuPy
+    broken by an import error. It must stop, show the error and exit 1."""
+    bin_dir, broken = tmp_path / "bin", tmp_path / "broken" / "cupy"
+    bin_dir.mkdir()
+    broken.mkdir(parents=True)
+    (bin_dir / "nvidia-smi").write_text('#!/bin/sh\nif [ "$1" = "-L" ]; then echo "GPU 0: NVIDIA H200 (UUID: x)"; '
+                                        'else echo "NVIDIA H200"; fi\n')  # fmt: skip
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    (broken / "__init__.py").write_text("raise ImportError(\"cannot import name 'pathfinder' from 'cuda'\")\n")
+    env = dict(os.environ, OUT=str(tmp_path / "out"), PYTHON=sys.executable, RECORD_DIR=str(tmp_path / "gpu"),
+               PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(broken.parent), GIT_COMMIT="abc1234")  # fmt: skip
+    out = subprocess.run(["bash", "tools/gpu_check.sh"], env=env, capture_output=True, text=True, timeout=120)
+    log = (tmp_path / "out" / "gpu_check.log").read_text()
+    assert out.returncode == 1, log
+    assert (
+        "FATAL: GPU 0: NVIDIA H200 (UUID: x) is visible, but CuPy cannot use it: ImportError: cannot import name 'pathfinder'"
+        in log
+    )
+    assert "FAILED: kernel tests: not run" in log and "== kernels" not in log
+    record = json.loads(next((tmp_path / "gpu").glob("*-nvidia-h200-abc1234.json")).read_text())
+    assert record["kernel_tests"] is None and record["env"]["cupy_problem"].startswith("ImportError")
+
+
+def test_breakdown_child_runs_its_steps_on_the_cpu(tiny_config_file):
+    from tools.gpu_check import breakdown
+
+    # prefill, 3 warm-up steps, the profiled one: still every sequence decoding
+    assert breakdown.run_step(2, 20, tiny_config_file, device="cpu") == 2

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The one-shot GPU check: everything issue 5 asks a GPU to show, in one call.
+# The one-shot GPU check: everything issue 5 and issue 11 ask a GPU to show, in
+# one call, in at most 6 minutes (so a 15-minute GPU loan leaves time to fix and rerun).
 #
 #   OUT=/path/to/results GIT_COMMIT=$(git rev-parse --short HEAD) bash tools/gpu_check.sh
 #
@@ -8,24 +9,31 @@
 # this tree. pytest and transformers are unpacked from .gpu-wheels/ if the image
 # lacks them (fill it beforehand with tools/gpu_wheels.sh and carry it along).
 #
-# Steps, each cut off at its share of the time left (GPU_CHECK_BUDGET seconds in
-# all, default 450), so a hang costs one step, not the table:
-#   env         GPU, driver, CUDA, CuPy, torch versions
-#   kernels     the kernel tests and the cuda backend tests on --device cuda
-#   microbench  decode/prefill attention and rms_norm against copy bandwidth and SDPA
-#   throughput  512 requests on a Llama-3-8B-shaped dummy model; decode step at
-#               batch 256 against its roofline; startup time
-#   baseline    the same workload through transformers' generate, static batches of 64
+# Steps, most important first, each cut off at its share of the time left
+# (GPU_CHECK_BUDGET seconds in all, default 345), so a hang costs one step:
+#   env         GPU, driver, CUDA, CuPy, torch versions. If CuPy cannot use the
+#               GPU, the check stops here with CuPy's error and exits 1.
+#   kernels     the kernel tests and the cuda backend tests on --device cuda, with
+#               RAWPAGE_REQUIRE_GPU=1: a test that cannot reach the GPU fails
 #   parity      logits against transformers on Llama-3.2-1B shapes, bfloat16 and float32
+#   throughput  512 requests on a Llama-3-8B-shaped dummy model (graphs on); decode
+#               step wall, GPU and roofline times at batch 1 and 256; startup time
+#   breakdown   ncu's per-kernel times of one eager decode step at batch 1 and 256,
+#               if ncu is installed
+#   microbench  decode/prefill attention and rms_norm against copy bandwidth and SDPA
+#   baseline    the same workload through transformers' generate, static batches of 64
 #   memcheck    compute-sanitizer over a few small kernel tests, if it is installed
 # Writes under $OUT: gpu_check.log (all output), kernel_tests.log, memcheck.log,
-# results.json (every figure) and summary.md (the table, printed last).
+# results.json (every figure), summary.md (the table, printed last), and the
+# record docs/gpu/<date>-<gpu>-<commit>.json and .md (also left in docs/gpu/).
+# Exit status: 0 if every correctness check passed (kernel tests with no
+# unexpected skip, parity, memcheck), 1 otherwise. Slow is not a failure.
 set -uo pipefail  # not -e: a failing step must not stop the others
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to the folder for the results}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-BUDGET=${GPU_CHECK_BUDGET:-450}
+BUDGET=${GPU_CHECK_BUDGET:-345}
 PARTS=$(mktemp -d)
 DEPS=$(mktemp -d)
 export PYTHONPATH="$DEPS:$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -44,40 +52,55 @@ step() {
     return
   fi
   echo "== $name (at ${SECONDS}s, up to ${t}s)"
-  local start=$SECONDS
+  local start=$SECONDS status
   timeout --signal=INT --kill-after=10 "$t" "$@"
-  echo "== $name: exit $? after $((SECONDS - start))s"
+  status=$?
+  echo "== $name: exit $status after $((SECONDS - start))s"
+  return $status
 }
 
 sanitizer=$(command -v compute-sanitizer ||
   ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
 
-step deps 40 "$PY" -m tools.gpu_check.deps --wheelhouse .gpu-wheels --target "$DEPS"
+step deps 30 "$PY" -m tools.gpu_check.deps --wheelhouse .gpu-wheels --target "$DEPS"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
-step env 30 "$PY" -m tools.gpu_check.env --result-file "$PARTS/env.json"
-step kernels 150 env RAWPAGE_KERNEL_DEVICES=cuda "$PY" -m pytest -q -p no:cacheprovider -m "not slow" \
-  tests/kernels/test_elementwise.py tests/kernels/test_paged_attention.py tests/kernels/test_model_sim.py \
-  tests/test_cuda_backend.py 2>&1 | tee "$OUT/kernel_tests.log"
-step microbench 90 "$PY" -m tools.gpu_check.microbench --result-file "$PARTS/microbench.json"
-step throughput 150 "$PY" -m tools.gpu_check.throughput --engine rawpage \
-  --config tools/configs/llama-3-8b/config.json --result-file "$PARTS/throughput_rawpage.json"
-step baseline 100 "$PY" -m tools.gpu_check.throughput --engine hf \
-  --config tools/configs/llama-3-8b/config.json --result-file "$PARTS/throughput_hf.json"
-step parity 100 "$PY" -m tools.gpu_check.parity --config tools/configs/llama-3.2-1b/config.json \
-  --device cuda --result-file "$PARTS/parity.json"
-if [ -n "$sanitizer" ]; then
-  step memcheck 90 env RAWPAGE_KERNEL_DEVICES=cuda RAWPAGE_CUDA_NO_POOL=1 "$sanitizer" --tool memcheck \
-    --print-limit 20 "$PY" -m pytest -q -p no:cacheprovider tests/kernels/test_elementwise.py \
-    tests/kernels/test_paged_attention.py \
-    -k "bfloat16 and (test_rms_norm or test_write_kv or test_decode_long_context or test_prefill_query_as_a_view)" \
-    >"$OUT/memcheck.log" 2>&1
+if step env 30 "$PY" -m tools.gpu_check.env --result-file "$PARTS/env.json"; then
+  step kernels 110 env RAWPAGE_KERNEL_DEVICES=cuda RAWPAGE_REQUIRE_GPU=1 "$PY" -m pytest -q -ra -p no:cacheprovider \
+    -m "not slow" tests/kernels/test_elementwise.py tests/kernels/test_paged_attention.py \
+    tests/kernels/test_model_sim.py tests/test_cuda_backend.py 2>&1 | tee "$OUT/kernel_tests.log"
+  step parity 60 "$PY" -m tools.gpu_check.parity --config tools/configs/llama-3.2-1b/config.json \
+    --device cuda --result-file "$PARTS/parity.json"
+  step throughput 90 "$PY" -m tools.gpu_check.throughput --engine rawpage --decode-batches 1,256 \
+    --config tools/configs/llama-3-8b/config.json --result-file "$PARTS/throughput_rawpage.json"
+  step breakdown 80 "$PY" -m tools.gpu_check.breakdown --batches 1,256 --timeout 70 \
+    --config tools/configs/llama-3-8b/config.json --result-file "$PARTS/breakdown.json"
+  step microbench 40 "$PY" -m tools.gpu_check.microbench --result-file "$PARTS/microbench.json"
+  step baseline 45 "$PY" -m tools.gpu_check.throughput --engine hf \
+    --config tools/configs/llama-3-8b/config.json --result-file "$PARTS/throughput_hf.json"
+  if [ -n "$sanitizer" ]; then
+    step memcheck 40 env RAWPAGE_KERNEL_DEVICES=cuda RAWPAGE_CUDA_NO_POOL=1 "$sanitizer" --tool memcheck \
+      --print-limit 20 "$PY" -m pytest -q -p no:cacheprovider tests/kernels/test_elementwise.py \
+      tests/kernels/test_paged_attention.py \
+      -k "bfloat16 and (test_rms_norm or test_write_kv or test_decode_long_context or test_prefill_query_as_a_view)" \
+      >"$OUT/memcheck.log" 2>&1
+  else
+    echo "compute-sanitizer not found: memcheck skipped" | tee "$OUT/memcheck.log"
+  fi
 else
-  echo "compute-sanitizer not found: memcheck skipped" | tee "$OUT/memcheck.log"
+  echo "== env failed: CuPy cannot use the GPU (the error is above); no GPU step can run"
 fi
 
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-header="GPU check, $(date -u +%Y-%m-%d), ${gpu:-unknown GPU}, commit ${GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}, ${SECONDS}s"
+commit=${GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+today=$(date -u +%Y-%m-%d)
+RECORD_DIR=${RECORD_DIR:-docs/gpu}
+header="GPU check, $today, ${gpu:-unknown GPU}, commit $commit, ${SECONDS}s"
 "$PY" -m tools.gpu_check.summary --parts "$PARTS" --kernel-log "$OUT/kernel_tests.log" \
-  --memcheck-log "$OUT/memcheck.log" --out-json "$OUT/results.json" --out-md "$OUT/summary.md" --header "$header"
+  --memcheck-log "$OUT/memcheck.log" --out-json "$OUT/results.json" --out-md "$OUT/summary.md" --header "$header" \
+  --record-dir "$RECORD_DIR" --date "$today" --gpu "${gpu:-unknown GPU}" --commit "$commit"
+status=$?
+cp "$RECORD_DIR"/"$today"-*-"$commit".* "$OUT"/ 2>/dev/null
+echo "== gpu_check: exit $status after ${SECONDS}s"
 exec 1>&- 2>&-
 wait  # for tee to write the end of gpu_check.log
+exit $status

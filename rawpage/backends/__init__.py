@@ -9,7 +9,12 @@
 
 from __future__ import annotations
 
+import logging
+
 from rawpage.backends.base import Backend
+from rawpage.backends.gpu_probe import cupy_problem, require_cuda, visible_gpus
+
+logger = logging.getLogger(__name__)
 
 
 def get_backend(device: str = "cpu", dtype: str | None = None) -> Backend:
@@ -18,6 +23,10 @@ def get_backend(device: str = "cpu", dtype: str | None = None) -> Backend:
     float16 on cuda. The cpu backend computes in float32 only."""
     if device == "auto":
         device = "cuda" if cuda_available() else "cpu"
+        if device == "cpu" and (gpus := visible_gpus()):
+            # not an error (the CPU path works), but never a silent one
+            logger.warning("--device auto: %s is visible but CuPy cannot use it (%s); running on the CPU",
+                           gpus[0], cupy_problem())  # fmt: skip
     if device == "cpu":
         from rawpage.backends.cpu import CPUBackend
 
@@ -29,8 +38,7 @@ def get_backend(device: str = "cpu", dtype: str | None = None) -> Backend:
 
         return SimBackend(dtype or "float32")
     if device == "cuda":
-        if not cuda_available():
-            raise ValueError("--device cuda needs CuPy and a visible GPU; try --device cpu or sim")
+        require_cuda()  # raises with CuPy's own error when a GPU is visible but unusable
         from rawpage.backends.cuda import CudaBackend
 
         return CudaBackend(dtype or "float16")
@@ -38,9 +46,5 @@ def get_backend(device: str = "cpu", dtype: str | None = None) -> Backend:
 
 
 def cuda_available() -> bool:
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
+    """CuPy imports and sees a GPU. Why not, if not: gpu_probe.cupy_problem()."""
+    return cupy_problem() is None

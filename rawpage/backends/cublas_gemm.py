@@ -23,8 +23,13 @@ the call from shapes and dtypes alone, and `gemm_ref` replays a call on flat
 NumPy buffers exactly as cuBLAS defines it, so the tests check the layout and
 dtype mapping without a GPU.
 
-A bias rides on beta: y starts as the bias broadcast over the rows, and the
-GEMM adds to it (beta = 1), so the sum is formed in float32 and rounded once.
+A bias rides on beta: y starts as a copy of the bias broadcast over the rows,
+and the GEMM adds to it (beta = 1), so the sum is formed in float32 and rounded
+once. y is always a fresh array: for T = 1, `ascontiguousarray(broadcast_to(bias,
+(1, N)))` is the bias itself, and the GEMM would write into the weight.
+
+The call itself goes through ctypes on CuPy's handle (cublas_ctypes.py), so that
+CUDA graphs can capture it.
 """
 
 from __future__ import annotations
@@ -67,10 +72,13 @@ class GemmCall:
     b_type: int
     c_type: int
     compute_type: int = CUBLAS_COMPUTE_32F
+    algo: int = CUBLAS_GEMM_DEFAULT
 
 
 def row_stride(x: Any) -> int:
     """Elements between rows of a 2-D array whose rows are contiguous."""
+    if x.ndim == 2 and x.size == 0:
+        return max(1, x.shape[1])  # CuPy gives empty arrays strides (0, 0); cuBLAS wants ld >= 1
     if x.ndim != 2 or (x.shape[1] > 1 and x.strides[1] != x.itemsize):
         raise ValueError(f"GEMM operands need contiguous rows, got shape {x.shape} strides {x.strides}")
     return x.strides[0] // x.itemsize if x.shape[0] > 1 else x.shape[1]
@@ -109,8 +117,9 @@ def gemm_ref(call: GemmCall, a: np.ndarray, b: np.ndarray, c: np.ndarray, alpha:
     B = matrix(b, *((n, k) if call.transb == CUBLAS_OP_T else (k, n)), call.ldb, call.b_type)
     A = A.T if call.transa == CUBLAS_OP_T else A
     B = B.T if call.transb == CUBLAS_OP_T else B
-    C = matrix(c, m, n, call.ldc, call.c_type)
-    result = alpha * (A @ B) + beta * C
+    result = alpha * (A @ B)
+    if beta != 0:  # cuBLAS does not read C when beta is 0: it may hold anything, NaN included
+        result += beta * matrix(c, m, n, call.ldc, call.c_type)
     i, j = np.meshgrid(np.arange(m), np.arange(n), indexing="ij")
     flat = result.astype(np.float32)
     if call.c_type == CUDA_R_16BF:
@@ -123,28 +132,34 @@ def cublas_matmul(x: Any, w: Any, bias: Any | None = None, out_dtype: Any = None
     """x (T, K) @ w (N, K).T + bias (N,) -> (T, N) in out_dtype (default: x's), on the
     current CuPy stream. x, w and bias share a dtype; rows must be contiguous."""
     import cupy
-    from cupy_backends.cuda.libs import cublas
 
+    from rawpage.backends.cublas_ctypes import default_gemm
+
+    handle, stream = cupy.cuda.device.get_cublas_handle(), cupy.cuda.get_current_stream()
+    return gemm_matmul(cupy, default_gemm(), handle, stream, x, w, bias, out_dtype)
+
+
+def gemm_matmul(xp: Any, gemm: Any, handle: int, stream: Any, x: Any, w: Any, bias: Any | None, out_dtype: Any) -> Any:
+    """cublas_matmul with its array module, CublasGemm, handle and stream passed in:
+    the tests run it on NumPy arrays with a fake library that replays gemm_ref."""
     out_dtype = np.dtype(out_dtype or x.dtype)
     if not x.flags.c_contiguous:
-        x = cupy.ascontiguousarray(x)
+        x = xp.ascontiguousarray(x)
     call = plan_gemm(x, w, out_dtype)
     T, N = x.shape[0], w.shape[0]
-    if bias is None:
-        y, beta = cupy.empty((T, N), dtype=out_dtype), _ZERO
-    else:
+    y = xp.empty((T, N), dtype=out_dtype)  # (T, N); fresh, so never an alias of the bias, x or w
+    beta = _ZERO
+    if bias is not None:
         if np.dtype(bias.dtype) != out_dtype:
             raise TypeError(f"bias dtype {bias.dtype} must be the output dtype {out_dtype}")
-        y, beta = cupy.ascontiguousarray(cupy.broadcast_to(bias, (T, N))), _ONE
+        y[...] = bias  # a copy broadcast over the rows, which the GEMM adds to
+        beta = _ONE
     if T == 0 or N == 0:
         return y
-    handle = cupy.cuda.device.get_cublas_handle()
-    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
-    cublas.gemmEx(
-        handle, call.transa, call.transb, call.m, call.n, call.k,
-        _ONE.ctypes.data, w.data.ptr, call.a_type, call.lda,
-        x.data.ptr, call.b_type, call.ldb,
-        beta.ctypes.data, y.data.ptr, call.c_type, call.ldc,
-        call.compute_type, CUBLAS_GEMM_DEFAULT,
-    )  # fmt: skip
+    gemm(handle, stream, call, _ONE.ctypes.data, _pointer(w), _pointer(x), beta.ctypes.data, _pointer(y))
     return y
+
+
+def _pointer(a: Any) -> int:
+    """The address of a CuPy array's data, or of a NumPy array's in the tests."""
+    return a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr

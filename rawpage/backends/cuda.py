@@ -1,5 +1,6 @@
 """`--device cuda`: CuPy arrays, our kernels as RawModules compiled by NVRTC,
-and GEMMs on cuBLAS's gemmEx with float32 accumulation.
+and GEMMs on cuBLAS's gemmEx with float32 accumulation, called through ctypes
+so that CUDA graphs can capture them (cublas_ctypes.py).
 
 Only the loader, the GEMM, memory accounting and graph capture are
 GPU-specific; every op's launch code is the one in rawpage/ops that the `sim`
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from rawpage.backends.base import Array
+from rawpage.backends.cublas_ctypes import default_gemm
 from rawpage.backends.cublas_gemm import cublas_matmul
 from rawpage.backends.kernel_backend import KernelBackend
 from rawpage.dtypes import BFLOAT16, from_float32
@@ -113,6 +115,7 @@ class CudaBackend(KernelBackend):
         self.memory = CupyMemory()
         self._graph_memory = None  # created with the first capture
         _check_cublas_constants()
+        default_gemm()  # finds libcublas now, so that a problem shows at startup, not in the first step
 
     # --- arrays -----------------------------------------------------------
     def asarray(self, x: np.ndarray, dtype: Any = None) -> Array:

@@ -16,6 +16,9 @@ What a replay assumes, and how it holds:
 - Launch choices made on the host (the decode kernel's split count, grids)
   are frozen at capture. The runner captures with the longest context the
   engine allows, so each frozen choice is valid for every later batch.
+- cuBLAS is called through ctypes on CuPy's handle, whose stream is bound
+  before the capture and never inside it (rawpage/backends/cublas_ctypes.py):
+  CuPy's own wrapper refuses to run during a capture.
 - Nothing in the forward pass synchronizes with the host or reads device
   memory from Python; the capture would fail loudly if it did.
 """
@@ -24,6 +27,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from rawpage.backends.cublas_ctypes import default_gemm
 
 
 class GraphMemory:
@@ -54,6 +59,10 @@ class CudaGraph:
             # and grows the pool, so that the capture itself allocates nothing new.
             fn()
             memory.stream.synchronize()
+            # A cuBLAS handle's stream must not change inside a capture: the warm-up bound
+            # it to the capture stream (if it had GEMMs; otherwise bind it now), so the
+            # captured GEMMs skip setStream (cublas_ctypes.py).
+            default_gemm().ensure_bound(cupy.cuda.device.get_cublas_handle(), memory.stream)
             memory.stream.begin_capture()
             try:
                 self.output = fn()

@@ -35,10 +35,20 @@ class KernelLoader(Protocol):
 
 
 def cuda_source_dir() -> Path:
-    """The kernel sources: cuda/ in a checkout, rawpage/cuda/ in an installed wheel."""
+    """The kernel sources: cuda/ in a checkout, rawpage/cuda/ in an installed wheel.
+
+    cuda/ has no __init__.py on purpose. With the repository root on sys.path
+    (PYTHONPATH=., pytest's rootdir), a regular package named `cuda` would shadow
+    NVIDIA's `cuda` namespace (cuda.pathfinder, cuda.bindings) and CuPy 14 would
+    fail to import. As a namespace portion it merges with NVIDIA's instead, and
+    rawpage.cuda is a namespace package too: it has a __path__ but no __file__.
+    """
     import rawpage.cuda
 
-    return Path(rawpage.cuda.__file__).resolve().parent
+    for entry in rawpage.cuda.__path__:
+        if (Path(entry) / "common.cuh").is_file():
+            return Path(entry).resolve()
+    raise FileNotFoundError(f"no kernel sources (common.cuh) in rawpage.cuda's path {list(rawpage.cuda.__path__)}")
 
 
 def dtype_suffix(x: Any) -> str:

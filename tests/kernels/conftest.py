@@ -85,10 +85,9 @@ def device(request: pytest.FixtureRequest) -> Device:
 
         return Device("sim", _poisoned_numpy(), SimKernelLoader(debug=True))
     if request.param == "cuda":
-        from rawpage.backends import cuda_available
+        from tests.gpu_required import skip_without_cuda
 
-        if not cuda_available():
-            pytest.skip("no GPU visible to CuPy (set RAWPAGE_KERNEL_DEVICES=sim to hide these)")
+        skip_without_cuda()
         import cupy
 
         from rawpage.backends.cuda import CupyKernelLoader

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from rawpage.models.llama import LlamaModel
 
-from rawpage.backends import cuda_available, get_backend
+from rawpage.backends import get_backend
 from rawpage.config import ModelConfig
 from rawpage.forward_batch import ForwardBatch
+from tests.gpu_required import skip_without_cuda
 from tests.kernels.conftest import devices
 
 BLOCK_SIZE, NUM_BLOCKS = 16, 24
@@ -119,8 +120,8 @@ LOGIT_TOLERANCE = {"float32": 1e-5, "float16": 6e-3, "bfloat16": 4e-2}
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("device", devices())
 def test_tiny_llama_logits_match_cpu(device, dtype):
-    if device == "cuda" and not cuda_available():
-        pytest.skip("no GPU visible to CuPy")
+    if device == "cuda":
+        skip_without_cuda()
     config, tensors = tiny_llama()
     cpu = Runner(LlamaModel(config, get_backend("cpu"), tensors))
     dev = Runner(LlamaModel(config, get_backend(device, dtype), tensors))

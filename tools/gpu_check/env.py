@@ -3,7 +3,9 @@
     python -m tools.gpu_check.env --result-file out.json
 
 Whatever cannot be imported is reported as missing rather than failing, so the
-later steps can say why they were skipped.
+later steps can say why they were skipped. The one exception is CuPy: if it
+cannot use a GPU, the step prints CuPy's error and exits 1, and gpu_check.sh
+stops there (the first H200 run went on, skipped 210 tests and said "ok").
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import platform
 import shutil
+import sys
 
 from tools.gpu_check.common import write_json
 
@@ -77,9 +80,25 @@ def main(argv: list[str] | None = None) -> dict:
         result["torch_cuda"] = f"{torch.version.cuda}, available={torch.cuda.is_available()}"
     except Exception:
         pass
+    from rawpage.backends.gpu_probe import cupy_problem, visible_gpus
+
+    result["cupy_problem"] = cupy_problem()
+    result["visible_gpus"] = visible_gpus(use_torch=True)
     write_json(args.result_file, {"env": result})
     return result
 
 
+def fatal(result: dict) -> str | None:
+    """Why the GPU check cannot go on, or None."""
+    if result.get("cupy_problem") is None:
+        return None
+    gpus = result.get("visible_gpus") or []
+    where = f"{gpus[0]} is visible, but CuPy cannot use it" if gpus else "CuPy sees no GPU"
+    return f"{where}: {result['cupy_problem']}"
+
+
 if __name__ == "__main__":
-    main()
+    reason = fatal(main())
+    if reason:
+        print(f"\nFATAL: {reason}", file=sys.stderr)
+        raise SystemExit(1)

@@ -10,9 +10,10 @@ The workload: --num-requests prompts of random token ids, lengths uniform in
 memory profiled, KV cache allocated, graphs captured), then the whole workload
 through LLM.generate: output and total tok/s; per engine step, the wall time,
 the CPU time spent building batch metadata, and the GPU time of the forward
-pass (CUDA events around it). Then a decode-only phase: --decode-batch
-sequences of --decode-context tokens, timing --decode-steps steps, against the
-roofline (weight bytes + KV bytes read) / measured copy bandwidth.
+pass (CUDA events around it). Then a decode-only phase for each batch in
+--decode-batches (default 1 and 256): that many sequences of --decode-context
+tokens, timing --decode-steps steps (graphs on unless --enforce-eager): wall,
+GPU and roofline (weight bytes + KV bytes read) / measured copy bandwidth.
 
 --engine hf: transformers' LlamaForCausalLM of the same shapes (its own random
 init) running `generate` on static, left-padded batches of --hf-batch requests:
@@ -128,19 +129,20 @@ def run_rawpage(args) -> dict:
         **{f"step_{k}": v for k, v in steps.items()},
     }
     if args.decode_steps:
-        result["decode"] = decode_phase(engine, timer, args, vocab, copy_gbs)
+        for batch in (int(b) for b in args.decode_batches.split(",")):
+            result[f"decode_b{batch}"] = decode_phase(engine, timer, args, batch, vocab, copy_gbs)
     return result
 
 
-def decode_phase(engine, timer: StepTimer, args, vocab: int, copy_gbs: float | None) -> dict:
-    """--decode-batch sequences decoding together; time --decode-steps steps of that."""
+def decode_phase(engine, timer: StepTimer, args, batch: int, vocab: int, copy_gbs: float | None) -> dict:
+    """`batch` sequences decoding together; time --decode-steps steps of that."""
     from rawpage import SamplingParams
 
     rng = np.random.default_rng(args.seed + 1)
     params = SamplingParams(temperature=0, max_tokens=args.decode_steps + 8, ignore_eos=True)
-    for i in range(args.decode_batch):
+    for i in range(batch):
         prompt = rng.integers(100, vocab, args.decode_context).tolist()
-        engine.add_request(f"decode-{i}", {"prompt_token_ids": prompt}, params)
+        engine.add_request(f"decode-{batch}-{i}", {"prompt_token_ids": prompt}, params)
     while any(s.num_output_tokens == 0 for r in engine.requests.values() for s in r.seqs):
         engine.step()  # prefill everyone (chunked); the first tokens come out here
     timer.reset()
@@ -153,23 +155,25 @@ def decode_phase(engine, timer: StepTimer, args, vocab: int, copy_gbs: float | N
     c = engine.model_config
     kv_per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * engine.backend.dtype.itemsize
     mean_context = args.decode_context + 1 + args.decode_steps / 2
-    kv_bytes = args.decode_batch * mean_context * kv_per_token
+    kv_bytes = batch * mean_context * kv_per_token
     weight_bytes = engine.model.num_bytes()
     engine.abort_request(list(engine.requests))
     engine.step()
     out = {
-        "batch": args.decode_batch,
+        "batch": batch,
         "context": args.decode_context,
-        "step_wall_ms": 1e3 * float(np.median(walls)),
-        "step_build_batch_ms": steps["build_batch_ms"],
-        "step_gpu_forward_ms": steps.get("gpu_forward_ms"),
+        "graphs": engine.runner.graphs is not None,
+        "wall_ms": 1e3 * float(np.median(walls)),
+        "gpu_ms": steps.get("gpu_forward_ms"),  # CUDA events around the forward pass (cuda only)
+        "roofline_ms": None,
+        "build_batch_ms": steps["build_batch_ms"],
         "weight_gb": weight_bytes / GB,
         "kv_read_gb": kv_bytes / GB,
     }
     if copy_gbs:
         out["copy_gbs"] = copy_gbs
         out["roofline_ms"] = 1e3 * (weight_bytes + kv_bytes) / (copy_gbs * GB)
-        out["wall_over_roofline"] = out["step_wall_ms"] / out["roofline_ms"]
+        out["wall_over_roofline"] = out["wall_ms"] / out["roofline_ms"]
     return out
 
 
@@ -231,7 +235,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--enforce-eager", action="store_true")
-    ap.add_argument("--decode-batch", type=int, default=256)
+    ap.add_argument("--decode-batches", default="1,256", help="decode-only phases, one per batch size")
     ap.add_argument("--decode-context", type=int, default=1024)
     ap.add_argument("--decode-steps", type=int, default=20, help="0 skips the decode-only phase")
     ap.add_argument("--hf-batch", type=int, default=64)

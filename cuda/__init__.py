@@ -1,1 +1,0 @@
-"""CUDA kernel sources (*.cu), read as package data. Installed as `rawpage.cuda`; see README.md."""
