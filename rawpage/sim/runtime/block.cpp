@@ -38,7 +38,7 @@ static const char* op_name(int op) {
     case kOpVote + kVoteAny: return "__any_sync";
     case kOpVote + kVoteAll: return "__all_sync";
     case kOpVote + kSyncWarp: return "__syncwarp";
-    case kOpCollective: return "a WMMA operation";
+    case kOpCollective: return "a WMMA or mma/ldmatrix operation";
     default: return "?";
   }
 }
