@@ -109,17 +109,22 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
 
 // Closes the group of this thread's cp.async issued since the last commit.
 __device__ __forceinline__ void cp_async_commit() {
-#ifndef RAWPAGE_SIM
+#ifdef RAWPAGE_SIM
+  rp_sim::ptx::cp_async_commit();
+#else
   asm volatile("cp.async.commit_group;\n" ::);
 #endif
 }
 
 // Waits until at most `kPending` of this thread's committed groups are still in
 // flight. Only this thread's copies: a __syncthreads must follow before other
-// threads read them. (A no-op in the simulator, whose copies are synchronous.)
+// threads read them. (The simulator performs the copies here, and poisons the
+// destination until then: see ptx_emu.h.)
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
-#ifndef RAWPAGE_SIM
+#ifdef RAWPAGE_SIM
+  rp_sim::ptx::cp_async_wait(kPending);
+#else
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 #endif
 }

@@ -18,15 +18,15 @@
 // low half). The products are summed in float, in order of k; the GPU's
 // tensor cores may round the partial sums differently, by an ulp or so.
 //
-// cp.async is emulated as a synchronous copy: the 16 bytes (or zeros) are in
-// shared memory when cp_async_16 returns, so wait_group has nothing to wait
-// for. A kernel that reads a buffer before waiting for it is therefore NOT
-// caught here; the GPU tests and careful barriers are what guard that.
+// cp.async is deferred to the wait that retires it, with its destination
+// poisoned meanwhile (see below), so that the pipeline hazards of a
+// double-buffered kernel show up as NaN under the simulator too.
 #pragma once
 #ifndef RP_SIM_DISCOVER
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "cuda_bf16.h"
 #include "cuda_fp16.h"
@@ -126,15 +126,68 @@ inline void ldmatrix(uint32_t* r, const void* row) {
   rp_sim_warp_collective(0xffffffffu, &ldmatrix_complete<kNum, kTrans>, &arg);
 }
 
+// cp.async, as late as the PTX memory model allows. A copy is only recorded
+// when issued, and its 16 destination bytes are poisoned (all ones: NaN in
+// float16, bfloat16 and float32); the source is read and the destination
+// written when this thread's cp_async_wait retires the copy's group. So a
+// kernel that reads a stage before waiting for it, or that refills a stage
+// while another warp still reads it (a missing barrier), reads NaN here, as it
+// might read stale data on a GPU. Groups and copies are per thread, kept in
+// the running worker's slot for this thread and reset at each block start.
+struct CpAsyncCopy {
+  void* dst;
+  const void* src;
+  int src_size;
+};
+
+struct CpAsyncState {
+  std::vector<CpAsyncCopy> copies;  // issued and not yet retired, in issue order
+  std::vector<size_t> group_ends;   // copies[0, group_ends[i]) belong to groups 0..i
+};
+
+inline CpAsyncState& cp_async_state() {
+  static thread_local CpAsyncState per_thread[1024];  // a block's threads, on this worker
+  Thread* t = self();
+  CpAsyncState& s = per_thread[t->linear];
+  if (t->cp_async != &s) {  // first cp.async of this thread in this block
+    s.copies.clear();
+    s.group_ends.clear();
+    t->cp_async = &s;
+  }
+  return s;
+}
+
 // cp.async.cg.shared.global [dst], [src], 16, src_size: src_size 16 copies,
 // 0 fills the 16 bytes with zeros and reads nothing.
 inline void cp_async_16(void* dst, const void* src, int src_size) {
   if (reinterpret_cast<uintptr_t>(dst) % 16 || (src_size && reinterpret_cast<uintptr_t>(src) % 16))
     rp_sim_trap("cp.async: a 16-byte copy needs 16-byte aligned addresses");
-  if (src_size)
-    std::memcpy(dst, src, 16);
-  else
-    std::memset(dst, 0, 16);
+  cp_async_state().copies.push_back(CpAsyncCopy{dst, src, src_size});
+  std::memset(dst, 0xff, 16);
+}
+
+// cp.async.commit_group: the copies issued since the last commit form a group.
+inline void cp_async_commit() {
+  CpAsyncState& s = cp_async_state();
+  s.group_ends.push_back(s.copies.size());
+}
+
+// cp.async.wait_group n: retire every committed group but the newest n.
+inline void cp_async_wait(int pending) {
+  CpAsyncState& s = cp_async_state();
+  const int groups = int(s.group_ends.size());
+  if (groups <= pending) return;
+  const size_t done = s.group_ends[groups - pending - 1];
+  for (size_t i = 0; i < done; ++i) {
+    const CpAsyncCopy& c = s.copies[i];
+    if (c.src_size)
+      std::memcpy(c.dst, c.src, 16);
+    else
+      std::memset(c.dst, 0, 16);
+  }
+  s.copies.erase(s.copies.begin(), s.copies.begin() + done);
+  s.group_ends.erase(s.group_ends.begin(), s.group_ends.begin() + (groups - pending));
+  for (size_t& end : s.group_ends) end -= done;
 }
 
 }  // namespace ptx

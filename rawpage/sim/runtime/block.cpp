@@ -233,6 +233,7 @@ bool run_block(BlockRun& b, StackSet& stacks) {
     t.lane = i % 32;
     t.warp = i / 32;
     t.wait = kRunnable;
+    t.cp_async = nullptr;
     b.warps[t.warp].lanes[t.lane] = &t;
     fiber_init(&t, stacks.region(i), &fiber_main);
   }

@@ -42,16 +42,21 @@ extern "C" __global__ void ldmatrix_regs(unsigned* out, const unsigned short* m,
 
 // 64 chunks of 16 bytes through shared memory in two cp.async groups (chunks
 // 0..31, then 32..63); chunk i is copied if valid[i], else zero-filled.
-extern "C" __global__ void cp_async_roundtrip(uint4* out, const uint4* src, const int* valid) {
+// out[0..31]: group 0 after wait_group 1; out[32..63]: group 1 after
+// wait_group 0; early: group 1 read before its wait, a bug on purpose, which
+// the simulator answers with its poison (all ones).
+extern "C" __global__ void cp_async_roundtrip(uint4* out, uint4* early, const uint4* src, const int* valid) {
   __shared__ __align__(16) uint4 stage[64];
   const int lane = threadIdx.x;
   cp_async_16(&stage[lane], &src[lane], valid[lane] != 0);
   cp_async_commit();
   cp_async_16(&stage[32 + lane], &src[32 + lane], valid[32 + lane] != 0);
   cp_async_commit();
-  cp_async_wait<1>();  // the first group has landed
-  __syncwarp();        // ... for every lane's copy
+  cp_async_wait<1>();  // this lane's first group has landed
+  __syncwarp();        // ... and every lane's
   out[lane] = stage[lane ^ 1];
+  early[lane] = stage[32 + (lane ^ 1)];
+  __syncwarp();  // every lane has read `early` before any lane retires group 1
   cp_async_wait<0>();
   __syncwarp();
   out[32 + lane] = stage[32 + (lane ^ 1)];
