@@ -116,24 +116,32 @@ __device__ void paged_attention_prefill(
   // Gather K_j, V_j (keys j*Bc .. j*Bc+Bc-1) into stage s: each thread issues
   // 16-byte copies of whole chunks; keys at or past kv_end are zero-filled, and
   // block table entries past the context are never read.
+  // Consecutive threads take consecutive chunks of a row, so a warp's copies
+  // cover whole rows (coalesced); the trip counts are exact (D/16 per tile).
+  static_assert(Bc * kChunks % kThreads == 0 && kBr * kChunks % kThreads == 0, "whole passes");
+  const int* table = block_tables + i64(b) * max_blocks;
+  const i64 token_stride = i64(num_kv_heads) * D;  // elements from one cache slot to the next
+  const T* k_head = k_cache + kv_head * D;
+  const T* v_head = v_cache + kv_head * D;
   auto load_kv_tile = [&](int j, int s) {
     T* Ks = reinterpret_cast<T*>(smem + L::kK + s * L::kTile);
     T* Vs = reinterpret_cast<T*>(smem + L::kV + s * L::kTile);
-    for (int c = threadIdx.x; c < Bc * kChunks; c += kThreads) {
+#pragma unroll 2
+    for (int pass = 0; pass < Bc * kChunks / kThreads; ++pass) {
+      const int c = threadIdx.x + pass * kThreads;
       const int r = c / kChunks, part = c % kChunks, key = j * Bc + r;
       const bool valid = key < kv_end;
       i64 offset = 0;
-      if (valid) {
-        const int physical = block_tables[i64(b) * max_blocks + key / block_size];
-        offset = ((i64(physical) * block_size + key % block_size) * num_kv_heads + kv_head) * D;
-      }
-      cp_async_16(Ks + r * L::kLd + part * 8, k_cache + offset + part * 8, valid);
-      cp_async_16(Vs + r * L::kLd + part * 8, v_cache + offset + part * 8, valid);
+      if (valid) offset = (i64(table[key / block_size]) * block_size + key % block_size) * token_stride;
+      cp_async_16(Ks + r * L::kLd + part * 8, k_head + offset + part * 8, valid);
+      cp_async_16(Vs + r * L::kLd + part * 8, v_head + offset + part * 8, valid);
     }
   };
 
   // Q_i (rows past the chunk are zero) and K_0, V_0 as the first cp.async group.
-  for (int c = threadIdx.x; c < kBr * kChunks; c += kThreads) {
+#pragma unroll
+  for (int pass = 0; pass < kBr * kChunks / kThreads; ++pass) {
+    const int c = threadIdx.x + pass * kThreads;
     const int r = c / kChunks, part = c % kChunks;
     const bool valid = r < rows;
     const T* src = q + (valid ? i64(q_begin + r0 + r) * q_stride + h * D + part * 8 : 0);
