@@ -115,3 +115,12 @@ def test_emulated_values_round_trip_through_bits():
     x = np.array([1.5, -0.25, 3.0], np.float32)
     for dtype in ("float16", "bfloat16"):
         np.testing.assert_array_equal(from_bits16(bits16(x, dtype), dtype), x)
+
+
+def test_ldmatrix_traps_on_a_misaligned_row(wrappers):
+    from rawpage.sim import SimLaunchError
+
+    out = np.zeros(32, np.uint32)
+    wrappers.get_function("ldmatrix_misaligned")((1,), (32,), (out, np.int32(0)))
+    with pytest.raises(SimLaunchError, match="16-byte aligned"):
+        wrappers.get_function("ldmatrix_misaligned")((1,), (32,), (out, np.int32(4)))

@@ -109,3 +109,15 @@ extern "C" __global__ void qk_pv_bf16(float* s, float* o, const __nv_bfloat16* q
                                       const __nv_bfloat16* v) {
   qk_pv<__nv_bfloat16>(s, o, q, k, v);
 }
+
+// ldmatrix from row addresses `off` elements past 16-byte boundaries: with
+// off != 0 (a row pitch that is not a multiple of 8 elements, say) the
+// hardware's alignment rule is broken, and the simulator traps.
+extern "C" __global__ void ldmatrix_misaligned(unsigned* out, int off) {
+  __shared__ __align__(16) unsigned short tile[32 * 16 + 8];
+  for (int e = 0; e < 16; ++e) tile[threadIdx.x * 16 + e] = 0;
+  __syncwarp();  // tile staged
+  unsigned r[4];
+  ldmatrix_x4(r, tile + threadIdx.x * 16 + off);
+  out[threadIdx.x] = r[0];
+}
