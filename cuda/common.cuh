@@ -9,6 +9,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "mma.cuh"  // the tensor-core PTX wrappers (mma.sync, ldmatrix, cp.async)
+
 namespace rawpage {
 
 using i64 = long long;  // for offsets into the KV cache, which can pass 2^31 elements

@@ -1,36 +1,49 @@
 // Paged attention for prefill: variable-length chunks of query tokens, causal,
 // against the paged K/V of each sequence's context (the cached prefix plus the
-// chunk itself, which write_kv has already stored).
+// chunk itself, which write_kv has already stored). float16 and bfloat16 on
+// tensor cores; float32 is paged_attention_prefill_f32.cu.
 //
 // Sequence b owns query rows q[query_start_loc[b] : query_start_loc[b+1]]: the
 // last n tokens of its L = seq_lens[b] tokens of context, so query row i sits at
 // position L - n + i and sees keys 0 .. L - n + i.
 //
-// Tiled flash attention (Dao et al., Algorithm 1, in the paper's notation) for
-// one query tile Q_i of Br rows and one head, looping over key tiles K_j, V_j of
-// Bc keys gathered from the cache through the block table:
-//   S_ij = Q_i K_j^T * scale                      (masked: key > query position -> -inf)
+// FlashAttention-2 (Dao, 2023, Algorithm 1) in the paper's notation. The chunk's
+// rows are cut into Tr tiles Q_i of Br rows, the visible keys into Tc tiles
+// K_j, V_j of Bc keys; one block owns one Q_i and walks j = 0 .. Tc-1, with the
+// running row max m and row sum l of each row in registers:
+//   S_ij = Q_i K_j^T * scale * log2(e)            (key > query position -> -inf)
 //   m_new = max(m, rowmax(S_ij))
-//   P_ij = exp(S_ij - m_new)
-//   l = l exp(m - m_new) + rowsum(P_ij)
-//   O_i = O_i exp(m - m_new) + P_ij V_j
+//   P_ij = 2^(S_ij - m_new)
+//   l = l 2^(m - m_new) + rowsum(P_ij)
+//   O_i = O_i 2^(m - m_new) + P_ij V_j             (O_i unnormalized, in registers)
 //   m = m_new
-// and finally O_i / l. Scores are kept in log2 units so each exponential is exp2f.
+// and once at the end O_i / l. Causal: tile j is visited only if some row of the
+// tile sees its first key, so Tc = ceil((last row's position + 1) / Bc) and the
+// tiles past the diagonal are never loaded; a warp whose 16 rows all precede a
+// tile skips its math; only the tiles that straddle a row's position are masked.
 //
-// S = Q K^T and O += P V run on tensor cores through WMMA (16x16x16 tiles, float
-// accumulation) for float16 and bfloat16; float32 uses plain FMAs with the same
-// tiling, so that the float32 path is exact enough to debug against.
+// Work split (FA2): each of the 4 warps owns 16 rows of Q_i, end to end: it
+// computes its 16 x Bc slice of S_ij and its 16 x D slice of O_i, and no
+// softmax state ever crosses warps, so warps only meet at the K/V tile barriers.
+// Both products are mma.sync m16n8k16 (cuda/mma.cuh, float accumulation):
+//   S (16 x Bc) = Q (16 x D) K^T:  A = Q rows (ldmatrix), B = K rows as columns (ldmatrix)
+//   O (16 x D) += P (16 x Bc) V:    A = P, straight from the S accumulators: the
+//                                   m16n8k16 accumulator layout of two adjacent
+//                                   8-key tiles IS the A layout of one 16-key step,
+//                                   B = V (ldmatrix .trans: V rows are k, not n)
+// In an accumulator, lane l holds rows g = l/4 and g+8, columns 2(l%4) and
+// 2(l%4)+1 of each 8-wide tile, so a row's values live in the 4 lanes of a quad:
+// rowmax is 2 shuffles, and rowsum is left per-lane until the end.
 //
-// In the forward pass: after write_kv, for any batch that holds a prefill chunk
-// (decode rows in the same batch are handled here too, as 1-row chunks).
+// Memory: K_j, V_j are gathered from the cache through the block table with
+// 16-byte cp.async into one of two shared-memory stages, while the warps work on
+// the other (tile j+1 loads during tile j's math). Keys past the visible range
+// are zero-filled without reading (a masked P = 0 must not meet NaN garbage).
 //
-// Grid: (ceil(max_query_len / Br), H, B): one block per query tile, head and
-// sequence; tiles past a sequence's chunk exit at once.
-// Block: 4 warps; warp w owns query rows 16w .. 16w+15 of the tile, its slices
-// of S, P and O, and the softmax state of those rows (two lanes per row). All
-// warps share the K_j, V_j tiles in shared memory.
-#include <mma.h>
-
+// Grid: (Tr = ceil(max_query_len / Br), H, B): one block per query tile, head
+// and sequence; tiles past a sequence's chunk exit at once. The x index runs
+// backwards, so the causally heaviest tiles (last rows, most keys) start first.
+// Block: 4 warps = 128 threads; warp w owns rows 16w .. 16w+15 of Q_i.
 #include "common.cuh"
 
 using namespace rawpage;
@@ -42,83 +55,27 @@ constexpr int kBr = 16 * kWarps;  // query rows per block
 constexpr float kLog2e = 1.4426950408889634f;
 }  // namespace prefill
 
-// Shared memory layout (dynamic; the launch code computes the same kBytes).
-// Rows are padded so that the 16 rows a WMMA load touches start in different
-// banks; WMMA wants ldm % 8 == 0 (16-bit) or % 4 (float) and 32-byte aligned
-// tile pointers, which these pitches and 128-byte aligned regions give.
+// Dynamic shared memory, in T (the launch code's prefill_smem_bytes computes the
+// same kBytes). Rows are padded by 8 elements (16 bytes), so that the 8 rows of
+// one ldmatrix 8x8 matrix start 16 bytes apart in the bank space (conflict-free)
+// and every row start stays 16-byte aligned for cp.async and ldmatrix.
 template <typename T, int D, int Bc>
 struct PrefillSmem {
-  static constexpr int kLdT = D + 8;   // Q, K, V rows (T)
-  static constexpr int kLdS = Bc + 4;  // S rows (float)
-  static constexpr int kLdP = Bc + 8;  // P rows (T)
-  static constexpr int kLdO = D + 4;   // O rows (float)
+  static constexpr int kLd = D + 8;
   __host__ __device__ static constexpr int align(int bytes) { return (bytes + 127) / 128 * 128; }
-  static constexpr int kQ = 0;
-  static constexpr int kK = kQ + align(prefill::kBr * kLdT * int(sizeof(T)));
-  static constexpr int kV = kK + align(Bc * kLdT * int(sizeof(T)));
-  static constexpr int kS = kV + align(Bc * kLdT * int(sizeof(T)));
-  static constexpr int kP = kS + align(prefill::kBr * kLdS * 4);
-  static constexpr int kO = kP + align(prefill::kBr * kLdP * int(sizeof(T)));
-  static constexpr int kBytes = kO + align(prefill::kBr * kLdO * 4);
+  static constexpr int kTile = align(Bc * kLd * int(sizeof(T)));  // one K or V stage
+  static constexpr int kQ = 0;                                     // [Br][kLd]
+  static constexpr int kK = kQ + align(prefill::kBr * kLd * int(sizeof(T)));  // [2][Bc][kLd]
+  static constexpr int kV = kK + 2 * kTile;                                    // [2][Bc][kLd]
+  static constexpr int kBytes = kV + 2 * kTile;
 };
 
-// S (16 x Bc, float) = Q (16 x D) K^T, where K holds Bc rows of D.
-template <typename T, int D, int Bc, int LdT, int LdS>
-__device__ __forceinline__ void warp_qk(const T* Q, const T* K, float* S) {
-  if constexpr (is_same<T, float>::value) {
-    for (int e = threadIdx.x % 32; e < 16 * Bc; e += 32) {
-      const int r = e / Bc, c = e % Bc;
-      float acc = 0.0f;
-      for (int d = 0; d < D; ++d) acc += Q[r * LdT + d] * K[c * LdT + d];
-      S[r * LdS + c] = acc;
-    }
-  } else {
-    using namespace nvcuda;
-#pragma unroll
-    for (int c = 0; c < Bc / 16; ++c) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> s;
-      wmma::fill_fragment(s, 0.0f);
-#pragma unroll
-      for (int k = 0; k < D / 16; ++k) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> kt;  // K^T: K read column-major
-        wmma::load_matrix_sync(a, Q + k * 16, LdT);
-        wmma::load_matrix_sync(kt, K + c * 16 * LdT + k * 16, LdT);
-        wmma::mma_sync(s, a, kt, s);
-      }
-      wmma::store_matrix_sync(S + c * 16, s, LdS, wmma::mem_row_major);
-    }
-  }
-}
-
-// O (16 x D, float, in place) += P (16 x Bc) V, where V holds Bc rows of D.
-template <typename T, int D, int Bc, int LdT, int LdP, int LdO>
-__device__ __forceinline__ void warp_pv(const T* P, const T* V, float* O) {
-  if constexpr (is_same<T, float>::value) {
-    for (int e = threadIdx.x % 32; e < 16 * D; e += 32) {
-      const int r = e / D, d = e % D;
-      float acc = O[r * LdO + d];
-      for (int c = 0; c < Bc; ++c) acc += P[r * LdP + c] * V[c * LdT + d];
-      O[r * LdO + d] = acc;
-    }
-  } else {
-    using namespace nvcuda;
-#pragma unroll
-    for (int n = 0; n < D / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> o;
-      wmma::load_matrix_sync(o, O + n * 16, LdO, wmma::mem_row_major);
-#pragma unroll
-      for (int k = 0; k < Bc / 16; ++k) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> v;
-        wmma::load_matrix_sync(a, P + k * 16, LdP);
-        wmma::load_matrix_sync(v, V + k * 16 * LdT + n * 16, LdT);
-        wmma::mma_sync(o, a, v, o);
-      }
-      wmma::store_matrix_sync(O + n * 16, o, LdO, wmma::mem_row_major);
-    }
-  }
-}
+// Q is kept in registers as A fragments when it fits (D <= 128: D/2 registers a
+// lane); at D = 256 it stays in shared memory and is re-read by ldmatrix.
+template <int D>
+struct QInRegs {
+  static constexpr bool value = D <= 128;
+};
 
 template <typename T, int D, int Bc>
 __device__ void paged_attention_prefill(
@@ -133,115 +90,221 @@ __device__ void paged_attention_prefill(
     int smem_bytes) {  // the launch's dynamic shared memory, checked against the layout
   using namespace prefill;
   using L = PrefillSmem<T, D, Bc>;
+  static_assert(D % 16 == 0 && Bc % 16 == 0, "m16n8k16 tiles: D and Bc multiples of 16");
   constexpr int kChunks = D * int(sizeof(T)) / 16;  // 16-byte chunks per head vector
+  constexpr int kDk = D / 16;                       // k-steps of S = Q K^T
+  constexpr int kNs = Bc / 8;                       // 8-key accumulator tiles of S
+  constexpr int kNo = D / 8;                        // 8-column accumulator tiles of O
   if (smem_bytes < L::kBytes) __trap();             // a launch-code bug, not a data error
 
-  const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int tile = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int num_heads = gridDim.y;
   const int q_begin = query_start_loc[b], n = query_start_loc[b + 1] - q_begin;
   const int r0 = tile * kBr;
   if (r0 >= n) return;  // this sequence's chunk has fewer tiles than the longest one
-  const int rows = min(kBr, n - r0);                // real query rows in the tile
-  const int pos0 = seq_lens[b] - n + r0;            // position of the tile's first row
-  const int kv_end = pos0 + rows;                   // keys [0, kv_end) are visible to some row
+  const int rows = min(kBr, n - r0);      // real query rows in the tile
+  const int pos0 = seq_lens[b] - n + r0;  // position of the tile's first row
+  const int kv_end = pos0 + rows;         // keys [0, kv_end) are visible to some row
+  const int num_kv_tiles = ceil_div(kv_end, Bc);  // Tc: tiles past the diagonal are never visited
   const int kv_head = h / (num_heads / num_kv_heads);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;  // accumulator rows g, g+8; columns 2t, 2t+1
 
   unsigned char* smem = dynamic_smem<unsigned char>();
-  T* Qs = reinterpret_cast<T*>(smem + L::kQ);      // [Br][LdT]
-  T* Ks = reinterpret_cast<T*>(smem + L::kK);      // [Bc][LdT]
-  T* Vs = reinterpret_cast<T*>(smem + L::kV);      // [Bc][LdT]
-  float* Ss = reinterpret_cast<float*>(smem + L::kS);  // [Br][LdS]
-  T* Ps = reinterpret_cast<T*>(smem + L::kP);      // [Br][LdP]
-  float* Os = reinterpret_cast<float*>(smem + L::kO);  // [Br][LdO]
+  T* Qs = reinterpret_cast<T*>(smem + L::kQ);
 
-  // Q_i: the tile's query rows for head h (rows past the chunk are zero); O_i = 0
-  for (int c = threadIdx.x; c < kBr * kChunks; c += kThreads) {
+  // Gather K_j, V_j (keys j*Bc .. j*Bc+Bc-1) into stage s: each thread issues
+  // 16-byte copies of whole chunks; keys at or past kv_end are zero-filled, and
+  // block table entries past the context are never read.
+  // Consecutive threads take consecutive chunks of a row, so a warp's copies
+  // cover whole rows (coalesced); the trip counts are exact (D/16 per tile).
+  static_assert(Bc * kChunks % kThreads == 0 && kBr * kChunks % kThreads == 0, "whole passes");
+  const int* table = block_tables + i64(b) * max_blocks;
+  const i64 token_stride = i64(num_kv_heads) * D;  // elements from one cache slot to the next
+  const T* k_head = k_cache + kv_head * D;
+  const T* v_head = v_cache + kv_head * D;
+  auto load_kv_tile = [&](int j, int s) {
+    T* Ks = reinterpret_cast<T*>(smem + L::kK + s * L::kTile);
+    T* Vs = reinterpret_cast<T*>(smem + L::kV + s * L::kTile);
+#pragma unroll 2
+    for (int pass = 0; pass < Bc * kChunks / kThreads; ++pass) {
+      const int c = threadIdx.x + pass * kThreads;
+      const int r = c / kChunks, part = c % kChunks, key = j * Bc + r;
+      const bool valid = key < kv_end;
+      i64 offset = 0;
+      if (valid) offset = (i64(table[key / block_size]) * block_size + key % block_size) * token_stride;
+      cp_async_16(Ks + r * L::kLd + part * 8, k_head + offset + part * 8, valid);
+      cp_async_16(Vs + r * L::kLd + part * 8, v_head + offset + part * 8, valid);
+    }
+  };
+
+  // Q_i (rows past the chunk are zero) and K_0, V_0 as the first cp.async group.
+#pragma unroll
+  for (int pass = 0; pass < kBr * kChunks / kThreads; ++pass) {
+    const int c = threadIdx.x + pass * kThreads;
     const int r = c / kChunks, part = c % kChunks;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < rows) v = reinterpret_cast<const uint4*>(q + i64(q_begin + r0 + r) * q_stride + h * D)[part];
-    reinterpret_cast<uint4*>(Qs + r * L::kLdT)[part] = v;
+    const bool valid = r < rows;
+    const T* src = q + (valid ? i64(q_begin + r0 + r) * q_stride + h * D + part * 8 : 0);
+    cp_async_16(Qs + r * L::kLd + part * 8, src, valid);
   }
-  for (int i = threadIdx.x; i < kBr * L::kLdO; i += kThreads) Os[i] = 0.0f;
-  __syncthreads();  // Q_i and O_i are in shared memory before any warp multiplies
+  load_kv_tile(0, 0);
+  cp_async_commit();
 
-  // Softmax state of one row, held by two lanes: lane 2r and 2r+1 own row r of
-  // the warp's 16 and each takes half of the columns.
-  const int my_row = warp * 16 + lane / 2, half = lane % 2;
-  const int my_pos = pos0 + my_row;  // this row sees keys 0 .. my_pos
-  float m = neg_inf(), l = 0.0f;
-  // Warps whose rows are all padding, and key tiles that lie wholly in the
-  // future of every row of the warp, skip the math (the conditions are
-  // warp-uniform; every warp still reaches each __syncthreads).
-  const bool warp_has_rows = warp * 16 < rows;
-  const int warp_last_pos = pos0 + min(warp * 16 + 15, rows - 1);
-  float* S_row = Ss + my_row * L::kLdS;
-  T* P_row = Ps + my_row * L::kLdP;
-  float* O_row = Os + my_row * L::kLdO;
+  // The warp's rows: 16w + g and 16w + g + 8 of the tile, at positions row_pos[0..1].
+  const int warp_row0 = warp * 16;
+  const bool warp_has_rows = warp_row0 < rows;
+  const int warp_first_pos = pos0 + warp_row0;
+  const int warp_last_pos = pos0 + min(warp_row0 + 15, rows - 1);
+  const int row_pos[2] = {warp_first_pos + g, warp_first_pos + g + 8};
+  const float scale_log2 = scale * kLog2e;
 
-  for (int kv0 = 0; kv0 < kv_end; kv0 += Bc) {
-    // K_j, V_j: keys kv0 .. kv0+Bc-1 gathered through the block table. Keys at or
-    // past kv_end are zero, so that a masked P = 0 never meets garbage in V
-    // (0 * NaN = NaN), and block table entries past the context are never read.
-    for (int c = threadIdx.x; c < Bc * kChunks; c += kThreads) {
-      const int r = c / kChunks, part = c % kChunks, t = kv0 + r;
-      uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-      if (t < kv_end) {
-        const int physical = block_tables[i64(b) * max_blocks + t / block_size];
-        const i64 offset = ((i64(physical) * block_size + t % block_size) * num_kv_heads + kv_head) * D;
-        kv = reinterpret_cast<const uint4*>(k_cache + offset)[part];
-        vv = reinterpret_cast<const uint4*>(v_cache + offset)[part];
-      }
-      reinterpret_cast<uint4*>(Ks + r * L::kLdT)[part] = kv;
-      reinterpret_cast<uint4*>(Vs + r * L::kLdT)[part] = vv;
+  float o[kNo][4];  // O_i accumulators: columns 8n + 2t, +1 of rows g (0, 1) and g+8 (2, 3)
+#pragma unroll
+  for (int nt = 0; nt < kNo; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+  float m[2] = {neg_inf(), neg_inf()};  // running row max (log2 units), rows g and g+8
+  float l[2] = {0.0f, 0.0f};            // this lane's part of the running row sum
+  unsigned qf[QInRegs<D>::value ? kDk : 1][4];  // Q_i A fragments, when kept in registers
+
+  // The ldmatrix row address each lane supplies (see cuda/mma.cuh): for an A
+  // tile, matrix lane/8 is (rows +0/+8, k +0/+8) = (lane%16, 8*(lane/16)); for
+  // K as B, (key, k) = (8*(lane/16) + lane%8, 8*((lane/8)%2)); for V as B
+  // (transposed), (key, column) = (lane%16, 8*(lane/16)).
+  const T* q_frag_row = Qs + (warp_row0 + lane % 16) * L::kLd + 8 * (lane / 16);
+  const int k_frag_off = (8 * (lane / 16) + lane % 8) * L::kLd + 8 * ((lane / 8) % 2);
+  const int v_frag_off = (lane % 16) * L::kLd + 8 * (lane / 16);
+
+  for (int j = 0; j < num_kv_tiles; ++j) {
+    const int stage = j % 2, kv0 = j * Bc;
+    // Prefetch K_{j+1}, V_{j+1} into the other stage (free: the barrier at the
+    // end of iteration j-1 saw every warp finish with it), then wait for K_j, V_j.
+    if (j + 1 < num_kv_tiles) load_kv_tile(j + 1, stage ^ 1);
+    cp_async_commit();  // possibly empty, so that "all but the newest group" is always tile j
+    cp_async_wait<1>();
+    __syncthreads();  // every thread's copies of K_j, V_j (and at j = 0, Q_i) have landed
+
+    if (QInRegs<D>::value && j == 0) {
+#pragma unroll
+      for (int kk = 0; kk < kDk; ++kk) ldmatrix_x4(qf[kk], q_frag_row + 16 * kk);
     }
-    __syncthreads();  // K_j, V_j are complete before any warp reads them
 
-    if (warp_has_rows && kv0 <= warp_last_pos) {
-      // S_ij = Q_i K_j^T for this warp's 16 rows
-      warp_qk<T, D, Bc, L::kLdT, L::kLdS>(Qs + warp * 16 * L::kLdT, Ks, Ss + warp * 16 * L::kLdS);
-      __syncwarp();  // S rows stored by the warp's MMA are visible to the lanes reading them
+    if (warp_has_rows && kv0 <= warp_last_pos) {  // warp-uniform: tiles in all 16 rows' future skip
+      const T* Ks = reinterpret_cast<const T*>(smem + L::kK + stage * L::kTile);
+      const T* Vs = reinterpret_cast<const T*>(smem + L::kV + stage * L::kTile);
 
-      // m_new = max(m, rowmax(S * scale)), with keys past my_pos masked to -inf
-      const float scale_log2 = scale * kLog2e;
-      float row_max = neg_inf();
-      for (int c = half * (Bc / 2); c < (half + 1) * (Bc / 2); ++c)
-        if (kv0 + c <= my_pos) row_max = fmaxf(row_max, S_row[c] * scale_log2);
-      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
-      // Every row sees key 0, which is in the first tile, so m_new is finite.
-      const float m_new = fmaxf(m, row_max);
-      // P_ij = 2^(S - m_new), l = l 2^(m - m_new) + rowsum(P_ij)
-      float row_sum = 0.0f;
-      for (int c = half * (Bc / 2); c < (half + 1) * (Bc / 2); ++c) {
-        const float p = kv0 + c <= my_pos ? exp2f(S_row[c] * scale_log2 - m_new) : 0.0f;
-        P_row[c] = from_float<T>(p);
-        row_sum += p;
+      // S_ij = Q_i K_j^T for the warp's 16 rows: per k-step of 16, one ldmatrix_x4
+      // gives the B fragments of two 8-key tiles.
+      float s[kNs][4];
+#pragma unroll
+      for (int nt = 0; nt < kNs; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < kDk; ++kk) {
+        unsigned a[4];
+        if constexpr (QInRegs<D>::value) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) a[i] = qf[kk][i];
+        } else {
+          ldmatrix_x4(a, q_frag_row + 16 * kk);
+        }
+#pragma unroll
+        for (int np = 0; np < kNs / 2; ++np) {
+          unsigned kb[4];
+          ldmatrix_x4(kb, Ks + 16 * np * L::kLd + k_frag_off + 16 * kk);
+          const unsigned b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
+          mma_m16n8k16<T>(s[2 * np], a, b0);
+          mma_m16n8k16<T>(s[2 * np + 1], a, b1);
+        }
       }
-      row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 1);
-      const float correction = exp2f(m - m_new);
-      l = l * correction + row_sum;
-      m = m_new;
-      // O_i = O_i 2^(m - m_new), this lane's half of the row
-      for (int d = half * (D / 2); d < (half + 1) * (D / 2); ++d) O_row[d] *= correction;
-      __syncwarp();  // P and the rescaled O are visible to the warp's MMA
 
-      // O_i += P_ij V_j
-      warp_pv<T, D, Bc, L::kLdT, L::kLdP, L::kLdO>(Ps + warp * 16 * L::kLdP, Vs,
-                                                   Os + warp * 16 * L::kLdO);
+      // Scale to log2 units; mask keys past each row's position (only tiles that
+      // reach past the warp's first row can hold such keys, zero-filled ones included).
+      const bool diagonal = kv0 + Bc - 1 > warp_first_pos;
+#pragma unroll
+      for (int nt = 0; nt < kNs; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int key = kv0 + 8 * nt + 2 * t + (i & 1);
+          s[nt][i] = diagonal && key > row_pos[i / 2] ? neg_inf() : s[nt][i] * scale_log2;
+        }
+      }
+
+      // m_new = max(m, rowmax(S_ij)): the lane's columns, then the quad's 4 lanes.
+      // Finite: every row sees key 0, which the first tile holds.
+      float m_new[2] = {m[0], m[1]};
+#pragma unroll
+      for (int nt = 0; nt < kNs; ++nt) {
+        m_new[0] = fmaxf(m_new[0], fmaxf(s[nt][0], s[nt][1]));
+        m_new[1] = fmaxf(m_new[1], fmaxf(s[nt][2], s[nt][3]));
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        m_new[r] = fmaxf(m_new[r], __shfl_xor_sync(0xffffffffu, m_new[r], 1));
+        m_new[r] = fmaxf(m_new[r], __shfl_xor_sync(0xffffffffu, m_new[r], 2));
+      }
+
+      // P_ij = 2^(S_ij - m_new); l = l 2^(m - m_new) + rowsum(P_ij) (this lane's
+      // columns; the quad's parts are summed once, at the end); O_i *= 2^(m - m_new).
+      float correction[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        correction[r] = exp2f(m[r] - m_new[r]);
+        l[r] *= correction[r];
+        m[r] = m_new[r];
+      }
+#pragma unroll
+      for (int nt = 0; nt < kNs; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          s[nt][i] = exp2f(s[nt][i] - m_new[i / 2]);
+          l[i / 2] += s[nt][i];
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < kNo; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[nt][i] *= correction[i / 2];
+      }
+
+      // O_i += P_ij V_j: per 16 keys, P's A fragment is the S accumulators of
+      // 8-key tiles 2kk and 2kk+1 rounded to T; one ldmatrix_x4_trans gives the
+      // B fragments of two 8-column tiles of V.
+#pragma unroll
+      for (int kk = 0; kk < Bc / 16; ++kk) {
+        const unsigned a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                               pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                               pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int np = 0; np < kNo / 2; ++np) {
+          unsigned vb[4];
+          ldmatrix_x4_trans(vb, Vs + 16 * kk * L::kLd + v_frag_off + 16 * np);
+          const unsigned b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
+          mma_m16n8k16<T>(o[2 * np], a, b0);
+          mma_m16n8k16<T>(o[2 * np + 1], a, b1);
+        }
+      }
     }
-    __syncthreads();  // every warp is done with K_j, V_j (and its O stores) before the next tile
+    __syncthreads();  // every warp is done reading stage j%2 before iteration j+1 refills it
   }
 
-  // O_i / l, for the real rows
-  if (my_row < rows) {
-    T* dst = out + (i64(q_begin + r0 + my_row) * num_heads + h) * D;
-    const float inv_l = 1.0f / l;
-    for (int d = half * (D / 2); d < (half + 1) * (D / 2); ++d) dst[d] = from_float<T>(O_row[d] * inv_l);
+  // O_i / l: sum the quad's parts of l, then each lane writes its two columns of
+  // each 8-column tile, for its rows that are real.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = warp_row0 + g + 8 * r;
+    if (row >= rows) continue;
+    const float inv_l = 1.0f / l[r];
+    unsigned* dst = reinterpret_cast<unsigned*>(out + (i64(q_begin + r0 + row) * num_heads + h) * D);
+#pragma unroll
+    for (int nt = 0; nt < kNo; ++nt) dst[4 * nt + t] = pack2<T>(o[nt][2 * r] * inv_l, o[nt][2 * r + 1] * inv_l);
   }
 }
 
 #define PREFILL_ENTRY(T, suffix, D, Bc)                                                        \
-  extern "C" __global__ void __launch_bounds__(prefill::kThreads, 2)                           \
+  extern "C" __global__ void __launch_bounds__(prefill::kThreads)                              \
       paged_attention_prefill_##suffix##_d##D##_bc##Bc(                                        \
           T* out, const T* q, const T* k_cache, const T* v_cache, const int* block_tables,    \
           const int* seq_lens, const int* query_start_loc, int max_blocks, int num_kv_heads,  \
@@ -251,22 +314,16 @@ __device__ void paged_attention_prefill(
                                       q_stride, scale, smem_bytes);                           \
   }
 
-// Key tile Bc per dtype and head size; rawpage/ops/paged_attention.py picks the
-// same (prefill_key_tile) and computes the same shared memory size.
-#define PREFILL_ENTRIES_16BIT(T, suffix) \
-  PREFILL_ENTRY(T, suffix, 16, 64)       \
-  PREFILL_ENTRY(T, suffix, 32, 64)       \
-  PREFILL_ENTRY(T, suffix, 64, 64)       \
-  PREFILL_ENTRY(T, suffix, 80, 64)       \
-  PREFILL_ENTRY(T, suffix, 96, 64)       \
-  PREFILL_ENTRY(T, suffix, 128, 64)      \
+// Key tile Bc per head size; rawpage/ops/paged_attention.py picks the same
+// (prefill_key_tile) and computes the same shared memory size.
+#define PREFILL_ENTRIES(T, suffix) \
+  PREFILL_ENTRY(T, suffix, 16, 64) \
+  PREFILL_ENTRY(T, suffix, 32, 64) \
+  PREFILL_ENTRY(T, suffix, 64, 64) \
+  PREFILL_ENTRY(T, suffix, 80, 64) \
+  PREFILL_ENTRY(T, suffix, 96, 64) \
+  PREFILL_ENTRY(T, suffix, 128, 64) \
   PREFILL_ENTRY(T, suffix, 256, 32)
 
-PREFILL_ENTRIES_16BIT(__half, f16)
-PREFILL_ENTRIES_16BIT(__nv_bfloat16, bf16)
-PREFILL_ENTRY(float, f32, 16, 32)
-PREFILL_ENTRY(float, f32, 32, 32)
-PREFILL_ENTRY(float, f32, 64, 32)
-PREFILL_ENTRY(float, f32, 80, 32)
-PREFILL_ENTRY(float, f32, 96, 32)
-PREFILL_ENTRY(float, f32, 128, 32)
+PREFILL_ENTRIES(__half, f16)
+PREFILL_ENTRIES(__nv_bfloat16, bf16)

@@ -72,7 +72,7 @@ def paged_attention_ref(
     return out
 
 
-# --- launch (cuda/paged_attention_decode.cu, cuda/paged_attention_prefill.cu) ---------
+# --- launch (cuda/paged_attention_decode.cu, cuda/paged_attention_prefill{,_f32}.cu) ---
 
 HEAD_SIZES = (16, 32, 64, 80, 96, 128, 256)  # compiled into both kernels
 DECODE_THREADS = 128
@@ -85,7 +85,7 @@ PREFILL_ROWS = 64  # query rows per block (Br): 4 warps of 16
 
 
 def prefill_key_tile(suffix: str, head_size: int) -> int:
-    """Keys per tile (Bc) for a dtype and head size, as instantiated in the kernel."""
+    """Keys per tile (Bc) for a dtype and head size, as instantiated in the kernels."""
     if suffix == "f32":
         if head_size > 128:
             raise ValueError("float32 prefill attention supports head sizes up to 128")
@@ -94,21 +94,20 @@ def prefill_key_tile(suffix: str, head_size: int) -> int:
 
 
 def prefill_smem_bytes(head_size: int, key_tile: int, itemsize: int) -> int:
-    """Dynamic shared memory of one prefill block; mirrors PrefillSmem in the kernel
-    (which traps if given less): Q (Br x D+8), K and V (Bc x D+8) and P (Br x Bc+8)
-    in the dtype, S (Br x Bc+4) and O (Br x D+4) in float32, each 128-byte aligned."""
+    """Dynamic shared memory of one prefill block; mirrors PrefillSmem (16-bit) and
+    PrefillF32Smem in the kernels (which trap if given less), each region 128-byte
+    aligned. 16-bit: Q (Br x D+8) and two stages each of K and V (Bc x D+8).
+    float32: Q, K, V (rows of D+4), S (Br x Bc+4) and O (Br x D+4)."""
 
     def region(n: int) -> int:
         return ceil_div(n, 128) * 128
 
-    br, bc, ld_t = PREFILL_ROWS, key_tile, head_size + 8
-    return (
-        region(br * ld_t * itemsize)
-        + 2 * region(bc * ld_t * itemsize)
-        + region(br * (bc + 4) * 4)
-        + region(br * (bc + 8) * itemsize)
-        + region(br * (head_size + 4) * 4)
-    )
+    br, bc = PREFILL_ROWS, key_tile
+    if itemsize == 4:
+        ld = head_size + 4
+        return region(br * ld * 4) + 2 * region(bc * ld * 4) + region(br * (bc + 4) * 4) + region(br * ld * 4)
+    ld = head_size + 8
+    return region(br * ld * itemsize) + 4 * region(bc * ld * itemsize)
 
 
 def launch_paged_attention(
@@ -190,16 +189,19 @@ def _launch_decode(
 def _launch_prefill(
     loader, out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len,
 ) -> None:  # fmt: skip
-    # Grid: (ceil(max_query_len / 64), H, B): one block per 64-row query tile,
-    # head and sequence; tiles past a sequence's chunk exit at once. Block: 4
-    # warps, each owning 16 query rows; all share each key/value tile.
+    # Grid: (ceil(max_query_len / 64), H, B): one block per 64-row query tile Q_i,
+    # head and sequence (x runs backwards in the kernel: heaviest tiles first);
+    # tiles past a sequence's chunk exit at once. Block: 4 warps, each owning 16
+    # query rows end to end (S, softmax state, O); all share each K/V tile, which
+    # float16/bfloat16 double-buffer in shared memory. float32 has its own
+    # scalar kernel file with the same arguments.
     T, H, D = q.shape
     B = block_tables.shape[0]
     suffix = dtype_suffix(q)
     key_tile = prefill_key_tile(suffix, D)
     smem = prefill_smem_bytes(D, key_tile, q.itemsize)
-    name = f"paged_attention_prefill_{suffix}_d{D}_bc{key_tile}"
-    kernel = loader.get_function("paged_attention_prefill.cu", name)
+    source = "paged_attention_prefill_f32.cu" if suffix == "f32" else "paged_attention_prefill.cu"
+    kernel = loader.get_function(source, f"paged_attention_prefill_{suffix}_d{D}_bc{key_tile}")
     args = (
         out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
         np.int32(block_tables.shape[1]), np.int32(k_cache.shape[2]), np.int32(k_cache.shape[1]),

@@ -2,7 +2,8 @@
 
 The kernels in cuda/ compile unchanged with g++ against include/cuda_sim.h and
 run on the CPU: every CUDA thread is a fiber, blocks run on a few worker
-threads, and __syncthreads, warp shuffles and votes, and WMMA are cooperative
+threads, and __syncthreads, warp shuffles and votes, WMMA and the PTX of
+cuda/mma.cuh (mma.sync, ldmatrix: include/ptx_emu.h) are cooperative
 barriers (runtime/). build.py compiles and caches; launcher.py calls kernels
 with CuPy's RawKernel convention on NumPy arrays.
 

@@ -193,7 +193,12 @@ def build_module(source: Path, include_dirs: tuple[Path, ...] = (), defines: tup
     runtime = build_runtime()
     flags = [f"-I{INCLUDE_DIR}", f"-I{source.parent}", *(f"-I{d}" for d in include_dirs)]
     flags += [f"-D{d}" for d in defines]
-    neighbours = [p for p in source.parent.iterdir() if p.suffix in (".cuh", ".h") and p.is_file()]
+    neighbours = [
+        p
+        for d in (source.parent, *include_dirs)
+        for p in Path(d).iterdir()
+        if p.suffix in (".cuh", ".h") and p.is_file()
+    ]
     key = _digest(
         _files_digest([source, *neighbours, *_sim_headers()])
         + [

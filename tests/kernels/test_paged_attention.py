@@ -135,6 +135,23 @@ def test_prefill(device, dtype, D, H, Hkv, BS):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("BS", [16, 32])
+def test_prefill_chunks_at_block_edges_and_long_prefixes(device, dtype, D, BS):
+    """Chunks that begin on a block's first token and end on a block's last; a
+    chunk of one token that is a block's first, and one that is a block's last;
+    a prefix of several key tiles, so both shared-memory stages are refilled,
+    under a chunk of more than one query tile; GQA 8."""
+    if dtype == "float32" and D > 128:
+        pytest.skip("float32 prefill stops at head size 128 (tested above)")
+    rng = np.random.default_rng(D + BS)
+    q_lens = [BS, 2 * BS, 1, 1, 100]
+    ctx = [2 * BS, 3 * BS, 2 * BS + 1, 2 * BS, 230]
+    host, dev = paged_batch(device, dtype, rng, q_lens, ctx, 8, 1, D, BS)
+    assert_close(run(device, dev, D**-0.5, q_lens, ctx), reference(host, D**-0.5), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("D", [16, 32, 80, 96, 256])
 def test_prefill_other_head_sizes(device, dtype, D):
     rng = np.random.default_rng(D + 1)
@@ -161,23 +178,28 @@ def test_prefill_query_as_a_view_into_qkv(device, dtype):
     assert_close(got, reference(host, 0.125), dtype)
 
 
-def test_prefill_smem_formula_is_exactly_what_the_kernel_needs(device):
+@pytest.mark.parametrize("dtype,suffix,source", [
+    ("float16", "f16", "paged_attention_prefill.cu"),
+    ("float32", "f32", "paged_attention_prefill_f32.cu"),
+])  # fmt: skip
+def test_prefill_smem_formula_is_exactly_what_the_kernel_needs(device, dtype, suffix, source):
     """The kernel traps when given less shared memory than its layout: launching
     with 128 bytes less than rawpage computes must fail, so the formula is tight."""
     if device.name != "sim":
         pytest.skip("a trap on a GPU poisons the CUDA context")
     from rawpage.sim import SimLaunchError
 
-    D, dtype = 64, "float16"
+    D = 64
     rng = np.random.default_rng(0)
     host, dev = paged_batch(device, dtype, rng, [3], [3], 2, 2, D, 16)
-    bc = prefill_key_tile("f16", D)
-    smem = prefill_smem_bytes(D, bc, 2) - 128
-    kernel = device.loader.get_function("paged_attention_prefill.cu", f"paged_attention_prefill_f16_d{D}_bc{bc}")
-    out = device.xp.empty((3, 2, D), np.float16)
+    bc = prefill_key_tile(suffix, D)
+    itemsize = np.dtype(dtype).itemsize
+    smem = prefill_smem_bytes(D, bc, itemsize) - 128
+    kernel = device.loader.get_function(source, f"paged_attention_prefill_{suffix}_d{D}_bc{bc}")
+    out = device.xp.empty((3, 2, D), dtype)
     q, kc, vc, tables, seq_lens, qsl = dev
     args = (out, q, kc, vc, tables, seq_lens, qsl, np.int32(tables.shape[1]), np.int32(2))
-    args += (np.int32(16), np.int32(2 * D), np.float32(0.1), np.int32(smem))
+    args += (np.int32(16), np.int32(2 * D), np.float32(0.1), np.int32(smem))  # q_stride: H * D
     with pytest.raises(SimLaunchError, match="__trap"):
         kernel((1, 2, 1), (128,), args, shared_mem=smem)
     assert PREFILL_ROWS == 64

@@ -47,6 +47,7 @@ struct Thread {
   uint64_t in, out;         // warp collective mailbox: this lane's value, its result
   int arg;                  // shuffle lane argument
   void* lane_arg;           // WMMA collective argument
+  void* cp_async;           // ptx_emu.h's pending cp.async copies; nullptr at block start
 };
 
 struct Block {

@@ -38,7 +38,7 @@ static const char* op_name(int op) {
     case kOpVote + kVoteAny: return "__any_sync";
     case kOpVote + kVoteAll: return "__all_sync";
     case kOpVote + kSyncWarp: return "__syncwarp";
-    case kOpCollective: return "a WMMA operation";
+    case kOpCollective: return "a WMMA or mma/ldmatrix operation";
     default: return "?";
   }
 }
@@ -233,6 +233,7 @@ bool run_block(BlockRun& b, StackSet& stacks) {
     t.lane = i % 32;
     t.warp = i / 32;
     t.wait = kRunnable;
+    t.cp_async = nullptr;
     b.warps[t.warp].lanes[t.lane] = &t;
     fiber_init(&t, stacks.region(i), &fiber_main);
   }
