@@ -5,8 +5,10 @@ A sequence's block table maps its logical blocks (token i lives in logical
 block i // BS) to any physical blocks. Blocks are reference-counted so that
 sequences can share them:
   - fork (n > 1, beams): children point at the parent's blocks;
-  - prefix caching: a full block is named by a hash of its tokens chained on
-    the previous block's hash, so a new request with the same prefix finds it.
+  - prefix caching: a full block is named by a SHA-256 of its tokens chained on
+    the previous block's name and rooted in the request's cache salt
+    (rawpage/block_hash.py), so a new request with the same prefix (and salt)
+    finds it.
 A shared block is never written: a sequence about to write into one gets its
 own copy first (copy-on-write; the runner does the copy before the forward).
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from rawpage.block_hash import block_digest
 from rawpage.sequence import Sequence
 
 
@@ -43,8 +46,8 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.watermark_blocks = int(watermark * num_blocks)
         self.ref_counts = [0] * num_blocks
-        self.block_hash: list[int | None] = [None] * num_blocks
-        self.cached: dict[int, int] = {}  # block hash -> physical block
+        self.block_hash: list[bytes | None] = [None] * num_blocks
+        self.cached: dict[bytes, int] = {}  # block name -> physical block
         self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the runner
         self.num_cow_copies = 0
@@ -86,14 +89,14 @@ class BlockManager:
                        self.num_shared_blocks_saved())  # fmt: skip
 
     # --- prefix caching --------------------------------------------------------------
-    def block_hashes(self, seq: Sequence, num_full_blocks: int) -> list[int]:
-        """Chained hashes of the sequence's first full blocks, memoised on the sequence
+    def block_hashes(self, seq: Sequence, num_full_blocks: int) -> list[bytes]:
+        """Chained names of the sequence's first full blocks, memoised on the sequence
         (tokens of a full block never change)."""
         hashes, bs = seq.block_hashes, self.block_size
         while len(hashes) < num_full_blocks:
             i = len(hashes)
-            parent = hashes[-1] if hashes else None
-            hashes.append(hash((parent, tuple(seq.token_ids[i * bs : (i + 1) * bs]))))
+            parent = hashes[-1] if hashes else seq.request.root_digest
+            hashes.append(block_digest(parent, seq.token_ids[i * bs : (i + 1) * bs]))
         return hashes[:num_full_blocks]
 
     def match_prefix(self, seq: Sequence) -> list[int]:

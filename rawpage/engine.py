@@ -153,8 +153,10 @@ class LLMEngine:
         return None, list(prompt)
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
-                    arrival_time: float | None = None, priority: int = 0) -> Request:  # fmt: skip
-        """Queue a request. Raises ValueError at once if it can never run."""
+                    arrival_time: float | None = None, priority: int = 0, cache_salt: str | None = None) -> Request:  # fmt: skip
+        """Queue a request. Raises ValueError at once if it can never run. Requests share
+        prefix-cached KV blocks only with requests of the same `cache_salt` (also read from
+        a dict prompt's "cache_salt")."""
         params = params or SamplingParams()
         if priority and self.args.scheduling_policy != "priority":
             raise InvalidRequestError("priority needs --scheduling-policy priority; this engine schedules first come, "
@@ -163,7 +165,12 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, ids = self.tokenize_prompt(prompt)
         self.validate_prompt(ids, params)
-        req = Request(request_id, text, ids, params, arrival_time or time.monotonic(), priority)
+        if isinstance(prompt, dict) and cache_salt is None:
+            cache_salt = prompt.get("cache_salt")
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise InvalidRequestError("cache_salt must be a non-empty string", "cache_salt")
+        req = Request(request_id, text, ids, params, arrival_time or time.monotonic(), priority,
+                      cache_salt=cache_salt)  # fmt: skip
         seed = params.seed if params.seed is not None else int(self._rng.integers(2**63))
         req.seqs.append(Sequence(next(self._seq_ids), req, ids, 0, seed))
         if params.prompt_logprobs is not None:

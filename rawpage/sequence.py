@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from rawpage.block_hash import root_digest
 from rawpage.detokenizer import IncrementalDetokenizer
 from rawpage.sampling_params import SamplingParams
 
@@ -43,7 +44,7 @@ class Sequence:
         self.num_prompt_tokens = len(request.prompt_token_ids)
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.block_table: list[int] = []  # logical block i -> physical block id
-        self.block_hashes: list[int] = []  # prefix-cache names of its full blocks (BlockManager)
+        self.block_hashes: list[bytes] = []  # prefix-cache names of its full blocks (BlockManager)
         self.num_hashed_blocks = 0  # leading blocks of block_table already named in the cache
         self.cpu_block_table: list[int] = []  # while swapped: where its blocks wait in CPU memory
         self.status = SequenceStatus.WAITING
@@ -128,9 +129,12 @@ class Request:
     metrics: RequestMetrics = field(init=False)
     beam: Any = None  # BeamState when params.use_beam_search
     error: str | None = None  # why the engine failed this request, if it did
+    cache_salt: str | None = None  # requests share cached KV blocks only within one salt
+    root_digest: bytes = field(init=False, repr=False)  # parent name of its first KV block
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(self.arrival_time)
+        self.root_digest = root_digest({"cache_salt": self.cache_salt})
 
     @property
     def is_finished(self) -> bool:

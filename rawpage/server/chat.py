@@ -70,9 +70,9 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
     stream = body.bool("stream", False)
     include_usage = Body(body.dict("stream_options")).bool("include_usage", False)
     rid = state.request_id(request, "chatcmpl")
+    prompt, priority = {"prompt_token_ids": ids, "cache_salt": state.cache_salt(body)}, state.priority(body)
     state.engine.check_capacity(1)
-    gen = state.engine.generate(f"{rid}#{uuid.uuid4().hex[:8]}", {"prompt_token_ids": ids}, params,
-                                state.priority(body))  # fmt: skip
+    gen = state.engine.generate(f"{rid}#{uuid.uuid4().hex[:8]}", prompt, params, priority)
     fmt = _ChatFormatter(state, rid, top or 0)
     if stream:
         return StreamingResponse(guard_stream(_stream(fmt, gen, include_usage)), media_type="text/event-stream",

@@ -57,10 +57,10 @@ async def create_completion(request: Request, state: ServerState) -> Response:
         state.validate_prompt(ids, params, "prompt")
     rid = state.request_id(request, "cmpl")
     tag = uuid.uuid4().hex[:8]
-    priority = state.priority(body)
+    priority, salt = state.priority(body), state.cache_salt(body)
     state.engine.check_capacity(len(prompts))
     streams = [
-        state.engine.generate(f"{rid}#{i}#{tag}", {"prompt_token_ids": ids}, params, priority)
+        state.engine.generate(f"{rid}#{i}#{tag}", {"prompt_token_ids": ids, "cache_salt": salt}, params, priority)
         for i, (_, ids) in enumerate(prompts)
     ]
     fmt = _Formatter(state, rid, params.n, echo, prompts)

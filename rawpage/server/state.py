@@ -122,6 +122,13 @@ class ServerState:
         except (ChatTemplateError, ValueError, TypeError) as e:
             raise APIError(str(e), param="chat_template" if template is not None else param) from None
 
+    def cache_salt(self, body: Body) -> str | None:
+        """vLLM's `cache_salt`: requests share cached KV blocks only within one salt (SECURITY.md)."""
+        salt = body.str("cache_salt")
+        if salt is not None and not 0 < len(salt) <= 256:
+            raise APIError("'cache_salt' must be a string of 1 to 256 characters", param="cache_salt")
+        return salt
+
     def priority(self, body: Body) -> int:
         """A request's `priority` counts only under --scheduling-policy priority; elsewhere a
         client could jump the queue with it, so it is refused."""

@@ -228,3 +228,20 @@ def test_request_timeout_aborts_with_finish_reason_abort():
         assert httpx.get(s.url + "/health").status_code == 200
     finally:
         assert s.stop() == 0, s.output()
+
+
+def test_cache_salt_separates_tenants_over_http(trusting):
+    prompt = "You are a helpful assistant for ACME. Your PIN is 4321. " * 6 + "Question:"
+
+    def cached(salt):
+        body = {"prompt": prompt, "max_tokens": 1, **({"cache_salt": salt} if salt else {})}
+        r = httpx.post(trusting.url + CMPL, json=body, headers=AUTH, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert cached("alice") == 0
+    assert cached("alice") > 0
+    assert cached("mallory") == 0
+    assert cached(None) == 0
+    r = httpx.post(trusting.url + CMPL, json={"prompt": "hi", "cache_salt": ""}, headers=AUTH)
+    assert_error(r, 400, "cache_salt")
