@@ -7,6 +7,7 @@ POST /tokenize   POST /detokenize   GET /health   GET /version   GET /metrics
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import logging
 import os
@@ -80,7 +81,10 @@ def build_app(engine_args: EngineArgs, config: ServerConfig | None = None) -> St
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         state.engine.start()  # loads the model in the engine thread; /health says 503 meanwhile
+        watcher = asyncio.ensure_future(_watch_event_loop(state))
         yield
+        watcher.cancel()
+        logger.info("longest event-loop stall: %.3f s", state.metrics.loop_lag_max)
         state.engine.shutdown()
         state.close()
 
@@ -105,6 +109,19 @@ def build_app(engine_args: EngineArgs, config: ServerConfig | None = None) -> St
     for status in (404, 405):
         app.add_exception_handler(status, _http_error)
     return app
+
+
+async def _watch_event_loop(state: ServerState, period: float = 0.1) -> None:
+    """Measure how late the event loop wakes from a short sleep: any work that blocks it
+    (a template, a tokenizer call) delays every client and /health by as much. The worst
+    lateness is a metric, rawpage:event_loop_lag_max_seconds."""
+    loop = asyncio.get_running_loop()
+    while True:
+        t0 = loop.time()
+        await asyncio.sleep(period)
+        lag = loop.time() - t0 - period
+        if state.metrics.observe_loop_lag(lag) and lag > 1.0:
+            logger.warning("the event loop stalled for %.2f s", lag)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -44,11 +44,21 @@ class ServerMetrics:
         self.swap_ins = counter("num_swap_ins", "Sequences swapped back in")
         self.finished = counter("request_success", "Requests finished")
         self.steps = counter("engine_steps", "Engine iterations that ran a forward pass")
+        self.loop_lag = gauge("event_loop_lag_max_seconds", "Longest the HTTP event loop was late to wake")
+        self.loop_lag_max = 0.0
         self.ttft = histogram("time_to_first_token_seconds", "Time from arrival to the first token")
         self.itl = histogram("inter_token_latency_seconds", "Time between tokens of one sequence")
         self.e2e = histogram("e2e_request_latency_seconds", "Time from arrival to the last token")
         self._seen = {"steps": 0, "prompt": 0, "gen": 0, "preempt": 0, "pq": 0, "ph": 0, "so": 0, "si": 0}
         self._last_token: dict[str, float] = {}
+
+    def observe_loop_lag(self, lag: float) -> bool:
+        """Record how late the event loop woke; True if that is a new worst."""
+        if lag <= self.loop_lag_max:
+            return False
+        self.loop_lag_max = lag
+        self.loop_lag.set(lag)
+        return True
 
     def on_step(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
         st, bm = engine.stats, engine.block_manager

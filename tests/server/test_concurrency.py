@@ -116,23 +116,35 @@ _fields = {
     "seed": st.integers(-(2**64), 2**64) | _json,
     "logprobs": st.booleans() | st.integers(-1, 30) | _json,
     "top_logprobs": st.integers(-1, 30) | _json,
-    "logit_bias": st.dictionaries(st.text(max_size=6), st.floats(-200, 200), max_size=3) | _json,
+    "logit_bias": st.dictionaries(
+        st.text(max_size=6) | st.integers(-(2**80), 2**80).map(str), st.floats(-200, 200), max_size=3
+    )
+    | _json,
     "presence_penalty": st.floats(-3, 3) | _json,
     "repetition_penalty": st.floats(-1, 3) | _json,
     "min_tokens": st.integers(-1, 5) | _json,
-    "stop_token_ids": st.lists(st.integers(-5, 60000), max_size=3) | _json,
+    "stop_token_ids": st.lists(st.integers(-5, 60000) | st.integers(-(2**80), 2**80), max_size=3) | _json,
+    "use_beam_search": st.booleans() | _json,
+    "length_penalty": st.floats(allow_nan=True, allow_infinity=True) | _json,
+    "cache_salt": st.text(max_size=5) | _json,
+    "chat_template": st.text(max_size=20) | _json,
+    "priority": st.integers(-3, 3) | _json,
+    "max_completion_tokens": st.integers(-1, 4) | _json,
+    "min_p": st.floats(-1, 2) | _json,
     "echo": st.booleans() | _json,
     "stream": st.booleans(),
     "stream_options": st.fixed_dictionaries({"include_usage": st.booleans() | _json}) | _json,
 }
-_messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"]) | _json,
+_messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "wizard"]) | _json,
                                             "content": st.text(max_size=30) | _json}), max_size=3) | _json  # fmt: skip
 _max_tokens = st.integers(1, 4) | st.sampled_from([0, -1, "4", 2.5, [], {}])  # never unbounded: keep it quick
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_fuzzed_bodies_never_500(server, data):
+    """300 random bodies: never a 500, every error in OpenAI's shape, and the engine is
+    still healthy after each one."""
     chat = data.draw(st.booleans())
     body = data.draw(st.fixed_dictionaries({}, optional=_fields))
     body["max_tokens"] = data.draw(_max_tokens)
@@ -146,6 +158,9 @@ def test_fuzzed_bodies_never_500(server, data):
     assert r.status_code in (200, 400, 404), (body, r.status_code, r.text)
     if r.status_code != 200:
         assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    elif body.get("stream") is True:
+        assert 'data: {"error"' not in r.text, r.text
+    assert httpx.get(server.url + "/health", timeout=60).status_code == 200
 
 
 def test_sigterm_lets_streams_finish():
