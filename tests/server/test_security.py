@@ -245,3 +245,33 @@ def test_cache_salt_separates_tenants_over_http(trusting):
     assert cached(None) == 0
     r = httpx.post(trusting.url + CMPL, json={"prompt": "hi", "cache_salt": ""}, headers=AUTH)
     assert_error(r, 400, "cache_salt")
+
+
+def test_a_request_whose_client_left_while_queued_costs_no_compute():
+    """With one sequence slot busy, a second request waits; its client hangs up; when the
+    slot frees, the engine never computes the second prompt."""
+    s = ServerProcess("--max-num-seqs", "1", "--max-model-len", "1024")
+    try:
+        before = s.metric("rawpage:prompt_tokens_total")
+        long_body = {"prompt": "Once upon a time", "max_tokens": 120, "ignore_eos": True, "stream": True}
+        queued_body = {"prompt": "lorem ipsum " * 100, "max_tokens": 4}  # ~300 tokens, easy to spot
+
+        async def main():
+            async with httpx.AsyncClient(timeout=300) as a, httpx.AsyncClient(timeout=300) as b:
+                async with a.stream("POST", s.url + CMPL, json=long_body) as r:
+                    lines = r.aiter_lines()
+                    await lines.__anext__()  # the long request is running and holds the only slot
+                    queued = asyncio.ensure_future(b.post(s.url + CMPL, json=queued_body))
+                    await asyncio.sleep(1.0)
+                    queued.cancel()  # the client leaves while its request waits
+                    await asyncio.gather(queued, return_exceptions=True)
+                    await b.aclose()
+                    return [line async for line in lines]
+
+        asyncio.run(main())
+        time.sleep(1.0)
+        computed = s.metric("rawpage:prompt_tokens_total") - before
+        assert computed < 50, f"{computed} prompt tokens computed: the queued prompt ran"
+        assert s.metric("rawpage:kv_cache_usage_perc") == 0.0
+    finally:
+        assert s.stop() == 0, s.output()
