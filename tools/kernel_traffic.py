@@ -81,10 +81,19 @@ def _paged_batch(rng, dtype, ctx, q_lens, H, Hkv, D, BS):
 
 
 def attention_case(
-    name: str, H: int, Hkv: int, ctx: list[int], q_lens: list[int], D: int = 128, BS: int = 16
+    name: str,
+    H: int,
+    Hkv: int,
+    ctx: list[int],
+    q_lens: list[int],
+    D: int = 128,
+    BS: int = 16,
+    sm_count: int = 2,
 ) -> TrafficCase:
     """Minimum: q, the K and V of every context token, the block-table entries
-    in use, seq_lens and query_start_loc once, and the output once."""
+    in use, seq_lens and query_start_loc once, and the output once. sm_count
+    sizes decode's split-K: 2 SMs are filled by the batch (no split), as a
+    large batch fills a real GPU."""
     itemsize = 2
     T = sum(q_lens)
     kv = sum(ctx) * Hkv * D * itemsize * 2
@@ -94,9 +103,9 @@ def attention_case(
     def run(loader: SimKernelLoader) -> None:
         rng = np.random.default_rng(0)
         batch = _paged_batch(rng, np.float16, ctx, q_lens, H, Hkv, D, BS)
-        launch_paged_attention(np, loader, *batch, D**-0.5, max(q_lens), max(ctx))
+        launch_paged_attention(np, loader, *batch, D**-0.5, max(q_lens), max(ctx), sm_count=sm_count)
 
-    what = f"H={H} Hkv={Hkv} D={D} BS={BS} ctx={ctx} q={q_lens} f16"
+    what = f"H={H} Hkv={Hkv} D={D} BS={BS} ctx={ctx} q={q_lens} f16" + (f", {sm_count} SMs" if sm_count != 2 else "")
     return TrafficCase(name, what, minimum, run)
 
 
@@ -149,6 +158,9 @@ def cases() -> list[TrafficCase]:
         attention_case("decode GQA 1", 4, 4, decode_ctx, [1] * 4),
         attention_case("decode GQA 4", 8, 2, decode_ctx, [1] * 4),
         attention_case("decode GQA 8", 16, 2, decode_ctx, [1] * 4),
+        # One sequence on 16 SMs: split into 64-token partitions, each of which
+        # writes and merges a float32 partial output.
+        attention_case("decode GQA 4 split-K", 8, 2, [1000], [1], sm_count=16),
         attention_case("prefill GQA 4", 8, 2, [256, 100], [256, 100]),
         rms_norm_case(64, 2048, fused=False),
         rms_norm_case(64, 2048, fused=True),

@@ -71,15 +71,22 @@ def test_views_of_one_buffer_are_one_buffer(counting):
 # Bytes moved / minimum, per case of tools/kernel_traffic.py. Each bound sits a
 # little above what the kernel does today, so that any re-read shows.
 RATIO_BOUNDS = {
-    "decode GQA 1": 1.2,
-    "decode GQA 4": 4.7,
-    "decode GQA 8": 9.3,
+    # One block per KV head serves its whole query group: K/V read once
+    # (the bound is 1.1; before the rewrite GQA 4 was 4.66, GQA 8 9.22).
+    "decode GQA 1": 1.02,
+    "decode GQA 4": 1.02,
+    "decode GQA 8": 1.02,
+    # 64-token partitions, each writing and merging a float32 partial output.
+    "decode GQA 4 split-K": 1.2,
     "prefill GQA 4": 2.9,
     "rms_norm": 2.0,
     "fused_add_rms_norm": 1.5,
     "silu_and_mul": 1.01,
     "rope": 2.2,
 }
+# Distinct bytes touched / minimum: above 1 only where partial results go
+# through global memory (split-K).
+UNIQUE_BOUNDS = {"decode GQA 4 split-K": 1.15}
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +98,8 @@ def traffic_loader():
 def test_kernel_traffic_ratio(traffic_loader, case):
     result = kernel_traffic.measure(case, traffic_loader)
     assert result.launches, f"{case.name} launched nothing"
-    assert result.unique <= 1.1 * case.minimum, f"{case.name}: touches bytes the math does not need"
+    unique_bound = UNIQUE_BOUNDS.get(case.name, 1.02)
+    assert result.unique <= unique_bound * case.minimum, f"{case.name}: touches bytes the math does not need"
     assert result.ratio <= RATIO_BOUNDS[case.name], (
         f"{case.name} ({case.shape}) moves {result.ratio:.3f}x the bytes the math needs; "
         f"the bound is {RATIO_BOUNDS[case.name]}"
