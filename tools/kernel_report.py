@@ -133,12 +133,11 @@ def main() -> int:
         help="instead: run each kernel under the simulator and print its global-memory "
         "traffic against the minimum the math needs (tools/kernel_traffic.py)",
     )
-    parser.add_argument("--sms", type=int, default=16, help="with --traffic: the simulated GPU's SM count")
     args = parser.parse_args()
     if args.traffic:
         from tools import kernel_traffic
 
-        print(kernel_traffic.format_results(kernel_traffic.report(args.sms)))
+        print(kernel_traffic.format_results(kernel_traffic.report()))
         return 0
     if nvcc_path() is None:
         print("nvcc not found on PATH", file=sys.stderr)

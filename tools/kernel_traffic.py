@@ -32,6 +32,9 @@ class TrafficCase:
     shape: str  # what was run, for the table
     minimum: int  # bytes the math must move
     run: Callable[[SimKernelLoader], None]
+    # The simulated GPU's SM count, which sizes grids: small, so that the small
+    # shapes here fill it as a large batch fills a real GPU.
+    sm_count: int = 2
 
 
 @dataclass
@@ -60,6 +63,7 @@ class TrafficResult:
 
 def measure(case: TrafficCase, loader: SimKernelLoader) -> TrafficResult:
     first = len(loader.traffic_log)
+    loader.sm_count = case.sm_count
     case.run(loader)
     return TrafficResult(case, loader.traffic_log[first:])
 
@@ -92,8 +96,7 @@ def attention_case(
 ) -> TrafficCase:
     """Minimum: q, the K and V of every context token, the block-table entries
     in use, seq_lens and query_start_loc once, and the output once. sm_count
-    sizes decode's split-K: 2 SMs are filled by the batch (no split), as a
-    large batch fills a real GPU."""
+    sizes decode's split-K: the batches here fill 2 SMs without splitting."""
     itemsize = 2
     T = sum(q_lens)
     kv = sum(ctx) * Hkv * D * itemsize * 2
@@ -103,14 +106,16 @@ def attention_case(
     def run(loader: SimKernelLoader) -> None:
         rng = np.random.default_rng(0)
         batch = _paged_batch(rng, np.float16, ctx, q_lens, H, Hkv, D, BS)
-        launch_paged_attention(np, loader, *batch, D**-0.5, max(q_lens), max(ctx), sm_count=sm_count)
+        launch_paged_attention(np, loader, *batch, D**-0.5, max(q_lens), max(ctx))
 
     what = f"H={H} Hkv={Hkv} D={D} BS={BS} ctx={ctx} q={q_lens} f16" + (f", {sm_count} SMs" if sm_count != 2 else "")
-    return TrafficCase(name, what, minimum, run)
+    return TrafficCase(name, what, minimum, run, sm_count)
 
 
 def rms_norm_case(T: int, dim: int, fused: bool) -> TrafficCase:
-    """Minimum: x (and residual) read once, the weight once, the output(s) once."""
+    """Minimum: x (and residual) read once, the weight once, the output(s) once.
+    On 2 SMs, 16 blocks of 256 threads are resident: each walks 4 rows, reading
+    the weight once."""
     rows = T * dim * 2
     minimum = (4 * rows if fused else 2 * rows) + dim * 2
 
@@ -187,6 +192,6 @@ def format_results(results: list[TrafficResult]) -> str:
     return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows)
 
 
-def report(sm_count: int = 16) -> list[TrafficResult]:
-    loader = SimKernelLoader(traffic=True, sm_count=sm_count)
+def report() -> list[TrafficResult]:
+    loader = SimKernelLoader(traffic=True)
     return [measure(c, loader) for c in cases()]

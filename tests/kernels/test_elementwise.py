@@ -18,8 +18,10 @@ from tests.kernels.conftest import DTYPES, assert_close
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("T,dim", [(1, 64), (5, 576), (3, 1000), (2, 4096)])
+@pytest.mark.parametrize("T,dim", [(1, 64), (5, 576), (3, 100), (3, 1000), (2, 4096), (2, 8192)])
 def test_rms_norm(device, dtype, T, dim):
+    """16-byte chunks, one or two per thread (8192 in float32); dim 100 is not a
+    whole number of 16-bit chunks and goes element by element."""
     rng = np.random.default_rng(dim)
     x = device.rounded(rng.standard_normal((T, dim)) * 3, dtype)
     w = device.rounded(rng.standard_normal(dim), dtype)
@@ -41,6 +43,42 @@ def test_fused_add_rms_norm(device, dtype, T, dim):
     assert_close(device.get(normed), want_normed, dtype, "normed")
     # In place: the results live in the memory the caller passed.
     assert normed is x_dev and new_res is res_dev
+
+
+def test_rms_norm_says_how_long_a_row_may_be(device):
+    x = device.xp.zeros((1, 32768), np.float16)
+    with pytest.raises(ValueError, match="up to 16384 elements"):
+        launch_rms_norm(device.xp, device.loader, x, x[0], 1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_norms_walk_rows_and_take_unaligned_rows(device, dtype):
+    """On one SM a block walks several rows (8192 float32: 1024 threads, 2 resident
+    blocks) with the weight held in registers; a row that starts off a 16-byte
+    boundary is read element by element."""
+    if device.name != "sim":
+        pytest.skip("the SM count is a simulator parameter")
+    from rawpage.sim import SimKernelLoader
+
+    loader = SimKernelLoader(debug=True, sm_count=1)
+    rng = np.random.default_rng(3)
+    T, dim = 5, 8192
+    x = device.rounded(rng.standard_normal((T, dim)), dtype)
+    res = device.rounded(rng.standard_normal((T, dim)), dtype)
+    w = device.rounded(rng.standard_normal(dim), dtype)
+    got = launch_rms_norm(np, loader, device.put(x, dtype), device.put(w, dtype), 1e-5)
+    assert_close(device.get(got), rms_norm_ref(x, w, 1e-5), dtype, "rows walked")
+    x_dev, res_dev = device.put(x, dtype), device.put(res, dtype)
+    launch_fused_add_rms_norm(np, loader, x_dev, res_dev, device.put(w, dtype), 1e-5)
+    want_normed, want_res = fused_add_rms_norm_ref(x, res, w, 1e-5)
+    assert_close(device.get(res_dev), want_res, dtype, "residual, rows walked")
+    assert_close(device.get(x_dev), want_normed, dtype, "normed, rows walked")
+
+    dim = 64
+    buffer = device.put(rng.standard_normal(T * dim + 1), dtype)
+    unaligned = buffer[1:].reshape(T, dim)  # contiguous, one element past a 16-byte boundary
+    want = rms_norm_ref(device.get(unaligned), device.get(unaligned[0]), 1e-5)
+    assert_close(device.get(launch_rms_norm(np, loader, unaligned, unaligned[0], 1e-5)), want, dtype, "unaligned")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

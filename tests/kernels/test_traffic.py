@@ -79,8 +79,10 @@ RATIO_BOUNDS = {
     # 64-token partitions, each writing and merging a float32 partial output.
     "decode GQA 4 split-K": 1.2,
     "prefill GQA 4": 2.9,
-    "rms_norm": 2.0,
-    "fused_add_rms_norm": 1.5,
+    # Rows read once into registers (each block's weight once): 1.984 and 1.494
+    # before, when every row was read twice and every block re-read the weight.
+    "rms_norm": 1.13,
+    "fused_add_rms_norm": 1.07,
     "silu_and_mul": 1.01,
     "rope": 2.2,
 }
@@ -91,7 +93,7 @@ UNIQUE_BOUNDS = {"decode GQA 4 split-K": 1.15}
 
 @pytest.fixture(scope="module")
 def traffic_loader():
-    return SimKernelLoader(traffic=True, workers=2, sm_count=16)
+    return SimKernelLoader(traffic=True, workers=2)
 
 
 @pytest.mark.parametrize("case", kernel_traffic.cases(), ids=lambda c: c.name.replace(" ", "_"))
