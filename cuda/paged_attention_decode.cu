@@ -269,7 +269,7 @@ __device__ void paged_attention_decode(
     }
 
   // Merge the warps through shared memory, the same way; a warp that saw no key
-  // has m = -inf and weight 2^-inf = 0. Thread i then owns output elements i, i + 128, ...
+  // has m = -inf and weight 2^-inf = 0.
   __shared__ float m_s[kWarps][G], l_s[kWarps][G];
   __shared__ __align__(16) float acc_s[kWarps][G][D];
   if (slot == 0) {
@@ -285,24 +285,28 @@ __device__ void paged_attention_decode(
   }
   __syncthreads();  // every warp's (m, l, acc) is in shared memory before anyone merges
 
-  for (int i = threadIdx.x; i < heads * D; i += kThreads) {
+  // Thread i owns output elements 4i .. 4i+3 (D is a multiple of 4), then 4i + 512, ...
+  for (int i = 4 * threadIdx.x; i < heads * D; i += 4 * kThreads) {
     const int g = i / D, d = i % D;
     float m_max = neg_inf();
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) m_max = fmaxf(m_max, m_s[w][g]);
-    float l_sum = 0.0f, o = 0.0f;
+    float l_sum = 0.0f, o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
       const float weight = exp2f(m_s[w][g] - m_max);
       l_sum += l_s[w][g] * weight;
-      o += acc_s[w][g][d] * weight;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[e] += acc_s[w][g][d + e] * weight;
     }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[e] /= l_sum;
     const int h = h0 + g;
     const i64 part = (i64(b) * num_heads + h) * num_partitions + p;
     if (num_partitions == 1) {
-      out[(i64(row) * num_heads + h) * D + d] = from_float<T>(o / l_sum);
+      store_floats<T, 4>(out + (i64(row) * num_heads + h) * D + d, o);
     } else {
-      part_o[part * D + d] = o / l_sum;
+      store_floats<float, 4>(part_o + part * D + d, o);
       if (d == 0) {
         part_ml[2 * part] = m_max;
         part_ml[2 * part + 1] = l_sum;
@@ -314,8 +318,8 @@ __device__ void paged_attention_decode(
 // Merge a split decode's partitions:
 //   M = max_p m_p,   w_p = l_p 2^(m_p - M),   out = sum_p w_p o_p / sum_p w_p
 // over the partitions that hold tokens of this sequence (ceil(L / ps)).
-// Grid: (H, B). Block: threads stride over D; the weights w_p go through shared
-// memory (dynamic, P floats).
+// Grid: (H, B). Block: threads stride over D, 4 elements (one float4 of each
+// partial) at a time; the weights w_p go through shared memory (dynamic, P floats).
 template <typename T>
 __device__ void paged_attention_decode_reduce(
     T* __restrict__ out,                      // [T, H, D]
@@ -353,10 +357,16 @@ __device__ void paged_attention_decode_reduce(
   float l_sum = 0.0f;
   for (int p = 0; p < used; ++p) l_sum += w[p];
   const float inv_l = 1.0f / l_sum;
-  for (int d = threadIdx.x; d < head_size; d += blockDim.x) {
-    float o = 0.0f;
-    for (int p = 0; p < used; ++p) o += w[p] * part_o[(first + p) * head_size + d];
-    out[(i64(row) * num_heads + h) * head_size + d] = from_float<T>(o * inv_l);
+  for (int d = 4 * threadIdx.x; d < head_size; d += 4 * blockDim.x) {  // 4 elements a thread
+    float o[4] = {0.0f, 0.0f, 0.0f, 0.0f}, o_p[4];
+    for (int p = 0; p < used; ++p) {
+      load_floats<float, 4>(part_o + (first + p) * head_size + d, o_p);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[e] += w[p] * o_p[e];
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[e] *= inv_l;
+    store_floats<T, 4>(out + (i64(row) * num_heads + h) * head_size + d, o);
   }
 }
 
