@@ -106,7 +106,7 @@ __device__ void paged_attention_decode(
   constexpr int kSlots = 32 / kLanes;                        // keys side by side in a warp
   // Keys per slot and step: fewer when registers go to more heads, and at most
   // 32 keys per warp step, so that the step's table entries fit in one warp.
-  constexpr int kKeysWanted = G >= 8 ? 1 : G >= 4 ? 2 : 4;
+  constexpr int kKeysWanted = G >= 4 ? 2 : 4;
   constexpr int kKeysPerSlot = kKeysWanted * kSlots <= 32 ? kKeysWanted : 32 / kSlots;
   constexpr int kKeysPerStep = kSlots * kKeysPerSlot;
 
