@@ -4,7 +4,8 @@ The kernels in cuda/ compile unchanged with g++ against include/cuda_sim.h and
 run on the CPU: every CUDA thread is a fiber, blocks run on a few worker
 threads, and __syncthreads, warp shuffles and votes, and WMMA are cooperative
 barriers (runtime/). build.py compiles and caches; launcher.py calls kernels
-with CuPy's RawKernel convention on NumPy arrays.
+with CuPy's RawKernel convention on NumPy arrays; traffic.py counts what a
+launch reads from and writes to global memory (SimKernelLoader(traffic=True)).
 
     loader = SimKernelLoader()
     kernel = loader.get_function("rms_norm.cu", "rms_norm_f16")
