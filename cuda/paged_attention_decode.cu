@@ -163,17 +163,19 @@ __device__ void paged_attention_decode(
 
   // The cache offset of this lane's slice of key j (-1: past `end`). The step's
   // keys span a few table entries; lane e reads entry e and a shuffle hands each
-  // lane the one it needs, so every entry is one 4-byte load per step.
+  // lane the one it needs, so every entry is one 4-byte load per step. BS is a
+  // power of two (the launch checks), so j / BS and j % BS are a shift and a mask.
+  const int bs_shift = __ffs(block_size) - 1, bs_mask = block_size - 1;
   auto offsets = [&](int base, i64* off) {
-    const int first_block = base / block_size;
-    const int last_block = (min(base + kKeysPerStep, end) - 1) / block_size;
+    const int first_block = base >> bs_shift;
+    const int last_block = (min(base + kKeysPerStep, end) - 1) >> bs_shift;
     const int entry = lane <= last_block - first_block ? table[first_block + lane] : 0;
 #pragma unroll
     for (int t = 0; t < kKeysPerSlot; ++t) {
       const int j = base + t * kSlots + slot;
-      const int src = min(j, end - 1) / block_size - first_block;
+      const int src = (min(j, end - 1) >> bs_shift) - first_block;
       const int physical = __shfl_sync(0xffffffffu, entry, src);
-      const i64 slot_in_cache = i64(physical) * block_size + j % block_size;
+      const i64 slot_in_cache = (i64(physical) << bs_shift) + (j & bs_mask);
       off[t] = j < end ? (slot_in_cache * num_kv_heads + kv_head) * D + r * VEC : -1;
     }
   };

@@ -156,6 +156,8 @@ def launch_paged_attention(
     seq_lens, query_start_loc = int32_array(xp, seq_lens), int32_array(xp, query_start_loc)
     common = (k_cache, v_cache, block_tables, seq_lens, query_start_loc)
     if max_query_len == 1:
+        if k_cache.shape[1] & (k_cache.shape[1] - 1):
+            raise ValueError(f"decode attention needs a power-of-two block size, got {k_cache.shape[1]}")
         if partitions is None:
             sms = sm_count or int(getattr(loader, "sm_count", 132))
             partitions = decode_partitions(

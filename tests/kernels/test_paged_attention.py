@@ -123,9 +123,10 @@ def test_decode(device, dtype, D, BS, H, Hkv):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("D", [16, 32, 80, 96])
 def test_decode_other_head_sizes(device, dtype, D):
+    """Also block size 8: a warp step's keys span up to 5 table entries."""
     rng = np.random.default_rng(D)
     ctx = [5, 40, 17]
-    host, dev = paged_batch(device, dtype, rng, [1, 1, 1], ctx, 6, 2, D, 16)
+    host, dev = paged_batch(device, dtype, rng, [1, 1, 1], ctx, 6, 2, D, 8)
     want = reference(host, 0.3)
     assert_close(run_decode(device, dev, 0.3, ctx, partitions=1), want, dtype)
     assert_close(run_decode(device, dev, 0.3, ctx, partitions=3), want, dtype, "split-K")
@@ -231,6 +232,13 @@ def test_prefill_smem_formula_is_exactly_what_the_kernel_needs(device):
     with pytest.raises(SimLaunchError, match="__trap"):
         kernel((1, 2, 1), (128,), args, shared_mem=smem)
     assert PREFILL_ROWS == 64
+
+
+def test_decode_says_it_needs_a_power_of_two_block_size(device):
+    rng = np.random.default_rng(0)
+    host, dev = paged_batch(device, "float16", rng, [1], [30], 2, 2, 64, 24)
+    with pytest.raises(ValueError, match="power-of-two block size, got 24"):
+        run_decode(device, dev, 0.1, [30])
 
 
 def test_unsupported_head_size_says_which_are(device):
