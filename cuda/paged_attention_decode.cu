@@ -30,8 +30,9 @@
 // Block: 4 warps of `slots`: a slot is kLanes lanes that share one key; each lane
 // holds VEC = D / kLanes consecutive elements of the key and value rows, which
 // it loads as 16-byte vectors (kLanes = D * sizeof(T) / 16 when that is a power
-// of two up to 32), and of q and the output of every head of the group. A warp
-// takes kKeysPerStep consecutive keys per step; its warps interleave steps.
+// of two up to 32, else 8 with narrower loads: D = 80, 96), and of q and the
+// output of every head of the group. A warp takes kKeysPerStep consecutive
+// keys per step; the 4 warps interleave steps.
 // While a warp computes the scores of one step, the V rows of that step and
 // then the K rows of the next are already on their way (register double buffer).
 #include "common.cuh"
