@@ -136,6 +136,7 @@ __device__ void paged_attention_decode(
   // shared memory, read once in 16-byte vectors; heads past `heads` are zero.
   constexpr int kQVec = 16 / int(sizeof(T));
   __shared__ __align__(16) float q_s[G][D];
+  float* q_flat = &q_s[0][0];  // [G * D]
   for (int i = threadIdx.x * kQVec; i < G * D; i += kThreads * kQVec) {
     float v[kQVec];
     if (i < heads * D) {
@@ -145,7 +146,7 @@ __device__ void paged_attention_decode(
       for (int e = 0; e < kQVec; ++e) v[e] = 0.0f;
     }
 #pragma unroll
-    for (int e = 0; e < kQVec; ++e) q_s[0][i + e] = v[e] * (scale * kLog2e);
+    for (int e = 0; e < kQVec; ++e) q_flat[i + e] = v[e] * (scale * kLog2e);
   }
   __syncthreads();  // q_s complete before any lane copies its slice
   // This lane's slice of q: in registers while they are few; past 32 floats
