@@ -90,6 +90,20 @@ __device__ __forceinline__ void load_floats(const T* __restrict__ p, float* out)
   }
 }
 
+// ---- vectorized stores: N floats to N elements of T at p, widest aligned chunks ------
+template <typename T, int N>
+__device__ __forceinline__ void store_floats(T* __restrict__ p, const float* in) {
+  using IO = VecIO<T, N>;
+#pragma unroll
+  for (int c = 0; c < N / IO::kPer; ++c) {
+    typename IO::C v;
+    T* e = reinterpret_cast<T*>(&v);
+#pragma unroll
+    for (int i = 0; i < IO::kPer; ++i) e[i] = from_float<T>(in[c * IO::kPer + i]);
+    reinterpret_cast<typename IO::C*>(p)[c] = v;
+  }
+}
+
 // ---- reductions ----------------------------------------------------------------------
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll

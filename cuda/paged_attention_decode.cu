@@ -5,149 +5,325 @@
 //   o   = sum_j softmax(s)_j v_j
 //
 // Token j of sequence b sits in physical block block_tables[b, j / BS], at
-// offset j % BS. With GQA, query head h reads KV head h / (H / Hkv).
+// offset j % BS. With GQA, query heads h = kv * G' .. kv * G' + G' - 1 all read
+// KV head kv (G' = H / Hkv). Decode is bound by reading K and V, so one block
+// serves a KV head's whole group: each K/V byte crosses the memory bus once,
+// and the G' dot products and G' output updates reuse it from registers.
 //
-// Long contexts are split into partitions of `partition_size` tokens
-// (flash-decoding). Each block reduces its partition to (m, l, o): the maximum
-// score, the softmax denominator relative to it, and the normalized output.
+// Split-K (flash-decoding): the context is cut into partitions of
+// ps = max(min_partition, roundup(ceil(L / P), 16)) tokens, L the sequence's own
+// length: a CUDA graph captured with P chosen for the longest context still
+// spreads a shorter context over up to P partitions, but none so short that
+// writing and merging its partial output costs more than reading its K/V.
+// Each block reduces its partition to (m, l, o): the maximum score, the softmax
+// denominator relative to it, and the normalized output.
 // paged_attention_decode_reduce then merges the partitions:
 //   M = max_p m_p,   w_p = l_p 2^(m_p - M),   o = sum_p w_p o_p / sum_p w_p
-// With one partition the first kernel writes the output itself.
-//
-// Scores are kept in log2 units (s * log2(e)) so that every exponential is one
-// exp2f.
+// With P = 1 the first kernel writes the output itself. Scores are kept in log2
+// units (s * log2(e)), so that every exponential is one exp2f.
 //
 // In the forward pass: after write_kv, when every sequence in the batch decodes
 // (a batch with any prefill goes to paged_attention_prefill.cu).
 //
-// Grid: (H, B, P): one block per query head, sequence and partition.
-// Block: 128 threads = 8 slots of 16 lanes. A slot takes one key at a time and
-// each of its lanes holds D/16 consecutive elements of q, k, v and the output,
-// so a slot reads a key's head vector as one contiguous run. The two slots of a
-// warp take adjacent keys.
+// Grid: (Hkv * chunks, B, P): one block per KV head (and chunk of G query heads
+// when the group is larger than G = 8), sequence and partition.
+// Block: 4 warps of `slots`: a slot is kLanes lanes that share one key; each lane
+// holds VEC = D / kLanes consecutive elements of the key and value rows, which
+// it loads as 16-byte vectors (kLanes = D * sizeof(T) / 16 when that is a power
+// of two up to 32, else 8 with narrower loads: D = 80, 96), and of q and the
+// output of every head of the group. A warp takes kKeysPerStep consecutive
+// keys per step; the 4 warps interleave steps.
+// While a warp computes the scores of one step, the V rows of that step and
+// then the K rows of the next are already on their way (register double buffer).
 #include "common.cuh"
 
 using namespace rawpage;
 
 namespace decode {
 constexpr int kThreads = 128;
-constexpr int kSlotLanes = 16;                 // lanes sharing one key
-constexpr int kSlots = kThreads / kSlotLanes;  // keys in flight per block
-constexpr int kSlotsPerWarp = 32 / kSlotLanes;
+constexpr int kWarps = kThreads / 32;
+constexpr int kPartitionAlign = 16;  // partitions are a multiple of this many tokens
 constexpr float kLog2e = 1.4426950408889634f;
+
+// Lanes sharing one key: one 16-byte vector each where the row allows it.
+template <typename T, int D>
+__host__ __device__ constexpr int lanes_per_key() {
+  constexpr int chunks = D * int(sizeof(T)) / 16;
+  constexpr bool power_of_two = D * int(sizeof(T)) % 16 == 0 && (chunks & (chunks - 1)) == 0;
+  return power_of_two ? (chunks < 32 ? chunks : 32) : 8;
+}
+
+// Blocks per SM that ptxas must leave room for (__launch_bounds__): 4, i.e. at
+// most 128 registers a thread, where the accumulators fit that without spilling
+// (16-bit K/V in 16-byte vectors, groups up to 4); else 2.
+template <typename T, int D, int G>
+__host__ __device__ constexpr int min_blocks() {
+  return sizeof(T) == 2 && G <= 4 && lanes_per_key<T, D>() != 8 ? 4 : 2;
+}
+
+// Tokens per partition for a sequence of seq_len tokens split up to P ways; the
+// reduce kernel recomputes it the same way.
+__device__ __forceinline__ int partition_tokens(int seq_len, int num_partitions,
+                                                int min_partition) {
+  const int even = ceil_div(ceil_div(seq_len, num_partitions), kPartitionAlign) * kPartitionAlign;
+  return max(min_partition, even);
+}
+
+// N elements of T as they sit in memory, held in registers until used: loading
+// into this issues the loads without waiting for them.
+template <typename T, int N>
+struct RawRow {
+  using IO = VecIO<T, N>;
+  typename IO::C c[N / IO::kPer];
+  // The row at base + offset, or zeros where offset < 0 (a key past the end).
+  __device__ __forceinline__ void load_or_zero(const T* __restrict__ base, i64 offset) {
+#pragma unroll
+    for (int i = 0; i < N / IO::kPer; ++i)
+      c[i] = offset >= 0 ? reinterpret_cast<const typename IO::C*>(base + offset)[i]
+                         : typename IO::C{};
+  }
+  __device__ __forceinline__ float operator[](int i) const {
+    return to_float(reinterpret_cast<const T*>(c)[i]);
+  }
+};
 }  // namespace decode
 
-template <typename T, int D>
+template <typename T, int D, int G>
 __device__ void paged_attention_decode(
     T* __restrict__ out,                      // [T, H, D], written when P == 1
     float* __restrict__ part_o,               // [B, H, P, D] normalized partition outputs (P > 1)
-    float* __restrict__ part_ml,              // [B, H, P, 2] partition (max, sum), log2 units (P > 1)
+    float* __restrict__ part_ml,              // [B, H, P, 2] (max, sum) in log2 units (P > 1)
     const T* __restrict__ q,                  // [T, H, D], token stride q_stride
     const T* __restrict__ k_cache,            // [NB, BS, Hkv, D]
     const T* __restrict__ v_cache,            // [NB, BS, Hkv, D]
     const int* __restrict__ block_tables,     // [B, max_blocks]
     const int* __restrict__ seq_lens,         // [B], context length including the new token
     const int* __restrict__ query_start_loc,  // [B+1]: sequence b's query is row query_start_loc[b]
-    int max_blocks, int num_kv_heads, int block_size, int partition_size, int q_stride,
-    float scale) {
+    int max_blocks, int num_heads, int num_kv_heads, int block_size, int q_stride, float scale,
+    int min_partition) {
   using namespace decode;
-  constexpr int VEC = D / kSlotLanes;
-  const int h = blockIdx.x, b = blockIdx.y, p = blockIdx.z;
-  const int num_heads = gridDim.x, num_partitions = gridDim.z;
-  const int seq_len = seq_lens[b];
-  const int start = p * partition_size;
+  constexpr int kLanes = lanes_per_key<T, D>();
+  constexpr int VEC = D / kLanes;
+  constexpr int kSlots = 32 / kLanes;                        // keys side by side in a warp
+  // Keys per slot and step: fewer when registers go to more heads, and at most
+  // 32 keys per warp step, so that the step's table entries fit in one warp.
+  constexpr int kKeysWanted = G >= 4 ? 2 : 4;
+  constexpr int kKeysPerSlot = kKeysWanted * kSlots <= 32 ? kKeysWanted : 32 / kSlots;
+  constexpr int kKeysPerStep = kSlots * kKeysPerSlot;
+
+  const int group = num_heads / num_kv_heads, chunks = ceil_div(group, G);
+  const int kv_head = blockIdx.x / chunks;
+  const int h0 = kv_head * group + blockIdx.x % chunks * G;  // this block's first query head
+  const int heads = min(G, kv_head * group + group - h0);    // and how many it serves
+  const int b = blockIdx.y, p = blockIdx.z, num_partitions = gridDim.z;
+  // The sequence's length and query row, read once and shared (rather than
+  // loaded by all 128 threads).
+  __shared__ int meta_s[3];
+  if (threadIdx.x < 3)
+    meta_s[threadIdx.x] = threadIdx.x == 0 ? seq_lens[b] : query_start_loc[b + threadIdx.x - 1];
+  __syncthreads();  // meta_s written before anyone reads it
+  const int seq_len = meta_s[0], row = meta_s[1];
+  if (meta_s[2] == row) return;  // no new token this step
+  const int ps = partition_tokens(seq_len, num_partitions, min_partition);
+  const int start = p * ps;
   if (start >= seq_len) return;  // past this sequence's end: the reduce never reads it
-  if (query_start_loc[b + 1] == query_start_loc[b]) return;  // no new token this step
-  const int end = min(start + partition_size, seq_len);
-  const int kv_head = h / (num_heads / num_kv_heads);
+  const int end = min(start + ps, seq_len);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int slot = threadIdx.x / kSlotLanes, r = threadIdx.x % kSlotLanes;
-  const int row = query_start_loc[b];
+  const int slot = lane / kLanes, r = lane % kLanes;
+  const int* table = block_tables + i64(b) * max_blocks;
 
-  // q_r = this lane's D/16 elements of q, times scale * log2(e)
-  float q_r[VEC];
-  load_floats<T, VEC>(q + i64(row) * q_stride + h * D + r * VEC, q_r);
+  // Stage q_g * scale * log2(e) for the group's heads (contiguous in q) in
+  // shared memory, read once in 16-byte vectors; heads past `heads` are zero.
+  constexpr int kQVec = 16 / int(sizeof(T));
+  __shared__ __align__(16) float q_s[G][D];
+  float* q_flat = &q_s[0][0];  // [G * D]
+  for (int i = threadIdx.x * kQVec; i < G * D; i += kThreads * kQVec) {
+    float v[kQVec];
+    if (i < heads * D) {
+      load_floats<T, kQVec>(q + i64(row) * q_stride + h0 * D + i, v);
+    } else {
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) q_r[i] *= scale * kLog2e;
-
-  // Online softmax over this slot's keys: running max m, denominator l, and
-  // unnormalized output acc, all relative to m.
-  float m = neg_inf(), l = 0.0f, acc[VEC];
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) acc[i] = 0.0f;
-
-  // The loop bound is the same for both slots of a warp, so the shuffles below
-  // always have all 32 lanes; a slot past `end` computes nothing.
-  for (int base = start + warp * kSlotsPerWarp; base < end; base += kSlots) {
-    const int j = base + lane / kSlotLanes;
-    const bool valid = j < end;
-    float k_r[VEC], v_r[VEC], s = 0.0f;
-    if (valid) {
-      const int physical = block_tables[i64(b) * max_blocks + j / block_size];
-      const i64 offset =
-          ((i64(physical) * block_size + j % block_size) * num_kv_heads + kv_head) * D + r * VEC;
-      load_floats<T, VEC>(k_cache + offset, k_r);
-      load_floats<T, VEC>(v_cache + offset, v_r);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) s += q_r[i] * k_r[i];
+      for (int e = 0; e < kQVec; ++e) v[e] = 0.0f;
     }
-    // s_j = q . k_j: sum the slot's 16 partial dot products
 #pragma unroll
-    for (int o = kSlotLanes / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (valid) {
-      // m' = max(m, s_j);  l' = l 2^(m - m') + 2^(s_j - m');  acc' = acc 2^(m - m') + 2^(s_j - m') v_j
-      const float m_new = fmaxf(m, s);
-      const float correction = exp2f(m - m_new), weight = exp2f(s - m_new);
-      l = l * correction + weight;
+    for (int e = 0; e < kQVec; ++e) q_flat[i + e] = v[e] * (scale * kLog2e);
+  }
+  __syncthreads();  // q_s complete before any lane copies its slice
+  // This lane's slice of q: in registers while they are few; past 32 floats
+  // (large groups) the dot products read it from shared memory instead, so
+  // that registers go to the accumulators and blocks stay resident.
+  constexpr bool kQInRegisters = G * VEC <= 32;
+  constexpr int kQG = kQInRegisters ? G : 1, kQV = kQInRegisters ? VEC : 1;
+  float q_r[kQG][kQV];
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) acc[i] = acc[i] * correction + weight * v_r[i];
-      m = m_new;
+  for (int g = 0; g < kQG; ++g)
+#pragma unroll
+    for (int i = 0; i < kQV; ++i) q_r[g][i] = q_s[g][r * VEC + i];
+  auto q_at = [&](int g, int i) {
+    return kQInRegisters ? q_r[g % kQG][i % kQV] : q_s[g][r * VEC + i];
+  };
+
+  // The cache offset of this lane's slice of key j (-1: past `end`). The step's
+  // keys span a few table entries; lane e reads entry e and a shuffle hands each
+  // lane the one it needs, so every entry is one 4-byte load per step. BS is a
+  // power of two (the launch checks), so j / BS and j % BS are a shift and a mask.
+  const int bs_shift = __ffs(block_size) - 1, bs_mask = block_size - 1;
+  auto offsets = [&](int base, i64* off) {
+    const int first_block = base >> bs_shift;
+    const int last_block = (min(base + kKeysPerStep, end) - 1) >> bs_shift;
+    const int entry = lane <= last_block - first_block ? table[first_block + lane] : 0;
+#pragma unroll
+    for (int t = 0; t < kKeysPerSlot; ++t) {
+      const int j = base + t * kSlots + slot;
+      const int src = (min(j, end - 1) >> bs_shift) - first_block;
+      const int physical = __shfl_sync(0xffffffffu, entry, src);
+      const i64 slot_in_cache = (i64(physical) << bs_shift) + (j & bs_mask);
+      off[t] = j < end ? (slot_in_cache * num_kv_heads + kv_head) * D + r * VEC : -1;
+    }
+  };
+
+  // Online softmax per head over this slot's keys: running max m, denominator l
+  // and unnormalized output acc, all relative to m.
+  float m[G], l[G], acc[G][VEC];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = neg_inf();
+    l[g] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) acc[g][i] = 0.0f;
+  }
+
+  RawRow<T, VEC> k_raw[kKeysPerSlot], v_raw[kKeysPerSlot];
+  i64 off[kKeysPerSlot];
+  constexpr int kStride = kWarps * kKeysPerStep;  // tokens between a warp's steps
+  int base = start + warp * kKeysPerStep;
+  if (base < end) {
+    offsets(base, off);
+#pragma unroll
+    for (int t = 0; t < kKeysPerSlot; ++t) k_raw[t].load_or_zero(k_cache, off[t]);
+  }
+  // base is the same for the whole warp, so every shuffle below has all 32 lanes.
+  for (; base < end; base += kStride) {
+#pragma unroll
+    for (int t = 0; t < kKeysPerSlot; ++t) v_raw[t].load_or_zero(v_cache, off[t]);
+
+    // s_tg = q_g . k_t: each lane's partial dot product, summed over the slot's lanes
+    float s[kKeysPerSlot][G];
+#pragma unroll
+    for (int t = 0; t < kKeysPerSlot; ++t)
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float x = 0.0f;
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) x += q_at(g, i) * k_raw[t][i];
+#pragma unroll
+        for (int o = kLanes / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+        s[t][g] = off[t] >= 0 ? x : neg_inf();
+      }
+
+    // Prefetch: the next step's K rows load while this step's softmax runs.
+    if (base + kStride < end) {
+      offsets(base + kStride, off);
+#pragma unroll
+      for (int t = 0; t < kKeysPerSlot; ++t) k_raw[t].load_or_zero(k_cache, off[t]);
+    }
+
+    // m' = max(m, max_t s_t);  l' = l 2^(m - m') + sum_t 2^(s_t - m');
+    // acc' = acc 2^(m - m') + sum_t 2^(s_t - m') v_t.  (A slot that has seen no
+    // key yet has m' = -inf; it subtracts 0 instead, and every weight is 0.)
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float m_new = m[g];
+#pragma unroll
+      for (int t = 0; t < kKeysPerSlot; ++t) m_new = fmaxf(m_new, s[t][g]);
+      const float m_ref = m_new == neg_inf() ? 0.0f : m_new;
+      const float correction = exp2f(m[g] - m_ref);
+      l[g] *= correction;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) acc[g][i] *= correction;
+#pragma unroll
+      for (int t = 0; t < kKeysPerSlot; ++t) {
+        const float w = exp2f(s[t][g] - m_ref);
+        l[g] += w;
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) acc[g][i] += w * v_raw[t][i];
+      }
+      m[g] = m_new;
     }
   }
 
-  // Merge the slots: M = max_s m_s,  L = sum_s l_s 2^(m_s - M),  o = sum_s acc_s 2^(m_s - M) / L.
-  // A slot that saw no key has m = -inf and contributes 2^-inf = 0.
-  __shared__ float slot_m[kSlots], slot_l[kSlots];
-  __shared__ float slot_acc[kSlots][D];
-  if (r == 0) {
-    slot_m[slot] = m;
-    slot_l[slot] = l;
-  }
+  // Merge the slots of each warp (lanes r, r + kLanes, ... hold the same
+  // elements): M = max(m_a, m_b), l = l_a 2^(m_a - M) + l_b 2^(m_b - M), likewise acc.
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) slot_acc[slot][r * VEC + i] = acc[i];
-  __syncthreads();  // every slot's (m, l, acc) is in shared memory before anyone merges
+  for (int o = kLanes; o < 32; o <<= 1)
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float m_o = __shfl_xor_sync(0xffffffffu, m[g], o);
+      const float l_o = __shfl_xor_sync(0xffffffffu, l[g], o);
+      const float m_new = fmaxf(m[g], m_o);
+      const float m_ref = m_new == neg_inf() ? 0.0f : m_new;
+      const float a = exp2f(m[g] - m_ref), c = exp2f(m_o - m_ref);
+      l[g] = l[g] * a + l_o * c;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        const float acc_o = __shfl_xor_sync(0xffffffffu, acc[g][i], o);
+        acc[g][i] = acc[g][i] * a + acc_o * c;
+      }
+      m[g] = m_new;
+    }
 
-  float m_max = neg_inf();
+  // Merge the warps through shared memory, the same way; a warp that saw no key
+  // has m = -inf and weight 2^-inf = 0.
+  __shared__ float m_s[kWarps][G], l_s[kWarps][G];
+  __shared__ __align__(16) float acc_s[kWarps][G][D];
+  if (slot == 0) {
 #pragma unroll
-  for (int s = 0; s < kSlots; ++s) m_max = fmaxf(m_max, slot_m[s]);
-  float w[kSlots], l_sum = 0.0f;
+    for (int g = 0; g < G; ++g) {
+      if (r == 0) {
+        m_s[warp][g] = m[g];
+        l_s[warp][g] = l[g];
+      }
 #pragma unroll
-  for (int s = 0; s < kSlots; ++s) {
-    w[s] = exp2f(slot_m[s] - m_max);
-    l_sum += slot_l[s] * w[s];
+      for (int i = 0; i < VEC; ++i) acc_s[warp][g][r * VEC + i] = acc[g][i];
+    }
   }
-  const float inv_l = 1.0f / l_sum;
-  const i64 part = (i64(b) * num_heads + h) * num_partitions + p;
-  for (int d = threadIdx.x; d < D; d += kThreads) {
-    float o = 0.0f;
+  __syncthreads();  // every warp's (m, l, acc) is in shared memory before anyone merges
+
+  // Thread i owns output elements 4i .. 4i+3 (D is a multiple of 4), then 4i + 512, ...
+  for (int i = 4 * threadIdx.x; i < heads * D; i += 4 * kThreads) {
+    const int g = i / D, d = i % D;
+    float m_max = neg_inf();
 #pragma unroll
-    for (int s = 0; s < kSlots; ++s) o += slot_acc[s][d] * w[s];
-    if (num_partitions == 1)
-      out[(i64(row) * num_heads + h) * D + d] = from_float<T>(o * inv_l);
-    else
-      part_o[part * D + d] = o * inv_l;
-  }
-  if (num_partitions > 1 && threadIdx.x == 0) {
-    part_ml[2 * part] = m_max;
-    part_ml[2 * part + 1] = l_sum;
+    for (int w = 0; w < kWarps; ++w) m_max = fmaxf(m_max, m_s[w][g]);
+    float l_sum = 0.0f, o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float weight = exp2f(m_s[w][g] - m_max);
+      l_sum += l_s[w][g] * weight;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[e] += acc_s[w][g][d + e] * weight;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[e] /= l_sum;
+    const int h = h0 + g;
+    const i64 part = (i64(b) * num_heads + h) * num_partitions + p;
+    if (num_partitions == 1) {
+      store_floats<T, 4>(out + (i64(row) * num_heads + h) * D + d, o);
+    } else {
+      store_floats<float, 4>(part_o + part * D + d, o);
+      if (d == 0) {
+        part_ml[2 * part] = m_max;
+        part_ml[2 * part + 1] = l_sum;
+      }
+    }
   }
 }
 
 // Merge a split decode's partitions:
 //   M = max_p m_p,   w_p = l_p 2^(m_p - M),   out = sum_p w_p o_p / sum_p w_p
-// over the partitions that hold tokens of this sequence (ceil(L / partition_size)).
-// Grid: (H, B). Block: threads stride over D; the weights w_p go through shared
-// memory (dynamic, P floats).
+// over the partitions that hold tokens of this sequence (ceil(L / ps)).
+// Grid: (H, B). Block: threads stride over D, 4 elements (one float4 of each
+// partial) at a time; the weights w_p go through shared memory (dynamic, P floats).
 template <typename T>
 __device__ void paged_attention_decode_reduce(
     T* __restrict__ out,                      // [T, H, D]
@@ -155,55 +331,80 @@ __device__ void paged_attention_decode_reduce(
     const float* __restrict__ part_ml,        // [B, H, P, 2]
     const int* __restrict__ seq_lens,         // [B]
     const int* __restrict__ query_start_loc,  // [B+1]
-    int head_size, int partition_size, int num_partitions) {
+    int head_size, int num_partitions, int min_partition) {
   const int h = blockIdx.x, b = blockIdx.y, num_heads = gridDim.x;
-  if (query_start_loc[b + 1] == query_start_loc[b]) return;  // no new token this step
-  const int used = ceil_div(seq_lens[b], partition_size);
+  __shared__ int meta_s[3];  // seq_lens[b], query_start_loc[b], query_start_loc[b + 1]
+  if (threadIdx.x < 3)
+    meta_s[threadIdx.x] = threadIdx.x == 0 ? seq_lens[b] : query_start_loc[b + threadIdx.x - 1];
+  __syncthreads();  // meta_s written before anyone reads it
+  const int seq_len = meta_s[0], row = meta_s[1];
+  if (meta_s[2] == row) return;  // no new token this step
+  const int ps = decode::partition_tokens(seq_len, num_partitions, min_partition);
+  const int used = ceil_div(seq_len, ps);
   const i64 first = (i64(b) * num_heads + h) * num_partitions;
   const float* ml = part_ml + 2 * first;
   float* w = dynamic_smem<float>();  // [P]
+  __shared__ float m_max;
 
-  float m_max = neg_inf();
-  for (int p = 0; p < used; ++p) m_max = fmaxf(m_max, ml[2 * p]);
-  for (int p = threadIdx.x; p < used; p += blockDim.x) w[p] = ml[2 * p + 1] * exp2f(ml[2 * p] - m_max);
+  if (threadIdx.x < 32) {  // M = max_p m_p, by one warp
+    float m = neg_inf();
+    for (int p = threadIdx.x; p < used; p += 32) m = fmaxf(m, ml[2 * p]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x == 0) m_max = m;
+  }
+  __syncthreads();  // m_max written before anyone weighs a partition
+  for (int p = threadIdx.x; p < used; p += blockDim.x)
+    w[p] = ml[2 * p + 1] * exp2f(ml[2 * p] - m_max);
   __syncthreads();  // all w_p written before anyone sums them
 
   float l_sum = 0.0f;
   for (int p = 0; p < used; ++p) l_sum += w[p];
   const float inv_l = 1.0f / l_sum;
-  const int row = query_start_loc[b];
-  for (int d = threadIdx.x; d < head_size; d += blockDim.x) {
-    float o = 0.0f;
-    for (int p = 0; p < used; ++p) o += w[p] * part_o[(first + p) * head_size + d];
-    out[(i64(row) * num_heads + h) * head_size + d] = from_float<T>(o * inv_l);
+  for (int d = 4 * threadIdx.x; d < head_size; d += 4 * blockDim.x) {  // 4 elements a thread
+    float o[4] = {0.0f, 0.0f, 0.0f, 0.0f}, o_p[4];
+    for (int p = 0; p < used; ++p) {
+      load_floats<float, 4>(part_o + (first + p) * head_size + d, o_p);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[e] += w[p] * o_p[e];
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[e] *= inv_l;
+    store_floats<T, 4>(out + (i64(row) * num_heads + h) * head_size + d, o);
   }
 }
 
-#define DECODE_ENTRY(T, suffix, D)                                                             \
-  extern "C" __global__ void __launch_bounds__(decode::kThreads)                              \
-      paged_attention_decode_##suffix##_d##D(                                                  \
+#define DECODE_ENTRY(T, suffix, D, G)                                                          \
+  extern "C" __global__ void __launch_bounds__(decode::kThreads, decode::min_blocks<T, D, G>()) \
+      paged_attention_decode_##suffix##_d##D##_g##G(                                           \
           T* out, float* part_o, float* part_ml, const T* q, const T* k_cache,                \
           const T* v_cache, const int* block_tables, const int* seq_lens,                     \
-          const int* query_start_loc, int max_blocks, int num_kv_heads, int block_size,       \
-          int partition_size, int q_stride, float scale) {                                    \
-    paged_attention_decode<T, D>(out, part_o, part_ml, q, k_cache, v_cache, block_tables,     \
-                                 seq_lens, query_start_loc, max_blocks, num_kv_heads,         \
-                                 block_size, partition_size, q_stride, scale);                \
+          const int* query_start_loc, int max_blocks, int num_heads, int num_kv_heads,        \
+          int block_size, int q_stride, float scale, int min_partition) {                     \
+    paged_attention_decode<T, D, G>(out, part_o, part_ml, q, k_cache, v_cache, block_tables,  \
+                                    seq_lens, query_start_loc, max_blocks, num_heads,         \
+                                    num_kv_heads, block_size, q_stride, scale, min_partition); \
   }
 
+#define DECODE_GROUPS(T, suffix, D) \
+  DECODE_ENTRY(T, suffix, D, 1)     \
+  DECODE_ENTRY(T, suffix, D, 2)     \
+  DECODE_ENTRY(T, suffix, D, 4)     \
+  DECODE_ENTRY(T, suffix, D, 8)
+
 #define DECODE_ENTRIES(T, suffix)                                                              \
-  DECODE_ENTRY(T, suffix, 16)                                                                  \
-  DECODE_ENTRY(T, suffix, 32)                                                                  \
-  DECODE_ENTRY(T, suffix, 64)                                                                  \
-  DECODE_ENTRY(T, suffix, 80)                                                                  \
-  DECODE_ENTRY(T, suffix, 96)                                                                  \
-  DECODE_ENTRY(T, suffix, 128)                                                                 \
-  DECODE_ENTRY(T, suffix, 256)                                                                 \
+  DECODE_GROUPS(T, suffix, 16)                                                                 \
+  DECODE_GROUPS(T, suffix, 32)                                                                 \
+  DECODE_GROUPS(T, suffix, 64)                                                                 \
+  DECODE_GROUPS(T, suffix, 80)                                                                 \
+  DECODE_GROUPS(T, suffix, 96)                                                                 \
+  DECODE_GROUPS(T, suffix, 128)                                                                \
+  DECODE_GROUPS(T, suffix, 256)                                                                \
   extern "C" __global__ void paged_attention_decode_reduce_##suffix(                          \
       T* out, const float* part_o, const float* part_ml, const int* seq_lens,                 \
-      const int* query_start_loc, int head_size, int partition_size, int num_partitions) {    \
+      const int* query_start_loc, int head_size, int num_partitions, int min_partition) {     \
     paged_attention_decode_reduce<T>(out, part_o, part_ml, seq_lens, query_start_loc,         \
-                                     head_size, partition_size, num_partitions);              \
+                                     head_size, num_partitions, min_partition);               \
   }
 
 DECODE_ENTRIES(float, f32)

@@ -7,60 +7,125 @@
 // post-attention norm, the next layer's input norm, the final norm) adds the
 // residual stream first, so it is fused_add_rms_norm.
 //
-// Grid: one block per token row. Block: threads stride over the row, twice:
-// once for the sum of squares (reduced across the block), once to write.
+// A norm reads each row once and writes it once, so it runs at copy speed when
+// every byte moves once, in 16-byte vectors, with many loads in flight:
+// Grid: (min(T, resident blocks)): each block walks rows blockIdx.x,
+// blockIdx.x + gridDim.x, ... and keeps its slice of the weight in registers
+// across them, so w is read once per block, not once per row.
+// Block: one thread per VEC-element chunk of a row (VEC = 16 bytes / sizeof(T),
+// or 1 for rows that are not 16-byte aligned), up to 1024 threads; a thread
+// holds N chunks, c = threadIdx.x + k * blockDim.x (k < N), so dim fits in
+// N * VEC * blockDim.x (N <= 2 with vectors: 1024 threads leave 64 registers
+// each). The row lives in registers between its read and its write.
 #include "common.cuh"
 
 using namespace rawpage;
 
-template <typename T>
+namespace rows {
+// This thread's chunk k starts at element chunk_start(k) (>= dim: no chunk).
+template <int VEC>
+__device__ __forceinline__ int chunk_start(int k) {
+  return (threadIdx.x + k * blockDim.x) * VEC;
+}
+}  // namespace rows
+
+template <typename T, int VEC, int N>
 __device__ void rms_norm(T* __restrict__ out,           // [T, dim]
                          const T* __restrict__ x,       // [T, dim]
                          const T* __restrict__ weight,  // [dim]
-                         float eps, int dim) {
-  const i64 row = i64(blockIdx.x) * dim;
-  // ms = mean(x^2), accumulated in float
-  float sum_sq = 0.0f;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    const float v = to_float(x[row + i]);
-    sum_sq += v * v;
+                         float eps, int dim, int num_tokens) {
+  using rows::chunk_start;
+  float w[N][VEC];
+#pragma unroll
+  for (int k = 0; k < N; ++k)
+    if (chunk_start<VEC>(k) < dim) load_floats<T, VEC>(weight + chunk_start<VEC>(k), w[k]);
+
+  for (int t = blockIdx.x; t < num_tokens; t += gridDim.x) {
+    const T* x_row = x + i64(t) * dim;
+    // ms = mean(x^2), accumulated in float over the row held in registers
+    float v[N][VEC], sum_sq = 0.0f;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      if (chunk_start<VEC>(k) >= dim) continue;
+      load_floats<T, VEC>(x_row + chunk_start<VEC>(k), v[k]);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) sum_sq += v[k][i] * v[k][i];
+    }
+    const float inv_rms = rsqrtf(block_sum(sum_sq) / float(dim) + eps);
+    // out = (x / rms) * w
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      if (chunk_start<VEC>(k) >= dim) continue;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) v[k][i] *= inv_rms * w[k][i];
+      store_floats<T, VEC>(out + i64(t) * dim + chunk_start<VEC>(k), v[k]);
+    }
   }
-  const float inv_rms = rsqrtf(block_sum(sum_sq) / float(dim) + eps);
-  // out = (x / rms) * w
-  for (int i = threadIdx.x; i < dim; i += blockDim.x)
-    out[row + i] = from_float<T>(to_float(x[row + i]) * inv_rms * to_float(weight[i]));
 }
 
-template <typename T>
+template <typename T, int VEC, int N>
 __device__ void fused_add_rms_norm(T* __restrict__ x,         // [T, dim] in: h, out: normed
                                    T* __restrict__ residual,  // [T, dim] in: residual, out: h + residual
                                    const T* __restrict__ weight,  // [dim]
-                                   float eps, int dim) {
-  const i64 row = i64(blockIdx.x) * dim;
-  // r = x + residual, rounded to T (the residual stream is stored in T), and sum r^2
-  float sum_sq = 0.0f;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    const T r = from_float<T>(to_float(x[row + i]) + to_float(residual[row + i]));
-    residual[row + i] = r;
-    const float v = to_float(r);
-    sum_sq += v * v;
+                                   float eps, int dim, int num_tokens) {
+  using rows::chunk_start;
+  float w[N][VEC];
+#pragma unroll
+  for (int k = 0; k < N; ++k)
+    if (chunk_start<VEC>(k) < dim) load_floats<T, VEC>(weight + chunk_start<VEC>(k), w[k]);
+
+  for (int t = blockIdx.x; t < num_tokens; t += gridDim.x) {
+    T* x_row = x + i64(t) * dim;
+    T* r_row = residual + i64(t) * dim;
+    // r = x + residual, rounded to T (the residual stream is stored in T), and sum r^2
+    float r[N][VEC], sum_sq = 0.0f;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const int c = chunk_start<VEC>(k);
+      if (c >= dim) continue;
+      float h[VEC];
+      load_floats<T, VEC>(x_row + c, h);
+      load_floats<T, VEC>(r_row + c, r[k]);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        r[k][i] = to_float(from_float<T>(h[i] + r[k][i]));
+        sum_sq += r[k][i] * r[k][i];
+      }
+      store_floats<T, VEC>(r_row + c, r[k]);
+    }
+    const float inv_rms = rsqrtf(block_sum(sum_sq) / float(dim) + eps);
+    // x = (r / rms) * w
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const int c = chunk_start<VEC>(k);
+      if (c >= dim) continue;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) r[k][i] *= inv_rms * w[k][i];
+      store_floats<T, VEC>(x_row + c, r[k]);
+    }
   }
-  const float inv_rms = rsqrtf(block_sum(sum_sq) / float(dim) + eps);
-  // x = (r / rms) * w; each thread rereads only the residual elements it wrote
-  for (int i = threadIdx.x; i < dim; i += blockDim.x)
-    x[row + i] = from_float<T>(to_float(residual[row + i]) * inv_rms * to_float(weight[i]));
 }
 
-#define RMS_NORM_ENTRIES(T, suffix)                                                           \
-  extern "C" __global__ void rms_norm_##suffix(T* out, const T* x, const T* weight, float eps, \
-                                               int dim) {                                      \
-    rms_norm<T>(out, x, weight, eps, dim);                                                     \
+#define RMS_NORM_ENTRY(T, suffix, VEC, N)                                                      \
+  extern "C" __global__ void __launch_bounds__(1024) rms_norm_##suffix##_v##VEC##_n##N(        \
+      T* out, const T* x, const T* weight, float eps, int dim, int num_tokens) {               \
+    rms_norm<T, VEC, N>(out, x, weight, eps, dim, num_tokens);                                 \
   }                                                                                            \
-  extern "C" __global__ void fused_add_rms_norm_##suffix(T* x, T* residual, const T* weight,   \
-                                                         float eps, int dim) {                 \
-    fused_add_rms_norm<T>(x, residual, weight, eps, dim);                                      \
+  extern "C" __global__ void __launch_bounds__(1024)                                           \
+      fused_add_rms_norm_##suffix##_v##VEC##_n##N(                                             \
+      T* x, T* residual, const T* weight, float eps, int dim, int num_tokens) {                \
+    fused_add_rms_norm<T, VEC, N>(x, residual, weight, eps, dim, num_tokens);                  \
   }
 
-RMS_NORM_ENTRIES(float, f32)
-RMS_NORM_ENTRIES(__half, f16)
-RMS_NORM_ENTRIES(__nv_bfloat16, bf16)
+// VEC: 16-byte vectors, or single elements for rows that are not 16-byte aligned.
+#define RMS_NORM_ENTRIES(T, suffix, VEC) \
+  RMS_NORM_ENTRY(T, suffix, VEC, 1)      \
+  RMS_NORM_ENTRY(T, suffix, VEC, 2)      \
+  RMS_NORM_ENTRY(T, suffix, 1, 1)        \
+  RMS_NORM_ENTRY(T, suffix, 1, 2)        \
+  RMS_NORM_ENTRY(T, suffix, 1, 4)        \
+  RMS_NORM_ENTRY(T, suffix, 1, 8)
+
+RMS_NORM_ENTRIES(float, f32, 4)
+RMS_NORM_ENTRIES(__half, f16, 8)
+RMS_NORM_ENTRIES(__nv_bfloat16, bf16, 8)

@@ -86,9 +86,10 @@ def model_and_cache(device: str, num_blocks: int = 16, seed: int = 0):
 def test_padded_replay_equals_eager_and_reads_the_fixed_buffer(device):
     model, backend, kv = model_and_cache(device)
     rec = RecordingBackend(backend)
-    # max_model_len 1024: the frozen decode launch splits contexts into two 512-token
-    # partitions (B * H < 512), so on sim the replays also run the split path, with
-    # the second partition empty for every sequence here.
+    # max_model_len 1024: the frozen decode launch splits contexts into P = 4 to 16
+    # partitions (the simulator's 16 SMs want 64 blocks), so on sim the replays also
+    # run the split path and the reduce; every context here fits in its first
+    # 64-token partition, and the others are empty.
     graphs = DecodeGraphs(model, rec, kv, [1, 2, 4, 8], max_model_len=1024, block_size=BS)
     assert rec.captured == [8, 4, 2, 1], "one capture per bucket, largest first"
     assert graphs.buffer.frozen

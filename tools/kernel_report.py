@@ -4,6 +4,7 @@ and local-memory spills.
 
     python tools/kernel_report.py                      # all of cuda/, sm_80 and sm_90
     python tools/kernel_report.py --arch sm_90 cuda/paged_attention_decode.cu
+    python tools/kernel_report.py --traffic            # bytes moved / minimum, under sim
 
 One nvcc run per file builds every architecture (-gencode each), with the
 options the cuda backend gives NVRTC (-std=c++17, -I cuda/). Files compile in
@@ -126,7 +127,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="*", type=Path, help="kernel sources (default: cuda/*.cu)")
     parser.add_argument("--arch", action="append", help="sm_80, sm_90, ... (repeatable)")
+    parser.add_argument(
+        "--traffic",
+        action="store_true",
+        help="instead: run each kernel under the simulator and print its global-memory "
+        "traffic against the minimum the math needs (tools/kernel_traffic.py)",
+    )
     args = parser.parse_args()
+    if args.traffic:
+        from tools import kernel_traffic
+
+        print(kernel_traffic.format_results(kernel_traffic.report()))
+        return 0
     if nvcc_path() is None:
         print("nvcc not found on PATH", file=sys.stderr)
         return 2

@@ -68,11 +68,11 @@ def main() -> None:
         ),
         (
             "decode f16, B=8, H=32/Hkv=8, D=128, 512 tokens, 1 partition",
-            lambda: launch_paged_attention(np, loader, *decode, 0.1, 1, 512, partition_size=512),
+            lambda: launch_paged_attention(np, loader, *decode, 0.1, 1, 512, partitions=1),
         ),
         (
             "decode f16, same, split into 4 partitions + reduce",
-            lambda: launch_paged_attention(np, loader, *decode, 0.1, 1, 512, partition_size=128),
+            lambda: launch_paged_attention(np, loader, *decode, 0.1, 1, 512, partitions=4),
         ),
         (
             "prefill f16, 256-token prompt, H=8/Hkv=2, D=128",

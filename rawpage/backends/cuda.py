@@ -68,6 +68,16 @@ class CupyKernelLoader:
         self.options = nvrtc_options(self.source_dir)
         self._modules: dict[str, Any] = {}
         self._functions: dict[tuple[str, str], _CupyKernel] = {}
+        self._sm_count: int | None = None
+
+    @property
+    def sm_count(self) -> int:
+        """The current GPU's multiprocessor count (launch code sizes grids by it)."""
+        if self._sm_count is None:
+            import cupy
+
+            self._sm_count = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+        return self._sm_count
 
     def get_function(self, module: str, name: str) -> _CupyKernel:
         import cupy

@@ -6,10 +6,14 @@ from typing import Any
 
 import numpy as np
 
-from rawpage.ops.launch import KernelLoader, dtype_suffix, threads_for
+from rawpage.ops.launch import KernelLoader, ceil_div, data_ptr, dtype_suffix
 
 # --- launch (cuda/activation.cu) -----------------------------------------------------
-# Grid: one block per token. Block: up to 1024 threads striding over the I outputs.
+# Grid: flat over the output's 16-byte chunks, capped at the blocks the GPU holds
+# at once (threads then stride by the grid). Block: 256 threads, one chunk each.
+
+SILU_THREADS = 256
+SILU_BLOCKS_PER_SM = 8  # 2048 resident threads per SM on sm_80 and sm_90
 
 
 def launch_silu_and_mul(xp: Any, loader: KernelLoader, x: Any) -> Any:
@@ -18,8 +22,12 @@ def launch_silu_and_mul(xp: Any, loader: KernelLoader, x: Any) -> Any:
     T, d = x.shape[0], x.shape[1] // 2
     out = xp.empty((T, d), dtype=x.dtype)
     if T:
-        kernel = loader.get_function("activation.cu", f"silu_and_mul_{dtype_suffix(x)}")
-        kernel((T,), (threads_for(d),), (out, x, np.int32(d)))
+        vec = 16 // x.itemsize
+        if d % vec or data_ptr(x) % 16 or data_ptr(out) % 16:
+            vec = 1
+        kernel = loader.get_function("activation.cu", f"silu_and_mul_{dtype_suffix(x)}_v{vec}")
+        blocks = min(ceil_div(T * d // vec, SILU_THREADS), int(getattr(loader, "sm_count", 132)) * SILU_BLOCKS_PER_SM)
+        kernel((blocks,), (SILU_THREADS,), (out, x, np.int32(d), np.int32(T)))
     return out
 
 

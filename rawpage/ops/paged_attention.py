@@ -76,10 +76,13 @@ def paged_attention_ref(
 
 HEAD_SIZES = (16, 32, 64, 80, 96, 128, 256)  # compiled into both kernels
 DECODE_THREADS = 128
-DECODE_PARTITION_SIZE = 512  # tokens per split-K partition
-# Split long decodes only while the unsplit grid (B * H blocks) would leave a
-# large GPU underfilled; past this many blocks, splitting only adds the reduce.
-DECODE_SPLIT_BELOW_BLOCKS = 512
+DECODE_GROUPS = (1, 2, 4, 8)  # query heads one decode block serves, as compiled
+# Split-K: enough blocks for DECODE_BLOCKS_PER_SM on every SM, but partitions
+# of at least DECODE_MIN_PARTITION tokens (each partition costs a write and a
+# read of its partial output in float32: G * D * 8 bytes against the
+# 4 * D * min_partition bytes of its 16-bit K/V: 12% for a group of 4 at 64).
+DECODE_BLOCKS_PER_SM = 4
+DECODE_MIN_PARTITION = 64
 PREFILL_THREADS = 128
 PREFILL_ROWS = 64  # query rows per block (Br): 4 warps of 16
 
@@ -122,13 +125,18 @@ def launch_paged_attention(
     scale: float,
     max_query_len: int,
     max_seq_len: int,
-    partition_size: int | None = None,
+    partitions: int | None = None,
+    sm_count: int | None = None,
+    min_partition: int = DECODE_MIN_PARTITION,
 ) -> Any:
     """Same contract as paged_attention_ref; q may be a view with contiguous rows.
-    max_query_len and max_seq_len are host-side facts about the batch. A batch in
-    which every sequence decodes goes to the decode kernel (split into partitions
-    of `partition_size` tokens when given, else by the heuristic above); any other
-    batch goes to the prefill kernel."""
+    max_query_len and max_seq_len are host-side facts about the batch (an upper
+    bound is enough: a CUDA graph is captured with the longest context). A batch
+    in which every sequence decodes goes to the decode kernel, split into
+    `partitions` per sequence when given, else as decode_partitions() picks for
+    `sm_count` SMs (default: the loader's), with partitions of at least
+    `min_partition` tokens (a multiple of 16); any other batch goes to the
+    prefill kernel."""
     same_dtype(q, k_cache, v_cache)
     T, H, D = q.shape
     Hkv = k_cache.shape[2]
@@ -147,42 +155,61 @@ def launch_paged_attention(
     seq_lens, query_start_loc = int32_array(xp, seq_lens), int32_array(xp, query_start_loc)
     common = (k_cache, v_cache, block_tables, seq_lens, query_start_loc)
     if max_query_len == 1:
-        _launch_decode(xp, loader, out, q, *common, scale, max_seq_len, partition_size)
+        if k_cache.shape[1] & (k_cache.shape[1] - 1):
+            raise ValueError(f"decode attention needs a power-of-two block size, got {k_cache.shape[1]}")
+        if partitions is None:
+            sms = sm_count or int(getattr(loader, "sm_count", 132))
+            partitions = decode_partitions(
+                block_tables.shape[0], Hkv * ceil_div(H // Hkv, decode_group(H, Hkv)), max_seq_len, sms
+            )
+        _launch_decode(xp, loader, out, q, *common, scale, partitions, min_partition)
     else:
         _launch_prefill(loader, out, q, *common, scale, max_query_len)
     return out
 
 
+def decode_group(H: int, Hkv: int) -> int:
+    """Query heads per decode block: the GQA group, rounded up to a compiled size
+    (the padding heads compute nothing that is kept), at most 8."""
+    return next((g for g in DECODE_GROUPS if g >= H // Hkv), DECODE_GROUPS[-1])
+
+
+def decode_partitions(B: int, blocks_per_partition: int, max_seq_len: int, sm_count: int) -> int:
+    """How many partitions P to split each sequence's context into: enough blocks
+    (B * blocks_per_partition * P) for DECODE_BLOCKS_PER_SM blocks on each SM, but
+    no partition shorter than DECODE_MIN_PARTITION tokens at max_seq_len. The
+    kernel sizes each sequence's partitions from its own length and P, so a P
+    chosen for the longest context stays valid for every shorter one."""
+    want = ceil_div(DECODE_BLOCKS_PER_SM * sm_count, max(1, B * blocks_per_partition))
+    return max(1, min(want, ceil_div(max_seq_len, DECODE_MIN_PARTITION)))
+
+
 def _launch_decode(
-    xp, loader, out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-    scale, max_seq_len, partition_size,
+    xp, loader, out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, P, min_partition,
 ) -> None:  # fmt: skip
-    # Grid: (H, B, P): one block per query head, sequence and partition of the
-    # context. Block: 8 slots of 16 lanes; a slot takes one key at a time, each
-    # lane D/16 of its elements. With P > 1 the reduce kernel merges partitions:
-    # grid (H, B), threads over D.
+    # Grid: (Hkv * chunks, B, P): one block per KV head (and chunk of up to 8 of
+    # its query heads), sequence and partition. Block: 4 warps; a warp takes a
+    # few consecutive keys per step, each key shared by D*itemsize/16 lanes that
+    # load it as 16-byte vectors, and updates every query head of the group.
+    # With P > 1 the reduce kernel merges partitions: grid (H, B), threads over D.
     T, H, D = q.shape
+    Hkv = k_cache.shape[2]
     B = block_tables.shape[0]
-    if partition_size is None:
-        split = max_seq_len > DECODE_PARTITION_SIZE and B * H < DECODE_SPLIT_BELOW_BLOCKS
-        partition_size = DECODE_PARTITION_SIZE if split else max(max_seq_len, 1)
-    P = ceil_div(max(max_seq_len, 1), partition_size)
+    G = decode_group(H, Hkv)
+    chunks = ceil_div(H // Hkv, G)
     part_o = xp.empty((B, H, P, D) if P > 1 else (1,), dtype=np.float32)
     part_ml = xp.empty((B, H, P, 2) if P > 1 else (1,), dtype=np.float32)
     suffix = dtype_suffix(q)
-    kernel = loader.get_function("paged_attention_decode.cu", f"paged_attention_decode_{suffix}_d{D}")
+    kernel = loader.get_function("paged_attention_decode.cu", f"paged_attention_decode_{suffix}_d{D}_g{G}")
     args = (
         out, part_o, part_ml, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-        np.int32(block_tables.shape[1]), np.int32(k_cache.shape[2]), np.int32(k_cache.shape[1]),
-        np.int32(partition_size), np.int32(token_stride(q)), np.float32(scale),
+        np.int32(block_tables.shape[1]), np.int32(H), np.int32(Hkv), np.int32(k_cache.shape[1]),
+        np.int32(token_stride(q)), np.float32(scale), np.int32(min_partition),
     )  # fmt: skip
-    kernel((H, B, P), (DECODE_THREADS,), args)
+    kernel((Hkv * chunks, B, P), (DECODE_THREADS,), args)
     if P > 1:
         reduce = loader.get_function("paged_attention_decode.cu", f"paged_attention_decode_reduce_{suffix}")
-        args = (
-            out, part_o, part_ml, seq_lens, query_start_loc,
-            np.int32(D), np.int32(partition_size), np.int32(P),
-        )  # fmt: skip
+        args = (out, part_o, part_ml, seq_lens, query_start_loc, np.int32(D), np.int32(P), np.int32(min_partition))
         reduce((H, B), (DECODE_THREADS,), args, shared_mem=4 * P)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from rawpage.ops.launch import KernelLoader, dtype_suffix, same_dtype, threads_for
+from rawpage.ops.launch import KernelLoader, ceil_div, data_ptr, dtype_suffix, same_dtype, threads_for
 
 
 def rms_norm_ref(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -31,10 +31,34 @@ def fused_add_rms_norm_ref(
 
 
 # --- launch (cuda/rms_norm.cu) -------------------------------------------------------
-# Grid: one block per token row. Block: up to 256 threads striding over dim
-# (16 elements each at dim 4096), reducing the sum of squares across the block.
-# 256 rather than 1024: a row is only a few KiB, and smaller blocks keep more
-# rows in flight when T is large (and cost the simulator 4x fewer fibers).
+# Grid: min(T, resident blocks); each block walks rows T strided by the grid and
+# keeps its slice of the weight in registers. Block: one thread per 16-byte
+# chunk of a row (512 threads at dim 4096 in 16-bit), up to 1024; past that each
+# thread holds N = 2 chunks (rows that are not 16-byte aligned go element by
+# element, up to 8 a thread). The row stays in registers between its read and
+# its write, so each byte moves once.
+
+CHUNKS_PER_THREAD = {True: (1, 2), False: (1, 2, 4, 8)}  # as compiled, by vectorized
+THREADS_PER_SM = 2048  # resident threads per SM on sm_80 and sm_90
+
+
+def norm_launch(loader: KernelLoader, kernel: str, x: Any, *arrays: Any) -> tuple[Any, tuple[int], tuple[int]]:
+    """(kernel function, grid, block) for a norm over the rows of contiguous x (T, dim)
+    that also reads or writes `arrays` (the weight, the residual) in chunks."""
+    T, dim = x.shape
+    vec = 16 // x.itemsize
+    if dim % vec or any(data_ptr(a) % 16 for a in (x, *arrays)):
+        vec = 1  # rows not in 16-byte chunks: element by element
+    chunks = dim // vec
+    per_thread = CHUNKS_PER_THREAD[vec > 1]
+    n = next((n for n in per_thread if chunks <= n * 1024), None)
+    if n is None:
+        longest = per_thread[-1] * 1024 * vec
+        raise ValueError(f"rms_norm supports rows of up to {longest} elements of {x.dtype}, got {dim}")
+    threads = threads_for(ceil_div(chunks, n))
+    resident = int(getattr(loader, "sm_count", 132)) * max(1, THREADS_PER_SM // threads)
+    fn = loader.get_function("rms_norm.cu", f"{kernel}_{dtype_suffix(x)}_v{vec}_n{n}")
+    return fn, (min(T, resident),), (threads,)
 
 
 def launch_rms_norm(xp: Any, loader: KernelLoader, x: Any, weight: Any, eps: float) -> Any:
@@ -44,8 +68,8 @@ def launch_rms_norm(xp: Any, loader: KernelLoader, x: Any, weight: Any, eps: flo
     out = xp.empty_like(x)
     T, dim = x.shape
     if T:
-        kernel = loader.get_function("rms_norm.cu", f"rms_norm_{dtype_suffix(x)}")
-        kernel((T,), (threads_for(dim, 256),), (out, x, weight, np.float32(eps), np.int32(dim)))
+        kernel, grid, block = norm_launch(loader, "rms_norm", x, out, weight)
+        kernel(grid, block, (out, x, weight, np.float32(eps), np.int32(dim), np.int32(T)))
     return out
 
 
@@ -58,6 +82,6 @@ def launch_fused_add_rms_norm(
     x, residual = xp.ascontiguousarray(x), xp.ascontiguousarray(residual)
     T, dim = x.shape
     if T:
-        kernel = loader.get_function("rms_norm.cu", f"fused_add_rms_norm_{dtype_suffix(x)}")
-        kernel((T,), (threads_for(dim, 256),), (x, residual, weight, np.float32(eps), np.int32(dim)))
+        kernel, grid, block = norm_launch(loader, "fused_add_rms_norm", x, residual, weight)
+        kernel(grid, block, (x, residual, weight, np.float32(eps), np.int32(dim), np.int32(T)))
     return x, residual

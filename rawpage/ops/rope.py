@@ -15,10 +15,11 @@ import numpy as np
 
 from rawpage.ops.launch import (
     KernelLoader,
+    ceil_div,
+    data_ptr,
     dtype_suffix,
     int32_array,
     same_dtype,
-    threads_for,
     token_stride,
 )
 
@@ -45,8 +46,12 @@ def rope_ref(positions: np.ndarray, q: np.ndarray, k: np.ndarray, cos_sin: np.nd
 
 
 # --- launch (cuda/rope.cu) -----------------------------------------------------------
-# Grid: one block per token. Block: threads striding over that token's
-# (H + Hkv) * D/2 rotation pairs.
+# Grid: flat over (token, group of 8 heads, 16-byte chunk of a head vector), 128
+# threads a block. A thread reads its chunk's cos/sin once and rotates that
+# chunk of each of the group's heads, as 16-byte vectors.
+
+ROPE_THREADS = 128
+ROPE_HEAD_GROUP = 8  # heads that share one read of a chunk's cos/sin, as compiled
 
 
 def launch_rope(
@@ -62,27 +67,41 @@ def launch_rope(
     In place; q and k may be views into a wider buffer (the fused qkv output)."""
     same_dtype(q, k)
     T, H, D = q.shape
+    Hkv = k.shape[1]
     if cos_sin.dtype != np.float32 or cos_sin.shape[1] != D:
         raise ValueError(f"cos_sin must be float32 (max_pos, {D}), got {cos_sin.dtype} {cos_sin.shape}")
+    if D % 4:
+        raise ValueError(f"rope needs a head size that is a multiple of 4, got {D}")
     if T == 0:
         return
     # Rows must be contiguous; otherwise rotate a contiguous copy and write it back.
     q_work = q if token_stride(q) is not None else xp.ascontiguousarray(q)
     k_work = k if token_stride(k) is not None else xp.ascontiguousarray(k)
-    kernel = loader.get_function("rope.cu", f"rope_{dtype_suffix(q)}")
+    cos_sin = xp.ascontiguousarray(xp.asarray(cos_sin))
+    vec = 16 // q.itemsize
+    pairs = vec if is_neox else vec // 2  # rotation pairs one thread takes per head
+    aligned = all(data_ptr(a) % 16 == 0 for a in (q_work, k_work, cos_sin)) and all(
+        (token_stride(a) * a.itemsize) % 16 == 0 for a in (q_work, k_work)
+    )
+    vector = aligned and (D // 2) % pairs == 0 and (D * 4) % 16 == 0
+    if not vector:
+        pairs = 2 if is_neox else 1
+    style = "neox" if is_neox else "gptj"
+    kernel = loader.get_function("rope.cu", f"rope_{dtype_suffix(q)}_{style}{'' if vector else '_scalar'}")
+    threads = T * ceil_div(H + Hkv, ROPE_HEAD_GROUP) * (D // 2 // pairs)
     args = (
         int32_array(xp, positions),
         q_work,
         k_work,
-        xp.ascontiguousarray(xp.asarray(cos_sin)),
+        cos_sin,
         np.int32(D),
         np.int32(H),
-        np.int32(k.shape[1]),
+        np.int32(Hkv),
         np.int32(token_stride(q_work)),
         np.int32(token_stride(k_work)),
-        np.int32(bool(is_neox)),
+        np.int32(T),
     )
-    kernel((T,), (threads_for((H + k.shape[1]) * D // 2, 512),), args)
+    kernel((ceil_div(threads, ROPE_THREADS),), (ROPE_THREADS,), args)
     if q_work is not q:
         q[...] = q_work
     if k_work is not k:

@@ -51,6 +51,16 @@ CXXFLAGS = [
     "-pthread",
 ]
 
+# Traffic-counting builds (build_module(..., traffic=True)): gcc's ThreadSanitizer
+# instrumentation turns every load and store into a call (__tsan_read16, ...) to
+# a hook in runtime/traffic.cpp; the module is linked without the sanitizer's
+# runtime. (AddressSanitizer's call mode would also do, but it drops a store's
+# check when the same address was just loaded, so read-modify-writes would
+# count no writes.)
+# Scalar replacement of aggregates would split a uint4 load into four 4-byte
+# loads, hiding the 16-byte vectors that the kernels use (and that nvcc keeps).
+TRAFFIC_FLAGS = ["-fsanitize=thread", "-fno-tree-sra", "-fno-ipa-sra"]
+
 GLOBAL_RE = re.compile(r'extern\s+"C"\s+__rp_global__\s+void\s+(\w+)\s*\(')
 SHARED_RE = re.compile(r"extern\s+__rp_shared__\s+([\w\s:<>,*]+?)\s*(\w+)\s*\[\s*\]")
 
@@ -186,8 +196,11 @@ def _wrapper(source: Path, kernels: list[str], shared: list[tuple[str, str]]) ->
     return "\n".join(lines) + "\n"
 
 
-def build_module(source: Path, include_dirs: tuple[Path, ...] = (), defines: tuple[str, ...] = ()) -> BuiltModule:
-    """Compile one .cu file for the simulator (cached). Raises SimCompileError."""
+def build_module(
+    source: Path, include_dirs: tuple[Path, ...] = (), defines: tuple[str, ...] = (), traffic: bool = False
+) -> BuiltModule:
+    """Compile one .cu file for the simulator (cached). Raises SimCompileError.
+    traffic=True builds the variant whose global-memory accesses can be counted."""
     source = Path(source).resolve()
     cxx = compiler()
     runtime = build_runtime()
@@ -203,11 +216,11 @@ def build_module(source: Path, include_dirs: tuple[Path, ...] = (), defines: tup
         _files_digest([source, *neighbours, *_sim_headers()])
         + [
             runtime.name.encode(),
-            " ".join(cxxflags() + flags).encode(),
+            " ".join(cxxflags() + flags + (TRAFFIC_FLAGS if traffic else [])).encode(),
             compiler_version(cxx).encode(),
         ]
     )
-    out = cache_dir() / f"{source.stem}-{key}.so"
+    out = cache_dir() / f"{source.stem}{'-traffic' if traffic else ''}-{key}.so"
     meta = out.with_suffix(".json")
     if out.exists() and meta.exists():
         return BuiltModule(out, tuple(json.loads(meta.read_text())["kernels"]))
@@ -219,7 +232,13 @@ def build_module(source: Path, include_dirs: tuple[Path, ...] = (), defines: tup
         wrapper = Path(tmp) / f"{source.stem}_sim.cpp"
         wrapper.write_text(_wrapper(source, kernels, shared))
         tmp_out = Path(tmp) / out.name
-        cmd = [cxx, *cxxflags(), "-shared", *flags, str(wrapper), "-o", str(tmp_out)]
+        if traffic:  # compile instrumented, then link without the sanitizer runtime
+            obj = Path(tmp) / f"{source.stem}.o"
+            cmd = [cxx, *cxxflags(), *TRAFFIC_FLAGS, "-c", *flags, str(wrapper), "-o", str(obj)]
+            _run(cmd, f"compiling {source.name} for the simulator (traffic counting)")
+            cmd = [cxx, *cxxflags(), "-shared", str(obj), "-o", str(tmp_out)]
+        else:
+            cmd = [cxx, *cxxflags(), "-shared", *flags, str(wrapper), "-o", str(tmp_out)]
         cmd += [str(runtime), f"-Wl,-rpath,{runtime.parent}"]
         _run(cmd, f"compiling {source.name} for the simulator")
         tmp_meta = Path(tmp) / meta.name

@@ -31,6 +31,7 @@ import numpy as np
 
 from rawpage.sim.build import build_module, build_runtime
 from rawpage.sim.guard import GuardedArgs
+from rawpage.sim.traffic import LaunchTraffic, TrafficCounter
 
 _KIND_NAMES = {0: "pointer", 1: "signed integer", 2: "unsigned integer", 3: "float", 4: "bool"}
 _NUMPY_KINDS = {1: "i", 2: "u", 3: "f", 4: "b"}
@@ -83,6 +84,7 @@ class SimFunction:
         self.param_kinds = tuple(kinds[:n])
         self.param_sizes = tuple(sizes[:n])
         self.last_seconds = 0.0
+        self.last_traffic: LaunchTraffic | None = None  # set by each launch of a traffic=True module
 
     def __repr__(self) -> str:
         return f"<SimFunction {self.name} of {self.module.source.name}>"
@@ -138,6 +140,11 @@ class SimFunction:
                 if self.param_kinds[i] == 0 and isinstance(a, np.ndarray):
                     cells[i].value = guards.pointer(i, a)
 
+        counter = TrafficCounter(self.module.runtime) if self.module.traffic else None
+        if counter:
+            counter.begin(
+                {i: (a, cells[i].value or 0) for i, a in enumerate(args) if self.param_kinds[i] == 0 and a is not None}
+            )
         err = ctypes.create_string_buffer(2048)
         fault = ctypes.c_size_t(0)
         start = time.perf_counter()
@@ -158,6 +165,9 @@ class SimFunction:
             if guards and rc and fault.value:
                 message += guards.explain(fault.value)
         finally:
+            if counter:
+                self.last_traffic = counter.end(self.name, g, b)
+                self.module.traffic_log.append(self.last_traffic)
             if guards:
                 guards.copy_out_and_free()
         if self.module.trace:
@@ -178,10 +188,16 @@ class SimModule:
         debug: bool | None = None,
         workers: int | None = None,
         include_dirs: tuple[Path, ...] = (),
+        traffic: bool = False,
+        traffic_log: list[LaunchTraffic] | None = None,
     ) -> None:
+        """traffic=True: count every launch's global-memory traffic (a slower,
+        instrumented build), appending a LaunchTraffic to traffic_log per launch."""
         self.source = Path(source)
         self.runtime = ctypes.CDLL(str(build_runtime()))
-        built = build_module(self.source, include_dirs)
+        built = build_module(self.source, include_dirs, traffic=traffic)
+        self.traffic = traffic
+        self.traffic_log = traffic_log if traffic_log is not None else []
         self.lib = ctypes.CDLL(str(built.path))
         self.kernels = built.kernels
         self.debug = _env_flag("RAWPAGE_SIM_DEBUG") if debug is None else debug

@@ -30,13 +30,30 @@ def test_every_kernel_builds_for_sm80_and_sm90(ptxas_stats):
                 assert (source.name, kernel, arch) in built
 
 
-def test_attention_kernels_do_not_spill(ptxas_stats):
+def test_kernels_do_not_spill(ptxas_stats):
     spills = [
-        f"{s.kernel} on {s.arch}: {s.spill_stores} B stored, {s.spill_loads} B loaded"
-        for s in ptxas_stats
-        if s.file.startswith("paged_attention") and s.spills
+        f"{s.kernel} on {s.arch}: {s.spill_stores} B stored, {s.spill_loads} B loaded" for s in ptxas_stats if s.spills
     ]
     assert not spills, "local-memory spills:\n" + "\n".join(spills)
+
+
+# The most threads a launch gives each kernel (rawpage/ops): registers x threads
+# must fit the 64K-register file of one SM, or the launch fails on the GPU.
+MAX_THREADS = {
+    "rms_norm": 1024,
+    "fused_add_rms_norm": 1024,
+    "silu_and_mul": 256,
+    "rope": 128,
+    "paged_attention_decode": 128,
+}
+
+
+def test_kernels_fit_the_register_file_at_their_block_size(ptxas_stats):
+    for s in ptxas_stats:
+        assert s.registers > 0, f"no register count parsed for {s.kernel}"
+        threads = next((n for prefix, n in MAX_THREADS.items() if s.kernel.startswith(prefix)), None)
+        if threads:
+            assert s.registers * threads <= 65536, f"{s.kernel} on {s.arch}: {s.registers} registers x {threads}"
 
 
 def test_report_parses_ptxas_output():

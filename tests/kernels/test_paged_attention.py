@@ -12,6 +12,8 @@ import pytest
 
 from rawpage.ops.paged_attention import (
     PREFILL_ROWS,
+    decode_group,
+    decode_partitions,
     launch_paged_attention,
     paged_attention_ref,
     prefill_key_tile,
@@ -56,7 +58,7 @@ def paged_batch(device, dtype, rng, q_lens, ctx_lens, H, Hkv, D, BS):
     return host, dev
 
 
-def run(device, dev, scale, q_lens, ctx_lens, partition_size=None):
+def run(device, dev, scale, q_lens, ctx_lens, partitions=None):
     return device.get(
         launch_paged_attention(
             device.xp,
@@ -65,7 +67,7 @@ def run(device, dev, scale, q_lens, ctx_lens, partition_size=None):
             scale,
             max_query_len=max(q_lens),
             max_seq_len=max(ctx_lens),
-            partition_size=partition_size,
+            partitions=partitions,
         )
     )
 
@@ -78,41 +80,90 @@ def reference(host, scale):
 
 # ---- decode ------------------------------------------------------------------------
 
+# (H, Hkv): GQA 1, 4 and 8; SmolLM2's 3 (a group padded to the kernel's 4); a
+# group of 16, which two blocks per KV head share.
+DECODE_GQA = [(2, 2), (8, 2), (8, 1), (9, 3), (16, 1)]
+
+
+def decode_contexts(BS: int) -> list[int]:
+    """The first token of the first block, the last and first token around a
+    block boundary, and contexts long enough for more than 2 partitions of 32."""
+    return [1, BS, BS + 1, 2 * BS - 1, 77, 3 * 32 + 5]
+
+
+def run_decode(device, dev, scale, ctx, partitions=None, min_partition=16, max_seq_len=None):
+    return device.get(
+        launch_paged_attention(
+            device.xp,
+            device.loader,
+            *dev,
+            scale,
+            max_query_len=1,
+            max_seq_len=max_seq_len or max(ctx),
+            partitions=partitions,
+            min_partition=min_partition,
+        )
+    )
+
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("H,Hkv", GQA)
-@pytest.mark.parametrize("BS", [16, 32])
-def test_decode(device, dtype, D, H, Hkv, BS):
-    """Contexts that fill their last block exactly (BS, 2 BS) and ones that do
-    not; one partition, and split-K with partitions of 32 tokens (some partial)."""
+@pytest.mark.parametrize("D,BS", [(64, 16), (128, 32), (256, 16)])
+@pytest.mark.parametrize("H,Hkv", DECODE_GQA)
+def test_decode(device, dtype, D, BS, H, Hkv):
+    """A ragged batch, in one partition, and split-K into partitions of 32 tokens
+    (max(16, roundup(ceil(L / 4), 16)): up to 4 per sequence, some partial)."""
     rng = np.random.default_rng(D * 100 + H * 10 + BS)
-    ctx = [1, BS, 2 * BS, 3 * BS - 5, 77]
-    q_lens = [1] * len(ctx)
-    host, dev = paged_batch(device, dtype, rng, q_lens, ctx, H, Hkv, D, BS)
+    ctx = decode_contexts(BS)
+    host, dev = paged_batch(device, dtype, rng, [1] * len(ctx), ctx, H, Hkv, D, BS)
     want = reference(host, D**-0.5)
-    assert_close(run(device, dev, D**-0.5, q_lens, ctx), want, dtype, "one partition")
-    assert_close(run(device, dev, D**-0.5, q_lens, ctx, 32), want, dtype, "split-K")
+    assert_close(run_decode(device, dev, D**-0.5, ctx, partitions=1), want, dtype, "one partition")
+    assert_close(run_decode(device, dev, D**-0.5, ctx, partitions=4), want, dtype, "split-K")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("D", [16, 32, 80, 96, 256])
+@pytest.mark.parametrize("D", [16, 32, 80, 96])
 def test_decode_other_head_sizes(device, dtype, D):
+    """Also block size 8: a warp step's keys span up to 5 table entries."""
     rng = np.random.default_rng(D)
-    ctx, q_lens = [5, 40, 17], [1, 1, 1]
-    host, dev = paged_batch(device, dtype, rng, q_lens, ctx, 6, 2, D, 16)
+    ctx = [5, 40, 17]
+    host, dev = paged_batch(device, dtype, rng, [1, 1, 1], ctx, 6, 2, D, 8)
     want = reference(host, 0.3)
-    assert_close(run(device, dev, 0.3, q_lens, ctx), want, dtype)
-    assert_close(run(device, dev, 0.3, q_lens, ctx, 16), want, dtype, "split-K")
+    assert_close(run_decode(device, dev, 0.3, ctx, partitions=1), want, dtype)
+    assert_close(run_decode(device, dev, 0.3, ctx, partitions=3), want, dtype, "split-K")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_decode_long_context_splits_by_default(device, dtype):
-    """Past 512 tokens the launch code splits on its own (P = 3 here)."""
+def test_decode_splits_by_default_and_for_a_longer_captured_context(device, dtype):
+    """The launch code picks P from the batch and the SM count; a CUDA graph
+    captured with max_seq_len = 4096 keeps that P for shorter contexts, which
+    the kernel then cuts into (at least 64-token) partitions of their own."""
     rng = np.random.default_rng(11)
-    ctx, q_lens = [1100, 300], [1, 1]
-    host, dev = paged_batch(device, dtype, rng, q_lens, ctx, 4, 2, 64, 16)
-    assert_close(run(device, dev, 0.125, q_lens, ctx), reference(host, 0.125), dtype)
+    ctx = [1100, 300, 1]
+    host, dev = paged_batch(device, dtype, rng, [1, 1, 1], ctx, 4, 2, 64, 16)
+    want = reference(host, 0.125)
+    assert_close(run_decode(device, dev, 0.125, ctx, min_partition=64), want, dtype, "default split")
+    assert_close(run_decode(device, dev, 0.125, ctx, min_partition=64, max_seq_len=4096), want, dtype, "captured")
+
+
+def test_decode_partition_count():
+    # One sequence, 8 KV heads, 132 SMs: P for 4 blocks per SM, capped by 64-token partitions.
+    assert decode_partitions(1, 8, 1024, 132) == 16
+    assert decode_partitions(1, 8, 8192, 132) == 66
+    # A batch that fills the GPU is not split; a short context never is.
+    assert decode_partitions(256, 8, 4096, 132) == 1
+    assert decode_partitions(1, 8, 64, 132) == 1
+    assert decode_partitions(33, 8, 2048, 132) == 2
+
+
+def test_decode_group_rounds_up_to_a_compiled_size():
+    assert [decode_group(H, Hkv) for H, Hkv in [(4, 4), (9, 3), (8, 2), (14, 2), (32, 4), (64, 4)]] == [
+        1,
+        4,
+        4,
+        8,
+        8,
+        8,
+    ]
 
 
 # ---- prefill -----------------------------------------------------------------------
@@ -203,6 +254,13 @@ def test_prefill_smem_formula_is_exactly_what_the_kernel_needs(device, dtype, su
     with pytest.raises(SimLaunchError, match="__trap"):
         kernel((1, 2, 1), (128,), args, shared_mem=smem)
     assert PREFILL_ROWS == 64
+
+
+def test_decode_says_it_needs_a_power_of_two_block_size(device):
+    rng = np.random.default_rng(0)
+    host, dev = paged_batch(device, "float16", rng, [1], [30], 2, 2, 64, 24)
+    with pytest.raises(ValueError, match="power-of-two block size, got 24"):
+        run_decode(device, dev, 0.1, [30])
 
 
 def test_unsupported_head_size_says_which_are(device):
