@@ -28,6 +28,7 @@ class ServerConfig:
     request_timeout: float | None = None  # seconds; a request running longer is aborted
     max_unread_tokens: int = 8192  # a stream whose client reads nothing for this many tokens is aborted
     preprocess_threads: int = 2  # chat templates and tokenization run here, off the event loop
+    web: bool = True  # the built-in page at GET / (chat and a live view of the KV cache)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerConfig:
@@ -77,4 +78,6 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                    help="seconds a request may run before it is aborted with finish_reason 'abort' (default: none)")  # fmt: skip
     g.add_argument("--max-unread-tokens", type=int, default=d.max_unread_tokens,
                    help="abort a stream whose client has left this many tokens unread")  # fmt: skip
+    g.add_argument("--no-web", dest="web", action="store_false",
+                   help="do not serve the built-in web page at / (chat playground and live KV-cache view)")  # fmt: skip
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
