@@ -36,7 +36,7 @@ from rawpage.server.metrics import ServerMetrics
 from rawpage.server.protocol import APIError
 from rawpage.server.state import ServerState
 from rawpage.server.streaming import ClientDisconnected
-from rawpage.server.web import engine_events, index, static_file
+from rawpage.server.web import engine_events, index, page_info, static_file
 
 logger = logging.getLogger("rawpage.server")
 
@@ -108,6 +108,7 @@ def build_app(engine_args: EngineArgs, config: ServerConfig | None = None) -> St
     ]
     if config.web:  # static files holding no data: no key needed (the page asks for one)
         routes += [Route("/", api(index, auth=False), methods=["GET"]),
+                   Route("/web/info", api(page_info, auth=False), methods=["GET"]),
                    Route("/web/{name}", api(static_file, auth=False), methods=["GET"])]  # fmt: skip
     middleware = []
     if config.allowed_origins:  # CORS is off unless the operator names origins

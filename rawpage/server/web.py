@@ -14,14 +14,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from rawpage.server.engine_view import EngineView
 from rawpage.server.protocol import APIError
 from rawpage.server.state import ServerState
 
-PAGE_FILES = {"index.html": "text/html", "app.js": "text/javascript", "chat.js": "text/javascript",
-              "markdown.js": "text/javascript", "engine.js": "text/javascript", "style.css": "text/css"}  # fmt: skip
+PAGE_FILES = {"index.html": "text/html", "style.css": "text/css", "app.js": "text/javascript",
+              "api.js": "text/javascript", "chat.js": "text/javascript", "engine.js": "text/javascript",
+              "markdown.js": "text/javascript"}  # fmt: skip
 # Model output is rendered by our own DOM-building code; this policy is the second line of
 # defence: no inline script, no script or style from anywhere but this server.
 PAGE_HEADERS = {
@@ -48,6 +49,11 @@ async def static_file(request: Request, state: ServerState) -> Response:
     if name not in PAGE_FILES:  # a fixed list: no path ever reaches the file system
         raise APIError(f"GET /web/{name}: not found", 404, type="not_found_error")
     return Response(page_file(name), media_type=PAGE_FILES[name], headers=PAGE_HEADERS)
+
+
+async def page_info(request: Request, state: ServerState) -> Response:
+    """What the page needs before it can call the API: whether to ask for a key."""
+    return JSONResponse({"api_key_required": bool(state.config.api_keys)}, headers=PAGE_HEADERS)
 
 
 def engine_events(view: EngineView) -> Callable[[Request, ServerState], Awaitable[Response]]:
