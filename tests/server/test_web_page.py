@@ -170,3 +170,16 @@ def test_engine_view_follows_a_burst(page, web_server):
     assert "cached" in page.states()
     assert page.page.get_by_test_id("queue-running").locator("li").count() == 0
     assert page.page.get_by_test_id("queue-waiting").locator("li").count() == 0
+
+
+def test_event_stream_sends_a_snapshot_at_once(web_server):
+    """No browser needed: a client with the key gets the current state first, even when idle."""
+    assert httpx.get(web_server.url + "/v1/engine/events").status_code == 401
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.stream("GET", web_server.url + "/v1/engine/events", headers=headers, timeout=60) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        lines = r.iter_lines()
+        assert next(lines) == "event: snapshot"
+        snap = json.loads(next(lines).removeprefix("data: "))
+    assert snap["v"] == 1 and snap["pool"]["block_size"] == 16
+    assert sum(snap["state"][1::2]) == snap["pool"]["num_blocks"]
