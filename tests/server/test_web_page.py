@@ -54,7 +54,7 @@ def browser():
 class Page:
     """A fresh browser context on the page, past the API-key prompt, recording console errors."""
 
-    def __init__(self, browser, server: ServerProcess) -> None:
+    def __init__(self, browser, server: ServerProcess, route: tuple[str, str] | None = None) -> None:
         # Playwright's wait_for_function evaluates strings in the page, which the page's CSP
         # forbids. Bypassing it here also shows the renderer is safe without that policy.
         self.context = browser.new_context(viewport={"width": 1400, "height": 1000}, bypass_csp=True)
@@ -63,6 +63,10 @@ class Page:
         self.errors: list[str] = []
         self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
         self.page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
+        if route is not None:  # (URL pattern, event-stream body) served by the browser itself
+            pattern, body = route
+            self.page.route(pattern, lambda r: r.fulfill(status=200, headers={"Content-Type": "text/event-stream"},
+                                                         body=body))  # fmt: skip
         self.page.goto(server.url + "/")
         self.page.get_by_test_id("api-key").fill(KEY)
         self.page.get_by_test_id("api-key").press("Enter")
@@ -110,6 +114,11 @@ def test_chat_streams_a_reply(page):
     page.page.reload()  # the conversation is kept in the browser (and the key for this tab)
     page.page.wait_for_selector("[data-testid=reply]")
     assert page.page.get_by_test_id("reply").last.inner_text() == reply
+    page.send("Tell me a long story about a dragon.", max_tokens=400)  # Stop ends it early
+    page.page.wait_for_function("document.querySelector('[data-testid=reply].streaming')?.textContent.length > 0")
+    page.page.get_by_test_id("stop").click()
+    stopped = page.wait_reply_done()
+    assert stopped.strip() and page.page.get_by_test_id("send").is_enabled()
 
 
 def test_model_output_is_shown_as_text(page):
@@ -128,6 +137,37 @@ def test_model_output_is_shown_as_text(page):
     assert reply.locator("script, img, iframe, b").count() == 0
     assert reply.locator("strong").inner_text() == "bold" and reply.locator("pre").count() == 1
     assert page.page.evaluate("window.pwned") is None
+
+
+def test_grid_draws_every_block_state(browser, web_server):
+    """A made-up snapshot with every state, the swap pool and the queues, as the page draws it."""
+    seq = {"request": "r", "tokens": 40, "prompt": 30, "computed": 39, "blocks": 3}
+    snap = {"v": 1, "id": 1, "time": 0, "cost_ms": 0.1, "steps": [[1, [30], 0], [2, [], 1]],
+            "pool": {"num_blocks": 8, "block_size": 16, "num_cpu_blocks": 4, "max_num_batched_tokens": 64,
+                     "max_num_seqs": 4},
+            "state": [0, 2, 1, 2, 2, 2, 3, 2], "owner": [-1, 2, 1, 4, -1, 2], "refs": [0, 2, 1, 2, 3, 2, 0, 2],
+            "cpu_owner": [5, 2, -1, 2], "counts": {"running": 1, "waiting": 0, "swapped": 1},
+            "queues": {"running": [{**seq, "id": 1, "state": "decode"}], "waiting": [],
+                       "swapped": [{**seq, "id": 5, "state": "swapped"}]},
+            "totals": dict.fromkeys(["steps", "prompt_tokens", "generation_tokens", "requests_finished",
+                                     "preemptions", "swap_outs", "swap_ins", "cow_copies", "evictions",
+                                     "prefix_queries", "prefix_hits"], 0)}  # fmt: skip
+    p = Page(browser, web_server, route=("**/v1/engine/events", f"event: snapshot\ndata: {json.dumps(snap)}\n\n"))
+    try:
+        assert p.states() == ["free", "free", "used", "used", "shared", "shared", "cached", "cached"]
+        cpu = p.page.evaluate(
+            "Array.from(document.querySelectorAll('[data-testid=cpu-block-grid] [data-testid=block]'), c => c.dataset.state)"
+        )
+        assert cpu == ["swapped", "swapped", "free", "free"]
+        shared = p.page.locator("[data-testid=block-grid] [data-state=shared]")
+        assert (
+            shared.first.inner_text() == "3"
+            and shared.first.get_attribute("title") == "block 4: shared, sequence 1, 3 references"
+        )
+        assert p.page.get_by_test_id("queue-running").locator("li").count() == 1
+        assert p.page.get_by_test_id("queue-swapped").locator("li").inner_text().startswith("#5 swapped")
+    finally:
+        p.close()
 
 
 def test_engine_view_follows_a_burst(page, web_server):
