@@ -110,3 +110,25 @@ def test_rate_limit_and_idle_snapshot(tiny_model_dir):
     assert ids[0] == 1 and ids[-1] == 2 and set(ids) == {1, 2}  # the first, then the idle one only
     last = json.loads(view.latest.data)
     assert last["counts"]["running"] == 0 and len(last["steps"]) == len(ids) - 1
+
+
+def test_a_new_watcher_gets_the_current_state_within_the_budget(tiny_model_dir):
+    """refresh() (run for each new stream) reuses a current snapshot, takes one when the
+    engine is idle, and while it is busy waits for the next due one."""
+    llm = LLM(tiny_model_dir)
+    engine, view = llm.engine, EngineView(min_interval=3600)
+    view.refresh(engine)  # idle, nothing yet: taken
+    assert view.latest.id == 1 and view.is_current
+    view.refresh(engine)  # nothing changed: reused
+    assert view.latest.id == 1
+    engine.add_request("a", random_prompts(1, 10, 11, seed=1)[0], SamplingParams(temperature=0, max_tokens=8))
+    view.on_step(engine, engine.step())  # busy, nobody watching: nothing taken, but no longer current
+    assert view.latest.id == 1 and not view.is_current
+    view.refresh(engine)  # busy and not due (min_interval): left to the next due step
+    assert view.latest.id == 1
+    view.watchers = 1
+    while engine.has_unfinished_requests():
+        view.on_step(engine, engine.step())
+    assert view.latest.id == 2 and view.is_current  # the idle step's snapshot
+    view.refresh(engine)
+    assert view.latest.id == 2

@@ -9,7 +9,9 @@ so their cost is bounded:
   - a snapshot is taken at most every `min_interval` seconds, and never sooner than keeps
     its own measured cost under `max_overhead` of the time between two snapshots;
   - the step that leaves the engine idle is always snapshotted, so a view ends on the
-    drained pool.
+    drained pool;
+  - a new watcher gets the current state at once: the latest snapshot if no step ran
+    since, else a new one if the engine is idle or one is due anyway.
 """
 
 from __future__ import annotations
@@ -147,13 +149,24 @@ class EngineView:
         self._steps: deque[list[Any]] = deque(maxlen=MAX_STEPS)
         self._next_time = 0.0
         self._count = 0
+        self.is_current = False  # no step since `latest` was taken (engine thread writes)
 
     def on_step(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
         """Engine thread, after every step."""
+        self.is_current = False
         if not self.watchers:
             return
         self._steps.append(step_split(engine))
         if time.perf_counter() >= self._next_time or not engine.has_unfinished_requests():
+            self.take(engine)
+
+    def refresh(self, engine: LLMEngine) -> None:
+        """Engine thread, for a new watcher: make `latest` current. At once if the engine is
+        idle (it costs no step) or a snapshot is due; else the next due step takes it. So
+        opening streams over and over cannot push snapshots past their budget."""
+        if self.is_current and self.latest is not None:
+            return
+        if not engine.has_unfinished_requests() or time.perf_counter() >= self._next_time:
             self.take(engine)
 
     def take(self, engine: LLMEngine) -> None:
@@ -166,4 +179,5 @@ class EngineView:
         encoded = json.dumps(data, separators=(",", ":")).encode()
         cost = time.perf_counter() - t0
         self.latest = Snapshot(self._count, encoded, cost)
+        self.is_current = True
         self._next_time = t0 + max(self.min_interval, cost / self.max_overhead)

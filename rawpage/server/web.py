@@ -73,8 +73,10 @@ def engine_events(view: EngineView) -> Callable[[Request, ServerState], Awaitabl
 async def _events(view: EngineView, state: ServerState) -> AsyncIterator[bytes]:
     view.watchers += 1
     try:
-        state.engine.call_in_engine_thread(view.take)  # the current state at once, even when idle
-        sent, quiet_since = view.latest, time.monotonic()
+        # The current state first: `latest` if no step ran since it was taken, else the one
+        # the engine thread takes for us.
+        state.engine.call_in_engine_thread(view.refresh)
+        sent, quiet_since = (None if view.is_current else view.latest), time.monotonic()
         while True:
             snap = view.latest
             if snap is not None and snap is not sent:
