@@ -20,6 +20,7 @@ then forgets the hash.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from rawpage.block_hash import block_digest
@@ -73,6 +74,10 @@ class BlockManager:
     def num_shared_blocks_saved(self) -> int:
         """Physical blocks saved by sharing: each extra reference to a block is one block not stored twice."""
         return sum(r - 1 for r in self.ref_counts if r > 1)
+
+    def cached_block_ids(self) -> Collection[int]:
+        """Blocks whose content is named in the prefix cache, in use or free."""
+        return self.cached.values()
 
     def usage(self, seqs: list[Sequence]) -> KVUsage:
         """Account for the blocks of the given sequences (the ones holding GPU blocks)."""

@@ -62,6 +62,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_swap_outs = 0
         self.num_swap_ins = 0
+        self.last_scheduled: list[tuple[Sequence, int]] = []  # the newest step's (sequence, new tokens)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -132,6 +133,7 @@ class Scheduler:
             budget -= n
 
         out.block_copies, bm.pending_copies = bm.pending_copies, []
+        self.last_scheduled = out.scheduled
         return out
 
     def _start(self, seq: Sequence, n: int, out: SchedulerOutput) -> None:

@@ -69,3 +69,7 @@ def test_kernels_found_from_an_installed_wheel(tmp_path):
     assert Path(package).parent == target / "rawpage"
     assert Path(source_dir) == target / "rawpage" / "cuda"
     assert set(kernels) == KERNELS and (Path(source_dir) / "common.cuh").is_file()
+    # the web page (GET /) is package data too, every file the server may serve
+    from rawpage.server.web import PAGE_FILES
+
+    assert all((target / "rawpage" / "web" / name).is_file() for name in PAGE_FILES)

@@ -2,6 +2,7 @@
 
 POST /v1/chat/completions   POST /v1/completions   GET /v1/models
 POST /tokenize   POST /detokenize   GET /health   GET /version   GET /metrics
+GET /v1/engine/events   GET / (the web page, unless --no-web)
 """
 
 from __future__ import annotations
@@ -23,16 +24,20 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from rawpage import __version__
+from rawpage.engine import LLMEngine
 from rawpage.engine_args import EngineArgs
 from rawpage.loader import resolve_model_path
+from rawpage.outputs import RequestOutput
 from rawpage.server.args import ServerConfig
 from rawpage.server.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
 from rawpage.server.chat import create_chat_completion, parse_messages
 from rawpage.server.completions import create_completion
+from rawpage.server.engine_view import EngineView
 from rawpage.server.metrics import ServerMetrics
 from rawpage.server.protocol import APIError
 from rawpage.server.state import ServerState
 from rawpage.server.streaming import ClientDisconnected
+from rawpage.server.web import engine_events, index, page_info, static_file
 
 logger = logging.getLogger("rawpage.server")
 
@@ -49,7 +54,13 @@ def build_app(engine_args: EngineArgs, config: ServerConfig | None = None) -> St
     config = config or ServerConfig()
     name = config.served_model_name or engine_args.served_model_name or default_served_name(engine_args.model)
     metrics = ServerMetrics(name)
-    engine = AsyncEngine(engine_args, on_step=metrics.on_step, max_waiting_requests=config.max_waiting_requests,
+    view = EngineView()
+
+    def on_step(engine: LLMEngine, outputs: list[RequestOutput]) -> None:
+        metrics.on_step(engine, outputs)
+        view.on_step(engine, outputs)
+
+    engine = AsyncEngine(engine_args, on_step=on_step, max_waiting_requests=config.max_waiting_requests,
                          request_timeout=config.request_timeout, max_unread_tokens=config.max_unread_tokens)  # fmt: skip
     state = ServerState(engine, name, metrics, config)
 
@@ -97,7 +108,12 @@ def build_app(engine_args: EngineArgs, config: ServerConfig | None = None) -> St
         Route("/health", api(health, auth=False), methods=["GET"]),
         Route("/version", api(version), methods=["GET"]),
         Route("/metrics", api(metrics_endpoint, auth=not config.metrics_public), methods=["GET"]),
+        Route("/v1/engine/events", api(engine_events(view)), methods=["GET"]),
     ]
+    if config.web:  # static files holding no data: no key needed (the page asks for one)
+        routes += [Route("/", api(index, auth=False), methods=["GET"]),
+                   Route("/web/info", api(page_info, auth=False), methods=["GET"]),
+                   Route("/web/{name}", api(static_file, auth=False), methods=["GET"])]  # fmt: skip
     middleware = []
     if config.allowed_origins:  # CORS is off unless the operator names origins
         middleware.append(Middleware(CORSMiddleware, allow_origins=config.allowed_origins,

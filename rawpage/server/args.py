@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 @dataclass
 class ServerConfig:
     served_model_name: str | None = None
-    api_keys: list[str] = field(default_factory=list)  # any one of them opens every route but /health
+    api_keys: list[str] = field(default_factory=list)  # any one opens every route but /health and the page's files
     metrics_public: bool = False  # /metrics without a key, for a scraper
     max_request_bytes: int = 4 << 20
     trust_request_chat_template: bool = False  # let requests bring their own Jinja template
@@ -28,6 +28,7 @@ class ServerConfig:
     request_timeout: float | None = None  # seconds; a request running longer is aborted
     max_unread_tokens: int = 8192  # a stream whose client reads nothing for this many tokens is aborted
     preprocess_threads: int = 2  # chat templates and tokenization run here, off the event loop
+    web: bool = True  # the built-in page at GET / (chat and a live view of the KV cache)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerConfig:
@@ -49,7 +50,8 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 exposes the server to the network")
     g.add_argument("--port", type=int, default=8000, help="port to listen on")
     g.add_argument("--api-key", action="append",
-                   help="require 'Authorization: Bearer <key>' on every route but /health; repeat the flag "
+                   help="require 'Authorization: Bearer <key>' on every route but /health and the web page's "
+                        "static files (the page asks for the key); repeat the flag "
                         "(or separate with commas) for several keys; default: $RAWPAGE_API_KEY if set")  # fmt: skip
     g.add_argument("--metrics-public", action="store_true", help="serve /metrics without the API key")
     g.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes,
@@ -77,4 +79,6 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                    help="seconds a request may run before it is aborted with finish_reason 'abort' (default: none)")  # fmt: skip
     g.add_argument("--max-unread-tokens", type=int, default=d.max_unread_tokens,
                    help="abort a stream whose client has left this many tokens unread")  # fmt: skip
+    g.add_argument("--no-web", dest="web", action="store_false",
+                   help="do not serve the built-in web page at / (chat playground and live KV-cache view)")  # fmt: skip
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

@@ -184,6 +184,10 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
 
+    def call_in_engine_thread(self, fn: Callable[[LLMEngine], None]) -> None:
+        """Run fn(engine) in the engine thread between two steps, where it may read any state."""
+        self._inbox.put(("call", fn))
+
     # --- the engine thread --------------------------------------------------------------------
     def _run(self) -> None:
         try:
@@ -271,3 +275,8 @@ class AsyncEngine:
                 stream.put(RequestFailedError(f"the engine could not add this request: {type(e).__name__}: {e}"))
         elif cmd[0] == "abort":
             engine.abort_request(cmd[1])
+        elif cmd[0] == "call":
+            try:
+                cmd[1](engine)
+            except Exception:  # noqa: BLE001 - an observer must never stop generation
+                logger.exception("engine-thread call failed")

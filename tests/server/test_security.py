@@ -126,6 +126,11 @@ def test_every_route_but_health_needs_a_key(trusting):
         assert_error(httpx.request(method, trusting.url + path, json=body), 401)
         ok = httpx.request(method, trusting.url + path, json=body, headers={"Authorization": "Bearer k1"})
         assert ok.status_code == 200, (path, ok.text)
+    assert_error(httpx.get(trusting.url + "/v1/engine/events"), 401)  # an endless stream once open:
+    with httpx.stream(
+        "GET", trusting.url + "/v1/engine/events", headers={"Authorization": "Bearer k1"}, timeout=60
+    ) as r:
+        assert r.status_code == 200  # so it is only opened, not read
     assert httpx.get(trusting.url + "/health").status_code == 200
 
 

@@ -1,0 +1,183 @@
+"""EngineView: compact snapshots of the paged KV cache and the scheduler's queues, for the
+web page's live view and for anyone who builds another (`GET /v1/engine/events`; the
+format is in docs/engine-events.md).
+
+Snapshots are taken in the engine thread between steps (AsyncEngine's `on_step` hook), so
+each one sees a single consistent state. They take time the engine would spend stepping,
+so their cost is bounded:
+  - nothing is recorded while nobody watches;
+  - a snapshot is taken at most every `min_interval` seconds, and never sooner than keeps
+    its own measured cost under `max_overhead` of the time between two snapshots;
+  - the step that leaves the engine idle is always snapshotted, so a view ends on the
+    drained pool;
+  - a new watcher gets the current state at once: the latest snapshot if no step ran
+    since, else a new one if the engine is idle or one is due anyway.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rawpage.engine import LLMEngine
+from rawpage.outputs import RequestOutput
+from rawpage.sequence import Sequence
+
+FORMAT_VERSION = 1
+# Block states in the "state" run-length list (docs/engine-events.md).
+FREE, USED, SHARED, CACHED = 0, 1, 2, 3
+MAX_QUEUE_ENTRIES = 64  # sequences listed per queue; "counts" has the full lengths
+MAX_STEPS = 64  # steps kept between two snapshots
+
+
+@dataclass
+class Snapshot:
+    id: int
+    data: bytes  # the JSON text, encoded once for every watcher
+    cost: float  # seconds it took, JSON included
+
+
+def run_lengths(values: np.ndarray) -> list[int]:
+    """[v0, n0, v1, n1, ...]: each run of equal values as (value, length). values: (N,) ints."""
+    if len(values) == 0:
+        return []
+    starts = np.concatenate(([0], np.flatnonzero(values[1:] != values[:-1]) + 1))
+    lengths = np.diff(np.append(starts, len(values)))
+    return np.stack([values[starts], lengths], axis=1).ravel().tolist()
+
+
+def block_states(ref_counts: np.ndarray, hashed: np.ndarray) -> np.ndarray:
+    """(NB,) state per block: FREE, USED (one reference), SHARED (more), CACHED (free, but its
+    content is still named in the prefix cache, so a request with that prefix revives it)."""
+    states = np.where(ref_counts > 1, SHARED, np.where(ref_counts == 1, USED, FREE))
+    states[hashed & (ref_counts == 0)] = CACHED
+    return states
+
+
+def block_owners(num_blocks: int, seqs: list[Sequence], cpu: bool = False) -> np.ndarray:
+    """(NB,) the lowest id of the sequences whose block table holds each block, -1 for none."""
+    tables = [s.cpu_block_table if cpu else s.block_table for s in seqs]
+    lengths = [len(t) for t in tables]
+    blocks = np.fromiter(itertools.chain.from_iterable(tables), np.int64, sum(lengths))  # (U,)
+    ids = np.repeat(np.array([s.seq_id for s in seqs], dtype=np.int64), lengths)  # (U,)
+    order = np.lexsort((ids, blocks))  # by block, then by sequence id
+    blocks, ids = blocks[order], ids[order]
+    first = np.ones(len(blocks), dtype=bool)  # the lowest id of each block's holders
+    first[1:] = blocks[1:] != blocks[:-1]
+    owners = np.full(num_blocks, -1, dtype=np.int64)
+    owners[blocks[first]] = ids[first]
+    return owners
+
+
+def describe_seq(seq: Sequence, queue: str) -> dict[str, Any]:
+    state = queue if queue != "running" else ("prefill" if seq.is_prefill else "decode")
+    blocks = len(seq.cpu_block_table) if queue == "swapped" else len(seq.block_table)
+    return {"id": seq.seq_id, "request": seq.request.request_id, "state": state, "tokens": seq.num_tokens,
+            "prompt": seq.num_prompt_tokens, "computed": seq.num_computed_tokens, "blocks": blocks}  # fmt: skip
+
+
+def take_snapshot(engine: LLMEngine, snapshot_id: int, steps: list[list[Any]], last_cost: float) -> dict[str, Any]:
+    """The whole view of one moment, as a JSON-ready dict (docs/engine-events.md)."""
+    bm, sc, st = engine.block_manager, engine.scheduler, engine.stats
+    refs = np.fromiter(bm.ref_counts, np.int64, bm.num_blocks)
+    hashed = np.zeros(bm.num_blocks, dtype=bool)
+    cached = bm.cached_block_ids()
+    hashed[np.fromiter(cached, np.int64, len(cached))] = True
+    queues = {"running": sc.running, "waiting": sc.waiting, "swapped": sc.swapped}
+    return {
+        "v": FORMAT_VERSION,
+        "id": snapshot_id,
+        "time": time.time(),
+        "pool": {
+            "num_blocks": bm.num_blocks,
+            "block_size": bm.block_size,
+            "num_cpu_blocks": bm.num_cpu_blocks,
+            "max_num_batched_tokens": sc.config.max_num_batched_tokens,
+            "max_num_seqs": sc.config.max_num_seqs,
+        },
+        "state": run_lengths(block_states(refs, hashed)),
+        "owner": run_lengths(block_owners(bm.num_blocks, sc.running)),
+        "refs": run_lengths(refs),
+        "cpu_owner": run_lengths(block_owners(bm.num_cpu_blocks, sc.swapped, cpu=True)),
+        "counts": {name: len(q) for name, q in queues.items()},
+        "queues": {name: [describe_seq(s, name) for s in q[:MAX_QUEUE_ENTRIES]] for name, q in queues.items()},
+        "steps": steps,
+        "totals": {
+            "steps": st.steps_total,
+            "prompt_tokens": st.prompt_tokens_total,
+            "generation_tokens": st.generation_tokens_total,
+            "requests_finished": st.requests_finished_total,
+            "preemptions": sc.num_preemptions,
+            "swap_outs": sc.num_swap_outs,
+            "swap_ins": sc.num_swap_ins,
+            "cow_copies": bm.num_cow_copies,
+            "evictions": bm.num_evictions,
+            "prefix_queries": bm.prefix_queries,
+            "prefix_hits": bm.prefix_hits,
+        },
+        "cost_ms": round(last_cost * 1000, 3),
+    }
+
+
+def step_split(engine: LLMEngine) -> list[Any]:
+    """The last step's token budget: [step number, [prefill chunk sizes], decode tokens]. A
+    one-token chunk past the prompt is a decode (it computes the K/V of a sampled token)."""
+    chunks, decodes = [], 0
+    for seq, n in engine.scheduler.last_scheduled:
+        if n == 1 and seq.num_computed_tokens > seq.num_prompt_tokens:
+            decodes += 1
+        else:
+            chunks.append(n)
+    return [engine.stats.steps_total, chunks, decodes]
+
+
+class EngineView:
+    """Holds the newest snapshot for the event stream. The engine thread writes it; the
+    event loop reads `latest` (one reference, replaced whole) and counts `watchers`."""
+
+    def __init__(self, min_interval: float = 0.1, max_overhead: float = 0.01) -> None:
+        self.min_interval = min_interval
+        self.max_overhead = max_overhead
+        self.watchers = 0  # open event streams (event loop writes)
+        self.latest: Snapshot | None = None
+        self._steps: deque[list[Any]] = deque(maxlen=MAX_STEPS)
+        self._next_time = 0.0
+        self._count = 0
+        self.is_current = False  # no step since `latest` was taken (engine thread writes)
+
+    def on_step(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
+        """Engine thread, after every step."""
+        self.is_current = False
+        if not self.watchers:
+            return
+        self._steps.append(step_split(engine))
+        if time.perf_counter() >= self._next_time or not engine.has_unfinished_requests():
+            self.take(engine)
+
+    def refresh(self, engine: LLMEngine) -> None:
+        """Engine thread, for a new watcher: make `latest` current. At once if the engine is
+        idle (it costs no step) or a snapshot is due; else the next due step takes it. So
+        opening streams over and over cannot push snapshots past their budget."""
+        if self.is_current and self.latest is not None:
+            return
+        if not engine.has_unfinished_requests() or time.perf_counter() >= self._next_time:
+            self.take(engine)
+
+    def take(self, engine: LLMEngine) -> None:
+        """Engine thread: snapshot now, and schedule the earliest next one."""
+        t0 = time.perf_counter()
+        last_cost = self.latest.cost if self.latest is not None else 0.0
+        self._count += 1
+        data = take_snapshot(engine, self._count, list(self._steps), last_cost)
+        self._steps.clear()
+        encoded = json.dumps(data, separators=(",", ":")).encode()
+        cost = time.perf_counter() - t0
+        self.latest = Snapshot(self._count, encoded, cost)
+        self.is_current = True
+        self._next_time = t0 + max(self.min_interval, cost / self.max_overhead)

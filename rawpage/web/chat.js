@@ -1,0 +1,145 @@
+// The chat: a conversation kept in localStorage, streamed replies from
+// /v1/chat/completions, a Stop button, and time to first token and tokens/s per reply.
+import { api, readEvents } from "/web/api.js";
+import { renderMarkdown } from "/web/markdown.js";
+
+const STORE = "rawpage.conversation";
+const $ = (id) => document.getElementById(id);
+
+let model = "";
+let conversation = []; // [{role, content}], as the API takes it
+let controller = null; // aborts the reply in flight
+
+export function initChat(modelName) {
+  model = modelName;
+  conversation = JSON.parse(localStorage.getItem(STORE) || "[]");
+  for (const m of conversation) addMessage(m.role, m.content);
+  $("chat-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    send();
+  });
+  $("prompt").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey) {
+      event.preventDefault();
+      send();
+    }
+  });
+  $("stop").addEventListener("click", () => controller?.abort());
+  $("clear").addEventListener("click", () => {
+    controller?.abort();
+    conversation = [];
+    save();
+    $("messages").replaceChildren();
+    $("chat-stats").textContent = "";
+  });
+}
+
+function save() {
+  localStorage.setItem(STORE, JSON.stringify(conversation));
+}
+
+function addMessage(role, content) {
+  const node = document.createElement("div");
+  node.className = `message ${role}`;
+  if (role === "assistant") {
+    node.dataset.testid = "reply";
+    renderMarkdown(content, node);
+  } else {
+    node.textContent = content;
+  }
+  $("messages").append(node);
+  node.scrollIntoView({ block: "end" });
+  return node;
+}
+
+async function send() {
+  const text = $("prompt").value.trim();
+  if (!text || controller) return;
+  $("prompt").value = "";
+  conversation.push({ role: "user", content: text });
+  save();
+  addMessage("user", text);
+  const reply = addMessage("assistant", "");
+  reply.classList.add("streaming");
+  controller = new AbortController();
+  $("send").disabled = true;
+  $("stop").disabled = false;
+  let content = "";
+  try {
+    content = await streamReply(reply, controller.signal);
+  } catch (e) {
+    if (e.name !== "AbortError") reply.append(errorNote(e.message));
+  } finally {
+    content = content || reply.dataset.text || "";
+    if (content) conversation.push({ role: "assistant", content });
+    save();
+    reply.classList.remove("streaming");
+    controller = null;
+    $("send").disabled = false;
+    $("stop").disabled = true;
+  }
+}
+
+// Streams one reply into `node`; returns its text. Rendering waits for the next frame, so
+// a fast stream re-renders the Markdown at most once per frame.
+async function streamReply(node, signal) {
+  const body = {
+    model,
+    messages: conversation,
+    stream: true,
+    stream_options: { include_usage: true },
+    temperature: Number($("temperature").value),
+    top_p: Number($("top-p").value),
+    max_tokens: Number($("max-tokens").value),
+  };
+  const start = performance.now();
+  const response = await fetch("/v1/chat/completions", {
+    method: "POST",
+    headers: api.headers({ "Content-Type": "application/json" }),
+    body: JSON.stringify(body),
+    signal,
+  });
+  if (!response.ok) {
+    const err = await response.json().catch(() => ({}));
+    throw new Error(err?.error?.message || `HTTP ${response.status}`);
+  }
+  let text = "";
+  let firstToken = null;
+  let tokens = 0;
+  let pending = false;
+  await readEvents(response, (_, data) => {
+    if (data === "[DONE]") return;
+    const chunk = JSON.parse(data);
+    if (chunk.error) throw new Error(chunk.error.message);
+    if (chunk.usage) tokens = chunk.usage.completion_tokens;
+    const delta = chunk.choices?.[0]?.delta?.content;
+    if (!delta) return;
+    firstToken ??= performance.now();
+    text += delta;
+    node.dataset.text = text;
+    if (!pending) {
+      pending = true;
+      requestAnimationFrame(() => {
+        pending = false;
+        renderMarkdown(node.dataset.text, node);
+      });
+    }
+  });
+  renderMarkdown(text, node);
+  showStats(start, firstToken, performance.now(), tokens);
+  return text;
+}
+
+function showStats(start, firstToken, end, tokens) {
+  if (firstToken === null) return;
+  const ttft = (firstToken - start) / 1000;
+  const rate = tokens > 1 ? (tokens - 1) / ((end - firstToken) / 1000) : 0;
+  $("chat-stats").textContent = `time to first token ${ttft.toFixed(2)} s · ${rate.toFixed(1)} tokens/s · ${tokens} tokens`;
+}
+
+function errorNote(message) {
+  const note = document.createElement("div");
+  note.className = "error";
+  note.textContent = message;
+  return note;
+}

@@ -1,0 +1,134 @@
+"""The engine view's snapshots (GET /v1/engine/events) against the block manager's own state,
+step by step, through sharing, copy-on-write, prefix caching and swapping."""
+
+import json
+
+import numpy as np
+
+from rawpage import LLM, SamplingParams
+from rawpage.server.engine_view import CACHED, FREE, SHARED, USED, EngineView, run_lengths
+from tests.test_engine import random_prompts
+
+
+def expand(rle: list[int]) -> list[int]:
+    return [v for v, n in zip(rle[::2], rle[1::2]) for _ in range(n)]
+
+
+def check_snapshot(engine, snap: dict) -> None:
+    """Decode the snapshot and compare every field with the engine's state right now."""
+    bm, sc = engine.block_manager, engine.scheduler
+    assert snap["pool"]["num_blocks"] == bm.num_blocks and snap["pool"]["block_size"] == bm.block_size
+    state, owner = expand(snap["state"]), expand(snap["owner"])
+    refs = expand(snap["refs"])
+    assert len(state) == len(owner) == len(refs) == bm.num_blocks
+    for b in range(bm.num_blocks):
+        r = bm.ref_counts[b]
+        want = SHARED if r > 1 else USED if r == 1 else CACHED if bm.block_hash[b] is not None else FREE
+        assert state[b] == want, f"block {b}"
+        assert refs[b] == r
+        holders = [s.seq_id for s in sc.running if b in s.block_table]
+        assert owner[b] == (min(holders) if holders else -1)
+    cpu_owner = expand(snap["cpu_owner"])
+    assert len(cpu_owner) == bm.num_cpu_blocks
+    for c in range(bm.num_cpu_blocks):
+        holders = [s.seq_id for s in sc.swapped if c in s.cpu_block_table]
+        assert cpu_owner[c] == (holders[0] if holders else -1)
+    for name, queue in (("running", sc.running), ("waiting", sc.waiting), ("swapped", sc.swapped)):
+        assert snap["counts"][name] == len(queue)
+        assert [q["id"] for q in snap["queues"][name]] == [s.seq_id for s in queue]
+        for q, s in zip(snap["queues"][name], queue):
+            assert (q["tokens"], q["computed"], q["prompt"]) == (
+                s.num_tokens,
+                s.num_computed_tokens,
+                s.num_prompt_tokens,
+            )
+
+
+def watch(llm: LLM, prompts, params) -> list[dict]:
+    """Run to the end with a snapshot after every step, each checked against the engine."""
+    engine, view = llm.engine, EngineView(min_interval=0, max_overhead=float("inf"))
+    view.watchers = 1
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, params)
+    snaps = []
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        view.on_step(engine, outputs)
+        snaps.append(json.loads(view.latest.data))
+        check_snapshot(engine, snaps[-1])
+    return snaps
+
+
+def test_run_lengths():
+    assert run_lengths(np.array([], dtype=np.int64)) == []
+    assert run_lengths(np.array([5])) == [5, 1]
+    assert run_lengths(np.array([-1, -1, 3, 3, 3, -1, 2])) == [-1, 2, 3, 3, -1, 1, 2, 1]
+
+
+def test_snapshots_follow_sharing_and_prefix_caching(tiny_model_dir):
+    prefix = random_prompts(1, 40, 41, seed=5)[0]["prompt_token_ids"]
+    prompts = [{"prompt_token_ids": prefix + p["prompt_token_ids"]} for p in random_prompts(4, 5, 30, seed=6)]
+    llm = LLM(tiny_model_dir, num_gpu_blocks_override=64, max_num_batched_tokens=64)
+    snaps = watch(llm, prompts, SamplingParams(n=2, temperature=1.0, seed=1, max_tokens=20, ignore_eos=True))
+    states = [set(expand(s["state"])) for s in snaps]
+    assert any(SHARED in s for s in states)  # the n=2 prompts, and the shared prefix
+    assert states[-1] <= {FREE, CACHED} and CACHED in states[-1]  # drained, with the prefixes still cached
+    assert snaps[-1]["counts"] == {"running": 0, "waiting": 0, "swapped": 0}
+    budget = snaps[0]["pool"]["max_num_batched_tokens"]
+    for s in snaps:  # each step's split stays within the token budget
+        for _, chunks, decodes in s["steps"]:
+            assert sum(chunks) + decodes <= budget
+    steps = [step for s in snaps for step in s["steps"]]
+    assert any(chunks for _, chunks, _ in steps) and any(d for _, _, d in steps)
+    assert snaps[-1]["totals"]["cow_copies"] == llm.engine.block_manager.num_cow_copies > 0
+
+
+def test_snapshots_show_swapped_sequences(tiny_model_dir):
+    block_bytes = 2 * 4 * 16 * 2 * 32 * 4
+    llm = LLM(tiny_model_dir, num_gpu_blocks_override=20, max_model_len=320, max_num_batched_tokens=64,
+              preemption_mode="swap", swap_space=400 * block_bytes / 2**30, enable_prefix_caching=False)  # fmt: skip
+    snaps = watch(llm, random_prompts(12, 5, 200, seed=3), SamplingParams(temperature=0, max_tokens=24))
+    swapped = [s for s in snaps if s["counts"]["swapped"]]
+    assert swapped and any(v >= 0 for v in expand(swapped[0]["cpu_owner"]))
+    assert set(expand(snaps[-1]["cpu_owner"])) == {-1}
+
+
+def test_rate_limit_and_idle_snapshot(tiny_model_dir):
+    """Snapshots come at most every min_interval while busy, the step that leaves the engine
+    idle is always snapshotted, and nothing is taken while nobody watches."""
+    llm = LLM(tiny_model_dir)
+    engine, view = llm.engine, EngineView(min_interval=3600)
+    engine.add_request("a", random_prompts(1, 10, 11, seed=1)[0], SamplingParams(temperature=0, max_tokens=8))
+    engine.step()
+    view.on_step(engine, [])
+    assert view.latest is None  # no watcher
+    view.watchers = 1
+    ids = []
+    while engine.has_unfinished_requests():
+        view.on_step(engine, engine.step())
+        ids.append(view.latest.id)
+    assert ids[0] == 1 and ids[-1] == 2 and set(ids) == {1, 2}  # the first, then the idle one only
+    last = json.loads(view.latest.data)
+    assert last["counts"]["running"] == 0 and len(last["steps"]) == len(ids) - 1
+
+
+def test_a_new_watcher_gets_the_current_state_within_the_budget(tiny_model_dir):
+    """refresh() (run for each new stream) reuses a current snapshot, takes one when the
+    engine is idle, and while it is busy waits for the next due one."""
+    llm = LLM(tiny_model_dir)
+    engine, view = llm.engine, EngineView(min_interval=3600)
+    view.refresh(engine)  # idle, nothing yet: taken
+    assert view.latest.id == 1 and view.is_current
+    view.refresh(engine)  # nothing changed: reused
+    assert view.latest.id == 1
+    engine.add_request("a", random_prompts(1, 10, 11, seed=1)[0], SamplingParams(temperature=0, max_tokens=8))
+    view.on_step(engine, engine.step())  # busy, nobody watching: nothing taken, but no longer current
+    assert view.latest.id == 1 and not view.is_current
+    view.refresh(engine)  # busy and not due (min_interval): left to the next due step
+    assert view.latest.id == 1
+    view.watchers = 1
+    while engine.has_unfinished_requests():
+        view.on_step(engine, engine.step())
+    assert view.latest.id == 2 and view.is_current  # the idle step's snapshot
+    view.refresh(engine)
+    assert view.latest.id == 2
