@@ -1,0 +1,42 @@
+"""Which class computes which family. ModelConfig.architecture holds the family
+(rawpage/config.py maps Hugging Face `architectures` and GGUF names to it)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+from rawpage.models.gemma import Gemma2Model, Gemma3Model
+from rawpage.models.llama import LlamaModel
+from rawpage.models.mistral import MistralModel
+from rawpage.models.mixtral import MixtralModel
+from rawpage.models.phi3 import Phi3Model
+from rawpage.models.qwen3 import Qwen3Model
+from rawpage.models.qwen3_moe import Qwen3MoeModel
+
+from rawpage.backends.base import Backend
+from rawpage.config import ModelConfig
+from rawpage.errors import UnsupportedModelError
+from rawpage.loader.dummy import DummyWeights
+
+MODEL_CLASSES: dict[str, type] = {
+    "llama": LlamaModel,
+    "qwen2": LlamaModel,
+    "mistral": MistralModel,
+    "qwen3": Qwen3Model,
+    "gemma2": Gemma2Model,
+    "gemma3": Gemma3Model,
+    "phi3": Phi3Model,
+    "mixtral": MixtralModel,
+    "qwen3_moe": Qwen3MoeModel,
+}
+
+
+def build_model(config: ModelConfig, backend: Backend, tensors: Mapping[str, np.ndarray] | DummyWeights):
+    """The model of config.architecture, its weights loaded onto the backend."""
+    cls = MODEL_CLASSES.get(config.architecture)
+    if cls is None:
+        raise UnsupportedModelError(
+            f"no model class for architecture {config.architecture!r}; rawpage runs {', '.join(MODEL_CLASSES)}"
+        )
+    return cls(config, backend, tensors)
