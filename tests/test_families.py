@@ -19,7 +19,7 @@ from rawpage.errors import UnsupportedModelError
 from rawpage.loader import load_checkpoint
 from tests.model_harness import SingleSequence
 from tests.tiny_families import FAMILIES, family_config, hub_tensors, weights_digest, write_family
-from tests.tiny_models import train_tokenizer
+from tests.tiny_models import train_tokenizer, write_gguf
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "data", "golden_families.json")
 with open(GOLDEN) as f:
@@ -108,6 +108,19 @@ def test_live_against_transformers(folders, family):
     model = model_of(folders[family])
     for case in record_family(family)["cases"]:
         check_case(model, case)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "mixtral", "qwen3_moe"])
+def test_gguf_names_of_each_family(folders, tmp_path, family):
+    """The same weights written as llama.cpp would (q/k permuted for Mixtral, a layer's
+    experts stacked into one tensor) load to the same model as the Hugging Face folder."""
+    cfg = family_config(family)
+    path = write_gguf(str(tmp_path / f"{family}.gguf"), cfg, hub_tensors(cfg), train_tokenizer())
+    ckpt = load_checkpoint(path)
+    assert ckpt.config.architecture == family
+    ids = DATA["families"][family]["cases"][1]["ids"]
+    hf = logits_of(model_of(folders[family]), ids)
+    np.testing.assert_allclose(logits_of(model_of(path), ids), hf, rtol=1e-5, atol=1e-5)
 
 
 def test_unsupported_architecture_names_the_supported(tmp_path):

@@ -15,7 +15,7 @@ from rawpage.loader.gguf_reader import GGUFTensorInfo, read_gguf
 from rawpage.loader.tensors import TensorSource
 
 SUPPORTED_TENSOR_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"}
-SUPPORTED_ARCHITECTURES = {"llama", "qwen2"}
+SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "qwen3", "qwen3moe"}  # llama with experts is Mixtral
 
 # GGUF tensor name -> Hugging Face name. `{i}` is the layer index.
 _GLOBAL_NAMES = {
@@ -36,7 +36,23 @@ _LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
+# Mixture of experts: GGUF stacks the experts of a layer in one (E, rows, cols) tensor;
+# Hugging Face names each expert's matrix. family -> (router name, {GGUF stack: HF name}).
+_MOE_NAMES = {
+    "mixtral": ("block_sparse_moe.gate.weight", {
+        "ffn_gate_exps.weight": "block_sparse_moe.experts.{e}.w1.weight",
+        "ffn_up_exps.weight": "block_sparse_moe.experts.{e}.w3.weight",
+        "ffn_down_exps.weight": "block_sparse_moe.experts.{e}.w2.weight",
+    }),
+    "qwen3_moe": ("mlp.gate.weight", {
+        "ffn_gate_exps.weight": "mlp.experts.{e}.gate_proj.weight",
+        "ffn_up_exps.weight": "mlp.experts.{e}.up_proj.weight",
+        "ffn_down_exps.weight": "mlp.experts.{e}.down_proj.weight",
+    }),
+}  # fmt: skip
 
 
 def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -47,7 +63,7 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
     pairs (2j, 2j + 1) ("GPT-J" style), so when it converts a Llama checkpoint it
     reorders the rows of q_proj and k_proj within each head from
     [half, D/2] to [D/2, half]. We reorder them back, so every backend runs one
-    rotary convention (NeoX) for every checkpoint. Qwen2 GGUFs are not permuted.
+    rotary convention (NeoX) for every checkpoint. Qwen2 and Qwen3 GGUFs are not permuted.
 
     w: (n_heads * D, in) weight or (n_heads * D,) bias, GGUF row order.
     """
@@ -68,6 +84,9 @@ class GGUFCheckpoint:
                 f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
             )
         self.arch = arch
+        self.family = {"qwen3moe": "qwen3_moe"}.get(arch, arch)
+        if arch == "llama" and self.meta.get("llama.expert_count"):
+            self.family = "mixtral"
         self.config = self._config()
         self.tensors = self._tensor_source()
 
@@ -78,8 +97,9 @@ class GGUFCheckpoint:
             dim = int(m[f"{a}.embedding_length"])
             kv_heads = m.get(f"{a}.attention.head_count_kv", heads)
             vocab = m.get(f"{a}.vocab_size") or len(m["tokenizer.ggml.tokens"])
+            experts = int(m.get(f"{a}.expert_count", 0))
             cfg = ModelConfig(
-                architecture=a,
+                architecture=self.family,
                 hidden_size=dim,
                 num_layers=int(m[f"{a}.block_count"]),
                 num_heads=heads,
@@ -96,10 +116,20 @@ class GGUFCheckpoint:
                 eos_token_ids=[m["tokenizer.ggml.eos_token_id"]] if "tokenizer.ggml.eos_token_id" in m else [],
                 torch_dtype="float16",
                 name=str(m.get("general.name", "")),
+                num_experts=experts,
+                num_experts_per_tok=int(m.get(f"{a}.expert_used_count", 0)),
+                moe_intermediate_size=int(m.get(f"{a}.expert_feed_forward_length", m[f"{a}.feed_forward_length"])),
+                norm_topk_prob=bool(m.get(f"{a}.expert_weights_norm", True)),
+                mlp_only_layers=self._dense_layers(int(m[f"{a}.block_count"])) if experts else [],
             )
         except KeyError as e:
             raise ModelLoadError(f"{self.path}: GGUF metadata lacks {e.args[0]!r}") from None
         return cfg
+
+    def _dense_layers(self, n_layers: int) -> list[int]:
+        """Layers of an MoE model that have no router, hence a dense MLP."""
+        routed = {t.name.split(".")[1] for t in self.tensor_infos if t.name.endswith("ffn_gate_inp.weight")}
+        return [i for i in range(n_layers) if str(i) not in routed]
 
     def _tensor_source(self) -> TensorSource:
         from gguf import GGMLQuantizationType
@@ -112,10 +142,20 @@ class GGUFCheckpoint:
                     f"{self.path}: tensor {t.name!r} has GGUF type {qtype}, which rawpage "
                     f"does not dequantize (supported: {', '.join(sorted(SUPPORTED_TENSOR_TYPES))})"
                 )
+            if t.name.endswith("_exps.weight"):  # one reader per expert, each dequantizing its own rows
+                for e in range(t.shape[0]):
+                    readers[self._hf_expert_name(t.name, e)] = lambda t=t, e=e: self._read(t, e)
+                continue
             name = self._hf_name(t.name)
             if name is not None:
                 readers[name] = lambda t=t: self._read(t)
         return TensorSource(readers)
+
+    def _hf_expert_name(self, name: str, e: int) -> str:
+        _, layer, stack = name.split(".", 2)
+        if self.family not in _MOE_NAMES or stack not in _MOE_NAMES[self.family][1]:
+            raise UnsupportedModelError(f"{self.path}: expert tensor {name!r} in a {self.arch!r} GGUF is not supported")
+        return f"model.layers.{layer}." + _MOE_NAMES[self.family][1][stack].format(e=e)
 
     def _hf_name(self, name: str) -> str | None:
         if name in _GLOBAL_NAMES:
@@ -125,17 +165,24 @@ class GGUFCheckpoint:
         parts = name.split(".", 2)
         if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_NAMES:
             return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+        if parts[0] == "blk" and len(parts) == 3 and parts[2] == "ffn_gate_inp.weight" and self.family in _MOE_NAMES:
+            return f"model.layers.{parts[1]}.{_MOE_NAMES[self.family][0]}"  # the router
         return None  # tensors we do not use (e.g. precomputed rope tables)
 
-    def _read(self, t: GGUFTensorInfo) -> np.ndarray:
+    def _read(self, t: GGUFTensorInfo, expert: int | None = None) -> np.ndarray:
+        """The tensor in float32; of a stacked (E, rows, cols) expert tensor, one expert's matrix."""
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
         rows = int(np.prod(t.shape[:-1], dtype=np.int64))
         raw = self._data[t.offset : t.offset + t.nbytes].reshape(rows, -1)  # (rows, bytes per row)
+        shape = t.shape
+        if expert is not None:
+            n = t.shape[1]
+            raw, shape = raw[expert * n : (expert + 1) * n], t.shape[1:]
         w = dequantize(raw, GGMLQuantizationType(t.ggml_type)).astype(np.float32, copy=False)
-        w = w.reshape(t.shape)
-        if self.arch == "llama":
+        w = w.reshape(shape)
+        if self.arch == "llama":  # llama.cpp permutes Llama's (and Mixtral's) q and k rows
             if t.name.endswith(("attn_q.weight", "attn_q.bias")):
                 w = unpermute_qk(w, self.config.num_heads)
             elif t.name.endswith(("attn_k.weight", "attn_k.bias")):
