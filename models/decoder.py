@@ -19,6 +19,7 @@ from rawpage.models.rotary import rope_table
 from rawpage.backends.base import Array, Backend
 from rawpage.config import ModelConfig
 from rawpage.dtypes import from_float32, to_float32
+from rawpage.errors import UnsupportedModelError
 from rawpage.forward_batch import ForwardBatch
 from rawpage.loader.dummy import DummyWeights
 
@@ -57,6 +58,8 @@ class DecoderModel:
         """tensors: a checkpoint's float32 tensors under Hugging Face names, or DummyWeights."""
         self.config, self.backend = config, backend
         c, b = config, backend
+        if c.attention_bias:
+            raise UnsupportedModelError(f"{c.architecture} with attention_bias=true is not supported (no q/k/v bias)")
         weights = tensors if isinstance(tensors, DummyWeights) else _CheckpointWeights(tensors)
         self._weights = weights
         dim = c.hidden_size
@@ -118,7 +121,7 @@ class DecoderModel:
             gate_up=[
                 self.load_linear((x + gate + ".weight", (inter, dim)), (x + up + ".weight", (inter, dim)))
                 for x in experts
-            ],  # E x (2 I, dim)  # fmt: skip
+            ],  # E x (2 I, dim)
             down=[self.load_linear((x + down + ".weight", (dim, inter))) for x in experts],  # E x (dim, I)
         )
 
@@ -136,7 +139,7 @@ class DecoderModel:
             post_attn_norm=self.load_norm(p + "post_attention_layernorm.weight", dim) if gemma else None,
             pre_ffn_norm=self.load_norm(
                 p + ("pre_feedforward_layernorm" if gemma else "post_attention_layernorm") + ".weight", dim
-            ),  # fmt: skip
+            ),
             post_ffn_norm=self.load_norm(p + "post_feedforward_layernorm.weight", dim) if gemma else None,
             gate_up=None if moe else self.load_linear(*self.mlp_parts(p)),
             down=None if moe else self.load_linear((p + "mlp.down_proj.weight", (dim, c.intermediate_size))),
