@@ -19,7 +19,7 @@ from rawpage.errors import UnsupportedModelError
 from rawpage.loader import load_checkpoint
 from tests.model_harness import SingleSequence
 from tests.tiny_families import FAMILIES, family_config, hub_tensors, weights_digest, write_family
-from tests.tiny_models import train_tokenizer, write_gguf
+from tests.tiny_models import train_tokenizer, write_gguf, write_hf_folder
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "data", "golden_families.json")
 with open(GOLDEN) as f:
@@ -110,17 +110,21 @@ def test_live_against_transformers(folders, family):
         check_case(model, case)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "mixtral", "qwen3_moe"])
-def test_gguf_names_of_each_family(folders, tmp_path, family):
+@pytest.mark.parametrize("family", ["qwen3", "mixtral", "qwen3_moe", "gemma2", "gemma3"])
+def test_gguf_names_of_each_family(tmp_path, family):
     """The same weights written as llama.cpp would (q/k permuted for Mixtral, a layer's
-    experts stacked into one tensor) load to the same model as the Hugging Face folder."""
-    cfg = family_config(family)
-    path = write_gguf(str(tmp_path / f"{family}.gguf"), cfg, hub_tensors(cfg), train_tokenizer())
-    ckpt = load_checkpoint(path)
-    assert ckpt.config.architecture == family
+    experts stacked into one tensor, Gemma's norms as 1 + w) load to the same model as
+    the Hugging Face folder. A GGUF cannot say query_pre_attn_scalar: llama.cpp takes the
+    head size, so the Gemma configs here do too."""
+    tok, cfg = train_tokenizer(), family_config(family)
+    if family.startswith("gemma"):
+        cfg["query_pre_attn_scalar"] = cfg["head_dim"]
+    tensors = hub_tensors(cfg)
+    folder = write_hf_folder(str(tmp_path / family), cfg, tensors, tok)
+    path = write_gguf(str(tmp_path / f"{family}.gguf"), cfg, tensors, tok)
+    assert load_checkpoint(path).config.architecture == family
     ids = DATA["families"][family]["cases"][1]["ids"]
-    hf = logits_of(model_of(folders[family]), ids)
-    np.testing.assert_allclose(logits_of(model_of(path), ids), hf, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logits_of(model_of(path), ids), logits_of(model_of(folder), ids), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -138,6 +138,11 @@ _GGUF_LAYER = {
     "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
     "mlp.gate.weight": "ffn_gate_inp.weight",
 }
+_GGUF_GEMMA_LAYER = {
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
 # Hugging Face names each expert's matrices; GGUF stacks a layer's experts: (E, rows, cols).
 _GGUF_EXPERTS = {"w1": "ffn_gate_exps", "gate_proj": "ffn_gate_exps", "w3": "ffn_up_exps", "up_proj": "ffn_up_exps",
                  "w2": "ffn_down_exps", "down_proj": "ffn_down_exps"}  # fmt: skip
@@ -151,8 +156,21 @@ def write_gguf(path: str, cfg: dict, tensors: dict, tok: Tokenizer, qtype: str =
     raw: {gguf tensor name: (uint8 blocks, ggml type name)} written as given instead."""
     import gguf
 
-    arch = {"mixtral": "llama", "qwen3_moe": "qwen3moe"}.get(cfg["model_type"], cfg["model_type"])
+    arch = {"mixtral": "llama", "qwen3_moe": "qwen3moe", "gemma3_text": "gemma3"}.get(cfg["model_type"],
+                                                                                    cfg["model_type"])  # fmt: skip
     w = gguf.GGUFWriter(path, arch)
+    gemma = arch.startswith("gemma")
+    if gemma:  # llama.cpp keeps these in the metadata, and stores each norm as the 1 + w it scales by
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_sliding_window_pattern(cfg.get("sliding_window_pattern", 2))
+        if cfg.get("attn_logit_softcapping"):
+            w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        if cfg.get("final_logit_softcapping"):
+            w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+        if (cfg.get("rope_scaling") or {}).get("rope_type") == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(cfg["rope_scaling"]["factor"])
+        tensors = {n: t + 1.0 if n.endswith("norm.weight") else t for n, t in tensors.items()}
     experts = cfg.get("num_local_experts") or cfg.get("num_experts")
     if experts:
         w.add_expert_count(experts)
@@ -195,7 +213,7 @@ def write_gguf(path: str, cfg: dict, tensors: dict, tok: Tokenizer, qtype: str =
             continue
         if name.startswith("model.layers."):
             i, rest = name[len("model.layers.") :].split(".", 1)
-            gname = f"blk.{i}.{_GGUF_LAYER[rest]}"
+            gname = f"blk.{i}.{(_GGUF_GEMMA_LAYER if gemma else {}).get(rest) or _GGUF_LAYER[rest]}"
             if arch == "llama" and rest.startswith(("self_attn.q_proj", "self_attn.k_proj")):
                 heads = cfg["num_attention_heads"] if "q_proj" in rest else cfg["num_key_value_heads"]
                 t = llama_cpp_permute(t, heads)

@@ -15,7 +15,7 @@ from rawpage.loader.gguf_reader import GGUFTensorInfo, read_gguf
 from rawpage.loader.tensors import TensorSource
 
 SUPPORTED_TENSOR_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"}
-SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "qwen3", "qwen3moe"}  # llama with experts is Mixtral
+SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3"}  # llama with experts: Mixtral
 
 # GGUF tensor name -> Hugging Face name. `{i}` is the layer index.
 _GLOBAL_NAMES = {
@@ -38,6 +38,12 @@ _LAYER_NAMES = {
     "ffn_down.weight": "mlp.down_proj.weight",
     "attn_q_norm.weight": "self_attn.q_norm.weight",
     "attn_k_norm.weight": "self_attn.k_norm.weight",
+}
+# Gemma's four norms a layer: ffn_norm is the one before the MLP, as in Llama.
+_GEMMA_LAYER_NAMES = {
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
 }
 # Mixture of experts: GGUF stacks the experts of a layer in one (E, rows, cols) tensor;
 # Hugging Face names each expert's matrix. family -> (router name, {GGUF stack: HF name}).
@@ -122,9 +128,32 @@ class GGUFCheckpoint:
                 norm_topk_prob=bool(m.get(f"{a}.expert_weights_norm", True)),
                 mlp_only_layers=self._dense_layers(int(m[f"{a}.block_count"])) if experts else [],
             )
+            if self.family in ("gemma2", "gemma3"):
+                self._gemma_config(cfg)
         except KeyError as e:
             raise ModelLoadError(f"{self.path}: GGUF metadata lacks {e.args[0]!r}") from None
         return cfg
+
+    def _gemma_config(self, cfg: ModelConfig) -> None:
+        """What a Gemma GGUF says, or leaves to llama.cpp's code, about Gemma's differences."""
+        m, a, n = self.meta, self.arch, cfg.num_layers
+        cfg.hidden_act = "gelu_pytorch_tanh"
+        cfg.sliding_window = m.get(f"{a}.attention.sliding_window")
+        pattern = m.get(f"{a}.attention.sliding_window_pattern", 2 if a == "gemma2" else 6)
+        if isinstance(pattern, list):  # one flag per layer: true = sliding
+            cfg.layer_types = ["sliding_attention" if x else "full_attention" for x in pattern]
+        else:
+            cfg.layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+        cfg.attn_logit_softcapping = m.get(f"{a}.attn_logit_softcapping")
+        cfg.final_logit_softcapping = m.get(f"{a}.final_logit_softcapping")
+        # query_pre_attn_scalar is not in the file. llama.cpp scales by head_dim**-0.5, except
+        # for the 27B models (46 and 62 layers), whose config has hidden / heads instead.
+        big = (a, n) in (("gemma2", 46), ("gemma3", 62))
+        cfg.query_pre_attn_scalar = cfg.hidden_size / cfg.num_heads if big else cfg.head_dim
+        if a == "gemma3":
+            cfg.rope_local_theta = 10000.0  # fixed in llama.cpp for the sliding layers
+            if m.get(f"{a}.rope.scaling.type") == "linear":
+                cfg.rope_scaling = {"rope_type": "linear", "factor": float(m[f"{a}.rope.scaling.factor"])}
 
     def _dense_layers(self, n_layers: int) -> list[int]:
         """Layers of an MoE model that have no router, hence a dense MLP."""
@@ -163,6 +192,13 @@ class GGUFCheckpoint:
         if name == "rope_freqs.weight":  # Llama 3 rope scaling, as frequency divisors
             return "rope_freqs"
         parts = name.split(".", 2)
+        if (
+            parts[0] == "blk"
+            and len(parts) == 3
+            and self.family in ("gemma2", "gemma3")
+            and parts[2] in _GEMMA_LAYER_NAMES
+        ):
+            return f"model.layers.{parts[1]}.{_GEMMA_LAYER_NAMES[parts[2]]}"
         if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_NAMES:
             return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
         if parts[0] == "blk" and len(parts) == 3 and parts[2] == "ffn_gate_inp.weight" and self.family in _MOE_NAMES:
@@ -182,6 +218,8 @@ class GGUFCheckpoint:
             raw, shape = raw[expert * n : (expert + 1) * n], t.shape[1:]
         w = dequantize(raw, GGMLQuantizationType(t.ggml_type)).astype(np.float32, copy=False)
         w = w.reshape(shape)
+        if self.family in ("gemma2", "gemma3") and t.name.endswith("norm.weight"):
+            w = w - 1.0  # llama.cpp stores Gemma's norms as the 1 + w they scale by
         if self.arch == "llama":  # llama.cpp permutes Llama's (and Mixtral's) q and k rows
             if t.name.endswith(("attn_q.weight", "attn_q.bias")):
                 w = unpermute_qk(w, self.config.num_heads)
