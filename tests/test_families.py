@@ -110,7 +110,7 @@ def test_live_against_transformers(folders, family):
         check_case(model, case)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "mixtral", "qwen3_moe", "gemma2", "gemma3"])
+@pytest.mark.parametrize("family", ["qwen3", "mixtral", "qwen3_moe", "gemma2", "gemma3", "phi3"])
 def test_gguf_names_of_each_family(tmp_path, family):
     """The same weights written as llama.cpp would (q/k permuted for Mixtral, a layer's
     experts stacked into one tensor, Gemma's norms as 1 + w) load to the same model as

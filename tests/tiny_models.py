@@ -135,6 +135,8 @@ _GGUF_LAYER = {
     "mlp.down_proj.weight": "ffn_down.weight",
     "self_attn.q_norm.weight": "attn_q_norm.weight",
     "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",  # Phi-3
+    "mlp.gate_up_proj.weight": "ffn_up.weight",  # Phi-3: [gate | up]
     "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
     "mlp.gate.weight": "ffn_gate_inp.weight",
 }
@@ -171,6 +173,12 @@ def write_gguf(path: str, cfg: dict, tensors: dict, tok: Tokenizer, qtype: str =
             w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             w.add_rope_scaling_factor(cfg["rope_scaling"]["factor"])
         tensors = {n: t + 1.0 if n.endswith("norm.weight") else t for n, t in tensors.items()}
+    if arch == "phi3":  # LongRoPE: the factors as tensors, the lengths in the metadata
+        rs = cfg["rope_scaling"]
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_rope_scaling_orig_ctx_len(cfg["original_max_position_embeddings"])
+        w.add_tensor("rope_factors_long.weight", np.array(rs["long_factor"], np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(rs["short_factor"], np.float32))
     experts = cfg.get("num_local_experts") or cfg.get("num_experts")
     if experts:
         w.add_expert_count(experts)

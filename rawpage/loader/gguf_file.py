@@ -15,7 +15,8 @@ from rawpage.loader.gguf_reader import GGUFTensorInfo, read_gguf
 from rawpage.loader.tensors import TensorSource
 
 SUPPORTED_TENSOR_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"}
-SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3"}  # llama with experts: Mixtral
+# llama with experts is Mixtral
+SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"}
 
 # GGUF tensor name -> Hugging Face name. `{i}` is the layer index.
 _GLOBAL_NAMES = {
@@ -39,6 +40,8 @@ _LAYER_NAMES = {
     "attn_q_norm.weight": "self_attn.q_norm.weight",
     "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
+# Phi-3 keeps q, k, v in one tensor and gate, up in another ([gate | up]), and so do we.
+_PHI3_LAYER_NAMES = {"attn_qkv.weight": "self_attn.qkv_proj.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"}
 # Gemma's four norms a layer: ffn_norm is the one before the MLP, as in Llama.
 _GEMMA_LAYER_NAMES = {
     "post_attention_norm.weight": "post_attention_layernorm.weight",
@@ -130,6 +133,8 @@ class GGUFCheckpoint:
             )
             if self.family in ("gemma2", "gemma3"):
                 self._gemma_config(cfg)
+            if self.family == "phi3":
+                self._phi3_config(cfg)
         except KeyError as e:
             raise ModelLoadError(f"{self.path}: GGUF metadata lacks {e.args[0]!r}") from None
         return cfg
@@ -151,9 +156,23 @@ class GGUFCheckpoint:
         big = (a, n) in (("gemma2", 46), ("gemma3", 62))
         cfg.query_pre_attn_scalar = cfg.hidden_size / cfg.num_heads if big else cfg.head_dim
         if a == "gemma3":
-            cfg.rope_local_theta = 10000.0  # fixed in llama.cpp for the sliding layers
+            cfg.rope_local_theta = float(m.get(f"{a}.rope.freq_base_swa", 10000.0))  # the sliding layers' base
             if m.get(f"{a}.rope.scaling.type") == "linear":
                 cfg.rope_scaling = {"rope_type": "linear", "factor": float(m[f"{a}.rope.scaling.factor"])}
+
+    def _phi3_config(self, cfg: ModelConfig) -> None:
+        """Phi-3's window, and its LongRoPE factors, which llama.cpp stores as two tensors."""
+        m, a = self.meta, self.arch
+        cfg.sliding_window = m.get(f"{a}.attention.sliding_window")
+        infos = {t.name: t for t in self.tensor_infos}
+        if "rope_factors_long.weight" in infos:
+            cfg.rope_scaling = {
+                "rope_type": "longrope",
+                "short_factor": self._read(infos["rope_factors_short.weight"]).tolist(),
+                "long_factor": self._read(infos["rope_factors_long.weight"]).tolist(),
+                "original_max_position_embeddings": int(m[f"{a}.rope.scaling.original_context_length"]),
+                "attention_factor": m.get(f"{a}.rope.scaling.attn_factor"),
+            }
 
     def _dense_layers(self, n_layers: int) -> list[int]:
         """Layers of an MoE model that have no router, hence a dense MLP."""
@@ -192,17 +211,15 @@ class GGUFCheckpoint:
         if name == "rope_freqs.weight":  # Llama 3 rope scaling, as frequency divisors
             return "rope_freqs"
         parts = name.split(".", 2)
-        if (
-            parts[0] == "blk"
-            and len(parts) == 3
-            and self.family in ("gemma2", "gemma3")
-            and parts[2] in _GEMMA_LAYER_NAMES
-        ):
-            return f"model.layers.{parts[1]}.{_GEMMA_LAYER_NAMES[parts[2]]}"
-        if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_NAMES:
-            return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
-        if parts[0] == "blk" and len(parts) == 3 and parts[2] == "ffn_gate_inp.weight" and self.family in _MOE_NAMES:
-            return f"model.layers.{parts[1]}.{_MOE_NAMES[self.family][0]}"  # the router
+        if parts[0] != "blk" or len(parts) != 3:
+            return None
+        layer, rest = parts[1], parts[2]
+        family_names = {"phi3": _PHI3_LAYER_NAMES, "gemma2": _GEMMA_LAYER_NAMES, "gemma3": _GEMMA_LAYER_NAMES}
+        hf = family_names.get(self.family, {}).get(rest) or _LAYER_NAMES.get(rest)
+        if rest == "ffn_gate_inp.weight" and self.family in _MOE_NAMES:
+            hf = _MOE_NAMES[self.family][0]  # the router
+        if hf is not None:
+            return f"model.layers.{layer}.{hf}"
         return None  # tensors we do not use (e.g. precomputed rope tables)
 
     def _read(self, t: GGUFTensorInfo, expert: int | None = None) -> np.ndarray:
