@@ -29,7 +29,7 @@ from rawpage.errors import InvalidRequestError
 from rawpage.loader import load_checkpoint
 from rawpage.memory import DEFAULT_CPU_KV_CACHE, GiB, plan_fixed, profile_gpu
 from rawpage.model_runner import ModelRunner, kv_bytes_per_block
-from rawpage.models.registry import build_model
+from rawpage.models.registry import build_model, check_device_support
 from rawpage.output_processor import OutputProcessor
 from rawpage.outputs import RequestOutput
 from rawpage.profile_run import profile_run
@@ -72,6 +72,7 @@ class LLMEngine:
         self.backend = get_backend(args.device, resolve_dtype(args.dtype, args.device, c.torch_dtype))
         self.model = build_model(c, self.backend, ckpt.tensors)
         self.max_model_len = self._resolve_max_model_len()
+        check_device_support(c, self.backend.name, self.max_model_len)
         self.block_size = args.block_size
         batched = args.max_num_batched_tokens or (8192 if self.backend.name == "cuda" else 2048)
         self.memory = self._plan_memory(batched)

@@ -99,6 +99,22 @@ def test_engine_runs_each_family(folders):
         assert list(out[0].outputs[0].token_ids) == case["greedy"]
 
 
+@pytest.mark.parametrize("family,max_model_len,error", [
+    ("gemma2", 16, "soft-caps attention"),
+    ("mistral", 64, "sliding window of 16 tokens.*--max-model-len 16"),
+    ("mistral", 16, None),
+    ("qwen3", 256, None),
+])  # fmt: skip
+def test_sim_refuses_at_startup_what_its_kernels_lack(folders, family, max_model_len, error):
+    from rawpage import LLM
+
+    if error is None:
+        LLM(folders[family], device="sim", max_model_len=max_model_len, kv_cache_memory="4MiB")
+        return
+    with pytest.raises(UnsupportedModelError, match=error):
+        LLM(folders[family], device="sim", max_model_len=max_model_len, kv_cache_memory="4MiB")
+
+
 @pytest.mark.live
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_live_against_transformers(folders, family):
