@@ -87,16 +87,23 @@ def test_family_on_sim(folders, family):
             check_case(model, case)
 
 
-def test_engine_runs_each_family(folders):
-    """The engine picks the model class from the architecture (models/registry.py)."""
+@pytest.mark.parametrize("family", ["mistral", "gemma2", "qwen3_moe"])
+def test_engine_batched_chunked_and_preempted(folders, family):
+    """Through the engine (which picks the class by architecture, models/registry.py):
+    each case twice in one batch, prompts prefilled in 8-token chunks, and a pool of
+    12 blocks too small for them all, so sequences are preempted and recomputed.
+    The greedy tokens are still transformers'."""
     from rawpage import LLM, SamplingParams
+    from tests.model_harness import assert_no_leaks
 
-    for family in ("mistral", "qwen3_moe"):
-        case = DATA["families"][family]["cases"][1]
-        llm = LLM(folders[family], device="cpu", block_size=8, kv_cache_memory="4MiB")
-        params = SamplingParams(temperature=0, max_tokens=len(case["greedy"]), ignore_eos=True)
-        out = llm.generate([{"prompt_token_ids": case["ids"]}], params)
-        assert list(out[0].outputs[0].token_ids) == case["greedy"]
+    cases = DATA["families"][family]["cases"] * 2
+    llm = LLM(folders[family], device="cpu", block_size=8, num_gpu_blocks_override=12, max_num_batched_tokens=8,
+              max_model_len=80, enable_prefix_caching=False)  # fmt: skip
+    params = SamplingParams(temperature=0, max_tokens=len(cases[0]["greedy"]), ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": c["ids"]} for c in cases], params, use_tqdm=False)
+    assert [list(o.outputs[0].token_ids) for o in outs] == [c["greedy"] for c in cases]
+    assert llm.engine.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
+    assert_no_leaks(llm.engine)
 
 
 @pytest.mark.parametrize("family,max_model_len,error", [
