@@ -8,7 +8,9 @@ token's output is their weighted sum (Mixtral, Qwen3-MoE).
 
 The experts run one at a time over just the tokens routed to them (gather, two
 GEMMs, weighted scatter-add), so the cost grows with the experts in use, not
-with E. The routing decision is small (T x E) and is made on the host.
+with E. The routing decision is small (T x E) and is made on the host, which
+is why an MoE model decodes without CUDA graphs (rawpage/engine.py). On the GPU
+this is one launch per active expert, not yet a grouped GEMM.
 """
 
 from __future__ import annotations

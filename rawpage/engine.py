@@ -87,7 +87,7 @@ class LLMEngine:
             SchedulerConfig(args.max_num_seqs, batched, self.max_model_len, args.preemption_mode),
             self.block_manager,
         )
-        graphs = self.backend.supports_graphs and not args.enforce_eager
+        graphs = self.backend.supports_graphs and not args.enforce_eager and self.model_supports_graphs()
         self.runner = ModelRunner(self.model, self.backend, args.block_size, num_blocks, num_cpu_blocks,
                                   graph_batch_sizes(args.max_num_seqs) if graphs else None, self.max_model_len)  # fmt: skip
         self.sampler = Sampler(c.vocab_size, c.eos_token_ids)
@@ -106,6 +106,13 @@ class LLMEngine:
         logger.info("%s", self.memory.describe())
 
     # --- setup ------------------------------------------------------------------------
+    def model_supports_graphs(self) -> bool:
+        """MoE routing reads the router's output on the host, which a CUDA graph cannot replay."""
+        if self.model_config.num_experts and self.backend.supports_graphs:
+            logger.info("mixture of experts: decode runs eagerly (no CUDA graphs)")
+            return False
+        return True
+
     def _resolve_max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings
         want = self.args.max_model_len or limit

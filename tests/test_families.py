@@ -122,6 +122,16 @@ def test_sim_refuses_at_startup_what_its_kernels_lack(folders, family, max_model
         LLM(folders[family], device="sim", max_model_len=max_model_len, kv_cache_memory="4MiB")
 
 
+def test_moe_decodes_eagerly_where_graphs_would_be_captured(folders, monkeypatch):
+    """MoE routing reads the router's output on the host: no CUDA graphs for it."""
+    from rawpage import LLM
+    from rawpage.backends.sim import SimBackend
+
+    monkeypatch.setattr(SimBackend, "supports_graphs", True)  # stands in for cuda
+    assert LLM(folders["qwen3"], device="sim", kv_cache_memory="4MiB", max_num_seqs=1).engine.runner.graphs is not None
+    assert LLM(folders["mixtral"], device="sim", kv_cache_memory="4MiB", max_num_seqs=1).engine.runner.graphs is None
+
+
 @pytest.mark.live
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_live_against_transformers(folders, family):
