@@ -18,8 +18,7 @@ from rawpage.errors import UnsupportedModelError
 # each family to its model class).
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Ministral3ForCausalLM": "mistral",
+    "MistralForCausalLM": "mistral",  # Ministral-8B too
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Gemma2ForCausalLM": "gemma2",
@@ -91,7 +90,6 @@ class ModelConfig:
             raise UnsupportedModelError(
                 f"unsupported architecture {archs[0]!r}; rawpage runs {', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
             )
-        cfg = _text_config(cfg)
         if cfg.get("partial_rotary_factor", 1.0) != 1.0:
             raise UnsupportedModelError(f"partial_rotary_factor={cfg['partial_rotary_factor']} is not supported")
         heads = cfg["num_attention_heads"]
@@ -156,18 +154,15 @@ def _dense_layers(cfg: dict[str, Any]) -> list[int]:
     return [i for i in range(cfg["num_hidden_layers"]) if i in only or (i + 1) % step]
 
 
-def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Multimodal wrappers (Gemma 3's) keep the decoder's settings under text_config."""
-    return {**cfg, **cfg["text_config"]} if isinstance(cfg.get("text_config"), dict) else cfg
-
-
 def _sliding_window(cfg: dict[str, Any], arch: str) -> int | None:
     window = cfg.get("sliding_window")
     # Qwen2/3 configs carry a window they do not use unless use_sliding_window is set.
     if not window or not cfg.get("use_sliding_window", arch not in ("qwen2", "qwen3", "qwen3_moe")):
         return None
-    if arch == "qwen2":
-        raise UnsupportedModelError("Qwen2 with use_sliding_window is not supported")
+    # Qwen slides from max_window_layers on: fine where layer_types spells it out (Qwen3),
+    # not in Qwen2's Llama path, which has no window.
+    if arch == "qwen2" or (arch.startswith("qwen") and not cfg.get("layer_types")):
+        raise UnsupportedModelError(f"{arch} with use_sliding_window is not supported")
     return int(window)
 
 

@@ -170,6 +170,24 @@ def test_dummy_weights_of_each_family(tmp_path, family):
     assert np.isfinite(logits).all() and logits.std() > 0.1
 
 
+def test_config_spellings_hub_and_transformers_5():
+    """Gemma 3 as on the Hub (rope_theta, rope_local_base_freq, rope_scaling, a window
+    pattern) and as transformers 5 saves it (rope_parameters per layer type, layer_types)."""
+    from rawpage.config import ModelConfig
+
+    hub = family_config("gemma3")
+    v5 = {k: v for k, v in hub.items() if k not in ("rope_theta", "rope_local_base_freq", "rope_scaling",
+                                                    "sliding_window_pattern")}  # fmt: skip
+    v5["rope_parameters"] = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}  # fmt: skip
+    v5["layer_types"] = ["sliding_attention", "sliding_attention", "full_attention"]
+    assert ModelConfig.from_hf(v5) == ModelConfig.from_hf(hub)
+    assert ModelConfig.from_hf(hub).rope_local_theta == 1e4
+    qwen_window = family_config("qwen3") | {"use_sliding_window": True, "sliding_window": 16}
+    with pytest.raises(UnsupportedModelError, match="use_sliding_window"):
+        ModelConfig.from_hf(qwen_window)
+
+
 def test_unsupported_architecture_names_the_supported(tmp_path):
     cfg = family_config("mistral") | {"architectures": ["FalconForCausalLM"]}
     with open(tmp_path / "config.json", "w") as f:
