@@ -1,4 +1,4 @@
-"""Model configuration: one dataclass for every Llama-family checkpoint we load.
+"""Model configuration: one dataclass for every decoder-only checkpoint we load.
 
 A Hugging Face `config.json` and a GGUF file's metadata both become a
 `ModelConfig`; nothing past the loader looks at either format again.
@@ -14,17 +14,24 @@ import numpy as np
 
 from rawpage.errors import UnsupportedModelError
 
-# Hugging Face `architectures` entries that our Llama forward pass computes exactly.
+# Hugging Face `architectures` entries -> our family names (models/registry.py maps
+# each family to its model class).
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "llama",  # same math as Llama when sliding_window is off
+    "MistralForCausalLM": "mistral",  # Ministral-8B too
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
+    "Phi3ForCausalLM": "phi3",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 
 
 @dataclass
 class ModelConfig:
-    architecture: str  # "llama" or "qwen2"
+    architecture: str  # family: a value of SUPPORTED_ARCHITECTURES
     hidden_size: int  # dim
     num_layers: int
     num_heads: int  # H
@@ -42,6 +49,30 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     torch_dtype: str = "float32"  # dtype of the checkpoint, for `--dtype auto`
     name: str = ""
+    # --- what the families after Llama add (models/decoder.py) ---
+    sliding_window: int | None = None  # a query sees its last W keys (itself included)
+    layer_types: list[str] | None = None  # per layer "sliding_attention" | "full_attention"; None: all
+    hidden_act: str = "silu"  # gate activation: "silu" or "gelu_pytorch_tanh" (Gemma)
+    query_pre_attn_scalar: float | None = None  # Gemma: scores scaled by this**-0.5, not D**-0.5
+    attn_logit_softcapping: float | None = None  # Gemma 2: scores -> cap * tanh(scores / cap)
+    final_logit_softcapping: float | None = None  # Gemma 2: the same on the logits
+    rope_local_theta: float | None = None  # Gemma 3: the RoPE base of sliding layers
+    num_experts: int = 0  # MoE: experts per layer (0: a dense MLP)
+    num_experts_per_tok: int = 0  # MoE: top-k
+    moe_intermediate_size: int = 0  # MoE: each expert's FFN hidden size
+    norm_topk_prob: bool = True  # MoE: renormalize the top-k router weights to sum to 1
+    mlp_only_layers: list[int] = field(default_factory=list)  # Qwen3-MoE: dense layers among the sparse
+
+    def layer_sliding_window(self, i: int) -> int | None:
+        """The window of layer i, or None for full attention."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types is not None and self.layer_types[i] != "sliding_attention":
+            return None
+        return self.sliding_window
+
+    def layer_is_moe(self, i: int) -> bool:
+        return self.num_experts > 0 and i not in self.mlp_only_layers
 
     @property
     def q_size(self) -> int:
@@ -59,11 +90,12 @@ class ModelConfig:
             raise UnsupportedModelError(
                 f"unsupported architecture {archs[0]!r}; rawpage runs {', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
             )
-        if cfg.get("sliding_window") and cfg.get("use_sliding_window", arch == "llama"):
-            if cfg["sliding_window"] < cfg.get("max_position_embeddings", 0):
-                raise UnsupportedModelError("sliding-window attention is not supported")
+        if cfg.get("partial_rotary_factor", 1.0) != 1.0:
+            raise UnsupportedModelError(f"partial_rotary_factor={cfg['partial_rotary_factor']} is not supported")
         heads = cfg["num_attention_heads"]
         eos = cfg.get("eos_token_id")
+        rope = _rope_parameters(cfg, arch)
+        is_gemma = arch in ("gemma2", "gemma3")
         return cls(
             architecture=arch,
             hidden_size=cfg["hidden_size"],
@@ -74,15 +106,27 @@ class ModelConfig:
             intermediate_size=cfg["intermediate_size"],
             vocab_size=cfg["vocab_size"],
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=cfg.get("rope_theta", 10000.0),
-            rope_scaling=cfg.get("rope_scaling"),
+            rope_theta=rope["global"].get("rope_theta", 10000.0),
+            rope_scaling=_rope_scaling(rope["global"]),
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            tie_word_embeddings=cfg.get("tie_word_embeddings", is_gemma),
             attention_bias=arch == "qwen2" or cfg.get("attention_bias", False),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
             torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
             name=name,
+            sliding_window=_sliding_window(cfg, arch),
+            layer_types=_layer_types(cfg, arch),
+            hidden_act=cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu",
+            query_pre_attn_scalar=cfg.get("query_pre_attn_scalar") if is_gemma else None,
+            attn_logit_softcapping=cfg.get("attn_logit_softcapping") if is_gemma else None,
+            final_logit_softcapping=cfg.get("final_logit_softcapping") if is_gemma else None,
+            rope_local_theta=rope["local"].get("rope_theta") if "local" in rope else None,
+            num_experts=cfg.get("num_local_experts") or cfg.get("num_experts") or 0,
+            num_experts_per_tok=cfg.get("num_experts_per_tok", 0),
+            moe_intermediate_size=cfg.get("moe_intermediate_size") or cfg["intermediate_size"],
+            norm_topk_prob=cfg.get("norm_topk_prob", True),  # Mixtral always renormalizes
+            mlp_only_layers=_dense_layers(cfg),
         )
 
     def validate(self) -> None:
@@ -93,21 +137,96 @@ class ModelConfig:
         if self.head_dim % 2:
             raise UnsupportedModelError(f"head_dim={self.head_dim} must be even for rotary")
         rope_type = (self.rope_scaling or {}).get("rope_type", (self.rope_scaling or {}).get("type"))
-        if rope_type not in (None, "default", "llama3"):
+        if rope_type not in (None, "default", "llama3", "linear", "longrope"):
             raise UnsupportedModelError(f"unsupported rope_scaling type {rope_type!r}")
+        if self.hidden_act not in ("silu", "gelu_pytorch_tanh"):
+            raise UnsupportedModelError(f"unsupported activation {self.hidden_act!r} (silu, gelu_pytorch_tanh)")
+        if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise UnsupportedModelError(
+                f"num_experts_per_tok={self.num_experts_per_tok} must be in 1..num_experts={self.num_experts}"
+            )
 
 
-def rope_inv_freq(cfg: ModelConfig, freq_factors: np.ndarray | None = None) -> np.ndarray:
-    """Rotary inverse frequencies (D/2,), with Llama 3's long-context scaling.
+def _dense_layers(cfg: dict[str, Any]) -> list[int]:
+    """Qwen3-MoE: layers in mlp_only_layers, or off the decoder_sparse_step grid, stay dense."""
+    step = cfg.get("decoder_sparse_step") or 1
+    only = set(cfg.get("mlp_only_layers") or [])
+    return [i for i in range(cfg["num_hidden_layers"]) if i in only or (i + 1) % step]
+
+
+def _sliding_window(cfg: dict[str, Any], arch: str) -> int | None:
+    window = cfg.get("sliding_window")
+    # Qwen2/3 configs carry a window they do not use unless use_sliding_window is set.
+    if not window or not cfg.get("use_sliding_window", arch not in ("qwen2", "qwen3", "qwen3_moe")):
+        return None
+    # Qwen slides from max_window_layers on: fine where layer_types spells it out (Qwen3),
+    # not in Qwen2's Llama path, which has no window.
+    if arch == "qwen2" or (arch.startswith("qwen") and not cfg.get("layer_types")):
+        raise UnsupportedModelError(f"{arch} with use_sliding_window is not supported")
+    return int(window)
+
+
+def _layer_types(cfg: dict[str, Any], arch: str) -> list[str] | None:
+    if cfg.get("layer_types"):
+        return list(cfg["layer_types"])
+    n = cfg["num_hidden_layers"]
+    if arch == "gemma2":  # even layers slide, odd layers see everything
+        return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+    if arch == "gemma3":  # every sliding_window_pattern-th layer is global
+        pattern = cfg.get("sliding_window_pattern", 6)
+        return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    return None
+
+
+def _rope_parameters(cfg: dict[str, Any], arch: str) -> dict[str, dict[str, Any]]:
+    """{"global": params, "local": params (Gemma 3 only)} from either spelling:
+    rope_theta + rope_scaling (+ rope_local_base_freq), as most checkpoints on the Hub
+    have them, or transformers 5's rope_parameters (per layer type for Gemma 3)."""
+    rp = cfg.get("rope_parameters")
+    if isinstance(rp, dict) and "full_attention" in rp:
+        out = {"global": dict(rp["full_attention"])}
+        if "sliding_attention" in rp:
+            out["local"] = dict(rp["sliding_attention"])
+    elif isinstance(rp, dict):
+        out = {"global": dict(rp)}
+    else:
+        out = {"global": dict(cfg.get("rope_scaling") or {})}
+        out["global"]["rope_theta"] = cfg.get("rope_theta", 1_000_000.0 if arch == "gemma3" else 10000.0)
+        if arch == "gemma3":
+            out["local"] = {"rope_type": "default", "rope_theta": cfg.get("rope_local_base_freq", 10000.0)}
+    glob = out["global"]
+    if glob.get("rope_type", glob.get("type")) in ("su", "longrope"):  # Phi-3: the original length sits outside
+        glob["rope_type"] = "longrope"
+        glob.setdefault("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
+    return out
+
+
+def _rope_scaling(params: dict[str, Any]) -> dict[str, Any] | None:
+    """The scaling recipe without the base; None for plain RoPE."""
+    rs = {k: v for k, v in params.items() if k != "rope_theta"}
+    return None if rs.get("rope_type", rs.get("type", "default")) == "default" else rs
+
+
+def rope_inv_freq(
+    cfg: ModelConfig, freq_factors: np.ndarray | None = None,
+    theta: float | None = None, rope_scaling: dict[str, Any] | None = None,
+) -> np.ndarray:  # fmt: skip
+    """Rotary inverse frequencies (D/2,), with Llama 3's long-context scaling or linear
+    position interpolation. theta and rope_scaling default to the config's (Gemma 3's
+    sliding layers pass their own). LongRoPE (Phi-3) is in models/rotary.py.
 
     GGUF files store Llama 3's scaling already applied as per-frequency divisors
     (`rope_freqs.weight`); HF configs give the recipe, which we apply here.
     """
     d = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    if theta is None:
+        theta, rope_scaling = cfg.rope_theta, cfg.rope_scaling
+    inv_freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
     if freq_factors is not None:
         return inv_freq / freq_factors.astype(np.float64)
-    rs = cfg.rope_scaling or {}
+    rs = rope_scaling or {}
+    if rs.get("rope_type", rs.get("type")) == "linear":  # positions divided by `factor`
+        return inv_freq / rs["factor"]
     if rs.get("rope_type", rs.get("type")) == "llama3":
         # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, and
         # the band in between interpolated smoothly.

@@ -29,7 +29,7 @@ from rawpage.errors import InvalidRequestError
 from rawpage.loader import load_checkpoint
 from rawpage.memory import DEFAULT_CPU_KV_CACHE, GiB, plan_fixed, profile_gpu
 from rawpage.model_runner import ModelRunner, kv_bytes_per_block
-from rawpage.models.llama import LlamaModel
+from rawpage.models.registry import build_model, check_device_support
 from rawpage.output_processor import OutputProcessor
 from rawpage.outputs import RequestOutput
 from rawpage.profile_run import profile_run
@@ -70,8 +70,9 @@ class LLMEngine:
         self.generation_config = ckpt.generation_config
         self.chat_template = ChatTemplate.from_arg(args.chat_template) if args.chat_template else None
         self.backend = get_backend(args.device, resolve_dtype(args.dtype, args.device, c.torch_dtype))
-        self.model = LlamaModel(c, self.backend, ckpt.tensors)
+        self.model = build_model(c, self.backend, ckpt.tensors)
         self.max_model_len = self._resolve_max_model_len()
+        check_device_support(c, self.backend.name, self.max_model_len)
         self.block_size = args.block_size
         batched = args.max_num_batched_tokens or (8192 if self.backend.name == "cuda" else 2048)
         self.memory = self._plan_memory(batched)
@@ -86,7 +87,7 @@ class LLMEngine:
             SchedulerConfig(args.max_num_seqs, batched, self.max_model_len, args.preemption_mode),
             self.block_manager,
         )
-        graphs = self.backend.supports_graphs and not args.enforce_eager
+        graphs = self.backend.supports_graphs and not args.enforce_eager and self.model_supports_graphs()
         self.runner = ModelRunner(self.model, self.backend, args.block_size, num_blocks, num_cpu_blocks,
                                   graph_batch_sizes(args.max_num_seqs) if graphs else None, self.max_model_len)  # fmt: skip
         self.sampler = Sampler(c.vocab_size, c.eos_token_ids)
@@ -105,6 +106,13 @@ class LLMEngine:
         logger.info("%s", self.memory.describe())
 
     # --- setup ------------------------------------------------------------------------
+    def model_supports_graphs(self) -> bool:
+        """MoE routing reads the router's output on the host, which a CUDA graph cannot replay."""
+        if self.model_config.num_experts and self.backend.supports_graphs:
+            logger.info("mixture of experts: decode runs eagerly (no CUDA graphs)")
+            return False
+        return True
+
     def _resolve_max_model_len(self) -> int:
         limit = self.model_config.max_position_embeddings
         want = self.args.max_model_len or limit

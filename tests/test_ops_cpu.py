@@ -26,8 +26,9 @@ def _random_paged_batch(rng, q_lens, ctx_lens, H, Hkv, D, BS, NB):
     return q, k_cache, v_cache, tables, np.array(ctx_lens, np.int32), qsl
 
 
-def _dense_attention(q, k, v, scale):
-    """Causal attention of the last n positions of one contiguous context. q (n,H,D), k/v (L,Hkv,D)."""
+def _dense_attention(q, k, v, scale, window=None, cap=None):
+    """Causal attention of the last n positions of one contiguous context. q (n,H,D), k/v (L,Hkv,D).
+    window: position p sees keys p-window+1..p; cap: scores -> cap * tanh(scores / cap)."""
     n, H, D = q.shape
     L, Hkv = k.shape[:2]
     k = np.repeat(k, H // Hkv, axis=1)
@@ -35,10 +36,13 @@ def _dense_attention(q, k, v, scale):
     out = np.zeros_like(q)
     for t in range(n):
         p = L - n + t
-        s = np.einsum("hd,lhd->hl", q[t], k[: p + 1]) * scale
+        first = max(0, p + 1 - window) if window else 0
+        s = np.einsum("hd,lhd->hl", q[t], k[first : p + 1]) * scale
+        if cap:
+            s = cap * np.tanh(s / cap)
         w = np.exp(s - s.max(-1, keepdims=True))
         w /= w.sum(-1, keepdims=True)
-        out[t] = np.einsum("hl,lhd->hd", w, v[: p + 1])
+        out[t] = np.einsum("hl,lhd->hd", w, v[first : p + 1])
     return out
 
 
@@ -55,6 +59,27 @@ def test_paged_attention_ref_matches_dense(H, Hkv):
         v = vc[blocks].reshape(-1, Hkv, D)[:L]
         want = _dense_attention(q[qsl[i] : qsl[i + 1]], k, v, 0.25)
         np.testing.assert_allclose(out[qsl[i] : qsl[i + 1]], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window,cap", [(5, None), (16, None), (None, 1.5), (6, 2.0)])
+def test_sliding_window_and_soft_cap(window, cap):
+    """Reference and cpu backend against dense attention, for windows that start inside a
+    block, span blocks, or exceed the context; prefill chunks and decodes in one batch."""
+    rng = np.random.default_rng(2)
+    D, BS, H, Hkv = 16, 4, 8, 2
+    q_lens, ctx = [5, 1, 9, 1, 1], [5, 23, 30, 4, 17]
+    q, kc, vc, bt, sl, qsl = _random_paged_batch(rng, q_lens, ctx, H, Hkv, D, BS, 40)
+    ref = paged_attention_ref(q, kc, vc, bt, sl, qsl, 0.25, window, cap)
+    cpu = CPUBackend().paged_attention(q, kc, vc, bt, sl, qsl, 0.25, sliding_window=window, soft_cap=cap)
+    plain = paged_attention_ref(q, kc, vc, bt, sl, qsl, 0.25)
+    assert np.abs(ref - plain).max() > 1e-2  # the option changes the result
+    for i, L in enumerate(ctx):
+        blocks = bt[i, : -(-L // BS)]
+        k = kc[blocks].reshape(-1, Hkv, D)[:L]
+        v = vc[blocks].reshape(-1, Hkv, D)[:L]
+        want = _dense_attention(q[qsl[i] : qsl[i + 1]], k, v, 0.25, window, cap)
+        np.testing.assert_allclose(ref[qsl[i] : qsl[i + 1]], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(cpu, ref, rtol=1e-5, atol=1e-6)
 
 
 def test_cpu_batched_decode_matches_ref():

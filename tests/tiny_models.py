@@ -133,18 +133,63 @@ _GGUF_LAYER = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",  # Phi-3
+    "mlp.gate_up_proj.weight": "ffn_up.weight",  # Phi-3: [gate | up]
+    "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
+    "mlp.gate.weight": "ffn_gate_inp.weight",
 }
+_GGUF_GEMMA_LAYER = {
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+# Hugging Face names each expert's matrices; GGUF stacks a layer's experts: (E, rows, cols).
+_GGUF_EXPERTS = {"w1": "ffn_gate_exps", "gate_proj": "ffn_gate_exps", "w3": "ffn_up_exps", "up_proj": "ffn_up_exps",
+                 "w2": "ffn_down_exps", "down_proj": "ffn_down_exps"}  # fmt: skip
 
 
 def write_gguf(path: str, cfg: dict, tensors: dict, tok: Tokenizer, qtype: str = "F32",
                rope_freqs: np.ndarray | None = None, raw: dict | None = None) -> str:  # fmt: skip
-    """Write the model as llama.cpp would: permuted q/k (llama), matrices in `qtype`.
+    """Write the model as llama.cpp would: permuted q/k (llama), matrices in `qtype`,
+    each layer's experts stacked (Mixtral is `llama` with experts).
 
     raw: {gguf tensor name: (uint8 blocks, ggml type name)} written as given instead."""
     import gguf
 
-    arch = cfg["model_type"]
+    arch = {"mixtral": "llama", "qwen3_moe": "qwen3moe", "gemma3_text": "gemma3"}.get(cfg["model_type"],
+                                                                                    cfg["model_type"])  # fmt: skip
     w = gguf.GGUFWriter(path, arch)
+    gemma = arch.startswith("gemma")
+    if gemma:  # llama.cpp keeps these in the metadata, and stores each norm as the 1 + w it scales by
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_sliding_window_pattern(cfg.get("sliding_window_pattern", 2))
+        if cfg.get("attn_logit_softcapping"):
+            w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        if cfg.get("final_logit_softcapping"):
+            w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+        if (cfg.get("rope_scaling") or {}).get("rope_type") == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(cfg["rope_scaling"]["factor"])
+        tensors = {n: t + 1.0 if n.endswith("norm.weight") else t for n, t in tensors.items()}
+    if arch == "phi3":  # LongRoPE: the factors as tensors, the lengths in the metadata
+        rs = cfg["rope_scaling"]
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_rope_scaling_orig_ctx_len(cfg["original_max_position_embeddings"])
+        w.add_tensor("rope_factors_long.weight", np.array(rs["long_factor"], np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(rs["short_factor"], np.float32))
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts")
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        if "moe_intermediate_size" in cfg:
+            w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        if "norm_topk_prob" in cfg:
+            w.add_expert_weights_norm(cfg["norm_topk_prob"])
+    if cfg.get("head_dim"):
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
     w.add_name("tiny")
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
@@ -168,10 +213,15 @@ def write_gguf(path: str, cfg: dict, tensors: dict, tok: Tokenizer, qtype: str =
     w.add_add_bos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
     q_type = getattr(gguf.GGMLQuantizationType, qtype)
+    stacks: dict[str, dict[int, np.ndarray]] = {}
     for name, t in tensors.items():
+        if ".experts." in name:  # model.layers.{i}.<moe>.experts.{e}.<proj>.weight
+            i, e, proj = name.split(".")[2], int(name.split(".")[-3]), name.split(".")[-2]
+            stacks.setdefault(f"blk.{i}.{_GGUF_EXPERTS[proj]}.weight", {})[e] = t
+            continue
         if name.startswith("model.layers."):
             i, rest = name[len("model.layers.") :].split(".", 1)
-            gname = f"blk.{i}.{_GGUF_LAYER[rest]}"
+            gname = f"blk.{i}.{(_GGUF_GEMMA_LAYER if gemma else {}).get(rest) or _GGUF_LAYER[rest]}"
             if arch == "llama" and rest.startswith(("self_attn.q_proj", "self_attn.k_proj")):
                 heads = cfg["num_attention_heads"] if "q_proj" in rest else cfg["num_key_value_heads"]
                 t = llama_cpp_permute(t, heads)
@@ -185,6 +235,8 @@ def write_gguf(path: str, cfg: dict, tensors: dict, tok: Tokenizer, qtype: str =
             w.add_tensor(gname, gguf.quants.quantize(t, q_type), raw_dtype=q_type)
         else:
             w.add_tensor(gname, t)
+    for gname, by_expert in stacks.items():
+        w.add_tensor(gname, np.stack([by_expert[e] for e in sorted(by_expert)]))
     if rope_freqs is not None:
         w.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
     w.write_header_to_file()

@@ -4,7 +4,9 @@
 
 Fills the batch with `--batch` sequences of `--context` prompt tokens, prefills them,
 then times `--steps` decode steps, splitting each into the backend's ops, the
-sampler, the scheduler, building the batch, and everything else.
+sampler, the scheduler, building the batch, and everything else. For a
+mixture-of-experts model it also shows the expert load: how many tokens each
+layer's experts received during those steps.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from collections import defaultdict
 
 import numpy as np
 
-OPS = ["matmul", "paged_attention", "fused_add_rms_norm", "rms_norm", "rope", "write_kv", "silu_and_mul", "embedding"]
+OPS = ["matmul", "paged_attention", "fused_add_rms_norm", "rms_norm", "rope", "write_kv", "silu_and_mul",
+       "gelu_tanh_and_mul", "embedding"]  # fmt: skip
 
 
 def timed(obj, name: str, totals: dict) -> None:
@@ -47,8 +50,9 @@ def main() -> None:
     eng = llm.engine
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0, max_tokens=args.steps + 2, ignore_eos=True)
+    high = min(30000, eng.model_config.vocab_size)  # (tiny test models have a few hundred tokens)
     for i in range(args.batch):
-        eng.add_request(str(i), {"prompt_token_ids": rng.integers(100, 30000, args.context).tolist()}, params)
+        eng.add_request(str(i), {"prompt_token_ids": rng.integers(high // 300, high, args.context).tolist()}, params)
     while any(s.is_prefill for s in eng.scheduler.running + eng.scheduler.waiting):
         eng.step()
     totals: dict[str, float] = defaultdict(float)
@@ -57,6 +61,7 @@ def main() -> None:
     timed(eng.scheduler, "schedule", totals)
     timed(eng.runner, "build_batch", totals)
     timed(eng.sampler, "sample_rows", totals)
+    experts_before = getattr(eng.model, "expert_tokens", np.zeros(0)).copy()
     t0 = time.perf_counter()
     for _ in range(args.steps):
         eng.step()
@@ -68,6 +73,13 @@ def main() -> None:
         print(f"  {k:20s} {v:8.2f} ms  {100 * v / (total / args.steps * 1000):5.1f}%")
     rest = total / args.steps * 1000 - sum(per.values())
     print(f"  {'other (Python)':20s} {rest:8.2f} ms  {100 * rest / (total / args.steps * 1000):5.1f}%")
+    if eng.model_config.num_experts:
+        load = eng.model.expert_tokens - experts_before  # (layers, E) tokens routed during the timed steps
+        print(f"expert load over {args.steps} steps (tokens per expert; {eng.model_config.num_experts_per_tok} "
+              f"of {eng.model_config.num_experts} per token):")  # fmt: skip
+        for i, row in enumerate(load):
+            if row.any():
+                print(f"  layer {i:3d}: idle {int((row == 0).sum()):3d}  max {int(row.max()):6d}  {row.tolist()}")
 
 
 if __name__ == "__main__":

@@ -105,12 +105,20 @@ class Backend:
         query_start_loc: Array,
         scale: float,
         meta: Any = None,
+        sliding_window: int | None = None,
+        soft_cap: float | None = None,
     ) -> Array:
         """(T, H, D) -> (T, H, D). `meta` carries host-side facts about the batch
-        (max query length, which sequences decode) so kernels can pick a launch."""
+        (max query length, which sequences decode) so kernels can pick a launch.
+        sliding_window W: a query at position p sees keys p-W+1..p only (Mistral,
+        Gemma's local layers). soft_cap c: scores become c * tanh(scores / c) (Gemma 2)."""
         raise NotImplementedError
 
     def silu_and_mul(self, x: Array) -> Array:
+        raise NotImplementedError
+
+    def gelu_tanh_and_mul(self, x: Array) -> Array:
+        """GeGLU's gate (Gemma): (T, 2I) holding [gate | up] -> gelu_tanh(gate) * up: (T, I)."""
         raise NotImplementedError
 
     def swap_blocks(self, src: Array, dst: Array, block_mapping: np.ndarray) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from rawpage.backends.base import Backend
-from rawpage.ops.activation import silu_and_mul_ref
+from rawpage.ops.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
 from rawpage.ops.cache_ops import copy_blocks_ref, swap_blocks_ref
 from rawpage.ops.paged_attention import gather_kv
 from rawpage.ops.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
@@ -65,29 +65,41 @@ class CPUBackend(Backend):
     def silu_and_mul(self, x):
         return silu_and_mul_ref(x)
 
+    def gelu_tanh_and_mul(self, x):
+        return gelu_tanh_and_mul_ref(x)
+
     def copy_blocks(self, k_caches, v_caches, block_mapping):
         copy_blocks_ref(k_caches, v_caches, block_mapping)
 
     def swap_blocks(self, src, dst, block_mapping):
         swap_blocks_ref(src, dst, block_mapping)
 
-    def paged_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, meta=None):
+    def paged_attention(
+        self, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, meta=None,
+        sliding_window=None, soft_cap=None,
+    ):  # fmt: skip
         out = np.empty_like(q)
         q_lens = np.diff(query_start_loc)
         decode = q_lens == 1
         if decode.any():
             rows = query_start_loc[:-1][decode]
-            out[rows] = decode_attention(q[rows], k_cache, v_cache, block_tables[decode], seq_lens[decode], scale)
+            out[rows] = decode_attention(q[rows], k_cache, v_cache, block_tables[decode], seq_lens[decode], scale,
+                                         sliding_window, soft_cap)  # fmt: skip
         for i in np.flatnonzero(~decode):
             s, e, L = int(query_start_loc[i]), int(query_start_loc[i + 1]), int(seq_lens[i])
-            k = gather_kv(k_cache, block_tables[i], L)
-            v = gather_kv(v_cache, block_tables[i], L)
-            out[s:e] = prefill_attention(q[s:e], k, v, scale)
+            # Keys older than the window of the chunk's first query are never seen: skip them.
+            first = max(0, L - (e - s) - sliding_window + 1) if sliding_window else 0
+            k = gather_kv(k_cache, block_tables[i], L)[first:]
+            v = gather_kv(v_cache, block_tables[i], L)[first:]
+            out[s:e] = prefill_attention(q[s:e], k, v, scale, sliding_window, soft_cap)
         return out
 
 
-def prefill_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
-    """Causal attention of the last n positions of one context.
+def prefill_attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
+    sliding_window: int | None = None, soft_cap: float | None = None,
+) -> np.ndarray:  # fmt: skip
+    """Causal attention of the last n positions of a context (or of its last L keys).
     q: (n, H, D), k and v: (L, Hkv, D) -> (n, H, D). Batched GEMMs over KV heads."""
     n, H, D = q.shape
     L, Hkv = k.shape[:2]
@@ -95,8 +107,13 @@ def prefill_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float)
     qh = q.reshape(n, Hkv, G, D).transpose(1, 2, 0, 3).reshape(Hkv, G * n, D)  # rows: (g, query)
     scores = np.matmul(qh, k.transpose(1, 2, 0)) * scale  # (Hkv, G*n, L)
     scores = scores.reshape(Hkv, G, n, L)
-    future = np.arange(L)[None, :] > np.arange(L - n, L)[:, None]  # (n, L): key after query
-    scores += np.where(future, -np.inf, 0.0).astype(np.float32)  # (adding a mask beats boolean assignment)
+    if soft_cap:
+        scores = soft_cap * np.tanh(scores / soft_cap)
+    key, query = np.arange(L)[None, :], np.arange(L - n, L)[:, None]
+    hidden = key > query  # (n, L): key after query
+    if sliding_window:
+        hidden |= key <= query - sliding_window  # key older than the window
+    scores += np.where(hidden, -np.inf, 0.0).astype(np.float32)  # (adding a mask beats boolean assignment)
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
@@ -112,7 +129,7 @@ _DECODE_CHUNK = 8
 
 def decode_attention(
     q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
-    seq_lens: np.ndarray, scale: float,
+    seq_lens: np.ndarray, scale: float, sliding_window: int | None = None, soft_cap: float | None = None,
 ) -> np.ndarray:  # fmt: skip
     """One query token per sequence. q: (B, H, D) -> (B, H, D).
 
@@ -123,26 +140,34 @@ def decode_attention(
     order = np.argsort(seq_lens, kind="stable")
     for i in range(0, len(order), _DECODE_CHUNK):
         idx = order[i : i + _DECODE_CHUNK]
-        out[idx] = _decode_chunk(q[idx], k_cache, v_cache, block_tables[idx], seq_lens[idx], scale)
+        out[idx] = _decode_chunk(q[idx], k_cache, v_cache, block_tables[idx], seq_lens[idx], scale,
+                                 sliding_window, soft_cap)  # fmt: skip
     return out
 
 
 def _decode_chunk(
     q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
-    seq_lens: np.ndarray, scale: float,
+    seq_lens: np.ndarray, scale: float, sliding_window: int | None, soft_cap: float | None,
 ) -> np.ndarray:  # fmt: skip
     """Gathers the chunk's blocks into (B, L_max, Hkv, D), padding short contexts, and
-    masks the padding before the softmax: a few batched GEMMs, no loop over sequences."""
+    masks the padding before the softmax: a few batched GEMMs, no loop over sequences.
+    With a sliding window, only the blocks from the oldest visible key on are gathered."""
     B, H, D = q.shape
     bs, Hkv = k_cache.shape[1], k_cache.shape[2]
     G = H // Hkv
-    n_blocks = int(-(-seq_lens.max() // bs))
-    table = block_tables[:, :n_blocks]  # (B, nb); entries past a sequence's end are masked
+    start = np.maximum(seq_lens - sliding_window, 0) if sliding_window else np.zeros_like(seq_lens)  # (B,)
+    first_block = start // bs  # (B,) the first block holding a visible key
+    n_blocks = int((-(-seq_lens // bs) - first_block).max())
+    cols = np.minimum(first_block[:, None] + np.arange(n_blocks)[None, :], block_tables.shape[1] - 1)
+    table = np.take_along_axis(block_tables, cols, axis=1)  # (B, nb); entries past the end are masked
     Lp = n_blocks * bs
     k = np.take(k_cache, table, axis=0).reshape(B, Lp, Hkv, D).transpose(0, 2, 3, 1)  # (B, Hkv, D, Lp)
     v = np.take(v_cache, table, axis=0).reshape(B, Lp, Hkv, D).transpose(0, 2, 1, 3)  # (B, Hkv, Lp, D)
     scores = np.matmul(q.reshape(B, Hkv, G, D), k) * scale  # (B, Hkv, G, Lp)
-    pad = np.arange(Lp)[None, :] >= seq_lens[:, None]  # (B, Lp)
+    if soft_cap:
+        scores = soft_cap * np.tanh(scores / soft_cap)
+    pos = (first_block * bs)[:, None] + np.arange(Lp)[None, :]  # (B, Lp) position of each gathered key
+    pad = (pos >= seq_lens[:, None]) | (pos < start[:, None])  # (B, Lp) past the end or out of the window
     scores += np.where(pad, -np.inf, 0.0).astype(np.float32)[:, None, None, :]
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)

@@ -29,6 +29,7 @@ from rawpage.dtypes import (
     storage_dtype,
     to_float32,
 )
+from rawpage.errors import UnsupportedModelError
 from rawpage.ops.activation import launch_silu_and_mul
 from rawpage.ops.cache_ops import launch_copy_blocks
 from rawpage.ops.launch import KernelLoader
@@ -95,12 +96,15 @@ class KernelBackend(Backend):
         query_start_loc: Array,
         scale: float,
         meta: Any = None,
+        sliding_window: int | None = None,
+        soft_cap: float | None = None,
     ) -> Array:
         host_q_lens = getattr(meta, "host_query_lens", None)
         host_seq_lens = getattr(meta, "host_seq_lens", None)
         if host_q_lens is None or host_seq_lens is None:  # no host facts: read them back
             host_q_lens = np.diff(self.to_numpy(query_start_loc))
             host_seq_lens = self.to_numpy(seq_lens)
+        _refuse_unsupported_attention(self.name, host_seq_lens, sliding_window, soft_cap)
         return launch_paged_attention(
             self.xp,
             self.loader,
@@ -118,6 +122,14 @@ class KernelBackend(Backend):
     def silu_and_mul(self, x: Array) -> Array:
         return launch_silu_and_mul(self.xp, self.loader, x)
 
+    def gelu_tanh_and_mul(self, x: Array) -> Array:
+        # Array-module arithmetic in float32, not one of our kernels yet (Gemma only).
+        xf = to_float32(x)
+        d = xf.shape[-1] // 2
+        g = xf[:, :d]
+        y = 0.5 * g * (1.0 + self.xp.tanh(np.float32(np.sqrt(2.0 / np.pi)) * (g + np.float32(0.044715) * g**3)))
+        return from_float32(y * xf[:, d:], self.dtype)
+
     def copy_blocks(self, k_caches: list[Array], v_caches: list[Array], block_mapping: np.ndarray) -> None:
         launch_copy_blocks(self.xp, self.loader, k_caches, v_caches, block_mapping)
 
@@ -129,3 +141,20 @@ class KernelBackend(Backend):
             dst[m[:, 1]] = blocks if self.xp is np else self.xp.asnumpy(blocks)
         else:  # host -> device
             dst[self.xp.asarray(m[:, 1])] = self.xp.asarray(src[m[:, 0]])
+
+
+def _refuse_unsupported_attention(
+    device: str, host_seq_lens: np.ndarray, sliding_window: int | None, soft_cap: float | None
+) -> None:
+    """The attention kernels take neither a sliding window nor a soft cap yet (issue 17):
+    refuse rather than compute something else. A window no context reaches changes nothing."""
+    if soft_cap:
+        raise UnsupportedModelError(
+            f"attention logit soft-capping (Gemma 2) is not in the {device} attention kernels yet "
+            "(issue 17); run this model with --device cpu"
+        )
+    if sliding_window and int(np.max(host_seq_lens, initial=0)) > sliding_window:
+        raise UnsupportedModelError(
+            f"sliding-window attention past {sliding_window} tokens is not in the {device} attention kernels "
+            f"yet (issue 17); run this model with --device cpu, or with --max-model-len {sliding_window}"
+        )

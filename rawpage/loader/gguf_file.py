@@ -15,7 +15,8 @@ from rawpage.loader.gguf_reader import GGUFTensorInfo, read_gguf
 from rawpage.loader.tensors import TensorSource
 
 SUPPORTED_TENSOR_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"}
-SUPPORTED_ARCHITECTURES = {"llama", "qwen2"}
+# llama with experts is Mixtral
+SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"}
 
 # GGUF tensor name -> Hugging Face name. `{i}` is the layer index.
 _GLOBAL_NAMES = {
@@ -36,7 +37,31 @@ _LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
+# Phi-3 keeps q, k, v in one tensor and gate, up in another ([gate | up]), and so do we.
+_PHI3_LAYER_NAMES = {"attn_qkv.weight": "self_attn.qkv_proj.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"}
+# Gemma's four norms a layer: ffn_norm is the one before the MLP, as in Llama.
+_GEMMA_LAYER_NAMES = {
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
+# Mixture of experts: GGUF stacks the experts of a layer in one (E, rows, cols) tensor;
+# Hugging Face names each expert's matrix. family -> (router name, {GGUF stack: HF name}).
+_MOE_NAMES = {
+    "mixtral": ("block_sparse_moe.gate.weight", {
+        "ffn_gate_exps.weight": "block_sparse_moe.experts.{e}.w1.weight",
+        "ffn_up_exps.weight": "block_sparse_moe.experts.{e}.w3.weight",
+        "ffn_down_exps.weight": "block_sparse_moe.experts.{e}.w2.weight",
+    }),
+    "qwen3_moe": ("mlp.gate.weight", {
+        "ffn_gate_exps.weight": "mlp.experts.{e}.gate_proj.weight",
+        "ffn_up_exps.weight": "mlp.experts.{e}.up_proj.weight",
+        "ffn_down_exps.weight": "mlp.experts.{e}.down_proj.weight",
+    }),
+}  # fmt: skip
 
 
 def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -47,7 +72,7 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
     pairs (2j, 2j + 1) ("GPT-J" style), so when it converts a Llama checkpoint it
     reorders the rows of q_proj and k_proj within each head from
     [half, D/2] to [D/2, half]. We reorder them back, so every backend runs one
-    rotary convention (NeoX) for every checkpoint. Qwen2 GGUFs are not permuted.
+    rotary convention (NeoX) for every checkpoint. Qwen2 and Qwen3 GGUFs are not permuted.
 
     w: (n_heads * D, in) weight or (n_heads * D,) bias, GGUF row order.
     """
@@ -68,6 +93,9 @@ class GGUFCheckpoint:
                 f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
             )
         self.arch = arch
+        self.family = {"qwen3moe": "qwen3_moe"}.get(arch, arch)
+        if arch == "llama" and self.meta.get("llama.expert_count"):
+            self.family = "mixtral"
         self.config = self._config()
         self.tensors = self._tensor_source()
 
@@ -78,8 +106,9 @@ class GGUFCheckpoint:
             dim = int(m[f"{a}.embedding_length"])
             kv_heads = m.get(f"{a}.attention.head_count_kv", heads)
             vocab = m.get(f"{a}.vocab_size") or len(m["tokenizer.ggml.tokens"])
+            experts = int(m.get(f"{a}.expert_count", 0))
             cfg = ModelConfig(
-                architecture=a,
+                architecture=self.family,
                 hidden_size=dim,
                 num_layers=int(m[f"{a}.block_count"]),
                 num_heads=heads,
@@ -96,10 +125,59 @@ class GGUFCheckpoint:
                 eos_token_ids=[m["tokenizer.ggml.eos_token_id"]] if "tokenizer.ggml.eos_token_id" in m else [],
                 torch_dtype="float16",
                 name=str(m.get("general.name", "")),
+                num_experts=experts,
+                num_experts_per_tok=int(m.get(f"{a}.expert_used_count", 0)),
+                moe_intermediate_size=int(m.get(f"{a}.expert_feed_forward_length", m[f"{a}.feed_forward_length"])),
+                norm_topk_prob=bool(m.get(f"{a}.expert_weights_norm", True)),
+                mlp_only_layers=self._dense_layers(int(m[f"{a}.block_count"])) if experts else [],
             )
+            if self.family in ("gemma2", "gemma3"):
+                self._gemma_config(cfg)
+            if self.family == "phi3":
+                self._phi3_config(cfg)
         except KeyError as e:
             raise ModelLoadError(f"{self.path}: GGUF metadata lacks {e.args[0]!r}") from None
         return cfg
+
+    def _gemma_config(self, cfg: ModelConfig) -> None:
+        """What a Gemma GGUF says, or leaves to llama.cpp's code, about Gemma's differences."""
+        m, a, n = self.meta, self.arch, cfg.num_layers
+        cfg.hidden_act = "gelu_pytorch_tanh"
+        cfg.sliding_window = m.get(f"{a}.attention.sliding_window")
+        pattern = m.get(f"{a}.attention.sliding_window_pattern", 2 if a == "gemma2" else 6)
+        if isinstance(pattern, list):  # one flag per layer: true = sliding
+            cfg.layer_types = ["sliding_attention" if x else "full_attention" for x in pattern]
+        else:
+            cfg.layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+        cfg.attn_logit_softcapping = m.get(f"{a}.attn_logit_softcapping")
+        cfg.final_logit_softcapping = m.get(f"{a}.final_logit_softcapping")
+        # query_pre_attn_scalar is not in the file. llama.cpp scales by head_dim**-0.5, except
+        # for the 27B models (46 and 62 layers), whose config has hidden / heads instead.
+        big = (a, n) in (("gemma2", 46), ("gemma3", 62))
+        cfg.query_pre_attn_scalar = cfg.hidden_size / cfg.num_heads if big else cfg.head_dim
+        if a == "gemma3":
+            cfg.rope_local_theta = float(m.get(f"{a}.rope.freq_base_swa", 10000.0))  # the sliding layers' base
+            if m.get(f"{a}.rope.scaling.type") == "linear":
+                cfg.rope_scaling = {"rope_type": "linear", "factor": float(m[f"{a}.rope.scaling.factor"])}
+
+    def _phi3_config(self, cfg: ModelConfig) -> None:
+        """Phi-3's window, and its LongRoPE factors, which llama.cpp stores as two tensors."""
+        m, a = self.meta, self.arch
+        cfg.sliding_window = m.get(f"{a}.attention.sliding_window")
+        infos = {t.name: t for t in self.tensor_infos}
+        if "rope_factors_long.weight" in infos:
+            cfg.rope_scaling = {
+                "rope_type": "longrope",
+                "short_factor": self._read(infos["rope_factors_short.weight"]).tolist(),
+                "long_factor": self._read(infos["rope_factors_long.weight"]).tolist(),
+                "original_max_position_embeddings": int(m[f"{a}.rope.scaling.original_context_length"]),
+                "attention_factor": m.get(f"{a}.rope.scaling.attn_factor"),
+            }
+
+    def _dense_layers(self, n_layers: int) -> list[int]:
+        """Layers of an MoE model that have no router, hence a dense MLP."""
+        routed = {t.name.split(".")[1] for t in self.tensor_infos if t.name.endswith("ffn_gate_inp.weight")}
+        return [i for i in range(n_layers) if str(i) not in routed]
 
     def _tensor_source(self) -> TensorSource:
         from gguf import GGMLQuantizationType
@@ -112,10 +190,20 @@ class GGUFCheckpoint:
                     f"{self.path}: tensor {t.name!r} has GGUF type {qtype}, which rawpage "
                     f"does not dequantize (supported: {', '.join(sorted(SUPPORTED_TENSOR_TYPES))})"
                 )
+            if t.name.endswith("_exps.weight"):  # one reader per expert, each dequantizing its own rows
+                for e in range(t.shape[0]):
+                    readers[self._hf_expert_name(t.name, e)] = lambda t=t, e=e: self._read(t, e)
+                continue
             name = self._hf_name(t.name)
             if name is not None:
                 readers[name] = lambda t=t: self._read(t)
         return TensorSource(readers)
+
+    def _hf_expert_name(self, name: str, e: int) -> str:
+        _, layer, stack = name.split(".", 2)
+        if self.family not in _MOE_NAMES or stack not in _MOE_NAMES[self.family][1]:
+            raise UnsupportedModelError(f"{self.path}: expert tensor {name!r} in a {self.arch!r} GGUF is not supported")
+        return f"model.layers.{layer}." + _MOE_NAMES[self.family][1][stack].format(e=e)
 
     def _hf_name(self, name: str) -> str | None:
         if name in _GLOBAL_NAMES:
@@ -123,19 +211,33 @@ class GGUFCheckpoint:
         if name == "rope_freqs.weight":  # Llama 3 rope scaling, as frequency divisors
             return "rope_freqs"
         parts = name.split(".", 2)
-        if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_NAMES:
-            return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+        if parts[0] != "blk" or len(parts) != 3:
+            return None
+        layer, rest = parts[1], parts[2]
+        family_names = {"phi3": _PHI3_LAYER_NAMES, "gemma2": _GEMMA_LAYER_NAMES, "gemma3": _GEMMA_LAYER_NAMES}
+        hf = family_names.get(self.family, {}).get(rest) or _LAYER_NAMES.get(rest)
+        if rest == "ffn_gate_inp.weight" and self.family in _MOE_NAMES:
+            hf = _MOE_NAMES[self.family][0]  # the router
+        if hf is not None:
+            return f"model.layers.{layer}.{hf}"
         return None  # tensors we do not use (e.g. precomputed rope tables)
 
-    def _read(self, t: GGUFTensorInfo) -> np.ndarray:
+    def _read(self, t: GGUFTensorInfo, expert: int | None = None) -> np.ndarray:
+        """The tensor in float32; of a stacked (E, rows, cols) expert tensor, one expert's matrix."""
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
         rows = int(np.prod(t.shape[:-1], dtype=np.int64))
         raw = self._data[t.offset : t.offset + t.nbytes].reshape(rows, -1)  # (rows, bytes per row)
+        shape = t.shape
+        if expert is not None:
+            n = t.shape[1]
+            raw, shape = raw[expert * n : (expert + 1) * n], t.shape[1:]
         w = dequantize(raw, GGMLQuantizationType(t.ggml_type)).astype(np.float32, copy=False)
-        w = w.reshape(t.shape)
-        if self.arch == "llama":
+        w = w.reshape(shape)
+        if self.family in ("gemma2", "gemma3") and t.name.endswith("norm.weight"):
+            w = w - 1.0  # llama.cpp stores Gemma's norms as the 1 + w they scale by
+        if self.arch == "llama":  # llama.cpp permutes Llama's (and Mixtral's) q and k rows
             if t.name.endswith(("attn_q.weight", "attn_q.bias")):
                 w = unpermute_qk(w, self.config.num_heads)
             elif t.name.endswith(("attn_k.weight", "attn_k.bias")):

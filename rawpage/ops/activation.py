@@ -1,4 +1,6 @@
-"""SwiGLU's gate: silu_and_mul([g | u]) = silu(g) * u, with silu(g) = g * sigmoid(g)."""
+"""Gated MLP activations on [gate | up]:
+SwiGLU  silu_and_mul(x)      = silu(g) * u,  silu(g) = g * sigmoid(g)
+GeGLU   gelu_tanh_and_mul(x) = gelu(g) * u,  gelu's tanh approximation (Gemma)."""
 
 from __future__ import annotations
 
@@ -45,3 +47,12 @@ def silu_and_mul_ref(x: np.ndarray) -> np.ndarray:
         np.divide(g, s, out=s)
         s *= u
     return s.astype(x.dtype, copy=False)
+
+
+def gelu_tanh_and_mul_ref(x: np.ndarray) -> np.ndarray:
+    """x: (T, 2I) holding [gate | up] -> (T, I).
+    gelu(g) ~= g/2 * (1 + tanh(sqrt(2/pi) * (g + 0.044715 g^3)))"""
+    d = x.shape[-1] // 2
+    g = x[..., :d].astype(np.float32)
+    inner = np.float32(np.sqrt(2.0 / np.pi)) * (g + np.float32(0.044715) * g * g * g)
+    return (0.5 * g * (1.0 + np.tanh(inner)) * x[..., d:]).astype(x.dtype, copy=False)

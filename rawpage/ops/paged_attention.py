@@ -10,6 +10,11 @@ j of the context sits at block_tables[i, j // BS], offset j % BS.
     S = Q K^T * scale,  causal: query at position p sees keys 0..p
     O = softmax(S) V
 
+Two options some families need (so far on the cpu backend and in the
+reference below; the kernels do not take them yet):
+    sliding window W: query at position p sees keys p-W+1..p only
+    soft cap c:       S = c * tanh(S / c) before the mask
+
 With GQA, query head h reads KV head h // (H / Hkv).
 """
 
@@ -45,6 +50,8 @@ def paged_attention_ref(
     seq_lens: np.ndarray,
     query_start_loc: np.ndarray,
     scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
 ) -> np.ndarray:
     """q: (T, H, D); caches: (NB, BS, Hkv, D); block_tables: (B, max_blocks) int;
     seq_lens: (B,) context length incl. new tokens; query_start_loc: (B+1,).
@@ -62,8 +69,13 @@ def paged_attention_ref(
         v = gather_kv(v_cache, block_tables[i], L).astype(np.float32)
         qi = q[s:e].astype(np.float32).reshape(n, Hkv, G, D)
         scores = np.einsum("nkgd,lkd->kgnl", qi, k) * scale  # (Hkv, G, n, L)
+        if soft_cap:
+            scores = soft_cap * np.tanh(scores / soft_cap)
         q_pos = np.arange(L - n, L)[:, None]  # (n, 1)
-        scores = np.where(np.arange(L)[None, :] <= q_pos, scores, -np.inf)
+        visible = np.arange(L)[None, :] <= q_pos  # (n, L)
+        if sliding_window:
+            visible &= np.arange(L)[None, :] > q_pos - sliding_window
+        scores = np.where(visible, scores, -np.inf)
         scores -= scores.max(axis=-1, keepdims=True)
         p = np.exp(scores)
         p /= p.sum(axis=-1, keepdims=True)

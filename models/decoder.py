@@ -1,0 +1,224 @@
+"""The decoder shared by the families after Llama: Qwen3, Mistral, Gemma 2/3, Phi-3,
+Mixtral and Qwen3-MoE. Each family is a subclass in its own file that says how it
+differs (weight names, norms, activation, experts); the forward pass is here, once.
+
+Shapes: dim = hidden size, H/Hkv = query/KV heads, D = head dim, I = FFN hidden
+size, E = experts, V = vocabulary, T = tokens in the batch, N = rows for logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from rawpage.models.llama import _CheckpointWeights, _progress
+from rawpage.models.moe import MoEWeights, moe_forward
+from rawpage.models.rotary import rope_table
+
+from rawpage.backends.base import Array, Backend
+from rawpage.config import ModelConfig
+from rawpage.dtypes import from_float32, to_float32
+from rawpage.errors import UnsupportedModelError
+from rawpage.forward_batch import ForwardBatch
+from rawpage.loader.dummy import DummyWeights
+
+Part = tuple[str, tuple[int, ...]]  # (Hugging Face tensor name, shape)
+
+
+@dataclass
+class DecoderLayer:
+    """One layer's weights. Linear weights are shown (out, in), as checkpoints store them."""
+
+    input_norm: Array  # (dim,)
+    qkv: Array  # ((H + 2 Hkv) * D, dim)   q, k, v fused into one GEMM
+    q_norm: Array | None  # (D,)   per-head RMSNorm of q before RoPE (Qwen3, Gemma 3)
+    k_norm: Array | None  # (D,)
+    o_proj: Array  # (dim, H * D)
+    post_attn_norm: Array | None  # (dim,)   Gemma: normalizes the attention output
+    pre_ffn_norm: Array  # (dim,)   Llama calls it post_attention_layernorm
+    post_ffn_norm: Array | None  # (dim,)   Gemma: normalizes the MLP output
+    gate_up: Array | None  # (2 I, dim)   [gate | up]; None in an MoE layer
+    down: Array | None  # (dim, I)
+    moe: MoEWeights | None  # router + experts; None in a dense layer
+    sliding_window: int | None  # this layer's attention window, None = full
+    rope: int  # index of this layer's rotary table in DecoderModel.cos_sin
+
+
+class DecoderModel:
+    """Llama's pre-norm decoder and the differences families ask for. A family
+    subclass sets the class attributes below and names its weights."""
+
+    norm_weight_offset = 0.0  # Gemma's RMSNorm scales by (1 + w): folded into w at load
+    sandwich_norms = False  # Gemma: norms after attention and after the MLP as well
+    scale_embedding = False  # Gemma: embeddings multiplied by sqrt(dim)
+    qk_norm = False  # Qwen3, Gemma 3: RMSNorm over each head of q and k
+
+    def __init__(self, config: ModelConfig, backend: Backend, tensors: Mapping[str, np.ndarray] | DummyWeights) -> None:
+        """tensors: a checkpoint's float32 tensors under Hugging Face names, or DummyWeights."""
+        self.config, self.backend = config, backend
+        c, b = config, backend
+        if c.attention_bias:
+            raise UnsupportedModelError(f"{c.architecture} with attention_bias=true is not supported (no q/k/v bias)")
+        weights = tensors if isinstance(tensors, DummyWeights) else _CheckpointWeights(tensors)
+        self._weights = weights
+        dim = c.hidden_size
+
+        self.embed = self.load(("model.embed_tokens.weight", (c.vocab_size, dim)))  # (V, dim)
+        self.layers = [self._load_layer(i) for i in _progress(range(c.num_layers), "loading weights")]
+        self.norm = self.load_norm("model.norm.weight", dim)  # (dim,)
+        if c.tie_word_embeddings or not weights.has("lm_head.weight"):
+            self.lm_head = b.prepare_linear(self.embed)
+        else:
+            self.lm_head = b.prepare_linear(self.load(("lm_head.weight", (c.vocab_size, dim))))
+        # (max_pos, D) [cos | sin] per position, float32; Gemma 3's sliding layers have their own
+        tables = [rope_table(c)]
+        if c.rope_local_theta is not None:
+            tables.append(rope_table(c, c.rope_local_theta, None))
+        self.cos_sin = [b.asarray(t, dtype=np.float32) for t in tables]
+        self.expert_tokens = np.zeros((c.num_layers, max(c.num_experts, 1)), np.int64)  # MoE load, summed
+
+    # --- loading ---------------------------------------------------------------------
+    def load(self, *parts: Part) -> Array:
+        """One weight on the device: the named tensors, concatenated along dim 0."""
+        return self._weights.load(self.backend, list(parts))
+
+    def load_linear(self, *parts: Part) -> Array:
+        return self.backend.prepare_linear(self.load(*parts))
+
+    def load_norm(self, name: str, size: int) -> Array:
+        w = self.load((name, (size,)))
+        return self.affine(w, 1.0, self.norm_weight_offset) if self.norm_weight_offset else w
+
+    def affine(self, x: Array, scale: float, offset: float = 0.0) -> Array:
+        """x * scale + offset in float32, stored back in the backend's dtype (bfloat16 is
+        stored as uint16 bits, so arithmetic on the raw array would be wrong)."""
+        return from_float32(to_float32(x) * np.float32(scale) + np.float32(offset), self.backend.dtype)
+
+    def attention_parts(self, p: str) -> list[Part]:
+        """The q, k, v projections, fused in this order. Phi-3 overrides (one tensor)."""
+        c = self.config
+        return [(p + f"self_attn.{n}_proj.weight", (size, c.hidden_size)) for n, size in
+                zip("qkv", (c.q_size, c.kv_size, c.kv_size))]  # fmt: skip
+
+    def mlp_parts(self, p: str) -> list[Part]:
+        """gate and up of a dense MLP, fused as [gate | up]. Phi-3 overrides (one tensor)."""
+        inter, dim = self.config.intermediate_size, self.config.hidden_size
+        return [(p + "mlp.gate_proj.weight", (inter, dim)), (p + "mlp.up_proj.weight", (inter, dim))]
+
+    def moe_names(self, p: str) -> tuple[str, tuple[str, str, str]]:
+        """MoE families: (prefix of the router `gate` and of `experts.{e}`, names of each
+        expert's gate, up and down projections)."""
+        raise NotImplementedError(f"{type(self).__name__} has no experts")
+
+    def load_moe(self, p: str) -> MoEWeights:
+        c = self.config
+        dim, inter = c.hidden_size, c.moe_intermediate_size
+        m, (gate, up, down) = self.moe_names(p)
+        experts = [f"{m}experts.{e}." for e in range(c.num_experts)]
+        return MoEWeights(
+            router=self.load_linear((m + "gate.weight", (c.num_experts, dim))),  # (E, dim)
+            gate_up=[
+                self.load_linear((x + gate + ".weight", (inter, dim)), (x + up + ".weight", (inter, dim)))
+                for x in experts
+            ],  # E x (2 I, dim)
+            down=[self.load_linear((x + down + ".weight", (dim, inter))) for x in experts],  # E x (dim, I)
+        )
+
+    def _load_layer(self, i: int) -> DecoderLayer:
+        c, p, dim = self.config, f"model.layers.{i}.", self.config.hidden_size
+        gemma = self.sandwich_norms
+        moe = self.load_moe(p) if c.layer_is_moe(i) else None
+        window = c.layer_sliding_window(i)
+        return DecoderLayer(
+            input_norm=self.load_norm(p + "input_layernorm.weight", dim),
+            qkv=self.load_linear(*self.attention_parts(p)),
+            q_norm=self.load_norm(p + "self_attn.q_norm.weight", c.head_dim) if self.qk_norm else None,
+            k_norm=self.load_norm(p + "self_attn.k_norm.weight", c.head_dim) if self.qk_norm else None,
+            o_proj=self.load_linear((p + "self_attn.o_proj.weight", (dim, c.q_size))),
+            post_attn_norm=self.load_norm(p + "post_attention_layernorm.weight", dim) if gemma else None,
+            pre_ffn_norm=self.load_norm(
+                p + ("pre_feedforward_layernorm" if gemma else "post_attention_layernorm") + ".weight", dim
+            ),
+            post_ffn_norm=self.load_norm(p + "post_feedforward_layernorm.weight", dim) if gemma else None,
+            gate_up=None if moe else self.load_linear(*self.mlp_parts(p)),
+            down=None if moe else self.load_linear((p + "mlp.down_proj.weight", (dim, c.intermediate_size))),
+            moe=moe,
+            sliding_window=window,
+            rope=1 if window and c.rope_local_theta is not None else 0,
+        )
+
+    def num_bytes(self) -> int:
+        """Bytes held by the weights (a tied LM head counted once)."""
+        arrays = [self.embed, self.norm]
+        for layer in self.layers:
+            arrays += [a for a in vars(layer).values() if hasattr(a, "nbytes")]
+            if layer.moe is not None:
+                arrays += layer.moe.arrays()
+        if self.lm_head is not self.embed:
+            arrays.append(self.lm_head)
+        return sum(int(a.nbytes) for a in arrays)
+
+    # --- forward ---------------------------------------------------------------------
+    def activation(self, gate_up: Array) -> Array:
+        """(T, 2 I) [gate | up] -> (T, I)."""
+        if self.config.hidden_act == "gelu_pytorch_tanh":
+            return self.backend.gelu_tanh_and_mul(gate_up)
+        return self.backend.silu_and_mul(gate_up)
+
+    def forward(self, batch: ForwardBatch, kv_caches: list[tuple[Array, Array]]) -> Array:
+        """Returns the final hidden states of the rows in batch.logits_indices: (N, dim)."""
+        c, b = self.config, self.backend
+        T = batch.num_tokens
+        H, Hkv, D, eps = c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
+        scale = (c.query_pre_attn_scalar or D) ** -0.5  # Gemma scales by its own constant
+
+        h = b.embedding(batch.input_ids, self.embed)  # (T, dim)
+        if self.scale_embedding:
+            h = self.affine(h, c.hidden_size**0.5)
+        residual = None
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+            # attention block: x = norm(h + residual); h = o_proj(attn(rope(q), rope(k), v))
+            if residual is None:
+                residual, x = h, b.rms_norm(h, layer.input_norm, eps)
+            else:
+                x, residual = b.fused_add_rms_norm(h, residual, layer.input_norm, eps)
+            qkv = b.matmul(x, layer.qkv)  # (T, (H + 2 Hkv) * D)
+            q = qkv[:, : H * D].reshape(T, H, D)
+            k = qkv[:, H * D : (H + Hkv) * D].reshape(T, Hkv, D)
+            v = qkv[:, (H + Hkv) * D :].reshape(T, Hkv, D)
+            if layer.q_norm is not None:  # per head, before the rotation
+                q = b.rms_norm(q.reshape(T * H, D), layer.q_norm, eps).reshape(T, H, D)
+                k = b.rms_norm(k.reshape(T * Hkv, D), layer.k_norm, eps).reshape(T, Hkv, D)
+            b.rope(batch.positions, q, k, self.cos_sin[layer.rope], True)
+            b.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+            o = b.paged_attention(
+                q, k_cache, v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc, scale, batch,
+                sliding_window=layer.sliding_window, soft_cap=c.attn_logit_softcapping,
+            )  # (T, H, D)  # fmt: skip
+            h = b.matmul(o.reshape(T, H * D), layer.o_proj)  # (T, dim)
+            if layer.post_attn_norm is not None:
+                h = b.rms_norm(h, layer.post_attn_norm, eps)
+
+            # feed-forward block: h = down(act(gate(x)) * up(x)), or a mixture of such experts
+            x, residual = b.fused_add_rms_norm(h, residual, layer.pre_ffn_norm, eps)
+            if layer.moe is not None:
+                h = moe_forward(b, x, layer.moe, c.num_experts_per_tok, c.norm_topk_prob, self.activation,
+                                self.expert_tokens[i])  # fmt: skip
+            else:
+                h = b.matmul(self.activation(b.matmul(x, layer.gate_up)), layer.down)  # (T, dim)
+            if layer.post_ffn_norm is not None:
+                h = b.rms_norm(h, layer.post_ffn_norm, eps)
+
+        # Only the rows we sample from need the final norm and the (large) LM head.
+        h, residual = h[batch.logits_indices], residual[batch.logits_indices]
+        x, _ = b.fused_add_rms_norm(h, residual, self.norm, eps)
+        return x  # (N, dim)
+
+    def compute_logits(self, hidden: Array) -> Array:
+        """(N, dim) -> (N, V) logits; Gemma 2 soft-caps them: cap * tanh(logits / cap)."""
+        logits = self.backend.matmul(hidden, self.lm_head)
+        cap = self.config.final_logit_softcapping
+        if cap:  # (np.tanh is a ufunc: on CuPy arrays it runs on the GPU)
+            logits = from_float32(cap * np.tanh(to_float32(logits) / np.float32(cap)), self.backend.dtype)
+        return logits

@@ -1,0 +1,61 @@
+"""Which class computes which family. ModelConfig.architecture holds the family
+(rawpage/config.py maps Hugging Face `architectures` and GGUF names to it)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+from rawpage.models.gemma import Gemma2Model, Gemma3Model
+from rawpage.models.llama import LlamaModel
+from rawpage.models.mistral import MistralModel
+from rawpage.models.mixtral import MixtralModel
+from rawpage.models.phi3 import Phi3Model
+from rawpage.models.qwen3 import Qwen3Model
+from rawpage.models.qwen3_moe import Qwen3MoeModel
+
+from rawpage.backends.base import Backend
+from rawpage.config import ModelConfig
+from rawpage.errors import UnsupportedModelError
+from rawpage.loader.dummy import DummyWeights
+
+MODEL_CLASSES: dict[str, type] = {
+    "llama": LlamaModel,
+    "qwen2": LlamaModel,
+    "mistral": MistralModel,
+    "qwen3": Qwen3Model,
+    "gemma2": Gemma2Model,
+    "gemma3": Gemma3Model,
+    "phi3": Phi3Model,
+    "mixtral": MixtralModel,
+    "qwen3_moe": Qwen3MoeModel,
+}
+
+
+def build_model(config: ModelConfig, backend: Backend, tensors: Mapping[str, np.ndarray] | DummyWeights):
+    """The model of config.architecture, its weights loaded onto the backend."""
+    cls = MODEL_CLASSES.get(config.architecture)
+    if cls is None:
+        raise UnsupportedModelError(
+            f"no model class for architecture {config.architecture!r}; rawpage runs {', '.join(MODEL_CLASSES)}"
+        )
+    return cls(config, backend, tensors)
+
+
+def check_device_support(config: ModelConfig, device: str, max_model_len: int) -> None:
+    """Refuse at startup what the sim and cuda attention kernels cannot compute yet
+    (issue 17): a soft cap at all, a sliding window once a context can pass it."""
+    if device == "cpu":
+        return
+    if config.attn_logit_softcapping:
+        raise UnsupportedModelError(
+            f"{config.architecture} soft-caps attention scores, which the {device} attention kernels "
+            "do not do yet (issue 17); run it with --device cpu"
+        )
+    windows = [w for w in map(config.layer_sliding_window, range(config.num_layers)) if w]
+    if windows and max_model_len > min(windows):
+        raise UnsupportedModelError(
+            f"{config.architecture} attends within a sliding window of {min(windows)} tokens, which the {device} "
+            f"attention kernels do not do yet (issue 17); run it with --device cpu, or with "
+            f"--max-model-len {min(windows)} (the window then never slides)"
+        )
