@@ -13,8 +13,12 @@ from rawpage.config import ModelConfig
 from rawpage.errors import ModelLoadError, UnsupportedModelError
 from rawpage.loader.gguf_reader import GGUFTensorInfo, read_gguf
 from rawpage.loader.tensors import TensorSource
+from rawpage.ops.gguf_linear import GGUF_BLOCKS
+from rawpage.quantization.weight import QuantizedWeight
 
-SUPPORTED_TENSOR_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"}
+SUPPORTED_TENSOR_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"}
+# Block formats that sim and cuda keep quantized on the device (ops/gguf_linear.py).
+KEPT_QUANTIZED = set(GGUF_BLOCKS)
 SUPPORTED_ARCHITECTURES = {"llama", "qwen2"}
 
 # GGUF tensor name -> Hugging Face name. `{i}` is the layer index.
@@ -104,7 +108,7 @@ class GGUFCheckpoint:
     def _tensor_source(self) -> TensorSource:
         from gguf import GGMLQuantizationType
 
-        readers = {}
+        readers, quantized = {}, {}
         for t in self.tensor_infos:
             qtype = GGMLQuantizationType(t.ggml_type).name
             if qtype not in SUPPORTED_TENSOR_TYPES:
@@ -115,7 +119,9 @@ class GGUFCheckpoint:
             name = self._hf_name(t.name)
             if name is not None:
                 readers[name] = lambda t=t: self._read(t)
-        return TensorSource(readers)
+                if qtype in KEPT_QUANTIZED and len(t.shape) == 2:
+                    quantized[name] = lambda t=t, qtype=qtype: self._read_blocks(t, qtype)
+        return TensorSource(readers, quantized)
 
     def _hf_name(self, name: str) -> str | None:
         if name in _GLOBAL_NAMES:
@@ -127,6 +133,20 @@ class GGUFCheckpoint:
             return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
         return None  # tensors we do not use (e.g. precomputed rope tables)
 
+    def _read_blocks(self, t: GGUFTensorInfo, qtype: str) -> QuantizedWeight:
+        """A matrix as its rows of blocks, copied out of the mapping: (rows, row_bytes) uint8."""
+        raw = np.array(self._data[t.offset : t.offset + t.nbytes].reshape(t.shape[0], -1))
+        return QuantizedWeight("gguf", (t.shape[0], t.shape[1]), self._unpermute(t.name, raw), qtype)
+
+    def _unpermute(self, name: str, w: np.ndarray) -> np.ndarray:
+        """Rows of q/k (float values or whole rows of blocks) back to Hugging Face's order."""
+        if self.arch == "llama":
+            if name.endswith(("attn_q.weight", "attn_q.bias")):
+                return unpermute_qk(w, self.config.num_heads)
+            if name.endswith(("attn_k.weight", "attn_k.bias")):
+                return unpermute_qk(w, self.config.num_kv_heads)
+        return w
+
     def _read(self, t: GGUFTensorInfo) -> np.ndarray:
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
@@ -134,10 +154,4 @@ class GGUFCheckpoint:
         rows = int(np.prod(t.shape[:-1], dtype=np.int64))
         raw = self._data[t.offset : t.offset + t.nbytes].reshape(rows, -1)  # (rows, bytes per row)
         w = dequantize(raw, GGMLQuantizationType(t.ggml_type)).astype(np.float32, copy=False)
-        w = w.reshape(t.shape)
-        if self.arch == "llama":
-            if t.name.endswith(("attn_q.weight", "attn_q.bias")):
-                w = unpermute_qk(w, self.config.num_heads)
-            elif t.name.endswith(("attn_k.weight", "attn_k.bias")):
-                w = unpermute_qk(w, self.config.num_kv_heads)
-        return w
+        return self._unpermute(t.name, w.reshape(t.shape))
