@@ -32,6 +32,10 @@ class TensorSource(Mapping[str, np.ndarray]):
         reader = self._quantized.get(name)
         return reader() if reader else None
 
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor as its reader returns it (int32 packed weights stay int32)."""
+        return self._readers[name]()
+
     def __getitem__(self, name: str) -> np.ndarray:
         return np.ascontiguousarray(self._readers[name](), dtype=np.float32)
 

@@ -30,7 +30,7 @@ GGUF_BLOCKS = {
 # T tokens it reads W T times, mostly from L2; the scratch path writes and reads a
 # dense copy of W once. The crossover is to be recorded by tools/gpu_check.sh.
 GEMV_MAX_TOKENS = 8
-_WARPS = 8  # output rows per block of the GEMV kernel
+GEMV_WARPS = 8  # output rows per block of the GEMV kernels
 
 
 def gguf_dequantize_ref(data: np.ndarray, qtype: str, shape: tuple[int, int]) -> np.ndarray:
@@ -79,18 +79,27 @@ def launch_gguf_gemv(xp: Any, loader: KernelLoader, x: Any, data: Any, qtype: st
     """x: (T, K) -> (T, N), one warp per output value."""
     check_gguf_shape(qtype, shape, data)
     N, K = shape
-    x = xp.ascontiguousarray(x)
-    T = x.shape[0]
-    if x.shape != (T, K):
-        raise ValueError(f"x has shape {x.shape}, the weight wants (T, {K})")
-    require_aligned("x", x, K * x.itemsize)
-    out = xp.empty((T, N), dtype=x.dtype)
-    if T:
+    x, out = gemv_buffers(xp, x, N, K)
+    if x.shape[0]:
         kernel = loader.get_function("gguf_linear.cu", f"gguf_gemv_{qtype}_{dtype_suffix(x)}")
         has_bias = bias is not None
-        kernel((ceil_div(N, _WARPS), T), (32 * _WARPS,),
+        kernel(gemv_grid(N, x.shape[0]), (32 * GEMV_WARPS,),
                (out, x, data, bias if has_bias else x, np.int32(has_bias), np.int32(N), np.int32(K)))  # fmt: skip
     return out
+
+
+def gemv_buffers(xp: Any, x: Any, N: int, K: int) -> tuple[Any, Any]:
+    """The GEMV kernels' input, checked (T, K), contiguous, rows 16-byte aligned, and output (T, N)."""
+    x = xp.ascontiguousarray(x)
+    if x.ndim != 2 or x.shape[1] != K:
+        raise ValueError(f"x has shape {x.shape}, the weight wants (T, {K})")
+    require_aligned("x", x, K * x.itemsize)
+    return x, xp.empty((x.shape[0], N), dtype=x.dtype)
+
+
+def gemv_grid(N: int, T: int) -> tuple[int, int]:
+    """One warp per output value: GEMV_WARPS rows of y per block, a grid row per token."""
+    return (ceil_div(N, GEMV_WARPS), T)
 
 
 def launch_gguf_dequantize(xp: Any, loader: KernelLoader, data: Any, qtype: str, shape: tuple[int, int],
