@@ -31,6 +31,7 @@ from rawpage.dtypes import (
 )
 from rawpage.ops.activation import launch_silu_and_mul
 from rawpage.ops.cache_ops import launch_copy_blocks
+from rawpage.ops.fp8_linear import launch_fp8_linear
 from rawpage.ops.gguf_linear import GGUF_BLOCKS, launch_gguf_linear
 from rawpage.ops.int4_linear import launch_int4_linear
 from rawpage.ops.launch import KernelLoader
@@ -42,7 +43,7 @@ from rawpage.quantization.weight import QuantizedWeight, dequantize
 
 
 class KernelBackend(Backend):
-    keeps_quantized = frozenset({"gguf", "int4"})
+    keeps_quantized = frozenset({"gguf", "int4", "fp8"})
 
     def __init__(self, xp: Any, loader: KernelLoader, dtype: str = "float32") -> None:
         self.xp, self.loader = xp, loader
@@ -79,10 +80,10 @@ class KernelBackend(Backend):
 
     # --- Linear layers: dense to the GEMM, quantized to our kernels --------------
     def prepare_linear(self, w: Array | QuantizedWeight) -> Array | QuantizedWeight:
-        """Dense weights stay (out, in). GGUF blocks we have kernels for and int4 are
+        """Dense weights stay (out, in). GGUF blocks we have kernels for, int4 and fp8 are
         uploaded as packed; any other quantized weight is dequantized to the model dtype."""
         if isinstance(w, QuantizedWeight):
-            if w.kind == "int4" or (w.kind == "gguf" and w.qtype in GGUF_BLOCKS):
+            if w.kind in ("int4", "fp8") or (w.kind == "gguf" and w.qtype in GGUF_BLOCKS):
                 return w.map_arrays(self.xp.asarray)
             return self.asarray(dequantize(w))
         return w
@@ -92,6 +93,8 @@ class KernelBackend(Backend):
             return launch_gguf_linear(self.xp, self.loader, x, w.data, w.qtype, w.shape, bias, self.matmul)
         if isinstance(w, QuantizedWeight) and w.kind == "int4":
             return launch_int4_linear(self.xp, self.loader, x, w, bias, self.matmul)
+        if isinstance(w, QuantizedWeight) and w.kind == "fp8":
+            return launch_fp8_linear(self.xp, self.loader, x, w, bias, self.matmul)
         return super().linear(x, w, bias)
 
     # --- our kernels ----------------------------------------------------------

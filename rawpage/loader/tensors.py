@@ -32,6 +32,9 @@ class TensorSource(Mapping[str, np.ndarray]):
         reader = self._quantized.get(name)
         return reader() if reader else None
 
+    def has_quantized(self) -> bool:
+        return bool(self._quantized)
+
     def raw(self, name: str) -> np.ndarray:
         """The tensor as its reader returns it (int32 packed weights stay int32)."""
         return self._readers[name]()

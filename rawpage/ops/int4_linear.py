@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from rawpage.ops.gguf_linear import GEMV_MAX_TOKENS, GEMV_WARPS, gemv_buffers, gemv_grid
-from rawpage.ops.launch import KernelLoader, dtype_suffix
+from rawpage.ops.launch import KernelLoader, dtype_suffix, require_aligned
 from rawpage.quantization.int4 import int4_dequantize_ref
 from rawpage.quantization.weight import QuantizedWeight
 
@@ -28,6 +28,7 @@ def check_int4(w: QuantizedWeight) -> None:
                          "size to be multiples of 32, and K a multiple of the group size")  # fmt: skip
     if tuple(w.data.shape) != (N, K // 8) or tuple(w.scales.shape) != (N, K // w.group_size):
         raise ValueError(f"int4 weight {w.shape}: data {w.data.shape}, scales {w.scales.shape} do not match")
+    require_aligned("int4 weight", w.data)  # the kernels read rows in 16-byte vectors
 
 
 # --- launch (cuda/int4_linear.cu) --------------------------------------------------------

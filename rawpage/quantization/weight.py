@@ -4,6 +4,7 @@
                   in the file (`qtype` names the block format, see ops/gguf_linear.py).
     kind "int4":  AWQ and GPTQ, converted at load: data (out, in/8) uint32 nibbles,
                   scales and zeros per group, perm for act-order (quantization/int4.py).
+    kind "fp8":   data (out, in) uint8 e4m3 bits, scales (out,) float32 (quantization/fp8.py).
 
 A QuantizedWeight holds host (NumPy) arrays when a loader makes it, and device
 arrays once a backend's prepare_linear has uploaded it. The cpu backend never
@@ -23,11 +24,11 @@ Array = Any  # numpy.ndarray on the host and under sim, cupy.ndarray on cuda
 
 @dataclass
 class QuantizedWeight:
-    kind: str  # "gguf" | "int4"
+    kind: str  # "gguf" | "int4" | "fp8"
     shape: tuple[int, int]  # (out, in), the dense weight's shape
     data: Array  # the packed weights; layout per kind (module docstring)
     qtype: str = ""  # gguf: the block format, e.g. "Q4_K"
-    scales: Array | None = None  # int4: (out, groups) float16
+    scales: Array | None = None  # int4: (out, groups) float16; fp8: (out,) float32
     zeros: Array | None = None  # int4: (out, groups) float16
     perm: Array | None = None  # int4 act-order: (in,) int32, stored column -> input
     group_size: int = 0  # int4: inputs per group
@@ -53,6 +54,10 @@ def dequantize(w: QuantizedWeight) -> np.ndarray:
         from rawpage.ops.gguf_linear import gguf_dequantize_ref
 
         return gguf_dequantize_ref(np.asarray(w.data), w.qtype, w.shape)
+    if w.kind == "fp8":
+        from rawpage.ops.fp8_linear import fp8_dequantize_ref
+
+        return fp8_dequantize_ref(w)
     if w.kind == "int4":
         from rawpage.quantization.int4 import int4_dequantize_ref
 
