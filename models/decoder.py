@@ -183,7 +183,7 @@ class DecoderModel:
                 residual, x = h, b.rms_norm(h, layer.input_norm, eps)
             else:
                 x, residual = b.fused_add_rms_norm(h, residual, layer.input_norm, eps)
-            qkv = b.matmul(x, layer.qkv)  # (T, (H + 2 Hkv) * D)
+            qkv = b.linear(x, layer.qkv)  # (T, (H + 2 Hkv) * D)
             q = qkv[:, : H * D].reshape(T, H, D)
             k = qkv[:, H * D : (H + Hkv) * D].reshape(T, Hkv, D)
             v = qkv[:, (H + Hkv) * D :].reshape(T, Hkv, D)
@@ -196,7 +196,7 @@ class DecoderModel:
                 q, k_cache, v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc, scale, batch,
                 sliding_window=layer.sliding_window, soft_cap=c.attn_logit_softcapping,
             )  # (T, H, D)  # fmt: skip
-            h = b.matmul(o.reshape(T, H * D), layer.o_proj)  # (T, dim)
+            h = b.linear(o.reshape(T, H * D), layer.o_proj)  # (T, dim)
             if layer.post_attn_norm is not None:
                 h = b.rms_norm(h, layer.post_attn_norm, eps)
 
@@ -206,7 +206,7 @@ class DecoderModel:
                 h = moe_forward(b, x, layer.moe, c.num_experts_per_tok, c.norm_topk_prob, self.activation,
                                 self.expert_tokens[i])  # fmt: skip
             else:
-                h = b.matmul(self.activation(b.matmul(x, layer.gate_up)), layer.down)  # (T, dim)
+                h = b.linear(self.activation(b.linear(x, layer.gate_up)), layer.down)  # (T, dim)
             if layer.post_ffn_norm is not None:
                 h = b.rms_norm(h, layer.post_ffn_norm, eps)
 
@@ -217,7 +217,7 @@ class DecoderModel:
 
     def compute_logits(self, hidden: Array) -> Array:
         """(N, dim) -> (N, V) logits; Gemma 2 soft-caps them: cap * tanh(logits / cap)."""
-        logits = self.backend.matmul(hidden, self.lm_head)
+        logits = self.backend.linear(hidden, self.lm_head)
         cap = self.config.final_logit_softcapping
         if cap:  # (np.tanh is a ufunc: on CuPy arrays it runs on the GPU)
             logits = from_float32(cap * np.tanh(to_float32(logits) / np.float32(cap)), self.backend.dtype)

@@ -18,12 +18,14 @@ from rawpage.errors import ModelLoadError
 from rawpage.forward_batch import ForwardBatch
 from rawpage.loader.dummy import DummyWeights
 from rawpage.ops.rope import cos_sin_cache
+from rawpage.quantization.weight import QuantizedWeight, concat_rows
 
 
 @dataclass
 class LayerWeights:
     """One decoder layer. Linear weights are shown (out, in), as checkpoints store them;
-    backend.prepare_linear may keep them in another layout its matmul prefers."""
+    backend.prepare_linear may keep them in another layout its GEMM prefers, or packed
+    (a QuantizedWeight). The model only passes them to backend.linear."""
 
     input_norm: Array  # (dim,)
     qkv: Array  # ((H + 2 Hkv) * D, dim)   q, k, v projections fused into one GEMM
@@ -48,6 +50,12 @@ class LlamaModel:
             """One weight on the device: the named tensors, concatenated along dim 0."""
             return weights.load(b, list(parts))
 
+        def linear(*parts: tuple[str, tuple[int, ...]]) -> Array | QuantizedWeight:
+            """A Linear weight (out, in) for backend.linear: kept as the checkpoint packs
+            it where the backend reads that format, else dense."""
+            packed = weights.quantized(b, list(parts)) if isinstance(weights, _CheckpointWeights) else None
+            return b.prepare_linear(packed if packed is not None else load(*parts))
+
         dim, q, kv, inter = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size
         self.embed = load(("model.embed_tokens.weight", (c.vocab_size, dim)))  # (V, dim)
         self.layers = []
@@ -58,21 +66,24 @@ class LlamaModel:
             self.layers.append(
                 LayerWeights(
                     input_norm=load((p + "input_layernorm.weight", (dim,))),
-                    qkv=b.prepare_linear(load(*attn)),
+                    qkv=linear(*attn),
                     qkv_bias=load(*bias) if c.attention_bias else None,
-                    o_proj=b.prepare_linear(load((p + "self_attn.o_proj.weight", (dim, q)))),
+                    o_proj=linear((p + "self_attn.o_proj.weight", (dim, q))),
                     post_norm=load((p + "post_attention_layernorm.weight", (dim,))),
-                    gate_up=b.prepare_linear(
-                        load((p + "mlp.gate_proj.weight", (inter, dim)), (p + "mlp.up_proj.weight", (inter, dim)))
+                    gate_up=linear(
+                        (p + "mlp.gate_proj.weight", (inter, dim)), (p + "mlp.up_proj.weight", (inter, dim))
                     ),
-                    down=b.prepare_linear(load((p + "mlp.down_proj.weight", (dim, inter)))),
+                    down=linear((p + "mlp.down_proj.weight", (dim, inter))),
                 )
             )
         self.norm = load(("model.norm.weight", (dim,)))  # (dim,)
         if c.tie_word_embeddings or not weights.has("lm_head.weight"):
-            self.lm_head = b.prepare_linear(self.embed)  # tied to the embedding (the same array, or a re-laid copy)
+            embed = ("model.embed_tokens.weight", (c.vocab_size, dim))
+            packed = weights.quantized(b, [embed]) if isinstance(weights, _CheckpointWeights) else None
+            # tied to the embedding: the same array, a re-laid copy, or the packed blocks
+            self.lm_head = b.prepare_linear(packed if packed is not None else self.embed)
         else:
-            self.lm_head = b.prepare_linear(load(("lm_head.weight", (c.vocab_size, dim))))
+            self.lm_head = linear(("lm_head.weight", (c.vocab_size, dim)))
         freq_factors = tensors["rope_freqs"] if weights.has("rope_freqs") else None
         inv_freq = rope_inv_freq(c, freq_factors)
         # (max_pos, D): [cos | sin] per position, float32 whatever the model dtype
@@ -100,7 +111,7 @@ class LlamaModel:
                 residual, x = h, b.rms_norm(h, layer.input_norm, c.rms_norm_eps)
             else:
                 x, residual = b.fused_add_rms_norm(h, residual, layer.input_norm, c.rms_norm_eps)
-            qkv = b.matmul(x, layer.qkv, layer.qkv_bias)  # (T, (H + 2 Hkv) * D)
+            qkv = b.linear(x, layer.qkv, layer.qkv_bias)  # (T, (H + 2 Hkv) * D)
             q = qkv[:, : H * D].reshape(T, H, D)
             k = qkv[:, H * D : (H + Hkv) * D].reshape(T, Hkv, D)
             v = qkv[:, (H + Hkv) * D :].reshape(T, Hkv, D)
@@ -116,12 +127,12 @@ class LlamaModel:
                 scale,
                 batch,
             )  # (T, H, D)
-            h = b.matmul(o.reshape(T, H * D), layer.o_proj)  # (T, dim)
+            h = b.linear(o.reshape(T, H * D), layer.o_proj)  # (T, dim)
 
             # feed-forward block (SwiGLU): h = down(silu(gate(x)) * up(x))
             x, residual = b.fused_add_rms_norm(h, residual, layer.post_norm, c.rms_norm_eps)
-            gate_up = b.matmul(x, layer.gate_up)  # (T, 2 I)
-            h = b.matmul(b.silu_and_mul(gate_up), layer.down)  # (T, dim)
+            gate_up = b.linear(x, layer.gate_up)  # (T, 2 I)
+            h = b.linear(b.silu_and_mul(gate_up), layer.down)  # (T, dim)
 
         # Only the rows we sample from need the final norm and the (large) LM head.
         h, residual = h[batch.logits_indices], residual[batch.logits_indices]
@@ -130,7 +141,7 @@ class LlamaModel:
 
     def compute_logits(self, hidden: Array) -> Array:
         """(N, dim) -> (N, V) float32 logits."""
-        return self.backend.matmul(hidden, self.lm_head)
+        return self.backend.linear(hidden, self.lm_head)
 
 
 class _CheckpointWeights:
@@ -150,6 +161,20 @@ class _CheckpointWeights:
         if tuple(t.shape) != shape:
             raise ModelLoadError(f"tensor {name!r} has shape {tuple(t.shape)}, but the config implies {shape}")
         return t
+
+    def quantized(self, backend: Backend, parts: list[tuple[str, tuple[int, ...]]]) -> QuantizedWeight | None:
+        """The named Linear weights fused as packed, if the checkpoint packs every one of
+        them in one format that the backend keeps quantized; else None (load them dense)."""
+        source = getattr(self.tensors, "quantized", None)
+        if source is None or not backend.keeps_quantized:
+            return None
+        packed = [source(name) for name, _ in parts]
+        if any(p is None or p.kind not in backend.keeps_quantized for p in packed):
+            return None
+        for p, (name, shape) in zip(packed, parts):
+            if p.shape != shape:
+                raise ModelLoadError(f"tensor {name!r} has shape {p.shape}, but the config implies {shape}")
+        return concat_rows(packed)
 
     def load(self, backend: Backend, parts: list[tuple[str, tuple[int, ...]]]) -> Array:
         arrays = [self.get(name, shape) for name, shape in parts]

@@ -53,12 +53,12 @@ def moe_forward(
     """x: (T, dim) -> (T, dim). expert_tokens: (E,) counts of tokens routed to each
     expert, added to (the step profile's expert load)."""
     T, dim = x.shape
-    experts, weights = route(b.to_numpy(b.matmul(x, moe.router)), k, renormalize)  # (T, k) each
+    experts, weights = route(b.to_numpy(b.linear(x, moe.router)), k, renormalize)  # (T, k) each
     expert_tokens += np.bincount(experts.ravel(), minlength=len(expert_tokens))
     out = b.zeros((T, dim), np.float32)
     for e in np.unique(experts):  # only the experts that have tokens
         rows, slot = np.nonzero(experts == e)  # a token picks an expert at most once
         idx = b.asarray(rows.astype(np.int32), np.int32)
-        y = b.matmul(activation(b.matmul(x[idx], moe.gate_up[e])), moe.down[e])  # (n_e, dim)
+        y = b.linear(activation(b.linear(x[idx], moe.gate_up[e])), moe.down[e])  # (n_e, dim)
         out[idx] += to_float32(y) * b.asarray(weights[rows, slot][:, None], np.float32)
     return from_float32(out, b.dtype)

@@ -33,6 +33,7 @@ from rawpage.models.registry import build_model, check_device_support
 from rawpage.output_processor import OutputProcessor
 from rawpage.outputs import RequestOutput
 from rawpage.profile_run import profile_run
+from rawpage.quantization.select import apply_quantization_flag
 from rawpage.sampler import Sampler, log_softmax
 from rawpage.sampling_params import SamplingParams
 from rawpage.scheduler import Scheduler, SchedulerConfig
@@ -70,7 +71,7 @@ class LLMEngine:
         self.generation_config = ckpt.generation_config
         self.chat_template = ChatTemplate.from_arg(args.chat_template) if args.chat_template else None
         self.backend = get_backend(args.device, resolve_dtype(args.dtype, args.device, c.torch_dtype))
-        self.model = build_model(c, self.backend, ckpt.tensors)
+        self.model = build_model(c, self.backend, apply_quantization_flag(ckpt.tensors, args.quantization))
         self.max_model_len = self._resolve_max_model_len()
         check_device_support(c, self.backend.name, self.max_model_len)
         self.block_size = args.block_size

@@ -29,6 +29,7 @@ class EngineArgs:
     device: str = "auto"  # cpu | sim | cuda | auto
     dtype: str = "auto"  # auto | float32 | float16 | bfloat16
     load_format: str = "auto"  # auto | dummy (random weights of the config's shapes)
+    quantization: str = "auto"  # auto (as the checkpoint packs) | fp8 (quantize at load) | none
     max_model_len: int | None = None  # default: the model's context length
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None  # default: 2048 (cpu), 8192 (cuda)
@@ -108,6 +109,9 @@ class EngineArgs:
                             "cuda: CuPy and our kernels; auto: cuda if a GPU is present (default: auto)")  # fmt: skip
         g.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16", "half"],
                        help="weight and activation dtype; auto = float32 on cpu, the checkpoint's dtype on cuda")  # fmt: skip
+        g.add_argument("--quantization", default="auto", choices=["auto", "fp8", "none"],
+                       help="Linear weights: auto = as the checkpoint packs them (GGUF, AWQ, GPTQ, FP8); "
+                            "fp8 = quantize a float checkpoint to FP8 e4m3 at load; none = dequantize at load")  # fmt: skip
         g.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
                        help="dummy: random weights of the shapes in --model's config.json, for benchmarks")  # fmt: skip
         g.add_argument(

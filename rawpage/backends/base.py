@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from rawpage.dtypes import from_float32
+from rawpage.quantization.weight import QuantizedWeight, dequantize
 
 Array = Any  # numpy.ndarray on cpu and sim, cupy.ndarray on cuda
 
@@ -37,6 +38,9 @@ class Backend:
     # The device's memory, for sizing the KV cache by profiling (memory.DeviceMemory);
     # None where the KV cache has a fixed budget (cpu, sim).
     memory: Any = None
+    # QuantizedWeight kinds whose kernels this backend has: such weights stay packed on
+    # the device and linear() reads them as stored. Others are dequantized at load.
+    keeps_quantized: frozenset[str] = frozenset()
 
     # --- arrays -----------------------------------------------------------
     def asarray(self, x: np.ndarray, dtype: Any = None) -> Array:
@@ -72,10 +76,21 @@ class Backend:
         """ids: (T,) -> (T, dim)."""
         raise NotImplementedError
 
-    def prepare_linear(self, w: Array) -> Array:
+    def prepare_linear(self, w: Array | QuantizedWeight) -> Array | QuantizedWeight:
         """A Linear layer's weight, (out, in) as checkpoints store it, in the layout this
-        backend's matmul reads fastest. Called once per weight at load time."""
+        backend's matmul reads fastest. Called once per weight at load time. A host
+        QuantizedWeight of a kind not in keeps_quantized is dequantized here."""
+        if isinstance(w, QuantizedWeight):
+            return self.asarray(dequantize(w))
         return w
+
+    def linear(self, x: Array, w: Array | QuantizedWeight, bias: Array | None = None) -> Array:
+        """The one seam every Linear layer of every model goes through: x (T, in) ->
+        x @ W.T (+ bias): (T, out), for w from prepare_linear. The backend picks the
+        kernel from the weight's kind (dense here; quantized kinds in subclasses)."""
+        if isinstance(w, QuantizedWeight):
+            raise NotImplementedError(f"the {self.name} backend has no kernel for {w.kind} weights")
+        return self.matmul(x, w, bias)
 
     def matmul(self, x: Array, w: Array, bias: Array | None = None) -> Array:
         """x: (T, in), w: a Linear weight from prepare_linear -> x @ W.T (+ bias): (T, out)."""

@@ -19,6 +19,7 @@ from rawpage.ops.paged_attention import gather_kv
 from rawpage.ops.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from rawpage.ops.rope import rope_ref
 from rawpage.ops.write_kv import write_kv_ref
+from rawpage.quantization.weight import QuantizedWeight, dequantize
 
 
 class CPUBackend(Backend):
@@ -39,7 +40,9 @@ class CPUBackend(Backend):
     def embedding(self, ids: np.ndarray, table: np.ndarray) -> np.ndarray:
         return table[ids]
 
-    def prepare_linear(self, w: np.ndarray) -> np.ndarray:
+    def prepare_linear(self, w: np.ndarray | QuantizedWeight) -> np.ndarray:
+        if isinstance(w, QuantizedWeight):  # every format runs here, dequantized at load
+            w = dequantize(w)
         # (out, in) -> (in, out), contiguous: OpenBLAS then multiplies without transposing,
         # about 20% faster for the skinny GEMMs of decoding (measured, M = 1 to 64).
         return np.ascontiguousarray(w.T)

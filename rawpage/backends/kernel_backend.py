@@ -32,14 +32,20 @@ from rawpage.dtypes import (
 from rawpage.errors import UnsupportedModelError
 from rawpage.ops.activation import launch_silu_and_mul
 from rawpage.ops.cache_ops import launch_copy_blocks
+from rawpage.ops.fp8_linear import launch_fp8_linear
+from rawpage.ops.gguf_linear import GGUF_BLOCKS, launch_gguf_linear
+from rawpage.ops.int4_linear import launch_int4_linear
 from rawpage.ops.launch import KernelLoader
 from rawpage.ops.paged_attention import launch_paged_attention
 from rawpage.ops.rms_norm import launch_fused_add_rms_norm, launch_rms_norm
 from rawpage.ops.rope import launch_rope
 from rawpage.ops.write_kv import launch_write_kv
+from rawpage.quantization.weight import QuantizedWeight, dequantize
 
 
 class KernelBackend(Backend):
+    keeps_quantized = frozenset({"gguf", "int4", "fp8"})
+
     def __init__(self, xp: Any, loader: KernelLoader, dtype: str = "float32") -> None:
         self.xp, self.loader = xp, loader
         self.dtype = storage_dtype(dtype)
@@ -72,6 +78,25 @@ class KernelBackend(Backend):
         if bias is not None:
             y += to_float32(bias)
         return from_float32(y, self.dtype)
+
+    # --- Linear layers: dense to the GEMM, quantized to our kernels --------------
+    def prepare_linear(self, w: Array | QuantizedWeight) -> Array | QuantizedWeight:
+        """Dense weights stay (out, in). GGUF blocks we have kernels for, int4 and fp8 are
+        uploaded as packed; any other quantized weight is dequantized to the model dtype."""
+        if isinstance(w, QuantizedWeight):
+            if w.kind in ("int4", "fp8") or (w.kind == "gguf" and w.qtype in GGUF_BLOCKS):
+                return w.map_arrays(self.xp.asarray)
+            return self.asarray(dequantize(w))
+        return w
+
+    def linear(self, x: Array, w: Array | QuantizedWeight, bias: Array | None = None) -> Array:
+        if isinstance(w, QuantizedWeight) and w.kind == "gguf":
+            return launch_gguf_linear(self.xp, self.loader, x, w.data, w.qtype, w.shape, bias, self.matmul)
+        if isinstance(w, QuantizedWeight) and w.kind == "int4":
+            return launch_int4_linear(self.xp, self.loader, x, w, bias, self.matmul)
+        if isinstance(w, QuantizedWeight) and w.kind == "fp8":
+            return launch_fp8_linear(self.xp, self.loader, x, w, bias, self.matmul)
+        return super().linear(x, w, bias)
 
     # --- our kernels ----------------------------------------------------------
     def rms_norm(self, x: Array, weight: Array, eps: float) -> Array:

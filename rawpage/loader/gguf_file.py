@@ -13,8 +13,12 @@ from rawpage.config import ModelConfig
 from rawpage.errors import ModelLoadError, UnsupportedModelError
 from rawpage.loader.gguf_reader import GGUFTensorInfo, read_gguf
 from rawpage.loader.tensors import TensorSource
+from rawpage.ops.gguf_linear import GGUF_BLOCKS
+from rawpage.quantization.weight import QuantizedWeight
 
-SUPPORTED_TENSOR_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"}
+SUPPORTED_TENSOR_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"}
+# Block formats that sim and cuda keep quantized on the device (ops/gguf_linear.py).
+KEPT_QUANTIZED = set(GGUF_BLOCKS)
 # llama with experts is Mixtral
 SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"}
 
@@ -182,7 +186,7 @@ class GGUFCheckpoint:
     def _tensor_source(self) -> TensorSource:
         from gguf import GGMLQuantizationType
 
-        readers = {}
+        readers, quantized = {}, {}
         for t in self.tensor_infos:
             qtype = GGMLQuantizationType(t.ggml_type).name
             if qtype not in SUPPORTED_TENSOR_TYPES:
@@ -197,7 +201,9 @@ class GGUFCheckpoint:
             name = self._hf_name(t.name)
             if name is not None:
                 readers[name] = lambda t=t: self._read(t)
-        return TensorSource(readers)
+                if qtype in KEPT_QUANTIZED and len(t.shape) == 2:
+                    quantized[name] = lambda t=t, qtype=qtype: self._read_blocks(t, qtype)
+        return TensorSource(readers, quantized)
 
     def _hf_expert_name(self, name: str, e: int) -> str:
         _, layer, stack = name.split(".", 2)
@@ -222,6 +228,20 @@ class GGUFCheckpoint:
             return f"model.layers.{layer}.{hf}"
         return None  # tensors we do not use (e.g. precomputed rope tables)
 
+    def _read_blocks(self, t: GGUFTensorInfo, qtype: str) -> QuantizedWeight:
+        """A matrix as its rows of blocks, copied out of the mapping: (rows, row_bytes) uint8."""
+        raw = np.array(self._data[t.offset : t.offset + t.nbytes].reshape(t.shape[0], -1))
+        return QuantizedWeight("gguf", (t.shape[0], t.shape[1]), self._unpermute(t.name, raw), qtype)
+
+    def _unpermute(self, name: str, w: np.ndarray) -> np.ndarray:
+        """Rows of q/k (float values or whole rows of blocks) back to Hugging Face's order."""
+        if self.arch == "llama":
+            if name.endswith(("attn_q.weight", "attn_q.bias")):
+                return unpermute_qk(w, self.config.num_heads)
+            if name.endswith(("attn_k.weight", "attn_k.bias")):
+                return unpermute_qk(w, self.config.num_kv_heads)
+        return w
+
     def _read(self, t: GGUFTensorInfo, expert: int | None = None) -> np.ndarray:
         """The tensor in float32; of a stacked (E, rows, cols) expert tensor, one expert's matrix."""
         from gguf import GGMLQuantizationType
@@ -237,9 +257,4 @@ class GGUFCheckpoint:
         w = w.reshape(shape)
         if self.family in ("gemma2", "gemma3") and t.name.endswith("norm.weight"):
             w = w - 1.0  # llama.cpp stores Gemma's norms as the 1 + w they scale by
-        if self.arch == "llama":  # llama.cpp permutes Llama's (and Mixtral's) q and k rows
-            if t.name.endswith(("attn_q.weight", "attn_q.bias")):
-                w = unpermute_qk(w, self.config.num_heads)
-            elif t.name.endswith(("attn_k.weight", "attn_k.bias")):
-                w = unpermute_qk(w, self.config.num_kv_heads)
-        return w
+        return self._unpermute(t.name, w)  # llama.cpp permutes Llama's (and Mixtral's) q and k rows

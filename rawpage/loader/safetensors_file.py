@@ -28,6 +28,7 @@ _DTYPES = {
     "I16": np.int16,
     "I8": np.int8,
     "U8": np.uint8,
+    "F8_E4M3": np.uint8,  # raw e4m3 bits; see rawpage/quantization/fp8.py
     "BOOL": np.bool_,
 }
 

@@ -11,13 +11,33 @@ from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
+from rawpage.quantization.weight import QuantizedWeight
+
 
 class TensorSource(Mapping[str, np.ndarray]):
     """Maps Hugging Face tensor names (`model.layers.0.self_attn.q_proj.weight`, ...)
     to float32 arrays, computed when first asked for."""
 
-    def __init__(self, readers: dict[str, Callable[[], np.ndarray]]) -> None:
+    def __init__(
+        self,
+        readers: dict[str, Callable[[], np.ndarray]],
+        quantized: dict[str, Callable[[], QuantizedWeight]] | None = None,
+    ) -> None:
         self._readers = readers
+        self._quantized = quantized or {}
+
+    def quantized(self, name: str) -> QuantizedWeight | None:
+        """The tensor as the checkpoint packs it, if it is a quantized Linear weight
+        (a backend may keep it so: Backend.keeps_quantized); else None."""
+        reader = self._quantized.get(name)
+        return reader() if reader else None
+
+    def has_quantized(self) -> bool:
+        return bool(self._quantized)
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor as its reader returns it (int32 packed weights stay int32)."""
+        return self._readers[name]()
 
     def __getitem__(self, name: str) -> np.ndarray:
         return np.ascontiguousarray(self._readers[name](), dtype=np.float32)

@@ -1,0 +1,84 @@
+"""Which quantized form a checkpoint's Linear weights take: the one place that reads
+config.json's quantization_config and the --quantization flag.
+
+    --quantization auto  what the checkpoint packs: GGUF blocks, AWQ / GPTQ int4, FP8
+    --quantization fp8   quantize a float checkpoint's Linear weights to FP8 e4m3 at
+                         load, one scale per output row
+    --quantization none  dequantize everything at load (the pre-quantization path)
+
+A backend then keeps the packed form where it has kernels for it
+(Backend.keeps_quantized) and dequantizes it at load where it has not (cpu).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rawpage.errors import UnsupportedModelError
+from rawpage.loader.tensors import TensorSource
+from rawpage.quantization.fp8 import e4m3_to_f32, quantize_fp8
+from rawpage.quantization.weight import QuantizedWeight, dequantize
+
+QUANTIZATION_CHOICES = ("auto", "fp8", "none")
+
+
+def checkpoint_tensors(tensors: TensorSource, qconfig: dict[str, Any] | None, path: str) -> TensorSource:
+    """A Hugging Face folder's tensors as its quantization_config says they are packed."""
+    if not qconfig:
+        return tensors
+    if qconfig.get("quant_method") == "fp8":
+        return fp8_checkpoint_tensors(tensors, path)
+    from rawpage.quantization.int4 import int4_tensor_source
+
+    return int4_tensor_source(tensors, qconfig, path)
+
+
+def apply_quantization_flag(tensors: Any, method: str | None) -> Any:
+    """--quantization applied to a loaded checkpoint's tensors (see the module docstring)."""
+    if method in (None, "auto") or not isinstance(tensors, TensorSource):
+        return tensors  # (random dummy weights are drawn on the device, dense)
+    if method == "none":
+        return TensorSource({name: (lambda name=name: tensors.raw(name)) for name in tensors})
+    if method == "fp8":
+        if tensors.has_quantized():
+            raise UnsupportedModelError("--quantization fp8 quantizes a float checkpoint; this one is already "
+                                        "quantized (leave --quantization at auto)")  # fmt: skip
+        linear = [name for name in tensors if _is_linear(name) and name != "model.embed_tokens.weight"]
+        readers = {name: (lambda name=name: tensors.raw(name)) for name in tensors}
+        # dense readers see the FP8-rounded weights too, so that cpu runs the same model
+        readers |= {name: (lambda name=name: dequantize(_to_fp8(tensors[name]))) for name in linear}
+        return TensorSource(readers, {name: (lambda name=name: _to_fp8(tensors[name])) for name in tensors
+                                      if _is_linear(name)})  # fmt: skip
+    raise ValueError(f"unknown --quantization {method!r}; choose {', '.join(QUANTIZATION_CHOICES)}")
+
+
+def _is_linear(name: str) -> bool:
+    """Linear weights, and the embedding (read packed only as a tied LM head)."""
+    return name.endswith(("_proj.weight", "lm_head.weight", "embed_tokens.weight"))
+
+
+def _to_fp8(w: np.ndarray) -> QuantizedWeight:
+    bits, scales = quantize_fp8(w, per_channel=True)
+    return QuantizedWeight("fp8", (w.shape[0], w.shape[1]), bits, scales=scales)
+
+
+def fp8_checkpoint_tensors(tensors: TensorSource, path: str) -> TensorSource:
+    """vLLM / llm-compressor FP8 checkpoints: `X.weight` F8_E4M3 (N, K) and
+    `X.weight_scale` float32, one per tensor (a scalar) or per channel (N, 1).
+    `X.input_scale` (static activation scales) is not needed by weight-only paths."""
+    packed = [name[: -len("_scale")] for name in tensors if name.endswith(".weight_scale")]
+
+    def convert(name: str) -> QuantizedWeight:
+        bits = np.array(tensors.raw(name)).view(np.uint8)  # a copy: aligned for 16-byte loads, unlike the mapping
+        if bits.ndim != 2:
+            raise UnsupportedModelError(f"{path}: FP8 tensor {name!r} has shape {bits.shape}; want (out, in)")
+        scale = np.asarray(tensors.raw(name + "_scale"), np.float32).reshape(-1)
+        scales = np.broadcast_to(scale, (bits.shape[0],)).copy()
+        return QuantizedWeight("fp8", (bits.shape[0], bits.shape[1]), bits, scales=scales)
+
+    skip = {n + "_scale" for n in packed} | {n[: -len("weight")] + "input_scale" for n in packed}
+    readers = {n: (lambda n=n: tensors.raw(n)) for n in tensors if n not in skip}
+    readers |= {n: (lambda n=n: e4m3_to_f32(convert(n).data) * convert(n).scales[:, None]) for n in packed}
+    return TensorSource(readers, {n: (lambda n=n: convert(n)) for n in packed})

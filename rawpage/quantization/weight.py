@@ -1,0 +1,79 @@
+"""One type for every quantized Linear weight, whatever format it came from.
+
+    kind "gguf":  data = (out, row_bytes) uint8, each row whole GGUF blocks as stored
+                  in the file (`qtype` names the block format, see ops/gguf_linear.py).
+    kind "int4":  AWQ and GPTQ, converted at load: data (out, in/8) uint32 nibbles,
+                  scales and zeros per group, perm for act-order (quantization/int4.py).
+    kind "fp8":   data (out, in) uint8 e4m3 bits, scales (out,) float32 (quantization/fp8.py).
+
+A QuantizedWeight holds host (NumPy) arrays when a loader makes it, and device
+arrays once a backend's prepare_linear has uploaded it. The cpu backend never
+keeps one: it dequantizes at load (`dequantize`), so every checkpoint runs there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import numpy as np
+
+Array = Any  # numpy.ndarray on the host and under sim, cupy.ndarray on cuda
+
+
+@dataclass
+class QuantizedWeight:
+    kind: str  # "gguf" | "int4" | "fp8"
+    shape: tuple[int, int]  # (out, in), the dense weight's shape
+    data: Array  # the packed weights; layout per kind (module docstring)
+    qtype: str = ""  # gguf: the block format, e.g. "Q4_K"
+    scales: Array | None = None  # int4: (out, groups) float16; fp8: (out,) float32
+    zeros: Array | None = None  # int4: (out, groups) float16
+    perm: Array | None = None  # int4 act-order: (in,) int32, stored column -> input
+    group_size: int = 0  # int4: inputs per group
+
+    def arrays(self) -> dict[str, Array]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name in _ARRAYS}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.arrays().values() if a is not None)
+
+    def map_arrays(self, fn: Callable[[Array], Array]) -> QuantizedWeight:
+        """The same weight over other arrays, e.g. fn = upload to the device."""
+        return replace(self, **{k: None if a is None else fn(a) for k, a in self.arrays().items()})
+
+
+_ARRAYS = ("data", "scales", "zeros", "perm")
+
+
+def dequantize(w: QuantizedWeight) -> np.ndarray:
+    """A host QuantizedWeight -> its dense float32 weight (out, in)."""
+    if w.kind == "gguf":
+        from rawpage.ops.gguf_linear import gguf_dequantize_ref
+
+        return gguf_dequantize_ref(np.asarray(w.data), w.qtype, w.shape)
+    if w.kind == "fp8":
+        from rawpage.ops.fp8_linear import fp8_dequantize_ref
+
+        return fp8_dequantize_ref(w)
+    if w.kind == "int4":
+        from rawpage.quantization.int4 import int4_dequantize_ref
+
+        return int4_dequantize_ref(w)
+    raise ValueError(f"unknown quantized weight kind {w.kind!r}")
+
+
+def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight | None:
+    """Fuses the weights of several Linear layers along `out` (q|k|v, gate|up), as
+    the model does with dense weights; None when they do not share one format."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    key = (first.kind, first.qtype, first.shape[1], first.group_size)
+    if any((p.kind, p.qtype, p.shape[1], p.group_size) != key or p.perm is not None for p in parts):
+        return None  # (act-order weights each permute their inputs their own way)
+    out = sum(p.shape[0] for p in parts)
+    cat = {k: None if a is None else np.concatenate([p.arrays()[k] for p in parts]) for k, a in first.arrays().items()}
+    return replace(first, shape=(out, first.shape[1]), **cat)
