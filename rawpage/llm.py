@@ -73,10 +73,13 @@ class LLM:
         tok = self.engine.tokenizer
         template = chat_template or self.engine.chat_template  # Jinja text, or the engine's (--chat-template)
         prompts = [
-            {"prompt_token_ids": tok.encode(
-                tok.apply_chat_template(c, add_generation_prompt, chat_template=template), add_special_tokens=False)}
+            {
+                "prompt_token_ids": tok.encode(
+                    tok.apply_chat_template(c, add_generation_prompt, chat_template=template), add_special_tokens=False
+                )
+            }
             for c in convs
-        ]  # fmt: skip
+        ]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:

@@ -99,10 +99,17 @@ def test_sentencepiece_gguf_vocab_matches_sentencepiece(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(TRICKY * 20 + ["The quick brown fox jumps over the lazy dog."] * 50))
     spm.SentencePieceTrainer.train(
-        input=str(corpus), model_prefix=str(tmp_path / "sp"), vocab_size=400, model_type="bpe", character_coverage=0.98,
-        byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
-        split_digits=True, minloglevel=2,
-    )  # fmt: skip
+        input=str(corpus),
+        model_prefix=str(tmp_path / "sp"),
+        vocab_size=400,
+        model_type="bpe",
+        character_coverage=0.98,
+        byte_fallback=True,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        split_digits=True,
+        minloglevel=2,
+    )
     sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "sp.model"))
     ids = range(sp.get_piece_size())
 

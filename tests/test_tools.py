@@ -20,17 +20,34 @@ TOOLS = [
 
 @pytest.mark.parametrize("tool", TOOLS)
 def test_help(tool):
-    out = subprocess.run([sys.executable, str(ROOT / "tools" / tool), "--help"], capture_output=True, text=True,
-                         cwd=ROOT, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / tool), "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
     assert out.returncode == 0 and "usage:" in out.stdout, out.stderr
 
 
 @pytest.mark.parametrize("static", [False, True])
 def test_bench_throughput_on_a_tiny_model(tiny_model_dir, tmp_path, static):
     result = tmp_path / "r.json"
-    cmd = [sys.executable, str(ROOT / "tools" / "bench_throughput.py"), "--model", tiny_model_dir, "--num-requests",
-           "6", "--input-len", "8:40", "--output-len", "4:12", "--vocab", "400", "--max-num-seqs", "4", "--quiet",
-           "--result-file", str(result)] + (["--static-batching"] if static else [])  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "tools" / "bench_throughput.py"),
+        "--model",
+        tiny_model_dir,
+        "--num-requests",
+        "6",
+        "--input-len",
+        "8:40",
+        "--output-len",
+        "4:12",
+        "--vocab",
+        "400",
+        "--max-num-seqs",
+        "4",
+        "--quiet",
+        "--result-file",
+        str(result),
+    ] + (["--static-batching"] if static else [])
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr
     r = json.loads(result.read_text())

@@ -136,8 +136,15 @@ _GGUF_LAYER = {
 }
 
 
-def write_gguf(path: str, cfg: dict, tensors: dict, tok: Tokenizer, qtype: str = "F32",
-               rope_freqs: np.ndarray | None = None, raw: dict | None = None) -> str:  # fmt: skip
+def write_gguf(
+    path: str,
+    cfg: dict,
+    tensors: dict,
+    tok: Tokenizer,
+    qtype: str = "F32",
+    rope_freqs: np.ndarray | None = None,
+    raw: dict | None = None,
+) -> str:
     """Write the model as llama.cpp would: permuted q/k (llama), matrices in `qtype`.
 
     raw: {gguf tensor name: (uint8 blocks, ggml type name)} written as given instead."""
@@ -176,8 +183,11 @@ def write_gguf(path: str, cfg: dict, tensors: dict, tok: Tokenizer, qtype: str =
                 heads = cfg["num_attention_heads"] if "q_proj" in rest else cfg["num_key_value_heads"]
                 t = llama_cpp_permute(t, heads)
         else:
-            gname = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                     "lm_head.weight": "output.weight"}[name]  # fmt: skip
+            gname = {
+                "model.embed_tokens.weight": "token_embd.weight",
+                "model.norm.weight": "output_norm.weight",
+                "lm_head.weight": "output.weight",
+            }[name]
         if raw and gname in raw:
             blocks, raw_type = raw[gname]
             w.add_tensor(gname, blocks, raw_dtype=getattr(gguf.GGMLQuantizationType, raw_type))

@@ -62,8 +62,10 @@ def main() -> None:
         eng.step()
     total = time.perf_counter() - t0
     per = {k: v / args.steps * 1000 for k, v in totals.items()}
-    print(f"decode step at batch {args.batch}, context ~{args.context}: {total / args.steps * 1000:.1f} ms "
-          f"({args.batch * args.steps / total:.1f} tok/s)")  # fmt: skip
+    print(
+        f"decode step at batch {args.batch}, context ~{args.context}: {total / args.steps * 1000:.1f} ms "
+        f"({args.batch * args.steps / total:.1f} tok/s)"
+    )
     for k, v in sorted(per.items(), key=lambda kv: -kv[1]):
         print(f"  {k:20s} {v:8.2f} ms  {100 * v / (total / args.steps * 1000):5.1f}%")
     rest = total / args.steps * 1000 - sum(per.values())

@@ -25,8 +25,9 @@ def get_backend(device: str = "cpu", dtype: str | None = None) -> Backend:
         device = "cuda" if cuda_available() else "cpu"
         if device == "cpu" and (gpus := visible_gpus()):
             # not an error (the CPU path works), but never a silent one
-            logger.warning("--device auto: %s is visible but CuPy cannot use it (%s); running on the CPU",
-                           gpus[0], cupy_problem())  # fmt: skip
+            logger.warning(
+                "--device auto: %s is visible but CuPy cannot use it (%s); running on the CPU", gpus[0], cupy_problem()
+            )
     if device == "cpu":
         from rawpage.backends.cpu import CPUBackend
 

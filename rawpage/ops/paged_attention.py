@@ -154,9 +154,19 @@ def launch_paged_attention(
 
 
 def _launch_decode(
-    xp, loader, out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-    scale, max_seq_len, partition_size,
-) -> None:  # fmt: skip
+    xp,
+    loader,
+    out,
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    scale,
+    max_seq_len,
+    partition_size,
+) -> None:
     # Grid: (H, B, P): one block per query head, sequence and partition of the
     # context. Block: 8 slots of 16 lanes; a slot takes one key at a time, each
     # lane D/16 of its elements. With P > 1 the reduce kernel merges partitions:
@@ -172,23 +182,50 @@ def _launch_decode(
     suffix = dtype_suffix(q)
     kernel = loader.get_function("paged_attention_decode.cu", f"paged_attention_decode_{suffix}_d{D}")
     args = (
-        out, part_o, part_ml, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-        np.int32(block_tables.shape[1]), np.int32(k_cache.shape[2]), np.int32(k_cache.shape[1]),
-        np.int32(partition_size), np.int32(token_stride(q)), np.float32(scale),
-    )  # fmt: skip
+        out,
+        part_o,
+        part_ml,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        np.int32(block_tables.shape[1]),
+        np.int32(k_cache.shape[2]),
+        np.int32(k_cache.shape[1]),
+        np.int32(partition_size),
+        np.int32(token_stride(q)),
+        np.float32(scale),
+    )
     kernel((H, B, P), (DECODE_THREADS,), args)
     if P > 1:
         reduce = loader.get_function("paged_attention_decode.cu", f"paged_attention_decode_reduce_{suffix}")
         args = (
-            out, part_o, part_ml, seq_lens, query_start_loc,
-            np.int32(D), np.int32(partition_size), np.int32(P),
-        )  # fmt: skip
+            out,
+            part_o,
+            part_ml,
+            seq_lens,
+            query_start_loc,
+            np.int32(D),
+            np.int32(partition_size),
+            np.int32(P),
+        )
         reduce((H, B), (DECODE_THREADS,), args, shared_mem=4 * P)
 
 
 def _launch_prefill(
-    loader, out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len,
-) -> None:  # fmt: skip
+    loader,
+    out,
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    scale,
+    max_query_len,
+) -> None:
     # Grid: (ceil(max_query_len / 64), H, B): one block per 64-row query tile Q_i,
     # head and sequence (x runs backwards in the kernel: heaviest tiles first);
     # tiles past a sequence's chunk exit at once. Block: 4 warps, each owning 16
@@ -203,8 +240,18 @@ def _launch_prefill(
     source = "paged_attention_prefill_f32.cu" if suffix == "f32" else "paged_attention_prefill.cu"
     kernel = loader.get_function(source, f"paged_attention_prefill_{suffix}_d{D}_bc{key_tile}")
     args = (
-        out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-        np.int32(block_tables.shape[1]), np.int32(k_cache.shape[2]), np.int32(k_cache.shape[1]),
-        np.int32(token_stride(q)), np.float32(scale), np.int32(smem),
-    )  # fmt: skip
+        out,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        np.int32(block_tables.shape[1]),
+        np.int32(k_cache.shape[2]),
+        np.int32(k_cache.shape[1]),
+        np.int32(token_stride(q)),
+        np.float32(scale),
+        np.int32(smem),
+    )
     kernel((ceil_div(max_query_len, PREFILL_ROWS), H, B), (PREFILL_THREADS,), args, shared_mem=smem)

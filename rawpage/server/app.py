@@ -48,8 +48,13 @@ def build_app(engine_args: EngineArgs, config: ServerConfig | None = None) -> St
     config = config or ServerConfig()
     name = config.served_model_name or engine_args.served_model_name or default_served_name(engine_args.model)
     metrics = ServerMetrics(name)
-    engine = AsyncEngine(engine_args, on_step=metrics.on_step, max_waiting_requests=config.max_waiting_requests,
-                         request_timeout=config.request_timeout, max_unread_tokens=config.max_unread_tokens)  # fmt: skip
+    engine = AsyncEngine(
+        engine_args,
+        on_step=metrics.on_step,
+        max_waiting_requests=config.max_waiting_requests,
+        request_timeout=config.request_timeout,
+        max_unread_tokens=config.max_unread_tokens,
+    )
     state = ServerState(engine, name, metrics, config)
 
     def api(handler: Handler, auth: bool = True) -> Callable[[Request], Awaitable[Response]]:
@@ -96,8 +101,14 @@ def build_app(engine_args: EngineArgs, config: ServerConfig | None = None) -> St
     ]
     middleware = []
     if config.allowed_origins:  # CORS is off unless the operator names origins
-        middleware.append(Middleware(CORSMiddleware, allow_origins=config.allowed_origins,
-                                     allow_methods=config.allowed_methods, allow_headers=config.allowed_headers))  # fmt: skip
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=config.allowed_origins,
+                allow_methods=config.allowed_methods,
+                allow_headers=config.allowed_headers,
+            )
+        )
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     # Starlette would redirect '/v1/models/' to a Location built from the Host header.
     app.router.redirect_slashes = False
@@ -109,8 +120,11 @@ def build_app(engine_args: EngineArgs, config: ServerConfig | None = None) -> St
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     status = getattr(exc, "status_code", 404)
-    err = APIError(f"{request.method} {request.url.path}: {getattr(exc, 'detail', 'not found')}", status,
-                   type="not_found_error" if status == 404 else "invalid_request_error")  # fmt: skip
+    err = APIError(
+        f"{request.method} {request.url.path}: {getattr(exc, 'detail', 'not found')}",
+        status,
+        type="not_found_error" if status == 404 else "invalid_request_error",
+    )
     return JSONResponse(err.body(), status_code=status)
 
 
@@ -128,8 +142,14 @@ async def version(request: Request, state: ServerState) -> Response:
 
 async def list_models(request: Request, state: ServerState) -> Response:
     llm = state.llm
-    model = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "rawpage",
-             "root": state.model_name, "max_model_len": llm.max_model_len}  # fmt: skip
+    model = {
+        "id": state.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "rawpage",
+        "root": state.model_name,
+        "max_model_len": llm.max_model_len,
+    }
     return JSONResponse({"object": "list", "data": [model]})
 
 
@@ -173,8 +193,13 @@ def run_server(args: argparse.Namespace) -> int:
     engine_args = EngineArgs.from_cli_args(args)
     app = build_app(engine_args, ServerConfig.from_cli_args(args))
     name = app.state.rawpage.model_name
-    logger.info("rawpage %s: serving %s at http://%s:%d/v1 (loading the model now; /health is 503 until ready)",
-                __version__, name, args.host, args.port)  # fmt: skip
+    logger.info(
+        "rawpage %s: serving %s at http://%s:%d/v1 (loading the model now; /health is 503 until ready)",
+        __version__,
+        name,
+        args.host,
+        args.port,
+    )
     # uvicorn handles SIGINT/SIGTERM itself (stop accepting, let streams finish, then the lifespan
     # shutdown stops the engine) and afterwards re-raises the signal to the handler found before
     # it started. That handler is this no-op, so a graceful shutdown exits with status 0.

@@ -16,9 +16,15 @@ from rawpage.server.args import ServerConfig
 class APIError(Exception):
     """An error the client caused (or the server state it met), in OpenAI's shape."""
 
-    def __init__(self, message: str, status: int = 400, param: str | None = None,
-                 type: str = "invalid_request_error", code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        param: str | None = None,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.headers = headers
         self.message, self.status, self.param, self.type, self.code = (
@@ -98,7 +104,9 @@ class Body:
             raise APIError(f"'{name}' must be between {lo} and {hi}, got {v}", param=name)
         return v
 
-    def float(self, name: str, default: float | None = None, lo: float | None = None, hi: float | None = None) -> float | None:  # fmt: skip
+    def float(
+        self, name: str, default: float | None = None, lo: float | None = None, hi: float | None = None
+    ) -> float | None:
         v = self._get(name, default)
         if v is default:
             return v
@@ -135,13 +143,19 @@ class Body:
         if len(v) > max_count:
             raise APIError(f"'stop' has {len(v)} strings; the limit is {max_count} (--max-stop-strings)", param="stop")
         if any(len(s) > max_chars for s in v):
-            raise APIError(f"a stop string is longer than {max_chars} characters (--max-stop-string-chars)",
-                           param="stop")  # fmt: skip
+            raise APIError(
+                f"a stop string is longer than {max_chars} characters (--max-stop-string-chars)", param="stop"
+            )
         return v
 
 
-def sampling_params(body: Body, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None,
-                    config: ServerConfig | None = None) -> SamplingParams:  # fmt: skip
+def sampling_params(
+    body: Body,
+    max_tokens: int | None,
+    logprobs: int | None,
+    prompt_logprobs: int | None = None,
+    config: ServerConfig | None = None,
+) -> SamplingParams:
     """The sampling fields shared by both endpoints, including vLLM's extras."""
     config = config or ServerConfig()
     bias = body.dict("logit_bias")
