@@ -23,7 +23,8 @@ serve: setup
 generate: setup
 	$(VENV)/bin/rawpage generate "$(or $(PROMPT),What is the capital of France?)" $(ARGS)
 
-test: setup
+# Lint first (ruff check and the formatter's check): CI runs this target.
+test: lint
 	$(PY) -m pytest -q $(ARGS)
 
 lint: setup

@@ -23,8 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="start the OpenAI-compatible HTTP server",
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    serve = sub.add_parser("serve", help="start the OpenAI-compatible HTTP server")
     from rawpage.server.args import add_server_args
 
     add_server_args(serve)
@@ -75,8 +74,13 @@ def _engine(args: argparse.Namespace):
 def _params(args: argparse.Namespace):
     from rawpage.sampling_params import SamplingParams
 
-    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                          top_k=args.top_k, seed=args.sampling_seed)  # fmt: skip
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.sampling_seed,
+    )
 
 
 def _stream(engine, prompt, params) -> str:

@@ -3,8 +3,9 @@
 A Request is one prompt with its SamplingParams. It owns one Sequence, or n of
 them for parallel sampling and beam search; those share the prompt's KV blocks.
 Every sequence carries its own token list, KV block table, progress
-(`num_computed_tokens`: how many of its tokens already have K/V in the cache),
-random generator and detokenizer.
+(`num_computed_tokens`: how many of its tokens already have K/V in the cache)
+and random generator. Its text lives in the OutputProcessor: a sequence is a
+scheduling record.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from rawpage.detokenizer import IncrementalDetokenizer
 from rawpage.sampling_params import SamplingParams
 
 
@@ -53,10 +53,6 @@ class Sequence:
         self.logprobs: list[dict[int, Logprob]] = []  # one dict per generated token, if asked
         self.finish_reason: str | None = None  # "stop" | "length" | "abort"
         self.stop_reason: int | str | None = None  # the stop token id or stop string
-        self.detokenizer: IncrementalDetokenizer | None = None
-        self.text = ""  # generated text so far, stop strings removed
-        self.num_emitted_tokens = 0  # tokens already reported in outputs
-        self.num_emitted_chars = 0
 
     # --- token bookkeeping ------------------------------------------------------
     @property
@@ -109,7 +105,6 @@ class RequestMetrics:
     arrival_time: float
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
-    last_token_time: float | None = None
     finished_time: float | None = None
 
 

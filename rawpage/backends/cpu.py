@@ -71,7 +71,9 @@ class CPUBackend(Backend):
     def swap_blocks(self, src, dst, block_mapping):
         swap_blocks_ref(src, dst, block_mapping)
 
-    def paged_attention(self, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, meta=None):
+    def paged_attention(
+        self, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len, max_seq_len
+    ):
         out = np.empty_like(q)
         q_lens = np.diff(query_start_loc)
         decode = q_lens == 1
@@ -111,9 +113,13 @@ _DECODE_CHUNK = 8
 
 
 def decode_attention(
-    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
-    seq_lens: np.ndarray, scale: float,
-) -> np.ndarray:  # fmt: skip
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    block_tables: np.ndarray,
+    seq_lens: np.ndarray,
+    scale: float,
+) -> np.ndarray:
     """One query token per sequence. q: (B, H, D) -> (B, H, D).
 
     Sequences are sorted by length and taken a few at a time, so that padding is
@@ -128,9 +134,13 @@ def decode_attention(
 
 
 def _decode_chunk(
-    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
-    seq_lens: np.ndarray, scale: float,
-) -> np.ndarray:  # fmt: skip
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    block_tables: np.ndarray,
+    seq_lens: np.ndarray,
+    scale: float,
+) -> np.ndarray:
     """Gathers the chunk's blocks into (B, L_max, Hkv, D), padding short contexts, and
     masks the padding before the softmax: a few batched GEMMs, no loop over sequences."""
     B, H, D = q.shape

@@ -94,13 +94,9 @@ class KernelBackend(Backend):
         seq_lens: Array,
         query_start_loc: Array,
         scale: float,
-        meta: Any = None,
+        max_query_len: int,
+        max_seq_len: int,
     ) -> Array:
-        host_q_lens = getattr(meta, "host_query_lens", None)
-        host_seq_lens = getattr(meta, "host_seq_lens", None)
-        if host_q_lens is None or host_seq_lens is None:  # no host facts: read them back
-            host_q_lens = np.diff(self.to_numpy(query_start_loc))
-            host_seq_lens = self.to_numpy(seq_lens)
         return launch_paged_attention(
             self.xp,
             self.loader,
@@ -111,8 +107,8 @@ class KernelBackend(Backend):
             seq_lens,
             query_start_loc,
             scale,
-            max_query_len=int(np.max(host_q_lens, initial=0)),
-            max_seq_len=int(np.max(host_seq_lens, initial=0)),
+            max_query_len=max_query_len,
+            max_seq_len=max_seq_len,
         )
 
     def silu_and_mul(self, x: Array) -> Array:

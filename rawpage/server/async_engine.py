@@ -125,9 +125,14 @@ def _merge(old: RequestOutput, new: RequestOutput) -> RequestOutput:
 
 
 class AsyncEngine:
-    def __init__(self, args: EngineArgs, on_step: Callable[[LLMEngine, list[RequestOutput]], None] | None = None,
-                 max_waiting_requests: int | None = None, request_timeout: float | None = None,
-                 max_unread_tokens: int = 8192) -> None:  # fmt: skip
+    def __init__(
+        self,
+        args: EngineArgs,
+        on_step: Callable[[LLMEngine, list[RequestOutput]], None] | None = None,
+        max_waiting_requests: int | None = None,
+        request_timeout: float | None = None,
+        max_unread_tokens: int = 8192,
+    ) -> None:
         self.args = args
         self.max_waiting_requests = max_waiting_requests
         self.request_timeout = request_timeout
@@ -154,10 +159,6 @@ class AsyncEngine:
         self._thread.join(timeout)
 
     @property
-    def is_ready(self) -> bool:
-        return self.engine is not None and self.error is None
-
-    @property
     def is_loading(self) -> bool:
         return self.engine is None and self.error is None
 
@@ -166,11 +167,14 @@ class AsyncEngine:
         """Refuse early (429) when the queue already holds --max-waiting-requests."""
         limit = self.max_waiting_requests
         if limit is not None and self._num_waiting + self._adds_sent - self._adds_taken + count > limit:
-            raise APIError(f"the server is at capacity ({limit} requests waiting, --max-waiting-requests); "
-                           "retry shortly", 429, type="rate_limit_error", headers={"Retry-After": "1"})  # fmt: skip
+            raise APIError(
+                f"the server is at capacity ({limit} requests waiting, --max-waiting-requests); retry shortly",
+                429,
+                type="rate_limit_error",
+                headers={"Retry-After": "1"},
+            )
 
-    def generate(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                 priority: int = 0) -> RequestStream:  # fmt: skip
+    def generate(self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0) -> RequestStream:
         """Queue a request now and return the stream of its outputs. Leaving the stream
         early (closing it, or dropping it unread) aborts the request."""
         if self.error is not None:
@@ -221,11 +225,17 @@ class AsyncEngine:
                 continue
             item = RequestFailedError(f"the engine failed this request: {out.error}") if out.error else out
             if not stream.put(item) and not out.finished:
-                logger.warning("request %s: the client left %d+ tokens unread; aborting it", out.request_id,
-                               self.max_unread_tokens)  # fmt: skip
+                logger.warning(
+                    "request %s: the client left %d+ tokens unread; aborting it", out.request_id, self.max_unread_tokens
+                )
                 self.engine.abort_request(out.request_id)
-                stream.put(APIError(f"the client read too slowly (over {self.max_unread_tokens} tokens unread)",
-                                    408, type="timeout_error"))  # fmt: skip
+                stream.put(
+                    APIError(
+                        f"the client read too slowly (over {self.max_unread_tokens} tokens unread)",
+                        408,
+                        type="timeout_error",
+                    )
+                )
 
     def _abort_expired(self) -> None:
         """--request-timeout: requests past their deadline end with finish_reason 'abort'."""
