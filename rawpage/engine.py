@@ -59,7 +59,7 @@ class LLMEngine:
         self.tokenizer = ckpt.tokenizer
         self.generation_config = ckpt.generation_config
         self.chat_template = ChatTemplate.from_arg(args.chat_template) if args.chat_template else None
-        self.backend = get_backend(args.device, resolve_dtype(args.dtype, args.device, c.torch_dtype))
+        self.backend = get_backend(args.device, resolve_dtype(args.dtype, args.device, c.torch_dtype), args.cpu_threads)
         self.model = LlamaModel(c, self.backend, ckpt.tensors)
         self.max_model_len = resolve_max_model_len(args.max_model_len, c.max_position_embeddings)
         self.block_size = args.block_size

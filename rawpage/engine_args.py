@@ -93,6 +93,11 @@ class EngineArgs:
         choices=SCHEDULING_POLICIES,
     )
     seed: int = flag(0, "seed for requests that do not bring their own")
+    cpu_threads: int | None = flag(
+        None,
+        "cpu: BLAS threads per forward pass, at most the cores this process may use",
+        default_text="1 for small batches, all usable cores for large ones",
+    )
     log_stats_interval: float = 5.0  # seconds between stats lines while busy; 0 = off
 
     def __post_init__(self) -> None:

@@ -17,7 +17,7 @@ from rawpage.backends.gpu_probe import cupy_problem, require_cuda, visible_gpus
 logger = logging.getLogger(__name__)
 
 
-def get_backend(device: str = "cpu", dtype: str | None = None) -> Backend:
+def get_backend(device: str = "cpu", dtype: str | None = None, cpu_threads: int | None = None) -> Backend:
     """device: cpu, sim, cuda or auto (cuda if a GPU is visible, else cpu).
     dtype: float32, float16 or bfloat16; None means float32 on cpu and sim,
     float16 on cuda. The cpu backend computes in float32 only."""
@@ -33,7 +33,7 @@ def get_backend(device: str = "cpu", dtype: str | None = None) -> Backend:
 
         if dtype not in (None, "float32"):
             raise ValueError(f"--device cpu computes in float32; for --dtype {dtype} use --device sim or cuda")
-        return CPUBackend()
+        return CPUBackend(cpu_threads)
     if device == "sim":
         from rawpage.backends.sim import SimBackend
 

@@ -8,11 +8,13 @@ over block tables padded to the longest context.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
 
 from rawpage.backends.base import Backend
+from rawpage.backends.cpu_threads import CpuThreads
 from rawpage.ops.activation import silu_and_mul_ref
 from rawpage.ops.cache_ops import copy_blocks_ref, swap_blocks_ref
 from rawpage.ops.paged_attention import gather_kv
@@ -20,12 +22,16 @@ from rawpage.ops.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from rawpage.ops.rope import rope_ref
 from rawpage.ops.write_kv import write_kv_ref
 
+logger = logging.getLogger("rawpage")
+
 
 class CPUBackend(Backend):
     name = "cpu"
 
-    def __init__(self) -> None:
+    def __init__(self, cpu_threads: int | None = None) -> None:
         self.dtype = np.dtype(np.float32)
+        self.threads = CpuThreads(cpu_threads)
+        logger.info("%s", self.threads.describe())
 
     def asarray(self, x: np.ndarray, dtype: Any = None) -> np.ndarray:
         return np.ascontiguousarray(x, dtype=dtype or self.dtype)
@@ -37,6 +43,9 @@ class CPUBackend(Backend):
         return np.zeros(shape, dtype=dtype or self.dtype)
 
     def embedding(self, ids: np.ndarray, table: np.ndarray) -> np.ndarray:
+        """ids: (T,) -> (T, dim). The first op of every forward pass, so the thread count for
+        this pass's GEMMs (T rows each) is set here."""
+        self.threads.set_for(len(ids))
         return table[ids]
 
     def prepare_linear(self, w: np.ndarray) -> np.ndarray:
