@@ -53,7 +53,7 @@ class LLMEngine:
         args = args or EngineArgs(**kwargs)
         self.args = args
         t0 = time.monotonic()
-        ckpt = load_checkpoint(args.model, args.load_format, args.seed)
+        ckpt = load_checkpoint(args.model, args.load_format, args.seed, args.revision)
         self.model_path = ckpt.path
         self.model_config = c = ckpt.config
         self.tokenizer = ckpt.tokenizer
@@ -94,7 +94,7 @@ class LLMEngine:
         self._rng = np.random.default_rng(args.seed)
         self.stats = EngineStats(args.log_stats_interval)
         self.startup_seconds = time.monotonic() - t0
-        name, device = c.name or ckpt.path, self.backend.name
+        name, device = args.served_model_name or c.name or ckpt.path, self.backend.name
         logger.info("loaded %s (%s) on %s in %.1f s", name, c.architecture, device, self.startup_seconds)
         logger.info("%s", self.memory.describe())
 
@@ -127,7 +127,7 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, ids = self.tokenize_prompt(prompt)
         self.validate_prompt(ids, params)
-        req = Request(request_id, text, ids, params, arrival_time or time.monotonic(), priority)
+        req = Request(request_id, text, ids, params, arrival_time or time.time(), priority)
         seed = params.seed if params.seed is not None else int(self._rng.integers(2**63))
         req.seqs.append(Sequence(next(self._seq_ids), req, ids, 0, seed))
         if params.prompt_logprobs is not None:
@@ -215,7 +215,7 @@ class LLMEngine:
         self.block_manager.cache_full_blocks(seq)
         metrics = seq.request.metrics
         if metrics.first_scheduled_time is None:
-            metrics.first_scheduled_time = time.monotonic()
+            metrics.first_scheduled_time = time.time()
         if seq.request.prompt_logprobs is not None and num_rows > 1:
             self.output.record_prompt_logprobs(seq.request, start, logits[offset : offset + num_rows])
         return 0 if is_decode else n

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from rawpage.flags import add_flags, flag, given_flags
+from rawpage.loader.gguf_file import SUPPORTED_TENSOR_TYPES
+
+logger = logging.getLogger("rawpage")
 
 DEVICES = ["auto", "cpu", "sim", "cuda"]
 DTYPES = ["auto", "float32", "float16", "bfloat16", "half"]
@@ -98,11 +102,29 @@ class EngineArgs:
         "cpu: BLAS threads per forward pass, at most the cores this process may use",
         default_text="1 for small batches, all usable cores for large ones",
     )
+    # vLLM's flags, accepted so that a vLLM command line runs (or says why it cannot).
+    revision: str | None = flag(None, "hub model revision: branch, tag or commit", default_text="main")
+    tokenizer: str | None = flag(None, "the tokenizer; rawpage reads it from the model", default_text="--model")
+    trust_remote_code: bool = flag(
+        False,
+        "accepted for vLLM compatibility: rawpage never runs code from a model repository, so this changes nothing",
+    )
+    quantization: str | None = flag(
+        None,
+        f"only 'gguf': the tensor types inside a .gguf file "
+        f"({', '.join(sorted(SUPPORTED_TENSOR_TYPES))}), dequantized at load",
+        default_text="from the checkpoint",
+    )
+    tensor_parallel_size: int = flag(1, "GPUs per model; only 1 today (tensor parallelism is issue 20)")
+    disable_log_stats: bool = flag(False, "no periodic stats line in the log")
     log_stats_interval: float = 5.0  # seconds between stats lines while busy; 0 = off
 
     def __post_init__(self) -> None:
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_bytes(self.kv_cache_memory)
+        if self.disable_log_stats:
+            self.log_stats_interval = 0
+        self._check_vllm_flags()
         for f in dataclasses.fields(self):
             choices, value = f.metadata.get("choices"), getattr(self, f.name)
             if choices and value not in choices:
@@ -122,6 +144,26 @@ class EngineArgs:
         for ok, name, why in checks:
             if not ok:
                 raise ValueError(f"{name} {why}, got {getattr(self, name)!r}")
+
+    def _check_vllm_flags(self) -> None:
+        """vLLM flags whose other values rawpage cannot honour: refuse them before anything loads."""
+        if self.tensor_parallel_size != 1:
+            raise ValueError(
+                f"--tensor-parallel-size {self.tensor_parallel_size}: rawpage runs a model on one device today; "
+                "tensor parallelism comes with issue 20"
+            )
+        if self.quantization not in (None, "gguf"):
+            raise ValueError(
+                f"--quantization {self.quantization}: not supported; rawpage reads only the quantized types inside "
+                f"a .gguf file ({', '.join(sorted(SUPPORTED_TENSOR_TYPES))}): pass --quantization gguf or leave it out"
+            )
+        if self.tokenizer not in (None, self.model):
+            raise ValueError(
+                f"--tokenizer {self.tokenizer}: rawpage reads the tokenizer from the model itself; "
+                "a separate tokenizer is not supported, so leave --tokenizer out"
+            )
+        if self.trust_remote_code:
+            logger.info("--trust-remote-code: accepted; rawpage never runs code from a model repository")
 
     @classmethod
     def field_names(cls) -> set[str]:

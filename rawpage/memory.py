@@ -61,9 +61,10 @@ class MemoryPlan:
                 f"= {self.total_bytes * self.utilization / GiB:.2f} GiB budget"
             )
         other = f", other {self.other_bytes / GiB:.3f} GiB (CUDA context, cuBLAS, kernels)" if self.other_bytes else ""
+        # Activations are measured only on the GPU; a fixed budget (CPU) has no figure to show.
+        peak = f"peak activations {self.activation_bytes / GiB:.3f} GiB, " if self.activation_bytes else ""
         lines += [
-            f"weights {self.weights_bytes / GiB:.3f} GiB, peak activations {self.activation_bytes / GiB:.3f} GiB, "
-            f"KV cache {self.kv_bytes / GiB:.3f} GiB{other}",
+            f"weights {self.weights_bytes / GiB:.3f} GiB, {peak}KV cache {self.kv_bytes / GiB:.3f} GiB{other}",
             f"KV cache: {self.num_blocks} blocks x {self.block_size} tokens "
             f"({self.bytes_per_block / 2**10:.0f} KiB per block) = {self.num_tokens:,} tokens; "
             f"{self.max_full_length_seqs:.1f} sequences of --max-model-len {self.max_model_len} fit",

@@ -61,9 +61,9 @@ class OutputProcessor:
             if pos >= len(ids) or pos < len(req.prompt_logprobs):
                 continue
             tok = ids[pos]
-            entry = {tok: Logprob(float(lps[j, tok]), int((lps[j] > lps[j, tok]).sum()) + 1)}
+            entry = {tok: self._logprob(tok, float(lps[j, tok]), int((lps[j] > lps[j, tok]).sum()) + 1)}
             for rank, t in enumerate(top_k_ids(lps[j], k) if k else [], start=1):
-                entry.setdefault(int(t), Logprob(float(lps[j, t]), rank))
+                entry.setdefault(int(t), self._logprob(int(t), float(lps[j, t]), rank))
             req.prompt_logprobs.append(entry)
 
     def append_tokens(
@@ -72,7 +72,7 @@ class OutputProcessor:
         """Give each sequence its sampled token: logprobs, text, stop checks; finished ones
         are handed to `finish` at once, so their blocks are freed this step. A sequence
         that fails here goes to `on_error`; the others carry on."""
-        now = time.monotonic()
+        now = time.time()
         for i, seq in enumerate(seqs):
             if seq.is_finished:  # a sibling's failure already ended its request
                 continue
@@ -87,9 +87,9 @@ class OutputProcessor:
         seq.append_token(tok, 0.0 if np.isnan(lp) else lp)
         p = seq.request.params
         if p.logprobs is not None:
-            entry = {tok: Logprob(lp, int(out.ranks[i]))}
+            entry = {tok: self._logprob(tok, lp, int(out.ranks[i]))}
             for rank, (t, v) in enumerate(zip(out.top_ids[i], out.top_logprobs[i]), start=1):
-                entry.setdefault(int(t), Logprob(float(v), rank))
+                entry.setdefault(int(t), self._logprob(int(t), float(v), rank))
             seq.logprobs.append(entry)
         m = seq.request.metrics
         m.first_token_time = m.first_token_time or now
@@ -133,7 +133,7 @@ class OutputProcessor:
             st.num_emitted_chars, st.num_emitted_tokens = len(visible), len(toks)
         finished = req.is_finished
         if finished:
-            req.metrics.finished_time = time.monotonic()
+            req.metrics.finished_time = time.time()
             self.forget(req)
         return RequestOutput(
             req.request_id,
@@ -146,6 +146,10 @@ class OutputProcessor:
             req.num_cached_tokens,
             req.error,
         )
+
+    def _logprob(self, token_id: int, logprob: float, rank: int) -> Logprob:
+        """A Logprob with the token's own text, as vLLM fills decoded_token."""
+        return Logprob(logprob, rank, self.tokenizer.decode([token_id], skip_special_tokens=False))
 
     def _text(self, seq: Sequence) -> SequenceText:
         st = self.texts.get(seq.seq_id)
@@ -172,7 +176,7 @@ class OutputProcessor:
                         i, text, h.token_ids, h.cumulative_logprob, None, h.finish_reason, None, text, list(h.token_ids)
                     )
                 )
-            req.metrics.finished_time = time.monotonic()
+            req.metrics.finished_time = time.time()
         return RequestOutput(
             req.request_id,
             req.prompt,

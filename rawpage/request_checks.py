@@ -38,14 +38,38 @@ def check_request(
         )
     if params.max_tokens is None and n >= limit:
         raise InvalidRequestError(
-            f"the prompt has {n} tokens, which leaves no room for output under --max-model-len {limit}", "prompt"
+            f"the prompt has {_tokens(n)}, which leaves no room for output under --max-model-len {limit}", "prompt"
         )
     total = n + (params.max_tokens or 0)
     if total > limit:
         raise InvalidRequestError(
-            f"the prompt ({n} tokens) plus max_tokens ({params.max_tokens}) is {total} tokens, "
+            f"the prompt ({_tokens(n)}) plus max_tokens ({params.max_tokens}) is {_tokens(total)}, "
             f"more than --max-model-len {limit}; shorten the prompt or lower max_tokens",
             "prompt",
         )
     # Startup guaranteed that one --max-model-len sequence fits in the pool, so any
     # request that passes these checks can run to completion, if need be alone.
+
+
+def _tokens(n: int) -> str:
+    return f"{n} token" if n == 1 else f"{n} tokens"
+
+
+def check_params_type(params: list) -> None:
+    """LLM.generate: a dict where SamplingParams belongs gets one line, not an AttributeError."""
+    for p in params:
+        if not isinstance(p, SamplingParams):
+            raise TypeError(
+                f"sampling_params must be a SamplingParams or a list of them, got {type(p).__name__}; "
+                "write SamplingParams(**your_dict)"
+            )
+
+
+def check_messages(conversations: list) -> None:
+    """LLM.chat: every message is a dict with a 'role' and a 'content' (or tool calls)."""
+    for conv in conversations:
+        for i, m in enumerate(conv):
+            if not isinstance(m, dict) or "role" not in m:
+                raise ValueError(f"messages[{i}] must be a dict with a 'role' and a 'content'")
+            if m.get("content") is None and not m.get("tool_calls"):
+                raise ValueError(f"messages[{i}] ({m['role']}) has no 'content'; give it a 'content' string")

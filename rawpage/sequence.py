@@ -114,7 +114,7 @@ class Request:
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
-    arrival_time: float = field(default_factory=time.monotonic)
+    arrival_time: float = field(default_factory=time.time)  # epoch seconds, as are all RequestMetrics
     priority: int = 0  # lower runs first (vLLM's convention)
     seqs: list[Sequence] = field(default_factory=list)
     forked: bool = False  # n > 1: children exist once the prompt is computed

@@ -57,6 +57,11 @@ class ServerConfig:
         None, "seconds a request may run before it is aborted with finish_reason 'abort'", default_text="none"
     )
     max_unread_tokens: int = flag(8192, "abort a stream whose client has left this many tokens unread")
+    shutdown_timeout: float = flag(
+        10.0,
+        "on SIGTERM or Ctrl-C, seconds to let running streams finish before they are ended with finish_reason 'abort'",
+    )
+    disable_log_requests: bool = flag(False, "no log line per request")
     preprocess_threads: int = 2  # chat templates and tokenization run here, off the event loop
     log_level: str = flag("info", "log level", choices=["debug", "info", "warning", "error"])
 

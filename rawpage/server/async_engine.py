@@ -132,8 +132,10 @@ class AsyncEngine:
         max_waiting_requests: int | None = None,
         request_timeout: float | None = None,
         max_unread_tokens: int = 8192,
+        log_requests: bool = True,
     ) -> None:
         self.args = args
+        self.log_requests = log_requests  # one log line per request (--disable-log-requests)
         self.max_waiting_requests = max_waiting_requests
         self.request_timeout = request_timeout
         self.max_unread_tokens = max_unread_tokens
@@ -179,14 +181,26 @@ class AsyncEngine:
         early (closing it, or dropping it unread) aborts the request."""
         if self.error is not None:
             raise EngineDeadError("the engine has stopped; see the server log")
+        if self.log_requests:
+            logger.info(
+                "request %s: max_tokens %s, temperature %g, n %d",
+                request_id,
+                params.max_tokens,
+                params.temperature,
+                params.n,
+            )
         stream = _Stream(asyncio.get_running_loop(), self.max_unread_tokens)
         self._streams[request_id] = stream
         self._adds_sent += 1  # counted at once, so a burst cannot slip past check_capacity
-        self._inbox.put(("add", request_id, prompt, params, priority, time.monotonic()))
+        self._inbox.put(("add", request_id, prompt, params, priority, time.time()))
         return RequestStream(self, request_id, stream)
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
+
+    def abort_all(self) -> None:
+        """End every request now (shutdown): each stream gets its final output, finish_reason "abort"."""
+        self._inbox.put(("abort_all",))
 
     # --- the engine thread --------------------------------------------------------------------
     def _run(self) -> None:
@@ -241,7 +255,7 @@ class AsyncEngine:
         """--request-timeout: requests past their deadline end with finish_reason 'abort'."""
         if not self._deadlines:
             return
-        now = time.monotonic()
+        now = time.time()
         expired = [rid for rid, t in self._deadlines.items() if t < now]
         for rid in expired:
             del self._deadlines[rid]
@@ -281,3 +295,5 @@ class AsyncEngine:
                 stream.put(RequestFailedError(f"the engine could not add this request: {type(e).__name__}: {e}"))
         elif cmd[0] == "abort":
             engine.abort_request(cmd[1])
+        elif cmd[0] == "abort_all":
+            engine.abort_request(list(self._streams))

@@ -50,6 +50,15 @@ _MISSING = object()
 MAX_JSON_DEPTH = 32  # an OpenAI request nests about 6 deep (tools schemas a little more)
 
 
+def _range(lo: float | None, hi: float | None) -> str:
+    """'between 0 and 2', '≥ 1' or '≤ 100': a missing bound is not printed as None."""
+    if hi is None:
+        return f"≥ {lo}"
+    if lo is None:
+        return f"≤ {hi}"
+    return f"between {lo} and {hi}"
+
+
 def check_json(data: Any) -> None:
     """Refuse what json.loads accepts but nothing downstream can use: nesting deeper than
     MAX_JSON_DEPTH, and strings with lone UTF-16 surrogates ("\\ud800"), which cannot be
@@ -101,7 +110,7 @@ class Body:
         if isinstance(v, bool) or not isinstance(v, int):
             raise APIError(f"'{name}' must be an integer", param=name)
         if (lo is not None and v < lo) or (hi is not None and v > hi):
-            raise APIError(f"'{name}' must be between {lo} and {hi}, got {v}", param=name)
+            raise APIError(f"'{name}' must be {_range(lo, hi)}, got {v}", param=name)
         return v
 
     def float(
@@ -113,7 +122,7 @@ class Body:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise APIError(f"'{name}' must be a number", param=name)
         if (lo is not None and v < lo) or (hi is not None and v > hi):
-            raise APIError(f"'{name}' must be between {lo} and {hi}, got {v}", param=name)
+            raise APIError(f"'{name}' must be {_range(lo, hi)}, got {v}", param=name)
         return float(v)
 
     def str(self, name: str, default: str | None = None) -> str | None:
