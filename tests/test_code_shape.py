@@ -3,6 +3,8 @@ functions stay short, and the reading guide names files that exist."""
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,3 +142,14 @@ def test_the_formatter_settles_the_layout():
         if any(m in p.read_text() for m in markers)
     ]
     assert not found, f"formatter markers in {found}; let `ruff format` decide"
+
+
+def test_the_step_path_stays_simple():
+    """step() and all it calls in the engine core keep a cyclomatic complexity below 8 (ruff's C901)."""
+    ruff = Path(sys.executable).parent / "ruff"
+    files = [ROOT / "rawpage" / f"{n}.py" for n in [*CORE, "beam_search", "forking", "output_processor", "stats"]]
+    config = "lint.mccabe.max-complexity=7"
+    out = subprocess.run(
+        [ruff, "check", "--select", "C901", "--config", config, *files], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stdout
