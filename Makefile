@@ -1,6 +1,6 @@
 # Two commands from a fresh clone:
 #   make serve   set up .venv, install rawpage and the default model, start the server
-#   make test    set up .venv with the test tools, run the test suite
+#   make test    set up .venv with the test tools, lint (ruff), run the test suite
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
