@@ -183,7 +183,7 @@ class LLMEngine:
         return self._finish_step(num_prompt_tokens, num_generated)
 
     def _schedule(self) -> SchedulerOutput:
-        self._batch = None
+        self._batch = None  # until the batch is known, a failure is everyone's (_recover)
         sched = self.scheduler.schedule()
         self._batch = {seq.request.request_id: seq.request for seq, _ in sched.scheduled}
         self.runner.swap(sched.swap_out, sched.swap_in)
