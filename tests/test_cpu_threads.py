@@ -12,7 +12,7 @@ from rawpage.backends.cpu_threads import SMALL_BATCH_ROWS, CpuThreads, threads_f
         (1, 2, None, 1),  # one stream: one thread, so a busy core cannot stall it
         (SMALL_BATCH_ROWS - 1, 16, None, 1),
         (SMALL_BATCH_ROWS, 2, None, 2),  # a real GEMM: every core we may use
-        (64, 16, None, 16),
+        (SMALL_BATCH_ROWS * 4, 16, None, 16),
         (512, 1, None, 1),  # a one-core affinity mask: never more
         (1, 16, 4, 4),  # --cpu-threads fixes the count whatever the batch
         (64, 2, 8, 2),  # ... but never beyond the usable cores
@@ -35,7 +35,7 @@ def test_the_policy_reaches_blas():
     try:
         assert threads.set_for(1) == 1
         assert {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"} == {1}
-        assert threads.set_for(64) == 2
+        assert threads.set_for(SMALL_BATCH_ROWS) == 2
         assert {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"} == {2}
         assert "2 usable cores" in threads.describe()
     finally:

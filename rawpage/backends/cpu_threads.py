@@ -4,9 +4,9 @@ OpenBLAS's worker threads spin while they wait for work. When another process
 keeps one of our cores busy, a spinning worker and that process fight over it,
 and a decode step that should take milliseconds waits for the scheduler instead:
 single-stream decode fell to 0.30x with one core busy (issue 14). A small batch
-(a few GEMV-like rows per weight) gains little from more threads anyway, so it
-runs on one; a large batch or a prefill chunk (many rows: real GEMMs) uses every
-core this process may run on, never more (os.sched_getaffinity, not cpu_count:
+(few rows per weight) gains little from more threads anyway, so it runs on one;
+a large batch or a long prefill chunk (many rows: real GEMMs) uses every core
+this process may run on, never more (os.sched_getaffinity, not cpu_count:
 a container or `taskset` may give us fewer than the machine has).
 
 The switch point is provisional until tools/bench_cpu_threads.py is run on a
@@ -22,8 +22,10 @@ from threadpoolctl import ThreadpoolController
 
 logger = logging.getLogger("rawpage")
 
-# Rows (tokens in the forward pass) from which the GEMMs use every usable core.
-SMALL_BATCH_ROWS = 8
+# Rows (tokens in the forward pass) from which the GEMMs use every usable core. High on
+# purpose until measured: on a loaded 2-core machine a 2-thread short chat prefill was
+# slow enough to time out a server test that passed with one thread everywhere.
+SMALL_BATCH_ROWS = 64
 
 
 def usable_cores() -> int:
