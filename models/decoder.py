@@ -12,9 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
-from rawpage.models.llama import _CheckpointWeights, _progress
-from rawpage.models.moe import MoEWeights, moe_forward
-from rawpage.models.rotary import rope_table
 
 from rawpage.backends.base import Array, Backend
 from rawpage.config import ModelConfig
@@ -22,6 +19,9 @@ from rawpage.dtypes import from_float32, to_float32
 from rawpage.errors import UnsupportedModelError
 from rawpage.forward_batch import ForwardBatch
 from rawpage.loader.dummy import DummyWeights
+from rawpage.models.llama import _CheckpointWeights, _progress
+from rawpage.models.moe import MoEWeights, moe_forward
+from rawpage.models.rotary import rope_table
 
 Part = tuple[str, tuple[int, ...]]  # (Hugging Face tensor name, shape)
 
@@ -98,8 +98,10 @@ class DecoderModel:
     def attention_parts(self, p: str) -> list[Part]:
         """The q, k, v projections, fused in this order. Phi-3 overrides (one tensor)."""
         c = self.config
-        return [(p + f"self_attn.{n}_proj.weight", (size, c.hidden_size)) for n, size in
-                zip("qkv", (c.q_size, c.kv_size, c.kv_size))]  # fmt: skip
+        return [
+            (p + f"self_attn.{n}_proj.weight", (size, c.hidden_size))
+            for n, size in zip("qkv", (c.q_size, c.kv_size, c.kv_size))
+        ]
 
     def mlp_parts(self, p: str) -> list[Part]:
         """gate and up of a dense MLP, fused as [gate | up]. Phi-3 overrides (one tensor)."""
@@ -193,9 +195,17 @@ class DecoderModel:
             b.rope(batch.positions, q, k, self.cos_sin[layer.rope], True)
             b.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
             o = b.paged_attention(
-                q, k_cache, v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc, scale, batch,
-                sliding_window=layer.sliding_window, soft_cap=c.attn_logit_softcapping,
-            )  # (T, H, D)  # fmt: skip
+                q,
+                k_cache,
+                v_cache,
+                batch.block_tables,
+                batch.seq_lens,
+                batch.query_start_loc,
+                scale,
+                batch,
+                sliding_window=layer.sliding_window,
+                soft_cap=c.attn_logit_softcapping,
+            )  # (T, H, D)
             h = b.linear(o.reshape(T, H * D), layer.o_proj)  # (T, dim)
             if layer.post_attn_norm is not None:
                 h = b.rms_norm(h, layer.post_attn_norm, eps)
@@ -203,8 +213,9 @@ class DecoderModel:
             # feed-forward block: h = down(act(gate(x)) * up(x)), or a mixture of such experts
             x, residual = b.fused_add_rms_norm(h, residual, layer.pre_ffn_norm, eps)
             if layer.moe is not None:
-                h = moe_forward(b, x, layer.moe, c.num_experts_per_tok, c.norm_topk_prob, self.activation,
-                                self.expert_tokens[i])  # fmt: skip
+                h = moe_forward(
+                    b, x, layer.moe, c.num_experts_per_tok, c.norm_topk_prob, self.activation, self.expert_tokens[i]
+                )
             else:
                 h = b.linear(self.activation(b.linear(x, layer.gate_up)), layer.down)  # (T, dim)
             if layer.post_ffn_norm is not None:

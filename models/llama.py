@@ -16,7 +16,7 @@ from rawpage.backends.base import Array, Backend
 from rawpage.config import ModelConfig, rope_inv_freq
 from rawpage.errors import ModelLoadError
 from rawpage.forward_batch import ForwardBatch
-from rawpage.loader.dummy import DummyWeights
+from rawpage.models.weight_source import WeightSource
 from rawpage.ops.rope import cos_sin_cache
 from rawpage.quantization.weight import QuantizedWeight, concat_rows
 
@@ -37,14 +37,14 @@ class LayerWeights:
 
 
 class LlamaModel:
-    def __init__(self, config: ModelConfig, backend: Backend, tensors: Mapping[str, np.ndarray] | DummyWeights) -> None:
+    def __init__(self, config: ModelConfig, backend: Backend, tensors: Mapping[str, np.ndarray] | WeightSource) -> None:
         """tensors: a checkpoint's float32 tensors under Hugging Face names (read lazily,
         one weight at a time, so the host never holds a second copy of the model), or
-        DummyWeights, which draws every weight on the backend's device."""
+        any other WeightSource (the loader's DummyWeights draws every weight on the device)."""
         self.config = config
         self.backend = backend
         c, b = config, backend
-        weights = tensors if isinstance(tensors, DummyWeights) else _CheckpointWeights(tensors)
+        weights = tensors if isinstance(tensors, WeightSource) else _CheckpointWeights(tensors)
 
         def load(*parts: tuple[str, tuple[int, ...]]) -> Array:
             """One weight on the device: the named tensors, concatenated along dim 0."""
@@ -125,7 +125,8 @@ class LlamaModel:
                 batch.seq_lens,
                 batch.query_start_loc,
                 scale,
-                batch,
+                batch.max_query_len,
+                batch.max_seq_len,
             )  # (T, H, D)
             h = b.linear(o.reshape(T, H * D), layer.o_proj)  # (T, dim)
 

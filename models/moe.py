@@ -47,9 +47,14 @@ def route(router_logits: np.ndarray, k: int, renormalize: bool) -> tuple[np.ndar
 
 
 def moe_forward(
-    b: Backend, x: Array, moe: MoEWeights, k: int, renormalize: bool,
-    activation: Callable[[Array], Array], expert_tokens: np.ndarray,
-) -> Array:  # fmt: skip
+    b: Backend,
+    x: Array,
+    moe: MoEWeights,
+    k: int,
+    renormalize: bool,
+    activation: Callable[[Array], Array],
+    expert_tokens: np.ndarray,
+) -> Array:
     """x: (T, dim) -> (T, dim). expert_tokens: (E,) counts of tokens routed to each
     expert, added to (the step profile's expert load)."""
     T, dim = x.shape

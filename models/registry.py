@@ -6,6 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
+
+from rawpage.backends.base import Backend
+from rawpage.config import ModelConfig
+from rawpage.errors import UnsupportedModelError
+from rawpage.loader.dummy import DummyWeights
 from rawpage.models.gemma import Gemma2Model, Gemma3Model
 from rawpage.models.llama import LlamaModel
 from rawpage.models.mistral import MistralModel
@@ -13,11 +18,6 @@ from rawpage.models.mixtral import MixtralModel
 from rawpage.models.phi3 import Phi3Model
 from rawpage.models.qwen3 import Qwen3Model
 from rawpage.models.qwen3_moe import Qwen3MoeModel
-
-from rawpage.backends.base import Backend
-from rawpage.config import ModelConfig
-from rawpage.errors import UnsupportedModelError
-from rawpage.loader.dummy import DummyWeights
 
 MODEL_CLASSES: dict[str, type] = {
     "llama": LlamaModel,

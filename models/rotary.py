@@ -19,9 +19,11 @@ from rawpage.ops.rope import cos_sin_cache
 
 
 def rope_table(
-    cfg: ModelConfig, theta: float | None = None, rope_scaling: dict[str, Any] | None = None,
+    cfg: ModelConfig,
+    theta: float | None = None,
+    rope_scaling: dict[str, Any] | None = None,
     freq_factors: np.ndarray | None = None,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """(max_pos, D) float32 [cos | sin] rows. theta and rope_scaling default to the config's."""
     rs = cfg.rope_scaling if theta is None else rope_scaling
     if (rs or {}).get("rope_type") == "longrope":

@@ -10,7 +10,7 @@ model a ForwardBatch whose arrays are views into the one device buffer:
 
 The device buffer never moves. So a CUDA graph captured on the views of a given
 (T, B, N, W) reads the new step's data when the same shapes are uploaded again:
-the decode graphs (rawpage/cuda_graphs.py) rely on that.
+the decode graphs (rawpage/decode_graphs.py) rely on that.
 """
 
 from __future__ import annotations

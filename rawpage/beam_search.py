@@ -13,11 +13,18 @@ cumulative log-probability / length ** length_penalty.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rawpage.sequence import Sequence
+from rawpage.sampler import Sampler, log_softmax
+from rawpage.sequence import Request, Sequence
+
+if TYPE_CHECKING:
+    from rawpage.device_logits import DeviceLogits
+    from rawpage.forking import Forker
 
 
 @dataclass
@@ -49,8 +56,9 @@ def beam_score(cumulative_logprob: float, seq_len: int, length_penalty: float) -
     return cumulative_logprob / (seq_len**length_penalty)
 
 
-def select(state: BeamState, beams: list[Sequence], logprobs: np.ndarray, eos_ids: set[int],
-           ignore_eos: bool) -> list[tuple[Sequence, int, float]]:  # fmt: skip
+def select(
+    state: BeamState, beams: list[Sequence], logprobs: np.ndarray, eos_ids: set[int], ignore_eos: bool
+) -> list[tuple[Sequence, int, float]]:
     """logprobs: (len(beams), V). Returns up to `width` (parent beam, token, token logprob),
     best first; EOS candidates among the top `width` become finished hypotheses."""
     k = min(2 * state.width, logprobs.shape[1])
@@ -66,8 +74,14 @@ def select(state: BeamState, beams: list[Sequence], logprobs: np.ndarray, eos_id
             if rank < state.width:  # only a top-ranked EOS ends a hypothesis
                 cum = beam.cumulative_logprob + lp
                 # The EOS itself does not count towards the length, as in vLLM.
-                state.add(Hypothesis(beam.output_token_ids + [token], cum,
-                                     beam_score(cum, beam.num_tokens, state.length_penalty), "stop"))  # fmt: skip
+                state.add(
+                    Hypothesis(
+                        beam.output_token_ids + [token],
+                        cum,
+                        beam_score(cum, beam.num_tokens, state.length_penalty),
+                        "stop",
+                    )
+                )
             continue
         chosen.append((beam, token, lp))
         if len(chosen) == state.width:
@@ -93,6 +107,88 @@ def is_done(state: BeamState, beams: list[Sequence], max_len: int) -> bool:
 def final_hypotheses(state: BeamState, beams: list[Sequence], finish_reason: str) -> list[Hypothesis]:
     """The `width` best of the finished hypotheses and the beams still running."""
     for b in beams:
-        state.add(Hypothesis(b.output_token_ids, b.cumulative_logprob,
-                             beam_score(b.cumulative_logprob, b.num_tokens, state.length_penalty), finish_reason))  # fmt: skip
+        state.add(
+            Hypothesis(
+                b.output_token_ids,
+                b.cumulative_logprob,
+                beam_score(b.cumulative_logprob, b.num_tokens, state.length_penalty),
+                finish_reason,
+            )
+        )
     return list(state.finished)
+
+
+class BeamSearch:
+    """The engine's side of beam search: after a forward pass, stash each beam's next-token
+    log-probabilities, and advance a request once all its live beams have theirs (beams of
+    one request may be computed in different steps, e.g. after a preemption)."""
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        forker: Forker,
+        finish: Callable[[Sequence], None],
+        fail: Callable[[Request, Exception], None],
+        eos_token_ids: list[int],
+        max_model_len: int,
+    ) -> None:
+        self.sampler = sampler
+        self.forker = forker
+        self.finish = finish  # Scheduler.finish: drop a sequence and free its blocks
+        self.fail = fail  # end one request with an error; the others carry on
+        self.eos_token_ids = set(eos_token_ids)
+        self.max_model_len = max_model_len
+
+    def step(self, rows: list[tuple[Sequence, int]], logits: DeviceLogits) -> None:
+        """rows: (beam, its row of logits (T', V)) for every beam that completed its tokens."""
+        reqs = {}
+        for seq, row in rows:
+            if seq.is_finished:
+                continue
+            try:
+                processed = self.sampler.apply_processors(
+                    logits[row : row + 1, : self.sampler.vocab_size].copy(), [seq]
+                )
+                seq.request.beam.pending[seq.seq_id] = log_softmax(processed)[0]
+                reqs[seq.request.request_id] = seq.request
+            except Exception as e:  # noqa: BLE001 - isolated to this request
+                self.fail(seq.request, e)
+        for req in reqs.values():
+            live = [s for s in req.seqs if not s.is_finished]
+            if req.error is None and all(s.seq_id in req.beam.pending for s in live):
+                try:
+                    self._advance(req, live)
+                except Exception as e:  # noqa: BLE001 - isolated to this request
+                    self.fail(req, e)
+
+    def _advance(self, req: Request, live: list[Sequence]) -> None:
+        st, p = req.beam, req.params
+        req.forked = True  # its beams now take one seat each
+        rows = np.stack([st.pending.pop(s.seq_id) for s in live])  # (beams, V)
+        chosen = select(st, live, rows, self.eos_token_ids, p.ignore_eos)
+        # Forks first, from the parents as they are; then drops; then every beam gets its token.
+        assigned, seen = [], set()
+        for parent, tok, lp in chosen:
+            beam = parent if parent.seq_id not in seen else self.forker.fork(req, parent, len(req.seqs))
+            seen.add(parent.seq_id)
+            assigned.append((beam, tok, lp))
+        for s in live:
+            if s.seq_id not in seen:
+                self.finish(s)
+                req.seqs.remove(s)
+        for beam, tok, lp in assigned:
+            beam.append_token(tok, lp)
+        beams = [b for b, _, _ in assigned]
+        if not beams or self._at_limit(p.max_tokens, beams) or is_done(st, beams, self.max_model_len):
+            st.results = final_hypotheses(st, beams, "length")
+            for b in beams:
+                b.finish_reason = "length"
+                self.finish(b)
+            st.done = True
+
+    def _at_limit(self, max_tokens: int | None, beams: list[Sequence]) -> bool:
+        """Has any beam reached max_tokens or the context limit?"""
+        return any(
+            (max_tokens is not None and b.num_output_tokens >= max_tokens) or b.num_tokens >= self.max_model_len
+            for b in beams
+        )

@@ -40,8 +40,14 @@ class KVUsage:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 watermark: float = 0.01, num_cpu_blocks: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        watermark: float = 0.01,
+        num_cpu_blocks: int = 0,
+    ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -90,8 +96,9 @@ class BlockManager:
                 filled[b] = max(filled.get(b, 0), n)
         stored = sum(filled.values())
         used = self.num_used_blocks
-        return KVUsage(used, self.num_free_blocks, logical, stored, used * self.block_size - stored,
-                       self.num_shared_blocks_saved())  # fmt: skip
+        return KVUsage(
+            used, self.num_free_blocks, logical, stored, used * self.block_size - stored, self.num_shared_blocks_saved()
+        )
 
     # --- prefix caching --------------------------------------------------------------
     def block_hashes(self, seq: Sequence, num_full_blocks: int) -> list[bytes]:
@@ -136,8 +143,14 @@ class BlockManager:
         keeping a small watermark free so running sequences are not preempted at once?"""
         start = len(cached_blocks) * self.block_size
         new = self.blocks_for(start + num_new_tokens) - len(cached_blocks)
-        revived = sum(1 for b in cached_blocks if self.ref_counts[b] == 0)  # leave the free queue
-        return new + revived <= self.num_free_blocks - self.watermark_blocks
+        return new <= self.num_allocatable_blocks(cached_blocks)
+
+    def num_allocatable_blocks(self, cached_blocks: list[int]) -> int:
+        """Fresh blocks a waiting sequence may take if it starts on `cached_blocks`: the free
+        queue minus the watermark, minus the cached blocks that are themselves in the free
+        queue (no owner right now), because starting on them takes them out of it."""
+        revived = sum(1 for b in cached_blocks if self.ref_counts[b] == 0)
+        return self.num_free_blocks - self.watermark_blocks - revived
 
     def allocate(self, seq: Sequence, cached_blocks: list[int]) -> None:
         """Start a sequence on its cached prefix; append_slots adds the rest."""
@@ -171,6 +184,12 @@ class BlockManager:
         for _ in range(new):
             seq.block_table.append(self._take_free_block())
         return True
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The copy-on-write (src, dst) block copies made since the last call, for the runner
+        to do before the next forward pass."""
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         child.block_table = list(parent.block_table)

@@ -104,8 +104,9 @@ class ChatTemplate:
         pieces, size = [], 0
         try:
             with _Deadline(deadline, self.timeout):
-                for piece in self.template.generate(messages=messages, add_generation_prompt=add_generation_prompt,
-                                                    **ctx):  # fmt: skip
+                for piece in self.template.generate(
+                    messages=messages, add_generation_prompt=add_generation_prompt, **ctx
+                ):
                     size += len(piece)
                     if size > self.max_chars:
                         raise ChatTemplateError(f"the rendered prompt is over {self.max_chars} characters")

@@ -18,15 +18,33 @@ from rawpage.memory import OutOfMemoryError
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "serve":
+            from rawpage.server.app import run_server
+
+            return run_server(args)
+        if args.command == "generate":
+            return _generate(args)
+        return _chat(args)
+    except (ModelLoadError, OutOfMemoryError, CudaUnusableError, ValueError) as e:
+        print(f"rawpage: error: {e}", file=sys.stderr)
+        return 2
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with every error (a bad value, an unknown flag) reported by the
+    subcommand's own parser, so that it shows that subcommand's usage."""
     parser = argparse.ArgumentParser(
         prog="rawpage", description="LLM inference with PagedAttention and continuous batching"
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="start the OpenAI-compatible HTTP server",
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    serve = sub.add_parser("serve", help="start the OpenAI-compatible HTTP server")
     from rawpage.server.args import add_server_args
 
+    serve.add_argument("model_tag", nargs="?", metavar="MODEL", help="the model, as --model (vLLM's positional form)")
     add_server_args(serve)
     EngineArgs.add_cli_args(serve)
 
@@ -41,19 +59,22 @@ def main(argv: list[str] | None = None) -> int:
     _add_sampling_args(chat)
     EngineArgs.add_cli_args(chat)
 
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        if args.command == "serve":
-            from rawpage.server.app import run_server
+    return _parse(parser, {"serve": serve, "generate": gen, "chat": chat}, argv)
 
-            return run_server(args)
-        if args.command == "generate":
-            return _generate(args)
-        return _chat(args)
-    except (ModelLoadError, OutOfMemoryError, CudaUnusableError, ValueError) as e:
-        print(f"rawpage: error: {e}", file=sys.stderr)
-        return 2
+
+def _parse(
+    parser: argparse.ArgumentParser, commands: dict[str, argparse.ArgumentParser], argv: list[str] | None
+) -> argparse.Namespace:
+    args, extra = parser.parse_known_args(argv)
+    command = commands[args.command]
+    if extra:
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
+    tag = getattr(args, "model_tag", None)
+    if tag is not None:
+        if args.model not in (None, tag):
+            command.error(f"the model is given twice: {tag} and --model {args.model}")
+        args.model = tag
+    return args
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -75,8 +96,13 @@ def _engine(args: argparse.Namespace):
 def _params(args: argparse.Namespace):
     from rawpage.sampling_params import SamplingParams
 
-    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                          top_k=args.top_k, seed=args.sampling_seed)  # fmt: skip
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.sampling_seed,
+    )
 
 
 def _stream(engine, prompt, params) -> str:

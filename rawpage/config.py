@@ -208,9 +208,11 @@ def _rope_scaling(params: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def rope_inv_freq(
-    cfg: ModelConfig, freq_factors: np.ndarray | None = None,
-    theta: float | None = None, rope_scaling: dict[str, Any] | None = None,
-) -> np.ndarray:  # fmt: skip
+    cfg: ModelConfig,
+    freq_factors: np.ndarray | None = None,
+    theta: float | None = None,
+    rope_scaling: dict[str, Any] | None = None,
+) -> np.ndarray:
     """Rotary inverse frequencies (D/2,), with Llama 3's long-context scaling or linear
     position interpolation. theta and rope_scaling default to the config's (Gemma 3's
     sliding layers pass their own). LongRoPE (Phi-3) is in models/rotary.py.

@@ -33,3 +33,7 @@ class ForwardBatch:
     @property
     def max_query_len(self) -> int:
         return int(self.host_query_lens.max()) if len(self.host_query_lens) else 0
+
+    @property
+    def max_seq_len(self) -> int:
+        return int(self.host_seq_lens.max()) if len(self.host_seq_lens) else 0

@@ -15,6 +15,7 @@ from typing import Any
 from rawpage.engine import LLMEngine, PromptType
 from rawpage.engine_args import EngineArgs
 from rawpage.outputs import RequestOutput
+from rawpage.request_checks import check_messages, check_params_type
 from rawpage.sampling_params import SamplingParams
 
 Conversation = list[dict[str, Any]]
@@ -46,6 +47,7 @@ class LLM:
             prompts = [prompts]
         params = sampling_params or SamplingParams()
         params = params if isinstance(params, list) else [params] * len(prompts)
+        check_params_type(params)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
         ids = []
@@ -70,13 +72,17 @@ class LLM:
     ) -> list[RequestOutput]:
         """Apply the chat template to each conversation, then generate."""
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        check_messages(convs)
         tok = self.engine.tokenizer
         template = chat_template or self.engine.chat_template  # Jinja text, or the engine's (--chat-template)
         prompts = [
-            {"prompt_token_ids": tok.encode(
-                tok.apply_chat_template(c, add_generation_prompt, chat_template=template), add_special_tokens=False)}
+            {
+                "prompt_token_ids": tok.encode(
+                    tok.apply_chat_template(c, add_generation_prompt, chat_template=template), add_special_tokens=False
+                )
+            }
             for c in convs
-        ]  # fmt: skip
+        ]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:

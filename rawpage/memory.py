@@ -61,9 +61,10 @@ class MemoryPlan:
                 f"= {self.total_bytes * self.utilization / GiB:.2f} GiB budget"
             )
         other = f", other {self.other_bytes / GiB:.3f} GiB (CUDA context, cuBLAS, kernels)" if self.other_bytes else ""
+        # Activations are measured only on the GPU; a fixed budget (CPU) has no figure to show.
+        peak = f"peak activations {self.activation_bytes / GiB:.3f} GiB, " if self.activation_bytes else ""
         lines += [
-            f"weights {self.weights_bytes / GiB:.3f} GiB, peak activations {self.activation_bytes / GiB:.3f} GiB, "
-            f"KV cache {self.kv_bytes / GiB:.3f} GiB{other}",
+            f"weights {self.weights_bytes / GiB:.3f} GiB, {peak}KV cache {self.kv_bytes / GiB:.3f} GiB{other}",
             f"KV cache: {self.num_blocks} blocks x {self.block_size} tokens "
             f"({self.bytes_per_block / 2**10:.0f} KiB per block) = {self.num_tokens:,} tokens; "
             f"{self.max_full_length_seqs:.1f} sequences of --max-model-len {self.max_model_len} fit",
@@ -71,23 +72,55 @@ class MemoryPlan:
         return "\n".join(lines)
 
 
-def plan_fixed(kv_budget: int, bytes_per_block: int, block_size: int, max_model_len: int,
-               weights_bytes: int = 0, activation_bytes: int = 0, flag: str = "--kv-cache-memory") -> MemoryPlan:  # fmt: skip
+def plan_fixed(
+    kv_budget: int,
+    bytes_per_block: int,
+    block_size: int,
+    max_model_len: int,
+    weights_bytes: int = 0,
+    activation_bytes: int = 0,
+    flag: str = "--kv-cache-memory",
+) -> MemoryPlan:
     """A pool of a fixed byte budget (CPU)."""
     num_blocks = kv_budget // bytes_per_block
-    plan = MemoryPlan(weights_bytes, activation_bytes, num_blocks * bytes_per_block, bytes_per_block,
-                      num_blocks, block_size, max_model_len)  # fmt: skip
+    plan = MemoryPlan(
+        weights_bytes,
+        activation_bytes,
+        num_blocks * bytes_per_block,
+        bytes_per_block,
+        num_blocks,
+        block_size,
+        max_model_len,
+    )
     check_fits(plan, flag)
     return plan
 
 
-def plan_gpu(total_bytes: int, utilization: float, weights_bytes: int, activation_bytes: int,
-             bytes_per_block: int, block_size: int, max_model_len: int, other_bytes: int = 0) -> MemoryPlan:  # fmt: skip
+def plan_gpu(
+    total_bytes: int,
+    utilization: float,
+    weights_bytes: int,
+    activation_bytes: int,
+    bytes_per_block: int,
+    block_size: int,
+    max_model_len: int,
+    other_bytes: int = 0,
+) -> MemoryPlan:
     """vLLM's rule: KV gets utilization * total - weights - peak activations - other."""
     budget = int(total_bytes * utilization) - weights_bytes - activation_bytes - other_bytes
     num_blocks = max(0, budget // bytes_per_block)
-    plan = MemoryPlan(weights_bytes, activation_bytes, num_blocks * bytes_per_block, bytes_per_block,
-                      num_blocks, block_size, max_model_len, total_bytes, utilization, other_bytes)  # fmt: skip
+    plan = MemoryPlan(
+        weights_bytes,
+        activation_bytes,
+        num_blocks * bytes_per_block,
+        bytes_per_block,
+        num_blocks,
+        block_size,
+        max_model_len,
+        total_bytes,
+        utilization,
+        other_bytes,
+    )
     check_fits(plan, "--gpu-memory-utilization")
     return plan
 
@@ -110,8 +143,15 @@ class DeviceMemory(Protocol):
     def synchronize(self) -> None: ...
 
 
-def profile_gpu(memory: DeviceMemory, weights_bytes: int, run_worst_case: Callable[[], None], utilization: float,
-                bytes_per_block: int, block_size: int, max_model_len: int) -> MemoryPlan:  # fmt: skip
+def profile_gpu(
+    memory: DeviceMemory,
+    weights_bytes: int,
+    run_worst_case: Callable[[], None],
+    utilization: float,
+    bytes_per_block: int,
+    block_size: int,
+    max_model_len: int,
+) -> MemoryPlan:
     """Call once the weights are loaded. Runs the worst-case forward pass and sizes the KV cache.
 
     The pool keeps every block it ever handed out, so after the pass it holds

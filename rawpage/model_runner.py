@@ -4,7 +4,7 @@ It turns the scheduler's list of (sequence, new tokens) into the flat arrays the
 model reads (input_ids, positions, slot_mapping, block_tables, seq_lens,
 query_start_loc), built with vectorized NumPy and copied to the device once
 (rawpage/batch_buffer.py), then runs the forward pass (a pure decode step
-replays a CUDA graph when it has them: rawpage/cuda_graphs.py) and returns the
+replays a CUDA graph when it has them: rawpage/decode_graphs.py) and returns the
 logits rows the engine asked for, still on the device (rawpage/device_logits.py).
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 from rawpage.backends.base import Array, Backend
 from rawpage.batch_buffer import BatchBuffer, HostBatch
 from rawpage.config import ModelConfig
-from rawpage.cuda_graphs import DecodeGraphs
+from rawpage.decode_graphs import DecodeGraphs
 from rawpage.device_logits import DeviceLogits
 from rawpage.sequence import Sequence
 
@@ -28,10 +28,18 @@ def kv_bytes_per_block(config: ModelConfig, block_size: int, itemsize: int) -> i
 
 
 class ModelRunner:
-    def __init__(self, model, backend: Backend, block_size: int, num_blocks: int, num_cpu_blocks: int = 0,
-                 graph_batch_sizes: list[int] | None = None, max_model_len: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model,
+        backend: Backend,
+        block_size: int,
+        num_blocks: int,
+        num_cpu_blocks: int = 0,
+        graph_batch_sizes: list[int] | None = None,
+        max_model_len: int | None = None,
+    ) -> None:
         """graph_batch_sizes: capture a decode graph for each of these batch sizes
-        (cuda_graphs.graph_batch_sizes); None runs every step eagerly."""
+        (decode_graphs.graph_batch_sizes); None runs every step eagerly."""
         c = model.config
         self.model, self.backend, self.block_size = model, backend, block_size
         shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)  # (NB, BS, Hkv, D)
@@ -45,8 +53,14 @@ class ModelRunner:
         self.buffer = BatchBuffer(backend)
         self.graphs = None
         if graph_batch_sizes:
-            self.graphs = DecodeGraphs(model, backend, self.kv_caches, graph_batch_sizes,
-                                       max_model_len or c.max_position_embeddings, block_size)  # fmt: skip
+            self.graphs = DecodeGraphs(
+                model,
+                backend,
+                self.kv_caches,
+                graph_batch_sizes,
+                max_model_len or c.max_position_embeddings,
+                block_size,
+            )
 
     def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
         """Swap-outs first: their GPU blocks may already be promised to someone else."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,14 +25,31 @@ from rawpage.stop_checker import check_length, check_stop_string, check_stop_tok
 from rawpage.tokenizer import Tokenizer
 
 
+@dataclass
+class SequenceText:
+    """The output side of one sequence: its text and what was already reported."""
+
+    detokenizer: IncrementalDetokenizer
+    text: str = ""  # generated text so far, stop strings removed
+    num_emitted_tokens: int = 0  # tokens already reported in outputs
+    num_emitted_chars: int = 0
+
+
 class OutputProcessor:
-    def __init__(self, tokenizer: Tokenizer, eos_token_ids: list[int], vocab_size: int, max_model_len: int,
-                 finish: Callable[[Sequence], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        eos_token_ids: list[int],
+        vocab_size: int,
+        max_model_len: int,
+        finish: Callable[[Sequence], None],
+    ) -> None:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.finish = finish  # Scheduler.finish: drop the sequence and free its blocks
+        self.texts: dict[int, SequenceText] = {}  # seq_id -> its text, until its request's last output
 
     def record_prompt_logprobs(self, req: Request, start: int, logits: np.ndarray) -> None:
         """logits row j (position start + j) predicts prompt token start + j + 1."""
@@ -43,17 +61,18 @@ class OutputProcessor:
             if pos >= len(ids) or pos < len(req.prompt_logprobs):
                 continue
             tok = ids[pos]
-            entry = {tok: Logprob(float(lps[j, tok]), int((lps[j] > lps[j, tok]).sum()) + 1)}
+            entry = {tok: self._logprob(tok, float(lps[j, tok]), int((lps[j] > lps[j, tok]).sum()) + 1)}
             for rank, t in enumerate(top_k_ids(lps[j], k) if k else [], start=1):
-                entry.setdefault(int(t), Logprob(float(lps[j, t]), rank))
+                entry.setdefault(int(t), self._logprob(int(t), float(lps[j, t]), rank))
             req.prompt_logprobs.append(entry)
 
-    def append_tokens(self, seqs: list[Sequence], out: SamplerOutput,
-                      on_error: Callable[[Sequence, Exception], None]) -> None:  # fmt: skip
+    def append_tokens(
+        self, seqs: list[Sequence], out: SamplerOutput, on_error: Callable[[Sequence, Exception], None]
+    ) -> None:
         """Give each sequence its sampled token: logprobs, text, stop checks; finished ones
         are handed to `finish` at once, so their blocks are freed this step. A sequence
         that fails here goes to `on_error`; the others carry on."""
-        now = time.monotonic()
+        now = time.time()
         for i, seq in enumerate(seqs):
             if seq.is_finished:  # a sibling's failure already ended its request
                 continue
@@ -68,21 +87,18 @@ class OutputProcessor:
         seq.append_token(tok, 0.0 if np.isnan(lp) else lp)
         p = seq.request.params
         if p.logprobs is not None:
-            entry = {tok: Logprob(lp, int(out.ranks[i]))}
+            entry = {tok: self._logprob(tok, lp, int(out.ranks[i]))}
             for rank, (t, v) in enumerate(zip(out.top_ids[i], out.top_logprobs[i]), start=1):
-                entry.setdefault(int(t), Logprob(float(v), rank))
+                entry.setdefault(int(t), self._logprob(int(t), float(v), rank))
             seq.logprobs.append(entry)
         m = seq.request.metrics
         m.first_token_time = m.first_token_time or now
-        m.last_token_time = now
         if not check_stop_token(seq, eos):
-            if seq.detokenizer is None:
-                seq.detokenizer = IncrementalDetokenizer(
-                    self.tokenizer, seq.request.prompt_token_ids, p.skip_special_tokens
-                )
-            delta = seq.detokenizer.add([tok])
-            seq.text += delta
-            check_stop_string(seq, delta)
+            st = self._text(seq)
+            delta = st.detokenizer.add([tok])
+            st.text += delta
+            cut = check_stop_string(seq, st.text, delta)
+            st.text = st.text if cut is None else cut
         if seq.finish_reason or check_length(seq, self.max_model_len):
             self.finish(seq)
 
@@ -93,10 +109,11 @@ class OutputProcessor:
             return self._beam_output(req)
         outs = []
         for seq in req.seqs:
-            visible = seq.text
+            st = self._text(seq)
+            visible = st.text
             hold = stop_string_holdback(seq)
             if hold and not seq.is_finished:
-                visible = visible[: max(seq.num_emitted_chars, len(visible) - hold)]
+                visible = visible[: max(st.num_emitted_chars, len(visible) - hold)]
             toks = seq.output_token_ids
             lps = seq.logprobs if req.params.logprobs is not None else None
             outs.append(
@@ -108,17 +125,44 @@ class OutputProcessor:
                     logprobs=lps,
                     finish_reason=seq.finish_reason,
                     stop_reason=seq.stop_reason,
-                    delta_text=visible[seq.num_emitted_chars :],
-                    delta_token_ids=list(toks[seq.num_emitted_tokens :]),
-                    delta_logprobs=lps[seq.num_emitted_tokens :] if lps is not None else None,
+                    delta_text=visible[st.num_emitted_chars :],
+                    delta_token_ids=list(toks[st.num_emitted_tokens :]),
+                    delta_logprobs=lps[st.num_emitted_tokens :] if lps is not None else None,
                 )
             )
-            seq.num_emitted_chars, seq.num_emitted_tokens = len(visible), len(toks)
+            st.num_emitted_chars, st.num_emitted_tokens = len(visible), len(toks)
         finished = req.is_finished
         if finished:
-            req.metrics.finished_time = time.monotonic()
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, req.prompt_logprobs, outs,
-                             finished, req.metrics, req.num_cached_tokens, req.error)  # fmt: skip
+            req.metrics.finished_time = time.time()
+            self.forget(req)
+        return RequestOutput(
+            req.request_id,
+            req.prompt,
+            req.prompt_token_ids,
+            req.prompt_logprobs,
+            outs,
+            finished,
+            req.metrics,
+            req.num_cached_tokens,
+            req.error,
+        )
+
+    def _logprob(self, token_id: int, logprob: float, rank: int) -> Logprob:
+        """A Logprob with the token's own text, as vLLM fills decoded_token."""
+        return Logprob(logprob, rank, self.tokenizer.decode([token_id], skip_special_tokens=False))
+
+    def _text(self, seq: Sequence) -> SequenceText:
+        st = self.texts.get(seq.seq_id)
+        if st is None:
+            p = seq.request.params
+            detok = IncrementalDetokenizer(self.tokenizer, seq.request.prompt_token_ids, p.skip_special_tokens)
+            st = self.texts[seq.seq_id] = SequenceText(detok)
+        return st
+
+    def forget(self, req: Request) -> None:
+        """Drop the text state of a request's sequences once its last output is made."""
+        for seq in req.seqs:
+            self.texts.pop(seq.seq_id, None)
 
     def _beam_output(self, req: Request) -> RequestOutput:
         """Beam search reports once, at the end: the best `n` hypotheses, best first."""
@@ -127,8 +171,20 @@ class OutputProcessor:
             hyps = req.beam.results or final_hypotheses(req.beam, [], "abort")
             for i, h in enumerate(hyps):
                 text = self.tokenizer.decode(h.token_ids, req.params.skip_special_tokens)
-                outs.append(CompletionOutput(i, text, h.token_ids, h.cumulative_logprob, None, h.finish_reason,
-                                             None, text, list(h.token_ids)))  # fmt: skip
-            req.metrics.finished_time = time.monotonic()
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, req.prompt_logprobs, outs,
-                             req.is_finished, req.metrics, req.num_cached_tokens, req.error)  # fmt: skip
+                outs.append(
+                    CompletionOutput(
+                        i, text, h.token_ids, h.cumulative_logprob, None, h.finish_reason, None, text, list(h.token_ids)
+                    )
+                )
+            req.metrics.finished_time = time.time()
+        return RequestOutput(
+            req.request_id,
+            req.prompt,
+            req.prompt_token_ids,
+            req.prompt_logprobs,
+            outs,
+            req.is_finished,
+            req.metrics,
+            req.num_cached_tokens,
+            req.error,
+        )

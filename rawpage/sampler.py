@@ -47,8 +47,9 @@ class Sampler:
         logits = logits[:, : self.vocab_size].astype(np.float32)
         n = len(seqs)
         # Raw logprobs only for the rows that report them (a log-softmax over V is not free).
-        want = np.array([s.request.params.logprobs is not None or s.request.params.use_beam_search
-                         for s in seqs], dtype=bool)  # fmt: skip
+        want = np.array(
+            [s.request.params.logprobs is not None or s.request.params.use_beam_search for s in seqs], dtype=bool
+        )
         raw = log_softmax(logits[want]) if want.any() else None
         logits = self.apply_processors(logits.copy(), seqs)
         tokens = np.empty(n, dtype=np.int64)

@@ -39,10 +39,6 @@ class SchedulerOutput:
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu, gpu) block copies, done next
 
     @property
-    def num_batched_tokens(self) -> int:
-        return sum(n for _, n in self.scheduled)
-
-    @property
     def is_empty(self) -> bool:
         return not self.scheduled
 
@@ -83,10 +79,18 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.config.max_num_batched_tokens
-        bm = self.block_manager
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        if not out.preempted:  # a step that had to preempt admits nobody
+            budget = self._schedule_swapped(out, budget)
+            if not self.swapped:  # swapped sequences come back before new ones start
+                self._schedule_waiting(out, budget)
+        out.block_copies = self.block_manager.take_copies()
+        self.last_scheduled = out.scheduled  # for the engine view (rawpage/server/engine_view.py)
+        return out
 
-        # 1. running sequences, oldest first; preempt from the newest end when out of blocks
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        """1. Running sequences, oldest first; preempt from the newest end when out of
+        blocks. Returns the token budget left."""
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -94,7 +98,7 @@ class Scheduler:
             if n == 0:  # a beam waiting for its siblings' logits
                 i += 1
                 continue
-            while not bm.append_slots(seq, n):
+            while not self.block_manager.append_slots(seq, n):
                 victim = self.running[-1]
                 self._preempt(victim, out)
                 if victim is seq:
@@ -103,9 +107,12 @@ class Scheduler:
                 out.scheduled.append((seq, n))
                 budget -= n
                 i += 1
+        return budget
 
-        # 2. bring swapped sequences back, oldest first, unless this step had to preempt
-        while self.swapped and budget > 0 and not out.preempted:
+    def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
+        """2. Swapped sequences come back, oldest first, while they fit."""
+        bm = self.block_manager
+        while self.swapped and budget > 0:
             seq = self.swapped[0]
             n = min(seq.num_uncomputed_tokens, budget)
             if len(self.running) >= self.config.max_num_seqs or not bm.can_swap_in(seq, n):
@@ -115,9 +122,13 @@ class Scheduler:
             self.num_swap_ins += 1
             self._start(seq, n, out)
             budget -= n
+        return budget
 
-        # 3. admit waiting sequences, unless this step had to preempt or others wait in swap
-        while self.waiting and budget > 0 and not out.preempted and not self.swapped:
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        """3. Waiting sequences start in priority then arrival order, each on the longest
+        prefix already in the cache, while seats, budget and blocks allow."""
+        bm = self.block_manager
+        while self.waiting and budget > 0:
             seq = self.waiting[0]
             if len(self.running) + self._seats(seq) > self.config.max_num_seqs:
                 break
@@ -131,10 +142,6 @@ class Scheduler:
                 seq.request.num_cached_tokens = seq.num_computed_tokens
             self._start(seq, n, out)
             budget -= n
-
-        out.block_copies, bm.pending_copies = bm.pending_copies, []
-        self.last_scheduled = out.scheduled
-        return out
 
     def _start(self, seq: Sequence, n: int, out: SchedulerOutput) -> None:
         """Join the running batch with n new tokens; the caller checked the pool has room."""
@@ -153,8 +160,7 @@ class Scheduler:
         (a long prompt may start with the chunk that fits rather than wait for the whole)."""
         bm = self.block_manager
         remaining = seq.num_tokens - len(cached) * bm.block_size
-        revived = sum(1 for b in cached if bm.ref_counts[b] == 0)  # cached blocks leaving the free queue
-        free_slots = (bm.num_free_blocks - bm.watermark_blocks - revived) * bm.block_size
+        free_slots = bm.num_allocatable_blocks(cached) * bm.block_size
         return max(0, min(remaining, budget, free_slots))
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:

@@ -3,8 +3,9 @@
 A Request is one prompt with its SamplingParams. It owns one Sequence, or n of
 them for parallel sampling and beam search; those share the prompt's KV blocks.
 Every sequence carries its own token list, KV block table, progress
-(`num_computed_tokens`: how many of its tokens already have K/V in the cache),
-random generator and detokenizer.
+(`num_computed_tokens`: how many of its tokens already have K/V in the cache)
+and random generator. Its text lives in the OutputProcessor: a sequence is a
+scheduling record.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from rawpage.block_hash import root_digest
-from rawpage.detokenizer import IncrementalDetokenizer
 from rawpage.sampling_params import SamplingParams
 
 
@@ -54,10 +54,6 @@ class Sequence:
         self.logprobs: list[dict[int, Logprob]] = []  # one dict per generated token, if asked
         self.finish_reason: str | None = None  # "stop" | "length" | "abort"
         self.stop_reason: int | str | None = None  # the stop token id or stop string
-        self.detokenizer: IncrementalDetokenizer | None = None
-        self.text = ""  # generated text so far, stop strings removed
-        self.num_emitted_tokens = 0  # tokens already reported in outputs
-        self.num_emitted_chars = 0
 
     # --- token bookkeeping ------------------------------------------------------
     @property
@@ -110,7 +106,6 @@ class RequestMetrics:
     arrival_time: float
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
-    last_token_time: float | None = None
     finished_time: float | None = None
 
 
@@ -120,7 +115,7 @@ class Request:
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
-    arrival_time: float = field(default_factory=time.monotonic)
+    arrival_time: float = field(default_factory=time.time)  # epoch seconds, as are all RequestMetrics
     priority: int = 0  # lower runs first (vLLM's convention)
     seqs: list[Sequence] = field(default_factory=list)
     forked: bool = False  # n > 1: children exist once the prompt is computed

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rawpage.block_manager import KVUsage
+    from rawpage.scheduler import Scheduler
 
 logger = logging.getLogger("rawpage")
 
@@ -31,7 +34,6 @@ class EngineStats:
     preemptions_total: int = 0
     swap_outs_total: int = 0
     swap_ins_total: int = 0
-    requests_finished_total: int = 0
     steps_total: int = 0  # engine iterations that ran a forward pass
     last: StepStats | None = None
     _window_start: float = field(default_factory=time.monotonic)
@@ -39,27 +41,49 @@ class EngineStats:
     _window_gen: int = 0
     _last_log: float = field(default_factory=time.monotonic)
 
-    def record_step(self, s: StepStats, preemptions_total: int, prefix_hit_rate: float,
-                    usage: Callable[[], Any]) -> None:  # fmt: skip
-        """usage() gives the block accounting (KVUsage); it is only computed when a line is logged."""
+    def record_step(self, scheduler: Scheduler, num_prompt_tokens: int, num_generation_tokens: int) -> None:
+        """After every step: gauges from the scheduler and its block manager, the token
+        counters, and a log line every `log_interval` seconds."""
+        sc, bm = scheduler, scheduler.block_manager
+        s = StepStats(
+            len(sc.running),
+            len(sc.waiting),
+            len(sc.swapped),
+            bm.num_used_blocks / max(1, bm.num_blocks),
+            num_prompt_tokens,
+            num_generation_tokens,
+        )
         self.last = s
         self.steps_total += bool(s.num_prompt_tokens or s.num_generation_tokens)
         self.prompt_tokens_total += s.num_prompt_tokens
         self.generation_tokens_total += s.num_generation_tokens
         self._window_prompt += s.num_prompt_tokens
         self._window_gen += s.num_generation_tokens
-        self.preemptions_total = preemptions_total
+        self.preemptions_total = sc.num_preemptions
+        self.swap_outs_total, self.swap_ins_total = sc.num_swap_outs, sc.num_swap_ins
         now = time.monotonic()
         if self.log_interval and now - self._last_log >= self.log_interval:
-            dt = now - self._window_start
-            u = usage()
-            logger.info(
-                "running: %d, waiting: %d, swapped: %d, preemptions: %d, KV cache: %.1f%% (%d blocks, "
-                "%d tokens stored, %d slots wasted, %d blocks saved by sharing), prefix cache hits: %.1f%%, "
-                "prompt: %.1f tok/s, generation: %.1f tok/s",
-                s.num_running, s.num_waiting, s.num_swapped, self.preemptions_total, 100 * s.kv_usage,
-                u.blocks_used, u.stored_tokens, u.waste, u.blocks_saved_by_sharing, 100 * prefix_hit_rate,
-                self._window_prompt / dt, self._window_gen / dt,
-            )  # fmt: skip
-            self._last_log = self._window_start = now
-            self._window_prompt = self._window_gen = 0
+            # The block accounting walks every running sequence, so only when a line is due.
+            self._log(s, bm.usage(sc.running), bm.prefix_hits / max(1, bm.prefix_queries), now)
+
+    def _log(self, s: StepStats, u: KVUsage, prefix_hit_rate: float, now: float) -> None:
+        dt = now - self._window_start
+        logger.info(
+            "running: %d, waiting: %d, swapped: %d, preemptions: %d, KV cache: %.1f%% (%d blocks, "
+            "%d tokens stored, %d slots wasted, %d blocks saved by sharing), prefix cache hits: %.1f%%, "
+            "prompt: %.1f tok/s, generation: %.1f tok/s",
+            s.num_running,
+            s.num_waiting,
+            s.num_swapped,
+            self.preemptions_total,
+            100 * s.kv_usage,
+            u.blocks_used,
+            u.stored_tokens,
+            u.waste,
+            u.blocks_saved_by_sharing,
+            100 * prefix_hit_rate,
+            self._window_prompt / dt,
+            self._window_gen / dt,
+        )
+        self._last_log = self._window_start = now
+        self._window_prompt = self._window_gen = 0

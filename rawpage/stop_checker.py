@@ -30,24 +30,23 @@ def check_stop_token(seq: Sequence, eos_token_ids: list[int]) -> bool:
     return seq.finish_reason is not None
 
 
-def check_stop_string(seq: Sequence, new_text: str) -> bool:
-    """Find the earliest stop string that ends inside the new text (it may have begun in
-    earlier tokens) and truncate seq.text there."""
+def check_stop_string(seq: Sequence, text: str, new_text: str) -> str | None:
+    """Find the earliest stop string that ends inside the new text at the end of `text` (it
+    may have begun in earlier tokens). Returns the text cut there, or None if none ended."""
     p = seq.request.params
     if not p.stop_strings or not new_text or seq.num_output_tokens < p.min_tokens:
-        return False
+        return None
     best: tuple[int, str] | None = None
     for stop in p.stop_strings:
         # the match must overlap the new text: start searching len(stop) - 1 chars before it
-        at = seq.text.find(stop, max(0, len(seq.text) - len(new_text) - len(stop) + 1))
+        at = text.find(stop, max(0, len(text) - len(new_text) - len(stop) + 1))
         if at != -1 and (best is None or at < best[0]):
             best = (at, stop)
     if best is None:
-        return False
+        return None
     at, stop = best
-    seq.text = seq.text[: at + len(stop) if p.include_stop_str_in_output else at]
     seq.finish_reason, seq.stop_reason = "stop", stop
-    return True
+    return text[: at + len(stop) if p.include_stop_str_in_output else at]
 
 
 def check_length(seq: Sequence, max_model_len: int) -> bool:

@@ -28,9 +28,8 @@ def default_checkpoint():
 
 @pytest.fixture(scope="session")
 def default_model(default_checkpoint):
-    from rawpage.models.llama import LlamaModel
-
     from rawpage.backends import get_backend
+    from rawpage.models.llama import LlamaModel
 
     return LlamaModel(default_checkpoint.config, get_backend("cpu"), default_checkpoint.tensors)
 
@@ -40,8 +39,15 @@ def tiny_model_dir(tmp_path_factory):
     """A small random Llama (4 layers, dim 128, vocab 400) as a Hugging Face folder."""
     from tests.tiny_models import random_tensors, tiny_config, train_tokenizer, write_hf_folder
 
-    cfg = tiny_config(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=32, max_position_embeddings=1024)  # fmt: skip
+    cfg = tiny_config(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=1024,
+    )
     return write_hf_folder(
         str(tmp_path_factory.mktemp("tiny") / "hf"),
         cfg,

@@ -65,8 +65,28 @@ class FakeCublas:
         self.handle_stream[handle] = stream
         return self.status
 
-    def _gemm_ex(self, handle, transa, transb, m, n, k, alpha, a, a_type, lda, b, b_type, ldb, beta, c, c_type, ldc,
-                 compute_type, algo):  # fmt: skip
+    def _gemm_ex(
+        self,
+        handle,
+        transa,
+        transb,
+        m,
+        n,
+        k,
+        alpha,
+        a,
+        a_type,
+        lda,
+        b,
+        b_type,
+        ldb,
+        beta,
+        c,
+        c_type,
+        ldc,
+        compute_type,
+        algo,
+    ):
         self.calls.append(("gemmEx", handle, self.handle_stream.get(handle), self.capturing()))
         call = GemmCall(transa, transb, m, n, k, lda, ldb, ldc, a_type, b_type, c_type, compute_type, algo)
         self.last_call = call

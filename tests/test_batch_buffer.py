@@ -53,8 +53,14 @@ def test_build_batch_equals_the_loop():
         scheduled, logits_rows = random_schedule(rng, B)
         hb = runner.build_batch(scheduled, logits_rows)
         ids, pos, slots, seq_lens, qsl, rows, tables = loop_reference(scheduled, logits_rows, BS)
-        for got, want in [(hb.input_ids, ids), (hb.positions, pos), (hb.slot_mapping, slots),
-                          (hb.seq_lens, seq_lens), (hb.query_start_loc, qsl), (hb.logits_indices, rows)]:  # fmt: skip
+        for got, want in [
+            (hb.input_ids, ids),
+            (hb.positions, pos),
+            (hb.slot_mapping, slots),
+            (hb.seq_lens, seq_lens),
+            (hb.query_start_loc, qsl),
+            (hb.logits_indices, rows),
+        ]:
             np.testing.assert_array_equal(got, want)
             assert got.dtype == np.int32
         np.testing.assert_array_equal(hb.block_tables, tables)

@@ -52,10 +52,16 @@ REPO = Path(__file__).resolve().parent.parent
 def record(sent, chunks, finished, out_tokens, target=None, success=True):
     """A request with 10 prompt tokens, counted by the server's usage."""
     return RequestRecord(
-        index=0, sent=sent, chunk_times=list(chunks), finished=finished, success=success,
-        target_output_tokens=target or out_tokens or 0, input_tokens=10,
-        output_tokens=out_tokens, token_count_source="usage",
-    )  # fmt: skip
+        index=0,
+        sent=sent,
+        chunk_times=list(chunks),
+        finished=finished,
+        success=success,
+        target_output_tokens=target or out_tokens or 0,
+        input_tokens=10,
+        output_tokens=out_tokens,
+        token_count_source="usage",
+    )
 
 
 def test_request_metrics_on_synthetic_timestamps():
@@ -266,8 +272,11 @@ class FakeServer:
 
     async def stream(self, chat: bool, prompt_tokens: int, n: int, body: dict):
         def event(choice: dict | None, usage: dict | None = None) -> str:
-            chunk = {"object": "chat.completion.chunk" if chat else "text_completion",
-                     "choices": [choice] if choice else [], "usage": usage}  # fmt: skip
+            chunk = {
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "choices": [choice] if choice else [],
+                "usage": usage,
+            }
             return f"data: {json.dumps(chunk)}\n\n"
 
         self.in_flight += 1
@@ -292,11 +301,27 @@ def test_cli_run_against_fake_server(tmp_path):
     out = tmp_path / "result.json"
     with FakeServer() as server:
         proc = subprocess.run(
-            [sys.executable, "tools/bench_serving.py", "--base-url", server.url,
-             "--num-prompts", "8", "--max-concurrency", "3", "--random-input-len", "5:9",
-             "--random-output-len", "4:8", "--result-file", str(out)],
-            cwd=REPO, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "tools/bench_serving.py",
+                "--base-url",
+                server.url,
+                "--num-prompts",
+                "8",
+                "--max-concurrency",
+                "3",
+                "--random-input-len",
+                "5:9",
+                "--random-output-len",
+                "4:8",
+                "--result-file",
+                str(out),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 0, proc.stderr
         assert server.max_in_flight <= 3
         assert server.requests == 8 + 1  # and the initial test request
@@ -320,10 +345,24 @@ def test_tokenize_fallback_on_completions_with_poisson_arrivals(tmp_path):
     out = tmp_path / "result.json"
     with FakeServer(usage=False, tokenize=True) as server:
         rc = bench_serving.main(
-            ["--base-url", server.url, "--endpoint", COMPLETIONS_ENDPOINT, "--num-prompts", "6",
-             "--request-rate", "50", "--random-input-len", "6", "--random-output-len", "3:5",
-             "--skip-initial-test", "--result-file", str(out)]
-        )  # fmt: skip
+            [
+                "--base-url",
+                server.url,
+                "--endpoint",
+                COMPLETIONS_ENDPOINT,
+                "--num-prompts",
+                "6",
+                "--request-rate",
+                "50",
+                "--random-input-len",
+                "6",
+                "--random-output-len",
+                "3:5",
+                "--skip-initial-test",
+                "--result-file",
+                str(out),
+            ]
+        )
     assert rc == 0
     result = json.loads(out.read_text())
     assert result["summary"]["token_count_sources"] == {"server /tokenize": 6}
@@ -339,9 +378,21 @@ def test_local_tokenizer_fallback_on_the_chat_dataset(tmp_path):
     out = tmp_path / "result.json"
     with FakeServer(usage=False) as server:
         rc = bench_serving.main(
-            ["--base-url", server.url, "--dataset", "chat", "--num-prompts", "4",
-             "--chat-output-len", "3", "--tokenizer", str(tokenizer_json), "--result-file", str(out)]
-        )  # fmt: skip
+            [
+                "--base-url",
+                server.url,
+                "--dataset",
+                "chat",
+                "--num-prompts",
+                "4",
+                "--chat-output-len",
+                "3",
+                "--tokenizer",
+                str(tokenizer_json),
+                "--result-file",
+                str(out),
+            ]
+        )
     assert rc == 0
     s = json.loads(out.read_text())["summary"]
     assert s["completed"] == 4 and s["token_count_sources"] == {"tokenizer": 4}
@@ -352,9 +403,19 @@ def test_failures_and_early_stops_are_reported(tmp_path, capsys):
     out = tmp_path / "result.json"
     with FakeServer(fail_every=3) as server:
         rc = bench_serving.main(
-            ["--base-url", server.url, "--num-prompts", "9", "--random-output-len", "5",
-             "--no-ignore-eos", "--skip-initial-test", "--result-file", str(out)]
-        )  # fmt: skip
+            [
+                "--base-url",
+                server.url,
+                "--num-prompts",
+                "9",
+                "--random-output-len",
+                "5",
+                "--no-ignore-eos",
+                "--skip-initial-test",
+                "--result-file",
+                str(out),
+            ]
+        )
     assert rc == 0
     result = json.loads(out.read_text())
     s = result["summary"]

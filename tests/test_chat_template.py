@@ -34,9 +34,14 @@ def test_a_loop_that_prints_nothing_still_hits_the_deadline():
 
 @pytest.mark.parametrize(
     "source",
-    ['{{ "a" * 10000000 }}', "{{ messages * 10000000 }}", "{{ 10 ** 100000 }}",
-     "{% for i in range(100) %}{{ 'x' * 100000 }}{% endfor %}", "{{ lipsum(100000) }}"],
-)  # fmt: skip
+    [
+        '{{ "a" * 10000000 }}',
+        "{{ messages * 10000000 }}",
+        "{{ 10 ** 100000 }}",
+        "{% for i in range(100) %}{{ 'x' * 100000 }}{% endfor %}",
+        "{{ lipsum(100000) }}",
+    ],
+)
 def test_size_bombs_are_refused(source):
     with pytest.raises(ChatTemplateError):
         ChatTemplate(source, max_chars=1 << 20).render(MSGS)

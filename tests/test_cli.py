@@ -43,8 +43,13 @@ def test_ctrl_c_stops_a_reply_but_not_the_chat():
     import threading
     import time
 
-    proc = subprocess.Popen([*CLI, "chat", "--max-tokens", "2000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [*CLI, "chat", "--max-tokens", "2000"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     chars: list[str] = []
     reader = threading.Thread(target=lambda: chars.extend(iter(lambda: proc.stdout.read(1), "")), daemon=True)
     reader.start()

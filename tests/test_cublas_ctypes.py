@@ -136,8 +136,9 @@ def test_a_failed_status_raises_with_its_name():
     stream = FakeStream(ptr=1)
     lib = FakeCublas(streams={1: stream}, status=7)
     with pytest.raises(RuntimeError, match="cublasSetStream_v2 failed: CUBLAS_STATUS_INVALID_VALUE"):
-        gemm_matmul(np, CublasGemm(lib), HANDLE, stream, np.ones((1, 4), np.float32), np.ones((2, 4), np.float32),
-                    None, None)  # fmt: skip
+        gemm_matmul(
+            np, CublasGemm(lib), HANDLE, stream, np.ones((1, 4), np.float32), np.ones((2, 4), np.float32), None, None
+        )
 
 
 MAPS = """\
@@ -186,12 +187,12 @@ class _CaptureStream(FakeStream):
 
 
 def test_cuda_graph_binds_the_stream_before_capture_and_captures_gemms_without_set_stream(monkeypatch):
-    """rawpage/backends/cuda_graph.py against a fake cupy: the real capture sequence."""
+    """rawpage/backends/cuda_graph_capture.py against a fake cupy: the real capture sequence."""
     import contextlib
     import sys
     import types
 
-    from rawpage.backends import cuda_graph
+    from rawpage.backends import cuda_graph_capture as cuda_graph
 
     ns = types.SimpleNamespace(current=FakeStream(ptr=0))  # the legacy default stream
     lib = FakeCublas(streams={0: ns.current})

@@ -3,7 +3,7 @@ device, dummy weights, memory sizing by profiling, and CUDA graphs against eager
 
 Everything here skips where no GPU is visible (and fails where one is but CuPy
 cannot use it: tests/gpu_required.py); the same logic is
-covered on the CPU by test_cublas_gemm.py, test_memory.py and test_cuda_graphs.py.
+covered on the CPU by test_cublas_gemm.py, test_memory.py and test_decode_graphs.py.
 tools/gpu_check.sh runs this file.
 """
 
@@ -140,10 +140,22 @@ def test_dummy_llama_shape_loads_and_generates(tmp_path):
     from rawpage import LLM, SamplingParams
 
     cfg = json.loads((Path(__file__).parent.parent / "tools/configs/llama-3.2-1b/config.json").read_text())
-    cfg.update(num_hidden_layers=2, hidden_size=256, intermediate_size=512, num_attention_heads=4,
-               num_key_value_heads=2, vocab_size=1000)  # fmt: skip
+    cfg.update(
+        num_hidden_layers=2,
+        hidden_size=256,
+        intermediate_size=512,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1000,
+    )
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    llm = LLM(str(tmp_path / "config.json"), load_format="dummy", device="cuda", max_model_len=512, max_num_seqs=4,
-              num_gpu_blocks_override=64)  # fmt: skip
+    llm = LLM(
+        str(tmp_path / "config.json"),
+        load_format="dummy",
+        device="cuda",
+        max_model_len=512,
+        max_num_seqs=4,
+        num_gpu_blocks_override=64,
+    )
     out = llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=5, ignore_eos=True), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 5

@@ -5,11 +5,11 @@ import json
 
 import numpy as np
 import pytest
-from rawpage.models.llama import LlamaModel
 
 from rawpage.backends import get_backend
 from rawpage.errors import ModelLoadError
 from rawpage.loader import load_checkpoint
+from rawpage.models.llama import LlamaModel
 from tests.tiny_models import tiny_config
 
 

@@ -43,8 +43,16 @@ def test_batch_invariance_alone_together_and_under_preemption(tiny_model_dir):
 
 
 def test_default_model_batch_invariance(default_checkpoint):
-    questions = ["What is the capital of France?", "Name a color.", "What is 2 + 2?", "Say hello in Spanish.",
-                 "Who wrote Hamlet?", "What is water made of?", "Give me a fruit.", "What day comes after Monday?"]  # fmt: skip
+    questions = [
+        "What is the capital of France?",
+        "Name a color.",
+        "What is 2 + 2?",
+        "Say hello in Spanish.",
+        "Who wrote Hamlet?",
+        "What is water made of?",
+        "Give me a fruit.",
+        "What day comes after Monday?",
+    ]
     convs = [[{"role": "user", "content": q}] for q in questions]
     p = SamplingParams(temperature=0, max_tokens=16)
     llm = LLM()
@@ -58,8 +66,11 @@ def test_default_model_batch_invariance(default_checkpoint):
 
 def test_default_model_answers_paris():
     llm = LLM()
-    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
-                   SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)[0].outputs[0]  # fmt: skip
+    out = llm.chat(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        SamplingParams(temperature=0, max_tokens=20),
+        use_tqdm=False,
+    )[0].outputs[0]
     assert "Paris" in out.text and out.finish_reason == "stop"
 
 
@@ -119,9 +130,11 @@ def test_seeded_sampling_is_independent_of_the_batch(tiny_model_dir):
     prompt = random_prompts(1, 30, 31, seed=5)[0]
     alone = tokens(llm.generate(prompt, p, use_tqdm=False))[0]
     others = random_prompts(6, 10, 120, seed=9)
-    mixed = llm.generate([*others[:3], prompt, *others[3:]],
-                         [SamplingParams(temperature=1.0, max_tokens=15)] * 3 + [p] + [SamplingParams(max_tokens=30)] * 3,
-                         use_tqdm=False)  # fmt: skip
+    mixed = llm.generate(
+        [*others[:3], prompt, *others[3:]],
+        [SamplingParams(temperature=1.0, max_tokens=15)] * 3 + [p] + [SamplingParams(max_tokens=30)] * 3,
+        use_tqdm=False,
+    )
     assert tokens(mixed)[3] == alone
     p8 = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=8, max_tokens=20, ignore_eos=True)
     other_seed = tokens(llm.generate(prompt, p8, use_tqdm=False))[0]
@@ -194,8 +207,15 @@ def test_swap_preemption_gives_identical_outputs(tiny_model_dir, cpu_blocks):
     ref = LLM(tiny_model_dir, enable_prefix_caching=False)
     expected = tokens(ref.generate(prompts, GREEDY, use_tqdm=False))
     block_bytes = 2 * 4 * 16 * 2 * 32 * 4  # K and V x 4 layers x 16 slots x 2 KV heads x 32 dims x float32
-    llm = LLM(tiny_model_dir, num_gpu_blocks_override=20, max_model_len=320, max_num_batched_tokens=64,
-              preemption_mode="swap", swap_space=cpu_blocks * block_bytes / 2**30, enable_prefix_caching=False)  # fmt: skip
+    llm = LLM(
+        tiny_model_dir,
+        num_gpu_blocks_override=20,
+        max_model_len=320,
+        max_num_batched_tokens=64,
+        preemption_mode="swap",
+        swap_space=cpu_blocks * block_bytes / 2**30,
+        enable_prefix_caching=False,
+    )
     assert llm.engine.block_manager.num_cpu_blocks == cpu_blocks
     assert tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == expected
     sc = llm.engine.scheduler

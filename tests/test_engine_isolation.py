@@ -38,10 +38,12 @@ def run(engine, params_for):
 
 @pytest.mark.parametrize(
     "kwargs,param",
-    [(dict(min_tokens=2, stop_token_ids=[999999999]), "stop_token_ids"),
-     (dict(logit_bias={10**22: 5.0}), "logit_bias"),
-     (dict(logit_bias={400: 5.0}), "logit_bias")],
-)  # fmt: skip
+    [
+        (dict(min_tokens=2, stop_token_ids=[999999999]), "stop_token_ids"),
+        (dict(logit_bias={10**22: 5.0}), "logit_bias"),
+        (dict(logit_bias={400: 5.0}), "logit_bias"),
+    ],
+)
 def test_token_ids_outside_the_vocabulary_are_refused(llm, kwargs, param):
     with pytest.raises(ValueError, match=f"^{param}: token ids"):
         llm.engine.add_request("bad", PROMPTS[0], SamplingParams(max_tokens=4, **kwargs))

@@ -85,8 +85,15 @@ def test_snapshots_follow_sharing_and_prefix_caching(tiny_model_dir):
 
 def test_snapshots_show_swapped_sequences(tiny_model_dir):
     block_bytes = 2 * 4 * 16 * 2 * 32 * 4
-    llm = LLM(tiny_model_dir, num_gpu_blocks_override=20, max_model_len=320, max_num_batched_tokens=64,
-              preemption_mode="swap", swap_space=400 * block_bytes / 2**30, enable_prefix_caching=False)  # fmt: skip
+    llm = LLM(
+        tiny_model_dir,
+        num_gpu_blocks_override=20,
+        max_model_len=320,
+        max_num_batched_tokens=64,
+        preemption_mode="swap",
+        swap_space=400 * block_bytes / 2**30,
+        enable_prefix_caching=False,
+    )
     snaps = watch(llm, random_prompts(12, 5, 200, seed=3), SamplingParams(temperature=0, max_tokens=24))
     swapped = [s for s in snaps if s["counts"]["swapped"]]
     assert swapped and any(v >= 0 for v in expand(swapped[0]["cpu_owner"]))

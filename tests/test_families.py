@@ -12,11 +12,11 @@ import os
 
 import numpy as np
 import pytest
-from rawpage.models.registry import build_model
 
 from rawpage.backends import get_backend
 from rawpage.errors import UnsupportedModelError
 from rawpage.loader import load_checkpoint
+from rawpage.models.registry import build_model
 from tests.model_harness import SingleSequence
 from tests.tiny_families import FAMILIES, family_config, hub_tensors, weights_digest, write_family
 from tests.tiny_models import train_tokenizer, write_gguf, write_hf_folder
@@ -97,8 +97,15 @@ def test_engine_batched_chunked_and_preempted(folders, family):
     from tests.model_harness import assert_no_leaks
 
     cases = DATA["families"][family]["cases"] * 2
-    llm = LLM(folders[family], device="cpu", block_size=8, num_gpu_blocks_override=12, max_num_batched_tokens=8,
-              max_model_len=80, enable_prefix_caching=False)  # fmt: skip
+    llm = LLM(
+        folders[family],
+        device="cpu",
+        block_size=8,
+        num_gpu_blocks_override=12,
+        max_num_batched_tokens=8,
+        max_model_len=80,
+        enable_prefix_caching=False,
+    )
     params = SamplingParams(temperature=0, max_tokens=len(cases[0]["greedy"]), ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": c["ids"]} for c in cases], params, use_tqdm=False)
     assert [list(o.outputs[0].token_ids) for o in outs] == [c["greedy"] for c in cases]
@@ -106,12 +113,15 @@ def test_engine_batched_chunked_and_preempted(folders, family):
     assert_no_leaks(llm.engine)
 
 
-@pytest.mark.parametrize("family,max_model_len,error", [
-    ("gemma2", 16, "soft-caps attention"),
-    ("mistral", 64, "sliding window of 16 tokens.*--max-model-len 16"),
-    ("mistral", 16, None),
-    ("qwen3", 256, None),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "family,max_model_len,error",
+    [
+        ("gemma2", 16, "soft-caps attention"),
+        ("mistral", 64, "sliding window of 16 tokens.*--max-model-len 16"),
+        ("mistral", 16, None),
+        ("qwen3", 256, None),
+    ],
+)
 def test_sim_refuses_at_startup_what_its_kernels_lack(folders, family, max_model_len, error):
     from rawpage import LLM
 
@@ -176,10 +186,15 @@ def test_config_spellings_hub_and_transformers_5():
     from rawpage.config import ModelConfig
 
     hub = family_config("gemma3")
-    v5 = {k: v for k, v in hub.items() if k not in ("rope_theta", "rope_local_base_freq", "rope_scaling",
-                                                    "sliding_window_pattern")}  # fmt: skip
-    v5["rope_parameters"] = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}  # fmt: skip
+    v5 = {
+        k: v
+        for k, v in hub.items()
+        if k not in ("rope_theta", "rope_local_base_freq", "rope_scaling", "sliding_window_pattern")
+    }
+    v5["rope_parameters"] = {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+    }
     v5["layer_types"] = ["sliding_attention", "sliding_attention", "full_attention"]
     assert ModelConfig.from_hf(v5) == ModelConfig.from_hf(hub)
     assert ModelConfig.from_hf(hub).rope_local_theta == 1e4

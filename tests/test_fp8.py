@@ -8,8 +8,13 @@ from rawpage.quantization.fp8 import E4M3_MAX, e4m3_from_f32, e4m3_to_f32, quant
 
 def test_known_codes():
     assert e4m3_to_f32(np.array([0x00, 0x38, 0x7E, 0x01, 0xB8, 0x08]).astype(np.uint8)).tolist() == [
-        0.0, 1.0, 448.0, 2.0**-9, -1.0, 2.0**-6,
-    ]  # fmt: skip
+        0.0,
+        1.0,
+        448.0,
+        2.0**-9,
+        -1.0,
+        2.0**-6,
+    ]
     assert np.isnan(e4m3_to_f32(np.array([0x7F, 0xFF], np.uint8))).all()
 
 

@@ -23,17 +23,29 @@ def test_scripts_parse(script):
 
 @pytest.mark.parametrize("step", STEPS)
 def test_python_steps_answer_help(step):
-    out = subprocess.run([sys.executable, "-m", f"tools.gpu_check.{step}", "--help"],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", f"tools.gpu_check.{step}", "--help"], capture_output=True, text=True, check=True
+    )
     assert "usage:" in out.stdout
 
 
 @pytest.fixture
 def tiny_config_file(tmp_path):
-    cfg = tiny_config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, vocab_size=300,
-                      max_position_embeddings=512, tie_word_embeddings=True)  # fmt: skip
-    cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                           "original_max_position_embeddings": 64}  # fmt: skip
+    cfg = tiny_config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        vocab_size=300,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
+    cfg["rope_scaling"] = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     return str(path)
@@ -43,10 +55,34 @@ def test_throughput_step_runs_on_the_cpu(tiny_config_file, tmp_path):
     from tools.gpu_check import throughput
 
     out = tmp_path / "tp.json"
-    r = throughput.main(["--config", tiny_config_file, "--device", "cpu", "--dtype", "float32",
-                         "--num-requests", "6", "--input-len", "10:30", "--output-len", "4", "--max-num-seqs", "4",
-                         "--max-model-len", "128", "--decode-batches", "1,3", "--decode-context", "20",
-                         "--decode-steps", "3", "--result-file", str(out)])  # fmt: skip
+    r = throughput.main(
+        [
+            "--config",
+            tiny_config_file,
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--num-requests",
+            "6",
+            "--input-len",
+            "10:30",
+            "--output-len",
+            "4",
+            "--max-num-seqs",
+            "4",
+            "--max-model-len",
+            "128",
+            "--decode-batches",
+            "1,3",
+            "--decode-context",
+            "20",
+            "--decode-steps",
+            "3",
+            "--result-file",
+            str(out),
+        ]
+    )
     assert r["output_tokens"] == 24 and r["output_tok_s"] > 0
     assert r["step_steps"] > 0 and r["step_build_batch_ms"] > 0
     assert r["decode_b1"]["batch"] == 1 and r["decode_b3"]["batch"] == 3
@@ -79,25 +115,70 @@ def test_summary_table_from_parts(tmp_path):
     parts = tmp_path / "parts"
     parts.mkdir()
     (parts / "env.json").write_text(json.dumps({"env": {"gpu": "NVIDIA H200", "runtime_cuda": "13.0"}}))
-    (parts / "microbench.json").write_text(json.dumps({"microbench": {
-        "copy_gbs": 4000.0,
-        "decode": [{"context": 4096, "gbs": 3000.0, "fraction_of_copy": 0.75}],
-        "sdpa_decode": [{"context": 4096, "gbs": 2500.0}],
-        "prefill": {"tflops": 200.0, "fraction_of_sdpa": 0.4},
-        "sdpa_prefill": {"tflops": 500.0},
-        "rms_norm": {"gbs": 3200.0}}}))  # fmt: skip
-    (parts / "throughput_rawpage.json").write_text(json.dumps({"throughput_rawpage": {
-        "num_requests": 512, "output_tok_s": 6000.0, "total_tok_s": 36000.0, "startup_s": 30.0,
-        "step_wall_ms": 40.0, "step_build_batch_ms": 0.5, "step_gpu_forward_ms": 35.0,
-        "decode_b256": {"batch": 256, "context": 1024, "graphs": True, "wall_ms": 30.0, "gpu_ms": 25.0,
-                        "build_batch_ms": 0.4, "roofline_ms": 12.0, "wall_over_roofline": 2.5,
-                        "weight_gb": 16.1, "kv_read_gb": 34.4}}}))  # fmt: skip
+    (parts / "microbench.json").write_text(
+        json.dumps(
+            {
+                "microbench": {
+                    "copy_gbs": 4000.0,
+                    "decode": [{"context": 4096, "gbs": 3000.0, "fraction_of_copy": 0.75}],
+                    "sdpa_decode": [{"context": 4096, "gbs": 2500.0}],
+                    "prefill": {"tflops": 200.0, "fraction_of_sdpa": 0.4},
+                    "sdpa_prefill": {"tflops": 500.0},
+                    "rms_norm": {"gbs": 3200.0},
+                }
+            }
+        )
+    )
+    (parts / "throughput_rawpage.json").write_text(
+        json.dumps(
+            {
+                "throughput_rawpage": {
+                    "num_requests": 512,
+                    "output_tok_s": 6000.0,
+                    "total_tok_s": 36000.0,
+                    "startup_s": 30.0,
+                    "step_wall_ms": 40.0,
+                    "step_build_batch_ms": 0.5,
+                    "step_gpu_forward_ms": 35.0,
+                    "decode_b256": {
+                        "batch": 256,
+                        "context": 1024,
+                        "graphs": True,
+                        "wall_ms": 30.0,
+                        "gpu_ms": 25.0,
+                        "build_batch_ms": 0.4,
+                        "roofline_ms": 12.0,
+                        "wall_over_roofline": 2.5,
+                        "weight_gb": 16.1,
+                        "kv_read_gb": 34.4,
+                    },
+                }
+            }
+        )
+    )
     (parts / "throughput_hf.json").write_text(json.dumps({"throughput_hf": {"batch": 64, "output_tok_s": 1000.0}}))
-    (tmp_path / "k.log").write_text("....\nSKIPPED [3] tests/kernels/test_paged_attention.py:168: a trap on a GPU "
-                                    "poisons the CUDA context\n===== 120 passed, 3 skipped in 80.1s =====\n")  # fmt: skip
+    (tmp_path / "k.log").write_text(
+        "....\nSKIPPED [3] tests/kernels/test_paged_attention.py:168: a trap on a GPU "
+        "poisons the CUDA context\n===== 120 passed, 3 skipped in 80.1s =====\n"
+    )
     (tmp_path / "m.log").write_text("========= ERROR SUMMARY: 0 errors\n")
-    assert summary.main(["--parts", str(parts), "--kernel-log", str(tmp_path / "k.log"), "--out-md", str(tmp_path / "s.md"),
-                         "--memcheck-log", str(tmp_path / "m.log"), "--out-json", str(tmp_path / "r.json")]) == 0  # fmt: skip
+    assert (
+        summary.main(
+            [
+                "--parts",
+                str(parts),
+                "--kernel-log",
+                str(tmp_path / "k.log"),
+                "--out-md",
+                str(tmp_path / "s.md"),
+                "--memcheck-log",
+                str(tmp_path / "m.log"),
+                "--out-json",
+                str(tmp_path / "r.json"),
+            ]
+        )
+        == 0
+    )
     text = (tmp_path / "s.md").read_text()
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
     assert "120 passed, 3 skipped" in rows["kernel tests (cuda)"] and rows["kernel tests (cuda)"].endswith("| ok |")
@@ -136,14 +217,32 @@ SAMPLE = Path(__file__).parent / "data" / "gpu_check_h200_2026-11-30"  # figures
 def test_record_written_from_the_recorded_h200_sample(tmp_path):
     from tools.gpu_check import summary
 
-    status = summary.main(["--parts", str(SAMPLE / "parts"), "--kernel-log", str(SAMPLE / "kernel_tests.log"),
-                           "--memcheck-log", str(SAMPLE / "memcheck.log"), "--record-dir", str(tmp_path / "gpu"),
-                           "--date", "2026-11-30", "--gpu", "NVIDIA H200", "--commit", "04f1a5f"])  # fmt: skip
+    status = summary.main(
+        [
+            "--parts",
+            str(SAMPLE / "parts"),
+            "--kernel-log",
+            str(SAMPLE / "kernel_tests.log"),
+            "--memcheck-log",
+            str(SAMPLE / "memcheck.log"),
+            "--record-dir",
+            str(tmp_path / "gpu"),
+            "--date",
+            "2026-11-30",
+            "--gpu",
+            "NVIDIA H200",
+            "--commit",
+            "04f1a5f",
+        ]
+    )
     assert status == 1, "13 kernel test failures fail the check"
     record = json.loads((tmp_path / "gpu" / "2026-11-30-nvidia-h200-04f1a5f.json").read_text())
     assert (record["gpu"], record["commit"]) == ("NVIDIA H200", "04f1a5f")
     assert (record["kernel_tests"]["passed"], record["kernel_tests"]["failed"], record["kernel_tests"]["ok"]) == (
-        198, 13, False)  # fmt: skip
+        198,
+        13,
+        False,
+    )
     assert record["parity"]["bfloat16"]["ok"] and record["parity"]["float32"]["prefill"]["max_rel"] == 1.4e-5
     assert record["microbench"]["prefill"]["tflops"] == 40.0
     assert record["throughput"]["ratio"] == pytest.approx(3356 / 567)
@@ -168,8 +267,18 @@ def test_a_record_always_has_every_key_even_when_nothing_ran():
     from tools.gpu_check.record import build_record, record_name
 
     record = build_record({}, "2026-12-01", "NVIDIA H200", "abc1234", "| table |")
-    for key in ("gpu", "commit", "kernel_tests", "parity", "microbench", "throughput", "decode_b1", "decode_b256",
-                "breakdown_b1", "breakdown_b256"):  # fmt: skip
+    for key in (
+        "gpu",
+        "commit",
+        "kernel_tests",
+        "parity",
+        "microbench",
+        "throughput",
+        "decode_b1",
+        "decode_b256",
+        "breakdown_b1",
+        "breakdown_b256",
+    ):
         assert key in record
     assert record["decode_b1"] is None and record["throughput"] is None
     assert record_name("2026-12-01", "NVIDIA H200 NVL", "abc1234") == "2026-12-01-nvidia-h200-nvl-abc1234"
@@ -248,12 +357,20 @@ def test_check_fails_loudly_when_a_gpu_is_visible_but_cupy_cannot_import(tmp_pat
     bin_dir, broken = tmp_path / "bin", tmp_path / "broken" / "cupy"
     bin_dir.mkdir()
     broken.mkdir(parents=True)
-    (bin_dir / "nvidia-smi").write_text('#!/bin/sh\nif [ "$1" = "-L" ]; then echo "GPU 0: NVIDIA H200 (UUID: x)"; '
-                                        'else echo "NVIDIA H200"; fi\n')  # fmt: skip
+    (bin_dir / "nvidia-smi").write_text(
+        '#!/bin/sh\nif [ "$1" = "-L" ]; then echo "GPU 0: NVIDIA H200 (UUID: x)"; else echo "NVIDIA H200"; fi\n'
+    )
     (bin_dir / "nvidia-smi").chmod(0o755)
     (broken / "__init__.py").write_text("raise ImportError(\"cannot import name 'pathfinder' from 'cuda'\")\n")
-    env = dict(os.environ, OUT=str(tmp_path / "out"), PYTHON=sys.executable, RECORD_DIR=str(tmp_path / "gpu"),
-               PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(broken.parent), GIT_COMMIT="abc1234")  # fmt: skip
+    env = dict(
+        os.environ,
+        OUT=str(tmp_path / "out"),
+        PYTHON=sys.executable,
+        RECORD_DIR=str(tmp_path / "gpu"),
+        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        PYTHONPATH=str(broken.parent),
+        GIT_COMMIT="abc1234",
+    )
     out = subprocess.run(["bash", "tools/gpu_check.sh"], env=env, capture_output=True, text=True, timeout=120)
     log = (tmp_path / "out" / "gpu_check.log").read_text()
     assert out.returncode == 1, log

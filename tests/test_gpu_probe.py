@@ -102,8 +102,13 @@ def test_the_cli_prints_cupys_error_in_one_line(tmp_path, fake_nvidia_smi):
     broken.mkdir(parents=True)
     (broken / "__init__.py").write_text(f"raise ImportError({H200_ERROR!r})\n")
     env = dict(os.environ, PYTHONPATH=str(broken.parent))
-    out = subprocess.run([sys.executable, "-m", "rawpage.cli", "generate", "hi", "--device", "cuda"], env=env,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "rawpage.cli", "generate", "hi", "--device", "cuda"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2, out.stderr
     assert (
         f"rawpage: error: GPU 0: NVIDIA H200 (UUID: GPU-0000) is visible, but CuPy cannot use it: ImportError: {H200_ERROR}"

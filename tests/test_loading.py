@@ -7,11 +7,11 @@ import shutil
 
 import numpy as np
 import pytest
-from rawpage.models.llama import LlamaModel
 
 from rawpage.backends import get_backend
 from rawpage.errors import ModelLoadError, UnsupportedModelError
 from rawpage.loader import load_checkpoint
+from rawpage.models.llama import LlamaModel
 from tests.model_harness import SingleSequence
 from tests.tiny_models import (
     random_tensors,
@@ -89,8 +89,11 @@ def test_quantized_gguf_dequantizes_to_the_weights(tmp_path, tok, qtype, tol):
     cfg = tiny_config()
     tensors = random_tensors(cfg)
     ckpt = load_checkpoint(write_gguf(str(tmp_path / f"m-{qtype}.gguf"), cfg, tensors, tok, qtype=qtype))
-    for name in ("model.layers.1.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
-                 "model.layers.0.mlp.down_proj.weight"):  # fmt: skip
+    for name in (
+        "model.layers.1.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.k_proj.weight",
+        "model.layers.0.mlp.down_proj.weight",
+    ):
         err = np.abs(ckpt.tensors[name] - tensors[name]).max() / np.abs(tensors[name]).max()
         assert err < tol, f"{name}: relative error {err:.3g} for {qtype}"
 
@@ -134,8 +137,13 @@ def _llama3_rope_freqs(cfg, factor, low, high, old_len):
 
 
 def test_llama3_rope_scaling_hf_and_gguf_agree(tmp_path, tok):
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 64}  # fmt: skip
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     cfg = tiny_config(rope_scaling=scaling)
     tensors = random_tensors(cfg)
     hf = logits_of(write_hf_folder(str(tmp_path / "hf"), cfg, tensors, tok))

@@ -3,9 +3,9 @@ NumPy reference that runs every expert on every token."""
 
 import numpy as np
 import pytest
-from rawpage.models.moe import MoEWeights, moe_forward, route
 
 from rawpage.backends import get_backend
+from rawpage.models.moe import MoEWeights, moe_forward, route
 from rawpage.ops.activation import silu_and_mul_ref
 
 E, DIM, INTER = 8, 16, 12
@@ -52,8 +52,11 @@ def test_moe_matches_dense_reference(device, k, renormalize, case):
         "all to two": _router_preferring(rng, [3, 6], 30.0),
     }[case]
     b = get_backend(device)
-    moe = MoEWeights(b.prepare_linear(b.asarray(router)), [b.prepare_linear(b.asarray(w)) for w in gate_up],
-                     [b.prepare_linear(b.asarray(w)) for w in down])  # fmt: skip
+    moe = MoEWeights(
+        b.prepare_linear(b.asarray(router)),
+        [b.prepare_linear(b.asarray(w)) for w in gate_up],
+        [b.prepare_linear(b.asarray(w)) for w in down],
+    )
     counts = np.zeros(E, np.int64)
     got = b.to_numpy(moe_forward(b, b.asarray(x), moe, k, renormalize, b.silu_and_mul, counts))
     np.testing.assert_allclose(got, _dense_reference(x, router, gate_up, down, k, renormalize), rtol=1e-4, atol=1e-5)

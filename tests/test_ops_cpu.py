@@ -87,7 +87,7 @@ def test_cpu_batched_decode_matches_ref():
     q_lens = [1, 1, 7, 1, 1]
     ctx = [1, 40, 7, 17, 33]
     q, kc, vc, bt, sl, qsl = _random_paged_batch(rng, q_lens, ctx, 8, 2, 32, 16, 32)
-    got = CPUBackend().paged_attention(q, kc, vc, bt, sl, qsl, 0.2)
+    got = CPUBackend().paged_attention(q, kc, vc, bt, sl, qsl, 0.2, int(np.diff(qsl).max()), int(sl.max()))
     want = paged_attention_ref(q, kc, vc, bt, sl, qsl, 0.2)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 

@@ -83,8 +83,11 @@ def test_penalties_and_bias():
     s = Sampler(V, [EOS])
     row = np.zeros((1, V), np.float32)
     row[0, 5], row[0, 6] = 2.0, -2.0
-    seq = seq_with(SamplingParams(frequency_penalty=0.5, presence_penalty=0.25, repetition_penalty=2.0,
-                                  logit_bias={9: 3.0}), prompt=(6,), output=(5, 5, 7))  # fmt: skip
+    seq = seq_with(
+        SamplingParams(frequency_penalty=0.5, presence_penalty=0.25, repetition_penalty=2.0, logit_bias={9: 3.0}),
+        prompt=(6,),
+        output=(5, 5, 7),
+    )
     out = s.apply_processors(row.copy(), [seq])[0]
     assert out[5] == pytest.approx(2.0 / 2.0 - 0.5 * 2 - 0.25)  # repetition, then 2x frequency, presence
     assert out[6] == pytest.approx(-2.0 * 2.0)  # a prompt token: repetition only
@@ -109,11 +112,20 @@ def test_logprobs_are_top_n_sorted_with_ranks():
 
 @pytest.mark.parametrize(
     "kwargs,name",
-    [({"top_p": 0}, "top_p"), ({"temperature": -1}, "temperature"), ({"top_k": -2}, "top_k"), ({"n": 0}, "n"),
-     ({"max_tokens": 0}, "max_tokens"), ({"min_p": 1.5}, "min_p"), ({"logprobs": -1}, "logprobs"),
-     ({"presence_penalty": 3}, "presence_penalty"), ({"repetition_penalty": 0}, "repetition_penalty"),
-     ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"), ({"stop": ["ok", ""]}, "stop")],
-)  # fmt: skip
+    [
+        ({"top_p": 0}, "top_p"),
+        ({"temperature": -1}, "temperature"),
+        ({"top_k": -2}, "top_k"),
+        ({"n": 0}, "n"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"logprobs": -1}, "logprobs"),
+        ({"presence_penalty": 3}, "presence_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
+        ({"stop": ["ok", ""]}, "stop"),
+    ],
+)
 def test_invalid_params_name_the_parameter(kwargs, name):
     with pytest.raises(ValueError, match=f"^{name} "):
         SamplingParams(**kwargs)

@@ -14,8 +14,14 @@ _ids = itertools.count()
 
 
 def make_seq(n_prompt, arrival, priority=0, max_tokens=100, n=1):
-    req = Request(f"r{next(_ids)}", None, list(range(1, n_prompt + 1)), SamplingParams(max_tokens=max_tokens, n=n),
-                  arrival_time=arrival, priority=priority)  # fmt: skip
+    req = Request(
+        f"r{next(_ids)}",
+        None,
+        list(range(1, n_prompt + 1)),
+        SamplingParams(max_tokens=max_tokens, n=n),
+        arrival_time=arrival,
+        priority=priority,
+    )
     seq = Sequence(next(_ids), req, req.prompt_token_ids, 0, seed=0)
     req.seqs.append(seq)
     return seq

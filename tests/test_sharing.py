@@ -7,6 +7,7 @@ from rawpage import LLM, SamplingParams
 from rawpage.sampler import log_softmax
 from tests.model_harness import SingleSequence, assert_no_leaks
 from tests.test_engine import GREEDY, random_prompts, tokens
+from tools.bench_sharing import copying_forker
 
 
 def run_tracking_peak(llm, prompts, params):
@@ -31,7 +32,8 @@ def test_parallel_samples_share_the_prompt(tiny_model_dir):
     # 140 tokens = 9 blocks per sample: 6 full prompt blocks stored once, 3 own blocks each
     assert peak == 6 + 4 * 3
     assert shared.engine.block_manager.num_cow_copies == 3  # the partial 7th block, for 3 of the 4
-    separate = LLM(tiny_model_dir, enable_prefix_caching=False, share_forked_blocks=False)
+    separate = LLM(tiny_model_dir, enable_prefix_caching=False)
+    separate.engine.forker = copying_forker(separate.engine)  # the benchmark's comparison point
     peak_separate, (out_separate,) = run_tracking_peak(separate, [prompt], params)
     assert peak_separate == 4 * 9
     # copy-on-write: diverging inside the shared block changes nothing about the tokens
@@ -51,8 +53,9 @@ def test_greedy_equals_the_single_beam(tiny_model_dir):
     chat = LLM()
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
     g = chat.chat(msgs, SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)[0].outputs[0]
-    b = chat.chat(msgs, SamplingParams(n=1, use_beam_search=True, max_tokens=20, early_stopping=True),
-                  use_tqdm=False)[0].outputs[0]  # fmt: skip
+    b = chat.chat(msgs, SamplingParams(n=1, use_beam_search=True, max_tokens=20, early_stopping=True), use_tqdm=False)[
+        0
+    ].outputs[0]
     assert b.token_ids == g.token_ids and b.text == g.text
 
 
@@ -70,10 +73,9 @@ def reference_beam_search(model, prompt, width, steps):
 
 
 def test_beam_search_matches_a_plain_reference_and_shares_blocks(tiny_model_dir):
-    from rawpage.models.llama import LlamaModel
-
     from rawpage.backends import get_backend
     from rawpage.loader import load_checkpoint
+    from rawpage.models.llama import LlamaModel
 
     ckpt = load_checkpoint(tiny_model_dir)
     model = LlamaModel(ckpt.config, get_backend("cpu"), ckpt.tensors)

@@ -99,10 +99,17 @@ def test_sentencepiece_gguf_vocab_matches_sentencepiece(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(TRICKY * 20 + ["The quick brown fox jumps over the lazy dog."] * 50))
     spm.SentencePieceTrainer.train(
-        input=str(corpus), model_prefix=str(tmp_path / "sp"), vocab_size=400, model_type="bpe", character_coverage=0.98,
-        byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
-        split_digits=True, minloglevel=2,
-    )  # fmt: skip
+        input=str(corpus),
+        model_prefix=str(tmp_path / "sp"),
+        vocab_size=400,
+        model_type="bpe",
+        character_coverage=0.98,
+        byte_fallback=True,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        split_digits=True,
+        minloglevel=2,
+    )
     sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "sp.model"))
     ids = range(sp.get_piece_size())
 
@@ -151,7 +158,7 @@ def test_chat_template_raise_exception_and_file(tmp_path):
         t.render([{"role": "assistant", "content": "x"}])
     path = tmp_path / "t.jinja"
     path.write_text("{{ messages | length }}")
-    assert ChatTemplate(str(path)).render([{"role": "user", "content": "x"}] * 3) == "3"
+    assert ChatTemplate.from_arg(str(path)).render([{"role": "user", "content": "x"}] * 3) == "3"  # --chat-template may be a file
 
 
 def test_no_chat_template_is_a_clear_error(tmp_path):

@@ -1,6 +1,7 @@
 """The benchmark tools run (on a tiny model) and document their flags."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -8,9 +9,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+CHECKOUT_ENV = dict(os.environ, PYTHONPATH=str(ROOT))  # the tools import this checkout's rawpage
 TOOLS = [
     "bench_throughput.py",
     "bench_sharing.py",
+    "bench_cpu_threads.py",
+    "cpu_burner.py",
     "bench_serving.py",
     "compare.py",
     "make_golden.py",
@@ -20,19 +24,79 @@ TOOLS = [
 
 @pytest.mark.parametrize("tool", TOOLS)
 def test_help(tool):
-    out = subprocess.run([sys.executable, str(ROOT / "tools" / tool), "--help"], capture_output=True, text=True,
-                         cwd=ROOT, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / tool), "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        env=CHECKOUT_ENV,
+    )
     assert out.returncode == 0 and "usage:" in out.stdout, out.stderr
 
 
 @pytest.mark.parametrize("static", [False, True])
 def test_bench_throughput_on_a_tiny_model(tiny_model_dir, tmp_path, static):
     result = tmp_path / "r.json"
-    cmd = [sys.executable, str(ROOT / "tools" / "bench_throughput.py"), "--model", tiny_model_dir, "--num-requests",
-           "6", "--input-len", "8:40", "--output-len", "4:12", "--vocab", "400", "--max-num-seqs", "4", "--quiet",
-           "--result-file", str(result)] + (["--static-batching"] if static else [])  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "tools" / "bench_throughput.py"),
+        "--model",
+        tiny_model_dir,
+        "--num-requests",
+        "6",
+        "--input-len",
+        "8:40",
+        "--output-len",
+        "4:12",
+        "--vocab",
+        "400",
+        "--max-num-seqs",
+        "4",
+        "--quiet",
+        "--result-file",
+        str(result),
+    ] + (["--static-batching"] if static else [])
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr
     r = json.loads(result.read_text())
     assert r["mode"] == ("static" if static else "continuous") and r["num_requests"] == 6
     assert r["output_tokens"] > 0 and r["output_tok_per_s"] > 0
+
+
+def test_cpu_burner_returns_the_command_status():
+    cmd = [
+        sys.executable,
+        str(ROOT / "tools" / "cpu_burner.py"),
+        "--cores",
+        "1",
+        "--",
+        sys.executable,
+        "-c",
+        "import sys; sys.exit(3)",
+    ]
+    assert subprocess.run(cmd, cwd=ROOT, timeout=60).returncode == 3
+
+
+def test_bench_cpu_threads_on_a_tiny_model(tiny_model_dir, tmp_path):
+    out = tmp_path / "r.json"
+    cmd = [
+        sys.executable,
+        str(ROOT / "tools" / "bench_cpu_threads.py"),
+        "--model",
+        str(tiny_model_dir),
+        "--batches",
+        "1",
+        "3",
+        "--threads",
+        "1",
+        "2",
+        "--steps",
+        "3",
+        "--json",
+        str(out),
+    ]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=CHECKOUT_ENV)
+    assert r.returncode == 0, r.stderr
+    table = json.loads(out.read_text())["decode_tok_per_s"]
+    assert set(table) == {"batch 1", "batch 3"} and all(v > 0 for row in table.values() for v in row.values())

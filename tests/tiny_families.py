@@ -22,37 +22,72 @@ _COMMON = tiny_config(rms_norm_eps=1e-6, pad_token_id=0)
 
 FAMILIES: dict[str, dict] = {
     "qwen3": {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "rope_theta": 1000000.0,
-        "tie_word_embeddings": True, "use_sliding_window": False, "sliding_window": None,
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+        "use_sliding_window": False,
+        "sliding_window": None,
     },
     "mistral": {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 16},
     "gemma2": {
-        "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_activation": "gelu_pytorch_tanh",
-        "query_pre_attn_scalar": 24, "sliding_window": 16, "attn_logit_softcapping": 1.5,
-        "final_logit_softcapping": 4.0, "tie_word_embeddings": True,
+        "architectures": ["Gemma2ForCausalLM"],
+        "model_type": "gemma2",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": 24,
+        "sliding_window": 16,
+        "attn_logit_softcapping": 1.5,
+        "final_logit_softcapping": 4.0,
+        "tie_word_embeddings": True,
     },
     "gemma3": {
-        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_activation": "gelu_pytorch_tanh",
-        "num_hidden_layers": 3, "sliding_window_pattern": 3, "query_pre_attn_scalar": 24, "sliding_window": 16,
-        "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
-        "final_logit_softcapping": None, "attn_logit_softcapping": None, "tie_word_embeddings": True,
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "num_hidden_layers": 3,
+        "sliding_window_pattern": 3,
+        "query_pre_attn_scalar": 24,
+        "sliding_window": 16,
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+        "tie_word_embeddings": True,
     },
     "phi3": {
-        "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "sliding_window": 24,
-        "max_position_embeddings": 512, "original_max_position_embeddings": 128,
-        "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
-                         "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0, 13.0, 18.0]},
+        "architectures": ["Phi3ForCausalLM"],
+        "model_type": "phi3",
+        "sliding_window": 24,
+        "max_position_embeddings": 512,
+        "original_max_position_embeddings": 128,
+        "rope_scaling": {
+            "type": "longrope",
+            "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+            "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0, 13.0, 18.0],
+        },
     },
     "mixtral": {
-        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 8,
-        "num_experts_per_tok": 2, "intermediate_size": 48, "sliding_window": None,
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 48,
+        "sliding_window": None,
     },
     "qwen3_moe": {
-        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 8,
-        "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": False, "mlp_only_layers": [1],
-        "decoder_sparse_step": 1, "use_sliding_window": False, "sliding_window": None,
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "norm_topk_prob": False,
+        "mlp_only_layers": [1],
+        "decoder_sparse_step": 1,
+        "use_sliding_window": False,
+        "sliding_window": None,
     },
-}  # fmt: skip
+}
 
 
 def family_config(family: str) -> dict:
@@ -84,8 +119,13 @@ def hub_tensors(cfg: dict, seed: int = 0) -> dict[str, np.ndarray]:
         if mt == "phi3":
             t[p + "self_attn.qkv_proj.weight"] = (q + 2 * kv, dim)
         else:
-            t.update({p + "self_attn.q_proj.weight": (q, dim), p + "self_attn.k_proj.weight": (kv, dim),
-                      p + "self_attn.v_proj.weight": (kv, dim)})  # fmt: skip
+            t.update(
+                {
+                    p + "self_attn.q_proj.weight": (q, dim),
+                    p + "self_attn.k_proj.weight": (kv, dim),
+                    p + "self_attn.v_proj.weight": (kv, dim),
+                }
+            )
         t[p + "self_attn.o_proj.weight"] = (dim, q)
         t.update(_mlp_shapes(cfg, i, p))
     out = {}
@@ -110,8 +150,11 @@ def _mlp_shapes(cfg: dict, i: int, p: str) -> dict[str, tuple[int, ...]]:
         inter = cfg["intermediate_size"]
         if mt == "phi3":
             return {p + "mlp.gate_up_proj.weight": (2 * inter, dim), p + "mlp.down_proj.weight": (dim, inter)}
-        return {p + "mlp.gate_proj.weight": (inter, dim), p + "mlp.up_proj.weight": (inter, dim),
-                p + "mlp.down_proj.weight": (dim, inter)}  # fmt: skip
+        return {
+            p + "mlp.gate_proj.weight": (inter, dim),
+            p + "mlp.up_proj.weight": (inter, dim),
+            p + "mlp.down_proj.weight": (dim, inter),
+        }
     m, E, inter, (gate, up, down) = moe
     t = {m + "gate.weight": (E, dim)}
     for e in range(E):

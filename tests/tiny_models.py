@@ -146,20 +146,34 @@ _GGUF_GEMMA_LAYER = {
     "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
 }
 # Hugging Face names each expert's matrices; GGUF stacks a layer's experts: (E, rows, cols).
-_GGUF_EXPERTS = {"w1": "ffn_gate_exps", "gate_proj": "ffn_gate_exps", "w3": "ffn_up_exps", "up_proj": "ffn_up_exps",
-                 "w2": "ffn_down_exps", "down_proj": "ffn_down_exps"}  # fmt: skip
+_GGUF_EXPERTS = {
+    "w1": "ffn_gate_exps",
+    "gate_proj": "ffn_gate_exps",
+    "w3": "ffn_up_exps",
+    "up_proj": "ffn_up_exps",
+    "w2": "ffn_down_exps",
+    "down_proj": "ffn_down_exps",
+}
 
 
-def write_gguf(path: str, cfg: dict, tensors: dict, tok: Tokenizer, qtype: str = "F32",
-               rope_freqs: np.ndarray | None = None, raw: dict | None = None) -> str:  # fmt: skip
+def write_gguf(
+    path: str,
+    cfg: dict,
+    tensors: dict,
+    tok: Tokenizer,
+    qtype: str = "F32",
+    rope_freqs: np.ndarray | None = None,
+    raw: dict | None = None,
+) -> str:
     """Write the model as llama.cpp would: permuted q/k (llama), matrices in `qtype`,
     each layer's experts stacked (Mixtral is `llama` with experts).
 
     raw: {gguf tensor name: (uint8 blocks, ggml type name)} written as given instead."""
     import gguf
 
-    arch = {"mixtral": "llama", "qwen3_moe": "qwen3moe", "gemma3_text": "gemma3"}.get(cfg["model_type"],
-                                                                                    cfg["model_type"])  # fmt: skip
+    arch = {"mixtral": "llama", "qwen3_moe": "qwen3moe", "gemma3_text": "gemma3"}.get(
+        cfg["model_type"], cfg["model_type"]
+    )
     w = gguf.GGUFWriter(path, arch)
     gemma = arch.startswith("gemma")
     if gemma:  # llama.cpp keeps these in the metadata, and stores each norm as the 1 + w it scales by
@@ -226,8 +240,11 @@ def write_gguf(path: str, cfg: dict, tensors: dict, tok: Tokenizer, qtype: str =
                 heads = cfg["num_attention_heads"] if "q_proj" in rest else cfg["num_key_value_heads"]
                 t = llama_cpp_permute(t, heads)
         else:
-            gname = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                     "lm_head.weight": "output.weight"}[name]  # fmt: skip
+            gname = {
+                "model.embed_tokens.weight": "token_embd.weight",
+                "model.norm.weight": "output_norm.weight",
+                "lm_head.weight": "output.weight",
+            }[name]
         if raw and gname in raw:
             blocks, raw_type = raw[gname]
             w.add_tensor(gname, blocks, raw_dtype=getattr(gguf.GGMLQuantizationType, raw_type))

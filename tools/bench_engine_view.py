@@ -77,8 +77,10 @@ def main() -> None:
     print(
         f"pool: {bm.num_blocks} blocks, {bm.num_used_blocks} in use, {len(engine.scheduler.running)} running sequences"
     )
-    print(f"snapshot: {snapshot * 1e3:.2f} ms median wall, {snapshot_cpu * 1e3:.2f} ms CPU "
-          f"(JSON {len(view.latest.data) / 1024:.1f} KiB)")  # fmt: skip
+    print(
+        f"snapshot: {snapshot * 1e3:.2f} ms median wall, {snapshot_cpu * 1e3:.2f} ms CPU "
+        f"(JSON {len(view.latest.data) / 1024:.1f} KiB)"
+    )
     print(f"per-step hook while watched: {hook * 1e6:.1f} us median")
     rate = min(1 / view.min_interval, view.max_overhead / snapshot)
     print(f"snapshots at most {rate:.1f}/s: {100 * snapshot * rate:.2f}% of the engine thread's time")

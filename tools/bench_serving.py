@@ -229,10 +229,9 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, Any], BenchmarkSummar
                 req.output_tokens = max(1, await counter.count_output(req.reference))
         temperature = args.temperature if args.temperature >= 0 else None
         bodies = [
-            request_body(r, args.endpoint, model, r.output_tokens, args.ignore_eos, temperature,
-                         args.extra_body)
+            request_body(r, args.endpoint, model, r.output_tokens, args.ignore_eos, temperature, args.extra_body)
             for r in requests
-        ]  # fmt: skip
+        ]
         url = f"{args.base_url}{args.endpoint}"
         if not args.skip_initial_test:
             probe = RequestRecord(-1, 0.0)
@@ -240,8 +239,11 @@ async def run(args: argparse.Namespace) -> tuple[dict[str, Any], BenchmarkSummar
             if not probe.success:
                 raise SystemExit(f"initial test request to {url} failed: {probe.error}")
 
-        print(f"{len(requests)} requests to {url} (model {model}), rate {args.request_rate} req/s, "
-              f"max concurrency {args.max_concurrency or 'unlimited'}", file=sys.stderr)  # fmt: skip
+        print(
+            f"{len(requests)} requests to {url} (model {model}), rate {args.request_rate} req/s, "
+            f"max concurrency {args.max_concurrency or 'unlimited'}",
+            file=sys.stderr,
+        )
         delays = arrival_delays(len(bodies), args.request_rate, args.seed)
         records, duration = await send_all(client, url, args.endpoint, bodies, delays, args.max_concurrency)
 

@@ -22,9 +22,9 @@ import numpy as np
 def drive(llm, prompts, params) -> dict:
     """Run requests step by step; peak blocks, elapsed time, per-request TTFT."""
     eng = llm.engine
-    t0 = time.monotonic()
+    t0, arrival = time.monotonic(), time.time()  # request metrics are epoch seconds
     for i, p in enumerate(prompts):
-        eng.add_request(str(i), p, params, arrival_time=t0)
+        eng.add_request(str(i), p, params, arrival_time=arrival)
     peak, ttfts, generated = 0, [], 0
     while eng.has_unfinished_requests():
         for out in eng.step():
@@ -45,6 +45,19 @@ def drive(llm, prompts, params) -> dict:
     }
 
 
+def copying_forker(engine):
+    """The comparison point: a Forker whose children store (and compute) the prompt again
+    instead of pointing at the parent's blocks."""
+    from rawpage.forking import Forker
+
+    class CopyingForker(Forker):
+        def join(self, parent, child) -> None:
+            child.num_computed_tokens = 0
+            self.scheduler.add(child)
+
+    return CopyingForker(engine.scheduler, engine.forker.seq_ids)
+
+
 def parallel(args) -> dict:
     from rawpage import LLM, SamplingParams
 
@@ -53,7 +66,9 @@ def parallel(args) -> dict:
     params = SamplingParams(n=4, temperature=1.0, seed=0, max_tokens=64, ignore_eos=True)
     out = {}
     for name, share in (("shared", True), ("separate copies", False)):
-        llm = LLM(args.model, enable_prefix_caching=False, share_forked_blocks=share, max_num_seqs=64)
+        llm = LLM(args.model, enable_prefix_caching=False, max_num_seqs=64)
+        if not share:
+            llm.engine.forker = copying_forker(llm.engine)
         out[name] = drive(llm, prompts, params)
     return out
 

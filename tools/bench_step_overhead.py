@@ -25,10 +25,18 @@ import time
 import numpy as np
 
 TINY = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-    "vocab_size": 1000, "max_position_embeddings": 16384, "eos_token_id": 2,
-}  # fmt: skip
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 1000,
+    "max_position_embeddings": 16384,
+    "eos_token_id": 2,
+}
 
 
 def timed(obj, name: str, into: list[float]) -> None:
@@ -57,8 +65,16 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as d:
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump(TINY, f)
-        engine = LLMEngine(EngineArgs(model=d, load_format="dummy", device="cpu", max_num_seqs=args.batch,
-                                      max_num_batched_tokens=8192, log_stats_interval=0))  # fmt: skip
+        engine = LLMEngine(
+            EngineArgs(
+                model=d,
+                load_format="dummy",
+                device="cpu",
+                max_num_seqs=args.batch,
+                max_num_batched_tokens=8192,
+                log_stats_interval=0,
+            )
+        )
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0, max_tokens=args.steps + 4, ignore_eos=True)
     for i in range(args.batch):

@@ -69,8 +69,14 @@ def run_transformers(prompts, outputs, args) -> float:
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ps])
         n = max(outs)  # the whole batch runs until its longest request is done
         with torch.no_grad():
-            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                           pad_token_id=pad)  # fmt: skip
+            model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=pad,
+            )
 
     batch_run(prompts[:1], [2])  # warm-up
     t0 = time.perf_counter()
@@ -85,8 +91,14 @@ def run_llama_cpp(prompts, outputs, args) -> float:
     from llama_cpp import Llama
 
     path = args.model or _default_gguf()
-    llm = Llama(model_path=path, n_ctx=max(map(len, prompts)) + max(outputs) + 8, n_threads=args.threads,
-                n_threads_batch=args.threads, n_batch=512, verbose=False)  # fmt: skip
+    llm = Llama(
+        model_path=path,
+        n_ctx=max(map(len, prompts)) + max(outputs) + 8,
+        n_threads=args.threads,
+        n_threads_batch=args.threads,
+        n_batch=512,
+        verbose=False,
+    )
     eos = llm.token_eos()
 
     def ban_eos(_ids, scores):

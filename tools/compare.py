@@ -49,16 +49,58 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
 
 def servers(args: argparse.Namespace, gguf: str) -> dict[str, list[str]]:
     """Engine name -> command line, all on port args.port, all with args.threads threads."""
-    out = {"rawpage": [sys.executable, "-m", "rawpage.cli", "serve", "--model", gguf, "--port", str(args.port),
-                       "--served-model-name", "SmolLM2-135M-Instruct", "--max-model-len", "2048"]}  # fmt: skip
+    out = {
+        "rawpage": [
+            sys.executable,
+            "-m",
+            "rawpage.cli",
+            "serve",
+            "--model",
+            gguf,
+            "--port",
+            str(args.port),
+            "--served-model-name",
+            "SmolLM2-135M-Instruct",
+            "--max-model-len",
+            "2048",
+        ]
+    }
     if args.llamacpp_python:
-        out["llama-cpp-python"] = [args.llamacpp_python, "-m", "llama_cpp.server", "--model", gguf, "--port",
-                                   str(args.port), "--model_alias", "SmolLM2-135M-Instruct", "--n_ctx", "2048",
-                                   "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads),
-                                   "--interrupt_requests", "False"]  # fmt: skip
+        out["llama-cpp-python"] = [
+            args.llamacpp_python,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            gguf,
+            "--port",
+            str(args.port),
+            "--model_alias",
+            "SmolLM2-135M-Instruct",
+            "--n_ctx",
+            "2048",
+            "--n_threads",
+            str(args.threads),
+            "--n_threads_batch",
+            str(args.threads),
+            "--interrupt_requests",
+            "False",
+        ]
     if args.llama_server:
-        out["llama-server"] = [args.llama_server, "-m", gguf, "-a", "SmolLM2-135M-Instruct", "-np", "32",
-                               "-c", str(32 * 2048), "-t", str(args.threads), "--port", str(args.port)]  # fmt: skip
+        out["llama-server"] = [
+            args.llama_server,
+            "-m",
+            gguf,
+            "-a",
+            "SmolLM2-135M-Instruct",
+            "-np",
+            "32",
+            "-c",
+            str(32 * 2048),
+            "-t",
+            str(args.threads),
+            "--port",
+            str(args.port),
+        ]
     return out
 
 
@@ -67,10 +109,29 @@ def bench_serving(args: argparse.Namespace, engine: str, conc: int, out_dir: Pat
     extra = (
         ["--extra-body", '{"logit_bias": {"2": -100}}'] if engine == "llama-cpp-python" else []
     )  # it ignores ignore_eos
-    cmd = [sys.executable, str(ROOT / "tools" / "bench_serving.py"), "--base-url", f"http://127.0.0.1:{args.port}",
-           "--dataset", "random", "--random-input-len", args.input_len, "--random-output-len", args.output_len,
-           "--num-prompts", str(max(8, 2 * conc)), "--request-rate", "inf", "--max-concurrency", str(conc),
-           "--seed", "0", "--result-file", str(result_file), *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "tools" / "bench_serving.py"),
+        "--base-url",
+        f"http://127.0.0.1:{args.port}",
+        "--dataset",
+        "random",
+        "--random-input-len",
+        args.input_len,
+        "--random-output-len",
+        args.output_len,
+        "--num-prompts",
+        str(max(8, 2 * conc)),
+        "--request-rate",
+        "inf",
+        "--max-concurrency",
+        str(conc),
+        "--seed",
+        "0",
+        "--result-file",
+        str(result_file),
+        *extra,
+    ]
     subprocess.run(cmd, check=True, cwd=ROOT)
     return json.loads(result_file.read_text())["summary"]
 
@@ -104,8 +165,16 @@ def run_offline(args: argparse.Namespace, out_dir: Path) -> dict:
     results = {}
     for name, (python, extra) in offline_runs(args).items():
         f = out_dir / f"offline-{name.split()[0]}{'-static' if 'static' in name else ''}.json"
-        cmd = [*python, str(ROOT / "tools" / "bench_throughput.py"), "--quiet", "--threads", str(args.threads),
-               "--result-file", str(f), *extra]  # fmt: skip
+        cmd = [
+            *python,
+            str(ROOT / "tools" / "bench_throughput.py"),
+            "--quiet",
+            "--threads",
+            str(args.threads),
+            "--result-file",
+            str(f),
+            *extra,
+        ]
         subprocess.run(cmd, check=True, cwd=ROOT)
         results[name] = json.loads(f.read_text())
     return results
@@ -132,8 +201,13 @@ def markdown(serving: dict, offline: dict, measured: dict, args: argparse.Namesp
     ]
     for engine, by_c in serving.items():
         lines.append(f"| {engine} | " + " | ".join(f"{by_c[c]['output_throughput']:.1f}" for c in CONCURRENCY) + " |")
-    lines += ["", "### Serving latency at concurrency 1 and 32 (ms, median / p99)", "",
-              "| engine | c | TTFT | TPOT | ITL | e2e | failed |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "### Serving latency at concurrency 1 and 32 (ms, median / p99)",
+        "",
+        "| engine | c | TTFT | TPOT | ITL | e2e | failed |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for engine, by_c in serving.items():
         for c in (1, 32):
             s = by_c[c]
@@ -142,14 +216,23 @@ def markdown(serving: dict, offline: dict, measured: dict, args: argparse.Namesp
     if "rawpage" in serving:
         lines += [""]
         for peer in [e for e in serving if e != "rawpage"]:
-            ratios = ", ".join(f"c={c}: {serving['rawpage'][c]['output_throughput'] / serving[peer][c]['output_throughput']:.2f}x"
-                               for c in CONCURRENCY)  # fmt: skip
+            ratios = ", ".join(
+                f"c={c}: {serving['rawpage'][c]['output_throughput'] / serving[peer][c]['output_throughput']:.2f}x"
+                for c in CONCURRENCY
+            )
             lines.append(f"rawpage / {peer} output tok/s: {ratios}.")
-    lines += ["", "### Offline throughput (64 requests, prompts 32-512 tokens, outputs 32-256, exact lengths)", "",
-              "| engine | mode | elapsed s | req/s | total tok/s | output tok/s |", "|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "### Offline throughput (64 requests, prompts 32-512 tokens, outputs 32-256, exact lengths)",
+        "",
+        "| engine | mode | elapsed s | req/s | total tok/s | output tok/s |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, r in offline.items():
-        lines.append(f"| {name} | {r['mode']} | {r['elapsed_s']} | {r['requests_per_s']} | {r['total_tok_per_s']} | "
-                     f"{r['output_tok_per_s']} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {r['mode']} | {r['elapsed_s']} | {r['requests_per_s']} | {r['total_tok_per_s']} | "
+            f"{r['output_tok_per_s']} |"
+        )
     base = offline.get("rawpage", {}).get("output_tok_per_s")
     if base:
         lines.append("")
@@ -197,8 +280,11 @@ def main() -> None:
     ap.add_argument("--raw-dir", default="/tmp/rawpage-compare", help="per-request results and server logs")
     ap.add_argument("--skip-serving", action="store_true", help="keep the serving results of docs/bench/compare.json")
     ap.add_argument("--skip-offline", action="store_true", help="keep the offline results of docs/bench/compare.json")
-    ap.add_argument("--only-rawpage", action="store_true",
-                    help="rerun rawpage alone; the peers' results stay as recorded in docs/bench/compare.json")  # fmt: skip
+    ap.add_argument(
+        "--only-rawpage",
+        action="store_true",
+        help="rerun rawpage alone; the peers' results stay as recorded in docs/bench/compare.json",
+    )
     args = ap.parse_args()
     from rawpage.loader.default_model import default_model_path
 

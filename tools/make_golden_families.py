@@ -55,12 +55,14 @@ def record_family(family: str) -> dict:
             seq = list(ids)
             for _ in range(GREEDY_TOKENS):
                 seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
-        out["cases"].append({
-            "ids": ids,
-            "top_ids": top.indices.tolist(),
-            "top_logits": [[round(x, 6) for x in row] for row in top.values.tolist()],
-            "greedy": seq[len(ids):],
-        })  # fmt: skip
+        out["cases"].append(
+            {
+                "ids": ids,
+                "top_ids": top.indices.tolist(),
+                "top_logits": [[round(x, 6) for x in row] for row in top.values.tolist()],
+                "greedy": seq[len(ids) :],
+            }
+        )
     return out
 
 
@@ -76,8 +78,9 @@ def record(families: list[str] | None = None) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "data",
-                                                  "golden_families.json"))  # fmt: skip
+    ap.add_argument(
+        "--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "data", "golden_families.json")
+    )
     ap.add_argument("families", nargs="*", help=f"default: all of {', '.join(FAMILIES)}")
     args = ap.parse_args()
     with open(args.out, "w") as f:

@@ -17,8 +17,17 @@ from collections import defaultdict
 
 import numpy as np
 
-OPS = ["matmul", "paged_attention", "fused_add_rms_norm", "rms_norm", "rope", "write_kv", "silu_and_mul",
-       "gelu_tanh_and_mul", "embedding"]  # fmt: skip
+OPS = [
+    "matmul",
+    "paged_attention",
+    "fused_add_rms_norm",
+    "rms_norm",
+    "rope",
+    "write_kv",
+    "silu_and_mul",
+    "gelu_tanh_and_mul",
+    "embedding",
+]
 
 
 def timed(obj, name: str, totals: dict) -> None:
@@ -67,16 +76,20 @@ def main() -> None:
         eng.step()
     total = time.perf_counter() - t0
     per = {k: v / args.steps * 1000 for k, v in totals.items()}
-    print(f"decode step at batch {args.batch}, context ~{args.context}: {total / args.steps * 1000:.1f} ms "
-          f"({args.batch * args.steps / total:.1f} tok/s)")  # fmt: skip
+    print(
+        f"decode step at batch {args.batch}, context ~{args.context}: {total / args.steps * 1000:.1f} ms "
+        f"({args.batch * args.steps / total:.1f} tok/s)"
+    )
     for k, v in sorted(per.items(), key=lambda kv: -kv[1]):
         print(f"  {k:20s} {v:8.2f} ms  {100 * v / (total / args.steps * 1000):5.1f}%")
     rest = total / args.steps * 1000 - sum(per.values())
     print(f"  {'other (Python)':20s} {rest:8.2f} ms  {100 * rest / (total / args.steps * 1000):5.1f}%")
     if eng.model_config.num_experts:
         load = eng.model.expert_tokens - experts_before  # (layers, E) tokens routed during the timed steps
-        print(f"expert load over {args.steps} steps (tokens per expert; {eng.model_config.num_experts_per_tok} "
-              f"of {eng.model_config.num_experts} per token):")  # fmt: skip
+        print(
+            f"expert load over {args.steps} steps (tokens per expert; {eng.model_config.num_experts_per_tok} "
+            f"of {eng.model_config.num_experts} per token):"
+        )
         for i, row in enumerate(load):
             if row.any():
                 print(f"  layer {i:3d}: idle {int((row == 0).sum()):3d}  max {int(row.max()):6d}  {row.tolist()}")

@@ -17,7 +17,7 @@ from rawpage.backends.gpu_probe import cupy_problem, require_cuda, visible_gpus
 logger = logging.getLogger(__name__)
 
 
-def get_backend(device: str = "cpu", dtype: str | None = None) -> Backend:
+def get_backend(device: str = "cpu", dtype: str | None = None, cpu_threads: int | None = None) -> Backend:
     """device: cpu, sim, cuda or auto (cuda if a GPU is visible, else cpu).
     dtype: float32, float16 or bfloat16; None means float32 on cpu and sim,
     float16 on cuda. The cpu backend computes in float32 only."""
@@ -25,14 +25,15 @@ def get_backend(device: str = "cpu", dtype: str | None = None) -> Backend:
         device = "cuda" if cuda_available() else "cpu"
         if device == "cpu" and (gpus := visible_gpus()):
             # not an error (the CPU path works), but never a silent one
-            logger.warning("--device auto: %s is visible but CuPy cannot use it (%s); running on the CPU",
-                           gpus[0], cupy_problem())  # fmt: skip
+            logger.warning(
+                "--device auto: %s is visible but CuPy cannot use it (%s); running on the CPU", gpus[0], cupy_problem()
+            )
     if device == "cpu":
         from rawpage.backends.cpu import CPUBackend
 
         if dtype not in (None, "float32"):
             raise ValueError(f"--device cpu computes in float32; for --dtype {dtype} use --device sim or cuda")
-        return CPUBackend()
+        return CPUBackend(cpu_threads)
     if device == "sim":
         from rawpage.backends.sim import SimBackend
 

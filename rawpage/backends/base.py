@@ -17,7 +17,7 @@ Array = Any  # numpy.ndarray on cpu and sim, cupy.ndarray on cuda
 class Graph:
     """A recorded forward pass that can run again on the same buffers: `replay()` returns
     the output array. Here (cpu, sim) it simply calls the function again; the cuda
-    backend records a CUDA graph (rawpage/backends/cuda_graph.py). Either way, a replay
+    backend records a CUDA graph (rawpage/backends/cuda_graph_capture.py). Either way, a replay
     reads whatever its input buffers hold at that moment."""
 
     def __init__(self, fn: Callable[[], Array]) -> None:
@@ -67,6 +67,10 @@ class Backend:
     def capture_graph(self, fn: Callable[[], Array]) -> Graph:
         """Record fn (a forward pass over fixed input buffers) for replay."""
         return Graph(fn)
+
+    def graph_memory_bytes(self) -> int:
+        """Device memory the captured graphs' temporaries hold (outside the memory plan)."""
+        return 0
 
     def synchronize(self) -> None:
         """Wait for all queued device work (a no-op on the host)."""
@@ -119,12 +123,15 @@ class Backend:
         seq_lens: Array,
         query_start_loc: Array,
         scale: float,
-        meta: Any = None,
+        max_query_len: int,
+        max_seq_len: int,
         sliding_window: int | None = None,
         soft_cap: float | None = None,
     ) -> Array:
-        """(T, H, D) -> (T, H, D). `meta` carries host-side facts about the batch
-        (max query length, which sequences decode) so kernels can pick a launch.
+        """q: (T, H, D), caches: (NB, BS, Hkv, D), block_tables: (B, max_blocks),
+        seq_lens: (B,), query_start_loc: (B+1,) -> (T, H, D). max_query_len and
+        max_seq_len are host-side facts about the batch (ForwardBatch has them), so
+        that a kernel backend picks its launch without reading device memory.
         sliding_window W: a query at position p sees keys p-W+1..p only (Mistral,
         Gemma's local layers). soft_cap c: scores become c * tanh(scores / c) (Gemma 2)."""
         raise NotImplementedError

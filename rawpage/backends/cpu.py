@@ -8,11 +8,13 @@ over block tables padded to the longest context.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
 
 from rawpage.backends.base import Backend
+from rawpage.backends.cpu_threads import CpuThreads
 from rawpage.ops.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
 from rawpage.ops.cache_ops import copy_blocks_ref, swap_blocks_ref
 from rawpage.ops.paged_attention import gather_kv
@@ -21,12 +23,16 @@ from rawpage.ops.rope import rope_ref
 from rawpage.ops.write_kv import write_kv_ref
 from rawpage.quantization.weight import QuantizedWeight, dequantize
 
+logger = logging.getLogger("rawpage")
+
 
 class CPUBackend(Backend):
     name = "cpu"
 
-    def __init__(self) -> None:
+    def __init__(self, cpu_threads: int | None = None) -> None:
         self.dtype = np.dtype(np.float32)
+        self.threads = CpuThreads(cpu_threads)
+        logger.info("%s", self.threads.describe())
 
     def asarray(self, x: np.ndarray, dtype: Any = None) -> np.ndarray:
         return np.ascontiguousarray(x, dtype=dtype or self.dtype)
@@ -38,6 +44,9 @@ class CPUBackend(Backend):
         return np.zeros(shape, dtype=dtype or self.dtype)
 
     def embedding(self, ids: np.ndarray, table: np.ndarray) -> np.ndarray:
+        """ids: (T,) -> (T, dim). The first op of every forward pass, so the thread count for
+        this pass's GEMMs (T rows each) is set here."""
+        self.threads.set_for(len(ids))
         return table[ids]
 
     def prepare_linear(self, w: np.ndarray | QuantizedWeight) -> np.ndarray:
@@ -78,16 +87,27 @@ class CPUBackend(Backend):
         swap_blocks_ref(src, dst, block_mapping)
 
     def paged_attention(
-        self, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, meta=None,
-        sliding_window=None, soft_cap=None,
-    ):  # fmt: skip
+        self,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        scale,
+        max_query_len,
+        max_seq_len,
+        sliding_window=None,
+        soft_cap=None,
+    ):
         out = np.empty_like(q)
         q_lens = np.diff(query_start_loc)
         decode = q_lens == 1
         if decode.any():
             rows = query_start_loc[:-1][decode]
-            out[rows] = decode_attention(q[rows], k_cache, v_cache, block_tables[decode], seq_lens[decode], scale,
-                                         sliding_window, soft_cap)  # fmt: skip
+            out[rows] = decode_attention(
+                q[rows], k_cache, v_cache, block_tables[decode], seq_lens[decode], scale, sliding_window, soft_cap
+            )
         for i in np.flatnonzero(~decode):
             s, e, L = int(query_start_loc[i]), int(query_start_loc[i + 1]), int(seq_lens[i])
             # Keys older than the window of the chunk's first query are never seen: skip them.
@@ -99,9 +119,13 @@ class CPUBackend(Backend):
 
 
 def prefill_attention(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
-    sliding_window: int | None = None, soft_cap: float | None = None,
-) -> np.ndarray:  # fmt: skip
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+) -> np.ndarray:
     """Causal attention of the last n positions of a context (or of its last L keys).
     q: (n, H, D), k and v: (L, Hkv, D) -> (n, H, D). Batched GEMMs over KV heads."""
     n, H, D = q.shape
@@ -131,9 +155,15 @@ _DECODE_CHUNK = 8
 
 
 def decode_attention(
-    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
-    seq_lens: np.ndarray, scale: float, sliding_window: int | None = None, soft_cap: float | None = None,
-) -> np.ndarray:  # fmt: skip
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    block_tables: np.ndarray,
+    seq_lens: np.ndarray,
+    scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+) -> np.ndarray:
     """One query token per sequence. q: (B, H, D) -> (B, H, D).
 
     Sequences are sorted by length and taken a few at a time, so that padding is
@@ -143,15 +173,22 @@ def decode_attention(
     order = np.argsort(seq_lens, kind="stable")
     for i in range(0, len(order), _DECODE_CHUNK):
         idx = order[i : i + _DECODE_CHUNK]
-        out[idx] = _decode_chunk(q[idx], k_cache, v_cache, block_tables[idx], seq_lens[idx], scale,
-                                 sliding_window, soft_cap)  # fmt: skip
+        out[idx] = _decode_chunk(
+            q[idx], k_cache, v_cache, block_tables[idx], seq_lens[idx], scale, sliding_window, soft_cap
+        )
     return out
 
 
 def _decode_chunk(
-    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
-    seq_lens: np.ndarray, scale: float, sliding_window: int | None, soft_cap: float | None,
-) -> np.ndarray:  # fmt: skip
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    block_tables: np.ndarray,
+    seq_lens: np.ndarray,
+    scale: float,
+    sliding_window: int | None,
+    soft_cap: float | None,
+) -> np.ndarray:
     """Gathers the chunk's blocks into (B, L_max, Hkv, D), padding short contexts, and
     masks the padding before the softmax: a few batched GEMMs, no loop over sequences.
     With a sliding window, only the blocks from the oldest visible key on are gathered."""

@@ -29,26 +29,44 @@ from rawpage.backends.cublas_gemm import GemmCall
 c_int, c_void_p = ctypes.c_int, ctypes.c_void_p
 
 # cublas_api.h; every enum is an int, every handle and stream a pointer.
-# fmt: off
 SIGNATURES: dict[str, list] = {
     # cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t streamId)
     "cublasSetStream_v2": [c_void_p, c_void_p],
     # cublasStatus_t cublasGemmEx(...), one line per group of the C declaration
     "cublasGemmEx": [
-        c_void_p, c_int, c_int,             # handle, transa, transb
-        c_int, c_int, c_int,                # m, n, k
-        c_void_p,                           # alpha (host float32 here)
-        c_void_p, c_int, c_int,             # A, Atype, lda
-        c_void_p, c_int, c_int,             # B, Btype, ldb
-        c_void_p,                           # beta
-        c_void_p, c_int, c_int,             # C, Ctype, ldc
-        c_int, c_int,                       # computeType, algo
+        c_void_p,
+        c_int,
+        c_int,  # handle, transa, transb
+        c_int,
+        c_int,
+        c_int,  # m, n, k
+        c_void_p,  # alpha (host float32 here)
+        c_void_p,
+        c_int,
+        c_int,  # A, Atype, lda
+        c_void_p,
+        c_int,
+        c_int,  # B, Btype, ldb
+        c_void_p,  # beta
+        c_void_p,
+        c_int,
+        c_int,  # C, Ctype, ldc
+        c_int,
+        c_int,  # computeType, algo
     ],
 }
-# fmt: on
 
-STATUS = {0: "SUCCESS", 1: "NOT_INITIALIZED", 3: "ALLOC_FAILED", 7: "INVALID_VALUE", 8: "ARCH_MISMATCH",
-          11: "MAPPING_ERROR", 13: "EXECUTION_FAILED", 14: "INTERNAL_ERROR", 15: "NOT_SUPPORTED"}  # fmt: skip
+STATUS = {
+    0: "SUCCESS",
+    1: "NOT_INITIALIZED",
+    3: "ALLOC_FAILED",
+    7: "INVALID_VALUE",
+    8: "ARCH_MISMATCH",
+    11: "MAPPING_ERROR",
+    13: "EXECUTION_FAILED",
+    14: "INTERNAL_ERROR",
+    15: "NOT_SUPPORTED",
+}
 
 
 class Stream(Protocol):
@@ -108,12 +126,26 @@ class CublasGemm:
                 "function once on the capture stream before capturing (CudaGraph's warm-up does)"
             )
         status = self.lib.cublasGemmEx(
-            handle, call.transa, call.transb, call.m, call.n, call.k,
-            alpha, a, call.a_type, call.lda,
-            b, call.b_type, call.ldb,
-            beta, c, call.c_type, call.ldc,
-            call.compute_type, call.algo,
-        )  # fmt: skip
+            handle,
+            call.transa,
+            call.transb,
+            call.m,
+            call.n,
+            call.k,
+            alpha,
+            a,
+            call.a_type,
+            call.lda,
+            b,
+            call.b_type,
+            call.ldb,
+            beta,
+            c,
+            call.c_type,
+            call.ldc,
+            call.compute_type,
+            call.algo,
+        )
         check(status, "cublasGemmEx")
 
 

@@ -162,7 +162,7 @@ class CudaBackend(KernelBackend):
 
     # --- graphs -------------------------------------------------------------
     def capture_graph(self, fn):
-        from rawpage.backends.cuda_graph import CudaGraph, GraphMemory
+        from rawpage.backends.cuda_graph_capture import CudaGraph, GraphMemory
 
         if self._graph_memory is None:
             self._graph_memory = GraphMemory()

@@ -120,16 +120,12 @@ class KernelBackend(Backend):
         seq_lens: Array,
         query_start_loc: Array,
         scale: float,
-        meta: Any = None,
+        max_query_len: int,
+        max_seq_len: int,
         sliding_window: int | None = None,
         soft_cap: float | None = None,
     ) -> Array:
-        host_q_lens = getattr(meta, "host_query_lens", None)
-        host_seq_lens = getattr(meta, "host_seq_lens", None)
-        if host_q_lens is None or host_seq_lens is None:  # no host facts: read them back
-            host_q_lens = np.diff(self.to_numpy(query_start_loc))
-            host_seq_lens = self.to_numpy(seq_lens)
-        _refuse_unsupported_attention(self.name, host_seq_lens, sliding_window, soft_cap)
+        _refuse_unsupported_attention(self.name, max_seq_len, sliding_window, soft_cap)
         return launch_paged_attention(
             self.xp,
             self.loader,
@@ -140,8 +136,8 @@ class KernelBackend(Backend):
             seq_lens,
             query_start_loc,
             scale,
-            max_query_len=int(np.max(host_q_lens, initial=0)),
-            max_seq_len=int(np.max(host_seq_lens, initial=0)),
+            max_query_len=max_query_len,
+            max_seq_len=max_seq_len,
         )
 
     def silu_and_mul(self, x: Array) -> Array:
@@ -169,7 +165,7 @@ class KernelBackend(Backend):
 
 
 def _refuse_unsupported_attention(
-    device: str, host_seq_lens: np.ndarray, sliding_window: int | None, soft_cap: float | None
+    device: str, max_seq_len: int, sliding_window: int | None, soft_cap: float | None
 ) -> None:
     """The attention kernels take neither a sliding window nor a soft cap yet (issue 17):
     refuse rather than compute something else. A window no context reaches changes nothing."""
@@ -178,7 +174,7 @@ def _refuse_unsupported_attention(
             f"attention logit soft-capping (Gemma 2) is not in the {device} attention kernels yet "
             "(issue 17); run this model with --device cpu"
         )
-    if sliding_window and int(np.max(host_seq_lens, initial=0)) > sliding_window:
+    if sliding_window and max_seq_len > sliding_window:
         raise UnsupportedModelError(
             f"sliding-window attention past {sliding_window} tokens is not in the {device} attention kernels "
             f"yet (issue 17); run this model with --device cpu, or with --max-model-len {sliding_window}"

@@ -16,6 +16,7 @@ from rawpage.config import ModelConfig
 from rawpage.errors import ModelLoadError
 from rawpage.loader.default_model import default_model_path
 from rawpage.loader.dummy import DummyWeights
+from rawpage.loader.hub import looks_like_hub_id, resolve_hub_id
 from rawpage.loader.tensors import TensorSource
 from rawpage.tokenizer import Tokenizer
 
@@ -29,21 +30,28 @@ class Checkpoint:
     generation_config: dict[str, Any] = field(default_factory=dict)
 
 
-def resolve_model_path(model: str | None) -> str:
+def resolve_model_path(model: str | None, revision: str | None = None) -> str:
+    """A local path for --model: the embedded default, a folder or .gguf file, or a hub id (org/name)."""
     if model is None:
         return default_model_path()
+    if looks_like_hub_id(model):
+        return resolve_hub_id(model, revision)
     path = os.path.expanduser(model)
     if not os.path.exists(path):
-        raise ModelLoadError(f"model {model!r} not found: pass a Hugging Face model folder or a .gguf file path")
+        raise ModelLoadError(
+            f"model {model!r} not found: pass a Hugging Face model folder, a .gguf file path or a hub id (org/name)"
+        )
     return path
 
 
-def load_checkpoint(model: str | None = None, load_format: str = "auto", seed: int = 0) -> Checkpoint:
+def load_checkpoint(
+    model: str | None = None, load_format: str = "auto", seed: int = 0, revision: str | None = None
+) -> Checkpoint:
     """load_format "dummy": `model` is a config.json (or a folder with one); the weights
     are random, drawn from `seed` when the model is built."""
     if load_format == "dummy":
         return _load_dummy(model, seed)
-    path = resolve_model_path(model)
+    path = resolve_model_path(model, revision)
     if os.path.isdir(path):
         return _load_hf_folder(path)
     with open(path, "rb") as f:

@@ -55,17 +55,23 @@ _GEMMA_LAYER_NAMES = {
 # Mixture of experts: GGUF stacks the experts of a layer in one (E, rows, cols) tensor;
 # Hugging Face names each expert's matrix. family -> (router name, {GGUF stack: HF name}).
 _MOE_NAMES = {
-    "mixtral": ("block_sparse_moe.gate.weight", {
-        "ffn_gate_exps.weight": "block_sparse_moe.experts.{e}.w1.weight",
-        "ffn_up_exps.weight": "block_sparse_moe.experts.{e}.w3.weight",
-        "ffn_down_exps.weight": "block_sparse_moe.experts.{e}.w2.weight",
-    }),
-    "qwen3_moe": ("mlp.gate.weight", {
-        "ffn_gate_exps.weight": "mlp.experts.{e}.gate_proj.weight",
-        "ffn_up_exps.weight": "mlp.experts.{e}.up_proj.weight",
-        "ffn_down_exps.weight": "mlp.experts.{e}.down_proj.weight",
-    }),
-}  # fmt: skip
+    "mixtral": (
+        "block_sparse_moe.gate.weight",
+        {
+            "ffn_gate_exps.weight": "block_sparse_moe.experts.{e}.w1.weight",
+            "ffn_up_exps.weight": "block_sparse_moe.experts.{e}.w3.weight",
+            "ffn_down_exps.weight": "block_sparse_moe.experts.{e}.w2.weight",
+        },
+    ),
+    "qwen3_moe": (
+        "mlp.gate.weight",
+        {
+            "ffn_gate_exps.weight": "mlp.experts.{e}.gate_proj.weight",
+            "ffn_up_exps.weight": "mlp.experts.{e}.up_proj.weight",
+            "ffn_down_exps.weight": "mlp.experts.{e}.down_proj.weight",
+        },
+    ),
+}
 
 
 def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:

@@ -37,8 +37,19 @@ _SCALARS = {
     11: "q",
     12: "d",
 }
-_NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
-          7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}  # fmt: skip
+_NUMPY = {
+    0: np.uint8,
+    1: np.int8,
+    2: np.uint16,
+    3: np.int16,
+    4: np.uint32,
+    5: np.int32,
+    6: np.float32,
+    7: np.bool_,
+    10: np.uint64,
+    11: np.int64,
+    12: np.float64,
+}
 
 
 @dataclass

@@ -44,7 +44,8 @@ def open_safetensors(folder: str) -> TensorSource:
 
 
 def load_config(folder: str) -> ModelConfig:
-    cfg = ModelConfig.from_hf(read_json(os.path.join(folder, "config.json"), required=True),
-                              name=os.path.basename(os.path.normpath(folder)))  # fmt: skip
+    cfg = ModelConfig.from_hf(
+        read_json(os.path.join(folder, "config.json"), required=True), name=os.path.basename(os.path.normpath(folder))
+    )
     cfg.validate()
     return cfg

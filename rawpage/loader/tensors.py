@@ -35,6 +35,9 @@ class TensorSource(Mapping[str, np.ndarray]):
     def has_quantized(self) -> bool:
         return bool(self._quantized)
 
+    def quantized_names(self) -> list[str]:
+        return list(self._quantized)
+
     def raw(self, name: str) -> np.ndarray:
         """The tensor as its reader returns it (int32 packed weights stay int32)."""
         return self._readers[name]()

@@ -23,8 +23,10 @@ def fp8_dequantize_ref(w: QuantizedWeight) -> np.ndarray:
 def check_fp8(w: QuantizedWeight) -> None:
     N, K = w.shape
     if K % 16 or tuple(w.data.shape) != (N, K) or tuple(w.scales.shape) != (N,):
-        raise ValueError(f"fp8 weight {w.shape}: want (N, K) e4m3 bits with K a multiple of 16 and (N,) "
-                         f"scales; got {w.data.shape} and {w.scales.shape}")  # fmt: skip
+        raise ValueError(
+            f"fp8 weight {w.shape}: want (N, K) e4m3 bits with K a multiple of 16 and (N,) "
+            f"scales; got {w.data.shape} and {w.scales.shape}"
+        )
     require_aligned("fp8 weight", w.data)  # the GEMV reads rows in 16-byte vectors
 
 
@@ -33,8 +35,9 @@ def check_fp8(w: QuantizedWeight) -> None:
 # fp8_dequantize: grid (N); a block's 256 threads stride over the row.
 
 
-def launch_fp8_linear(xp: Any, loader: KernelLoader, x: Any, w: QuantizedWeight, bias: Any,
-                      matmul: Callable[[Any, Any, Any], Any]) -> Any:  # fmt: skip
+def launch_fp8_linear(
+    xp: Any, loader: KernelLoader, x: Any, w: QuantizedWeight, bias: Any, matmul: Callable[[Any, Any, Any], Any]
+) -> Any:
     """x: (T, K) in the activation dtype -> (T, N)."""
     check_fp8(w)
     if x.shape[0] > GEMV_MAX_TOKENS:

@@ -42,8 +42,9 @@ def gguf_dequantize_ref(data: np.ndarray, qtype: str, shape: tuple[int, int]) ->
     return dequantize(np.asarray(data), GGMLQuantizationType[qtype]).astype(np.float32).reshape(shape)
 
 
-def gguf_linear_ref(x: np.ndarray, data: np.ndarray, qtype: str, shape: tuple[int, int],
-                    bias: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+def gguf_linear_ref(
+    x: np.ndarray, data: np.ndarray, qtype: str, shape: tuple[int, int], bias: np.ndarray | None = None
+) -> np.ndarray:
     """x: (T, K) float32 -> (T, N)."""
     y = x @ gguf_dequantize_ref(data, qtype, shape).T
     return y + bias if bias is not None else y
@@ -55,8 +56,10 @@ def check_gguf_shape(qtype: str, shape: tuple[int, int], data: Any) -> None:
     block, size = GGUF_BLOCKS[qtype]
     N, K = shape
     if K % block or tuple(data.shape) != (N, K // block * size) or data.dtype != np.uint8:
-        raise ValueError(f"{qtype} weight {shape}: want ({N}, {K // block * size}) uint8 blocks, "
-                         f"K a multiple of {block}; got {tuple(data.shape)} {data.dtype}")  # fmt: skip
+        raise ValueError(
+            f"{qtype} weight {shape}: want ({N}, {K // block * size}) uint8 blocks, "
+            f"K a multiple of {block}; got {tuple(data.shape)} {data.dtype}"
+        )
 
 
 # --- launch (cuda/gguf_linear.cu) --------------------------------------------------------
@@ -64,8 +67,16 @@ def check_gguf_shape(qtype: str, shape: tuple[int, int], data: Any) -> None:
 # gguf_dequantize: grid (N); a block's 256 threads take the row's 32-value chunks in turn.
 
 
-def launch_gguf_linear(xp: Any, loader: KernelLoader, x: Any, data: Any, qtype: str, shape: tuple[int, int],
-                       bias: Any, matmul: Callable[[Any, Any, Any], Any]) -> Any:  # fmt: skip
+def launch_gguf_linear(
+    xp: Any,
+    loader: KernelLoader,
+    x: Any,
+    data: Any,
+    qtype: str,
+    shape: tuple[int, int],
+    bias: Any,
+    matmul: Callable[[Any, Any, Any], Any],
+) -> Any:
     """x: (T, K) in the activation dtype -> (T, N). `matmul(x, w_dense, bias)` is the
     backend's dense GEMM, for batches past GEMV_MAX_TOKENS."""
     T = x.shape[0]
@@ -74,8 +85,9 @@ def launch_gguf_linear(xp: Any, loader: KernelLoader, x: Any, data: Any, qtype: 
     return launch_gguf_gemv(xp, loader, x, data, qtype, shape, bias)
 
 
-def launch_gguf_gemv(xp: Any, loader: KernelLoader, x: Any, data: Any, qtype: str, shape: tuple[int, int],
-                     bias: Any = None) -> Any:  # fmt: skip
+def launch_gguf_gemv(
+    xp: Any, loader: KernelLoader, x: Any, data: Any, qtype: str, shape: tuple[int, int], bias: Any = None
+) -> Any:
     """x: (T, K) -> (T, N), one warp per output value."""
     check_gguf_shape(qtype, shape, data)
     N, K = shape
@@ -83,8 +95,11 @@ def launch_gguf_gemv(xp: Any, loader: KernelLoader, x: Any, data: Any, qtype: st
     if x.shape[0]:
         kernel = loader.get_function("gguf_linear.cu", f"gguf_gemv_{qtype}_{dtype_suffix(x)}")
         has_bias = bias is not None
-        kernel(gemv_grid(N, x.shape[0]), (32 * GEMV_WARPS,),
-               (out, x, data, bias if has_bias else x, np.int32(has_bias), np.int32(N), np.int32(K)))  # fmt: skip
+        kernel(
+            gemv_grid(N, x.shape[0]),
+            (32 * GEMV_WARPS,),
+            (out, x, data, bias if has_bias else x, np.int32(has_bias), np.int32(N), np.int32(K)),
+        )
     return out
 
 
@@ -102,8 +117,9 @@ def gemv_grid(N: int, T: int) -> tuple[int, int]:
     return (ceil_div(N, GEMV_WARPS), T)
 
 
-def launch_gguf_dequantize(xp: Any, loader: KernelLoader, data: Any, qtype: str, shape: tuple[int, int],
-                           dtype: Any) -> Any:  # fmt: skip
+def launch_gguf_dequantize(
+    xp: Any, loader: KernelLoader, data: Any, qtype: str, shape: tuple[int, int], dtype: Any
+) -> Any:
     """(N, row_bytes) blocks -> a dense (N, K) weight in `dtype` (an activation dtype)."""
     check_gguf_shape(qtype, shape, data)
     N, K = shape

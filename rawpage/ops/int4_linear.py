@@ -24,8 +24,10 @@ def int4_linear_ref(x: np.ndarray, w: QuantizedWeight, bias: np.ndarray | None =
 def check_int4(w: QuantizedWeight) -> None:
     N, K = w.shape
     if K % 32 or w.group_size % 32 or K % w.group_size:
-        raise ValueError(f"int4 weight {w.shape}, group size {w.group_size}: the kernels need K and the group "
-                         "size to be multiples of 32, and K a multiple of the group size")  # fmt: skip
+        raise ValueError(
+            f"int4 weight {w.shape}, group size {w.group_size}: the kernels need K and the group "
+            "size to be multiples of 32, and K a multiple of the group size"
+        )
     if tuple(w.data.shape) != (N, K // 8) or tuple(w.scales.shape) != (N, K // w.group_size):
         raise ValueError(f"int4 weight {w.shape}: data {w.data.shape}, scales {w.scales.shape} do not match")
     require_aligned("int4 weight", w.data)  # the kernels read rows in 16-byte vectors
@@ -36,8 +38,9 @@ def check_int4(w: QuantizedWeight) -> None:
 # int4_dequantize: grid (N); a block's 256 threads take the row's 32-value chunks in turn.
 
 
-def launch_int4_linear(xp: Any, loader: KernelLoader, x: Any, w: QuantizedWeight, bias: Any,
-                       matmul: Callable[[Any, Any, Any], Any]) -> Any:  # fmt: skip
+def launch_int4_linear(
+    xp: Any, loader: KernelLoader, x: Any, w: QuantizedWeight, bias: Any, matmul: Callable[[Any, Any, Any], Any]
+) -> Any:
     """x: (T, K) in the activation dtype -> (T, N)."""
     check_int4(w)
     if w.perm is not None:  # act-order: the columns are stored sorted by group
@@ -55,8 +58,18 @@ def launch_int4_gemv(xp: Any, loader: KernelLoader, x: Any, w: QuantizedWeight, 
     if x.shape[0]:
         kernel = loader.get_function("int4_linear.cu", f"int4_gemv_{dtype_suffix(x)}")
         has_bias = bias is not None
-        args = (out, x, w.data, w.scales, w.zeros, bias if has_bias else x, np.int32(has_bias),
-                np.int32(N), np.int32(K), np.int32(w.group_size))  # fmt: skip
+        args = (
+            out,
+            x,
+            w.data,
+            w.scales,
+            w.zeros,
+            bias if has_bias else x,
+            np.int32(has_bias),
+            np.int32(N),
+            np.int32(K),
+            np.int32(w.group_size),
+        )
         kernel(gemv_grid(N, x.shape[0]), (32 * GEMV_WARPS,), args)
     return out
 

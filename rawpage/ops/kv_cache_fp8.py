@@ -33,8 +33,14 @@ def kv_scales_from_amax(k_amax: float, v_amax: float) -> np.ndarray:
     return np.array([max(k_amax, 1e-6) / E4M3_MAX, max(v_amax, 1e-6) / E4M3_MAX], np.float32)
 
 
-def write_kv_fp8_ref(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
-                     slot_mapping: np.ndarray, kv_scales: np.ndarray) -> None:  # fmt: skip
+def write_kv_fp8_ref(
+    k: np.ndarray,
+    v: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    slot_mapping: np.ndarray,
+    kv_scales: np.ndarray,
+) -> None:
     """k, v: (T, Hkv, D) float; caches (NB, BS, Hkv, D) uint8; in place."""
     nb, bs = k_cache.shape[:2]
     keep = slot_mapping >= 0
@@ -45,8 +51,9 @@ def write_kv_fp8_ref(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache:
     v_cache.reshape(nb * bs, *v_cache.shape[2:])[slots] = e4m3_from_f32(v[keep].astype(np.float32) * inv[1])
 
 
-def paged_attention_fp8_ref(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_scales: np.ndarray,
-                            *args: Any) -> np.ndarray:  # fmt: skip
+def paged_attention_fp8_ref(
+    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_scales: np.ndarray, *args: Any
+) -> np.ndarray:
     """paged_attention_ref on the dequantized cache: what both attention kernels must
     compute when they convert on load (args as paged_attention_ref's after the caches)."""
     k = e4m3_to_f32(k_cache) * kv_scales[0]
@@ -59,15 +66,18 @@ def paged_attention_fp8_ref(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndar
 # groups of 8 elements (16 bytes of float16 in, 8 bytes of e4m3 out).
 
 
-def launch_write_kv_fp8(xp: Any, loader: KernelLoader, k: Any, v: Any, k_cache: Any, v_cache: Any,
-                        slot_mapping: Any, kv_scales: Any) -> None:  # fmt: skip
+def launch_write_kv_fp8(
+    xp: Any, loader: KernelLoader, k: Any, v: Any, k_cache: Any, v_cache: Any, slot_mapping: Any, kv_scales: Any
+) -> None:
     """k, v: (T, Hkv, D) in the model dtype, rows contiguous (views into qkv are fine);
     caches (NB, BS, Hkv, D) uint8; kv_scales (2,) float32 on the device. In place."""
     same_dtype(k, v)
     T, row = k.shape[0], k.shape[1] * k.shape[2]
     if k_cache.dtype != np.uint8 or v_cache.dtype != np.uint8 or k_cache.shape[2:] != k.shape[1:] or row % 8:
-        raise ValueError(f"fp8 KV cache: want uint8 caches of rows {k.shape[1:]} (Hkv * D a multiple of 8), "
-                         f"got {k_cache.dtype} {k_cache.shape}")  # fmt: skip
+        raise ValueError(
+            f"fp8 KV cache: want uint8 caches of rows {k.shape[1:]} (Hkv * D a multiple of 8), "
+            f"got {k_cache.dtype} {k_cache.shape}"
+        )
     if T == 0:
         return
     k = k if token_stride(k) is not None else xp.ascontiguousarray(k)
@@ -78,6 +88,15 @@ def launch_write_kv_fp8(xp: Any, loader: KernelLoader, k: Any, v: Any, k_cache: 
     require_aligned("k_cache", k_cache, alignment=8)
     require_aligned("v_cache", v_cache, alignment=8)
     kernel = loader.get_function("write_kv_fp8.cu", f"write_kv_fp8_{dtype_suffix(k)}")
-    args = (k, v, k_cache, v_cache, int32_array(xp, slot_mapping), kv_scales, np.int32(row),
-            np.int32(k_stride), np.int32(v_stride))  # fmt: skip
+    args = (
+        k,
+        v,
+        k_cache,
+        v_cache,
+        int32_array(xp, slot_mapping),
+        kv_scales,
+        np.int32(row),
+        np.int32(k_stride),
+        np.int32(v_stride),
+    )
     kernel((T,), (threads_for(row // 8, 256),), args)

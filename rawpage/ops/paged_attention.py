@@ -197,8 +197,19 @@ def decode_partitions(B: int, blocks_per_partition: int, max_seq_len: int, sm_co
 
 
 def _launch_decode(
-    xp, loader, out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, P, min_partition,
-) -> None:  # fmt: skip
+    xp,
+    loader,
+    out,
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    scale,
+    P,
+    min_partition,
+) -> None:
     # Grid: (Hkv * chunks, B, P): one block per KV head (and chunk of up to 8 of
     # its query heads), sequence and partition. Block: 4 warps; a warp takes a
     # few consecutive keys per step, each key shared by D*itemsize/16 lanes that
@@ -214,10 +225,23 @@ def _launch_decode(
     suffix = dtype_suffix(q)
     kernel = loader.get_function("paged_attention_decode.cu", f"paged_attention_decode_{suffix}_d{D}_g{G}")
     args = (
-        out, part_o, part_ml, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-        np.int32(block_tables.shape[1]), np.int32(H), np.int32(Hkv), np.int32(k_cache.shape[1]),
-        np.int32(token_stride(q)), np.float32(scale), np.int32(min_partition),
-    )  # fmt: skip
+        out,
+        part_o,
+        part_ml,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        np.int32(block_tables.shape[1]),
+        np.int32(H),
+        np.int32(Hkv),
+        np.int32(k_cache.shape[1]),
+        np.int32(token_stride(q)),
+        np.float32(scale),
+        np.int32(min_partition),
+    )
     kernel((Hkv * chunks, B, P), (DECODE_THREADS,), args)
     if P > 1:
         reduce = loader.get_function("paged_attention_decode.cu", f"paged_attention_decode_reduce_{suffix}")
@@ -226,8 +250,17 @@ def _launch_decode(
 
 
 def _launch_prefill(
-    loader, out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, max_query_len,
-) -> None:  # fmt: skip
+    loader,
+    out,
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    scale,
+    max_query_len,
+) -> None:
     # Grid: (ceil(max_query_len / 64), H, B): one block per 64-row query tile Q_i,
     # head and sequence (x runs backwards in the kernel: heaviest tiles first);
     # tiles past a sequence's chunk exit at once. Block: 4 warps, each owning 16
@@ -242,8 +275,18 @@ def _launch_prefill(
     source = "paged_attention_prefill_f32.cu" if suffix == "f32" else "paged_attention_prefill.cu"
     kernel = loader.get_function(source, f"paged_attention_prefill_{suffix}_d{D}_bc{key_tile}")
     args = (
-        out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-        np.int32(block_tables.shape[1]), np.int32(k_cache.shape[2]), np.int32(k_cache.shape[1]),
-        np.int32(token_stride(q)), np.float32(scale), np.int32(smem),
-    )  # fmt: skip
+        out,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        np.int32(block_tables.shape[1]),
+        np.int32(k_cache.shape[2]),
+        np.int32(k_cache.shape[1]),
+        np.int32(token_stride(q)),
+        np.float32(scale),
+        np.int32(smem),
+    )
     kernel((ceil_div(max_query_len, PREFILL_ROWS), H, B), (PREFILL_THREADS,), args, shared_mem=smem)

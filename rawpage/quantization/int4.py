@@ -59,10 +59,14 @@ def internal_int4(q: np.ndarray, scales: np.ndarray, zeros: np.ndarray, perm: np
     """q (N, K) values in kernel column order, scales/zeros (N, ngroups) -> kind "int4"."""
     N, K = q.shape
     return QuantizedWeight(
-        "int4", (N, K), np.ascontiguousarray(pack_nibbles(q, axis=1).view(np.uint32)),
-        scales=np.ascontiguousarray(scales, np.float16), zeros=np.ascontiguousarray(zeros, np.float16),
-        perm=None if perm is None else np.ascontiguousarray(perm, np.int32), group_size=K // scales.shape[1],
-    )  # fmt: skip
+        "int4",
+        (N, K),
+        np.ascontiguousarray(pack_nibbles(q, axis=1).view(np.uint32)),
+        scales=np.ascontiguousarray(scales, np.float16),
+        zeros=np.ascontiguousarray(zeros, np.float16),
+        perm=None if perm is None else np.ascontiguousarray(perm, np.int32),
+        group_size=K // scales.shape[1],
+    )
 
 
 def int4_dequantize_ref(w: QuantizedWeight) -> np.ndarray:
@@ -77,8 +81,9 @@ def int4_dequantize_ref(w: QuantizedWeight) -> np.ndarray:
     return dense
 
 
-def gptq_to_int4(qweight: np.ndarray, qzeros: np.ndarray, scales: np.ndarray, g_idx: np.ndarray | None,
-                 group_size: int) -> QuantizedWeight:  # fmt: skip
+def gptq_to_int4(
+    qweight: np.ndarray, qzeros: np.ndarray, scales: np.ndarray, g_idx: np.ndarray | None, group_size: int
+) -> QuantizedWeight:
     q = unpack_nibbles(qweight, axis=0)  # (K, N)
     K, N = q.shape
     G = K if group_size == -1 else group_size
@@ -108,13 +113,17 @@ def int4_tensor_source(tensors: TensorSource, qconfig: dict[str, Any], path: str
     that keep it, dequantized to float32 for the others."""
     method, bits = qconfig.get("quant_method"), qconfig.get("bits", 4)
     if method not in ("awq", "gptq") or bits != 4:
-        raise UnsupportedModelError(f"{path}: quantization_config {method!r} with {bits} bits is not supported "
-                                    "(rawpage reads 4-bit awq and gptq, and fp8)")  # fmt: skip
+        raise UnsupportedModelError(
+            f"{path}: quantization_config {method!r} with {bits} bits is not supported "
+            "(rawpage reads 4-bit awq and gptq, and fp8)"
+        )
     if method == "awq" and str(qconfig.get("version", "gemm")).lower() != "gemm":
         raise UnsupportedModelError(f"{path}: AWQ version {qconfig['version']!r}; rawpage reads the GEMM packing")
     if method == "gptq" and qconfig.get("checkpoint_format", "gptq") != "gptq":
-        raise UnsupportedModelError(f"{path}: GPTQ checkpoint_format {qconfig['checkpoint_format']!r}; "
-                                    "rawpage reads the original ('gptq', zeros stored minus one)")  # fmt: skip
+        raise UnsupportedModelError(
+            f"{path}: GPTQ checkpoint_format {qconfig['checkpoint_format']!r}; "
+            "rawpage reads the original ('gptq', zeros stored minus one)"
+        )
     group_size = int(qconfig.get("group_size", 128))
     packed = {name[: -len(".qweight")] for name in tensors if name.endswith(".qweight")}
     parts = {p + s for p in packed for s in (".qweight", ".qzeros", ".scales", ".g_idx", ".bias")}

@@ -22,6 +22,11 @@ from rawpage.quantization.fp8 import e4m3_to_f32, quantize_fp8
 from rawpage.quantization.weight import QuantizedWeight, dequantize
 
 QUANTIZATION_CHOICES = ("auto", "fp8", "none")
+# vLLM's names for what a checkpoint already packs: they mean auto, checked against the checkpoint.
+CHECKPOINT_METHODS = {"gguf": "gguf", "awq": "int4", "gptq": "int4"}
+
+
+QUANTIZATION_FLAG_CHOICES = (*QUANTIZATION_CHOICES, *CHECKPOINT_METHODS)
 
 
 def checkpoint_tensors(tensors: TensorSource, qconfig: dict[str, Any] | None, path: str) -> TensorSource:
@@ -37,21 +42,32 @@ def checkpoint_tensors(tensors: TensorSource, qconfig: dict[str, Any] | None, pa
 
 def apply_quantization_flag(tensors: Any, method: str | None) -> Any:
     """--quantization applied to a loaded checkpoint's tensors (see the module docstring)."""
+    if method in CHECKPOINT_METHODS and isinstance(tensors, TensorSource):
+        kinds = {w.kind for w in (tensors.quantized(n) for n in tensors.quantized_names()[:1]) if w is not None}
+        if CHECKPOINT_METHODS[method] not in kinds:
+            raise UnsupportedModelError(
+                f"--quantization {method}: this checkpoint is not {method}-quantized "
+                f"({', '.join(sorted(kinds)) or 'no quantized weights'}); leave it at auto"
+            )
+        return tensors
     if method in (None, "auto") or not isinstance(tensors, TensorSource):
         return tensors  # (random dummy weights are drawn on the device, dense)
     if method == "none":
         return TensorSource({name: (lambda name=name: tensors.raw(name)) for name in tensors})
     if method == "fp8":
         if tensors.has_quantized():
-            raise UnsupportedModelError("--quantization fp8 quantizes a float checkpoint; this one is already "
-                                        "quantized (leave --quantization at auto)")  # fmt: skip
+            raise UnsupportedModelError(
+                "--quantization fp8 quantizes a float checkpoint; this one is already "
+                "quantized (leave --quantization at auto)"
+            )
         linear = [name for name in tensors if _is_linear(name) and name != "model.embed_tokens.weight"]
         readers = {name: (lambda name=name: tensors.raw(name)) for name in tensors}
         # dense readers see the FP8-rounded weights too, so that cpu runs the same model
         readers |= {name: (lambda name=name: dequantize(_to_fp8(tensors[name]))) for name in linear}
-        return TensorSource(readers, {name: (lambda name=name: _to_fp8(tensors[name])) for name in tensors
-                                      if _is_linear(name)})  # fmt: skip
-    raise ValueError(f"unknown --quantization {method!r}; choose {', '.join(QUANTIZATION_CHOICES)}")
+        return TensorSource(
+            readers, {name: (lambda name=name: _to_fp8(tensors[name])) for name in tensors if _is_linear(name)}
+        )
+    raise ValueError(f"unknown --quantization {method!r}; choose {', '.join(QUANTIZATION_FLAG_CHOICES)}")
 
 
 def _is_linear(name: str) -> bool:

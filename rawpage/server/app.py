@@ -13,8 +13,12 @@ import contextlib
 import logging
 import os
 import signal
+import socket
+import threading
 from collections.abc import Awaitable, Callable
+from typing import Any
 
+import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -27,6 +31,7 @@ from rawpage import __version__
 from rawpage.engine import LLMEngine
 from rawpage.engine_args import EngineArgs
 from rawpage.loader import resolve_model_path
+from rawpage.loader.hub import looks_like_hub_id
 from rawpage.outputs import RequestOutput
 from rawpage.server.args import ServerConfig
 from rawpage.server.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
@@ -45,6 +50,9 @@ Handler = Callable[[Request, ServerState], Awaitable[Response]]
 
 
 def default_served_name(model: str | None) -> str:
+    """The hub id as given (vLLM's habit), else the folder or file name."""
+    if model is not None and looks_like_hub_id(model):
+        return model
     path = resolve_model_path(model)
     name = os.path.basename(os.path.normpath(path))
     return name.split(".")[0] if name.endswith(".gguf") else name
@@ -60,8 +68,15 @@ def build_app(engine_args: EngineArgs, config: ServerConfig | None = None) -> St
         metrics.on_step(engine, outputs)
         view.on_step(engine, outputs)
 
-    engine = AsyncEngine(engine_args, on_step=on_step, max_waiting_requests=config.max_waiting_requests,
-                         request_timeout=config.request_timeout, max_unread_tokens=config.max_unread_tokens)  # fmt: skip
+    engine_args = engine_args.replace(served_model_name=name)  # the engine's log names it as the API does
+    engine = AsyncEngine(
+        engine_args,
+        on_step=on_step,
+        max_waiting_requests=config.max_waiting_requests,
+        request_timeout=config.request_timeout,
+        max_unread_tokens=config.max_unread_tokens,
+        log_requests=not config.disable_log_requests,
+    )
     state = ServerState(engine, name, metrics, config)
 
     def api(handler: Handler, auth: bool = True) -> Callable[[Request], Awaitable[Response]]:
@@ -111,13 +126,21 @@ def build_app(engine_args: EngineArgs, config: ServerConfig | None = None) -> St
         Route("/v1/engine/events", api(engine_events(view)), methods=["GET"]),
     ]
     if config.web:  # static files holding no data: no key needed (the page asks for one)
-        routes += [Route("/", api(index, auth=False), methods=["GET"]),
-                   Route("/web/info", api(page_info, auth=False), methods=["GET"]),
-                   Route("/web/{name}", api(static_file, auth=False), methods=["GET"])]  # fmt: skip
+        routes += [
+            Route("/", api(index, auth=False), methods=["GET"]),
+            Route("/web/info", api(page_info, auth=False), methods=["GET"]),
+            Route("/web/{name}", api(static_file, auth=False), methods=["GET"]),
+        ]
     middleware = []
     if config.allowed_origins:  # CORS is off unless the operator names origins
-        middleware.append(Middleware(CORSMiddleware, allow_origins=config.allowed_origins,
-                                     allow_methods=config.allowed_methods, allow_headers=config.allowed_headers))  # fmt: skip
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=config.allowed_origins,
+                allow_methods=config.allowed_methods,
+                allow_headers=config.allowed_headers,
+            )
+        )
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     # Starlette would redirect '/v1/models/' to a Location built from the Host header.
     app.router.redirect_slashes = False
@@ -142,8 +165,11 @@ async def _watch_event_loop(state: ServerState, period: float = 0.1) -> None:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     status = getattr(exc, "status_code", 404)
-    err = APIError(f"{request.method} {request.url.path}: {getattr(exc, 'detail', 'not found')}", status,
-                   type="not_found_error" if status == 404 else "invalid_request_error")  # fmt: skip
+    err = APIError(
+        f"{request.method} {request.url.path}: {getattr(exc, 'detail', 'not found')}",
+        status,
+        type="not_found_error" if status == 404 else "invalid_request_error",
+    )
     return JSONResponse(err.body(), status_code=status)
 
 
@@ -161,8 +187,14 @@ async def version(request: Request, state: ServerState) -> Response:
 
 async def list_models(request: Request, state: ServerState) -> Response:
     llm = state.llm
-    model = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "rawpage",
-             "root": state.model_name, "max_model_len": llm.max_model_len}  # fmt: skip
+    model = {
+        "id": state.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "rawpage",
+        "root": state.model_name,
+        "max_model_len": llm.max_model_len,
+    }
     return JSONResponse({"object": "list", "data": [model]})
 
 
@@ -200,18 +232,65 @@ async def metrics_endpoint(request: Request, state: ServerState) -> Response:
 
 
 def run_server(args: argparse.Namespace) -> int:
-    """`rawpage serve`: uvicorn on --host:--port; SIGINT/SIGTERM drain in-flight streams, then stop."""
-    import uvicorn
-
+    """`rawpage serve`: uvicorn on --host:--port. Every argument error, and a port already in
+    use, is reported before the model starts loading."""
     engine_args = EngineArgs.from_cli_args(args)
-    app = build_app(engine_args, ServerConfig.from_cli_args(args))
+    config = ServerConfig.from_cli_args(args)
+    check_port_free(config.host, config.port)
+    app = build_app(engine_args, config)
     name = app.state.rawpage.model_name
-    logger.info("rawpage %s: serving %s at http://%s:%d/v1 (loading the model now; /health is 503 until ready)",
-                __version__, name, args.host, args.port)  # fmt: skip
-    # uvicorn handles SIGINT/SIGTERM itself (stop accepting, let streams finish, then the lifespan
-    # shutdown stops the engine) and afterwards re-raises the signal to the handler found before
-    # it started. That handler is this no-op, so a graceful shutdown exits with status 0.
+    logger.info(
+        "rawpage %s: serving %s at http://%s:%d/v1 (loading the model now; /health is 503 until ready)",
+        __version__,
+        name,
+        config.host,
+        config.port,
+    )
+    # uvicorn handles SIGINT/SIGTERM itself and afterwards re-raises the signal to the handler
+    # found before it started. That handler is this no-op, so a graceful shutdown exits with 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30)
+    # uvicorn's deadline comes after ours, so that aborted streams can still say goodbye. log_config=None:
+    # its loggers go through ours (cli.py), so that every line has a timestamp.
+    uv = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        timeout_graceful_shutdown=config.shutdown_timeout + 5,
+        log_config=None,
+    )
+    _DrainingServer(uv, app.state.rawpage.engine, config.shutdown_timeout).run()
     return 0
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail in a second, not after loading the model, if the port is taken."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is not "in use"
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise ValueError(
+                f"cannot listen on {host}:{port}: {e.strerror}; stop whatever holds the port or pass --port"
+            ) from None
+
+
+class _DrainingServer(uvicorn.Server):
+    """On SIGTERM or Ctrl-C uvicorn stops accepting connections and waits for the open ones.
+    Streams still running after --shutdown-timeout are aborted in the engine, so that each
+    ends with a final chunk (finish_reason "abort") and [DONE] rather than a cut connection."""
+
+    def __init__(self, config: uvicorn.Config, engine: AsyncEngine, drain_timeout: float) -> None:
+        super().__init__(config)
+        self.engine, self.drain_timeout = engine, drain_timeout
+        self._timer: threading.Timer | None = None
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self._timer is None:
+            logger.info("shutting down: no new requests; streams have %g s to finish", self.drain_timeout)
+            self._timer = threading.Timer(self.drain_timeout, self.engine.abort_all)
+            self._timer.daemon = True
+            self._timer.start()
+        super().handle_exit(sig, frame)

@@ -4,81 +4,84 @@ the one place their defaults live. Each limit here is documented in the README."
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 from dataclasses import dataclass, field
 
-
-@dataclass
-class ServerConfig:
-    served_model_name: str | None = None
-    api_keys: list[str] = field(default_factory=list)  # any one opens every route but /health and the page's files
-    metrics_public: bool = False  # /metrics without a key, for a scraper
-    max_request_bytes: int = 4 << 20
-    trust_request_chat_template: bool = False  # let requests bring their own Jinja template
-    enable_prompt_tokens_details: bool = False  # report usage.prompt_tokens_details.cached_tokens
-    allowed_origins: list[str] = field(default_factory=list)  # CORS is off unless this is set
-    allowed_methods: list[str] = field(default_factory=lambda: ["*"])
-    allowed_headers: list[str] = field(default_factory=lambda: ["*"])
-    max_prompts_per_request: int = 128  # entries of a /v1/completions 'prompt' list
-    max_stop_strings: int = 16  # OpenAI allows 4
-    max_stop_string_chars: int = 256
-    max_tokens_default: int | None = None  # when a request names none; None: chat = the rest, completions = 16
-    max_waiting_requests: int | None = None  # beyond it, 429 with Retry-After
-    request_timeout: float | None = None  # seconds; a request running longer is aborted
-    max_unread_tokens: int = 8192  # a stream whose client reads nothing for this many tokens is aborted
-    preprocess_threads: int = 2  # chat templates and tokenization run here, off the event loop
-    web: bool = True  # the built-in page at GET / (chat and a live view of the KV cache)
-
-    @classmethod
-    def from_cli_args(cls, args: argparse.Namespace) -> ServerConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        given = {k: v for k, v in vars(args).items() if k in names and v is not None}
-        keys = [k for arg in (getattr(args, "api_key", None) or []) for k in arg.split(",") if k]
-        env_key = os.environ.get("RAWPAGE_API_KEY")
-        given["api_keys"] = keys + ([env_key] if env_key and not keys else [])
-        return cls(**given)
+from rawpage.flags import add_flags, flag, given_flags
 
 
 def _list(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
+@dataclass
+class ServerConfig:
+    """Each `flag(...)` field is also a `rawpage serve` flag (rawpage/flags.py)."""
+
+    host: str = flag("127.0.0.1", "address to bind; 0.0.0.0 exposes the server to the network")
+    port: int = flag(8000, "port to listen on")
+    served_model_name: str | None = None  # an engine flag (EngineArgs)
+    api_keys: list[str] = field(default_factory=list)  # any one of them opens every route but /health (--api-key)
+    metrics_public: bool = flag(False, "serve /metrics without the API key")
+    max_request_bytes: int = flag(4 << 20, "reject request bodies larger than this")
+    trust_request_chat_template: bool = flag(
+        False, "accept a 'chat_template' in requests (it is Jinja code, run in a sandbox with limits)"
+    )
+    enable_prompt_tokens_details: bool = flag(
+        False,
+        "report usage.prompt_tokens_details.cached_tokens (it tells "
+        "a client which prefixes other requests cached; see SECURITY.md)",
+    )
+    allowed_origins: list[str] = flag(
+        help="CORS: comma-separated origins allowed, e.g. https://app.example or '*'",
+        type=_list,
+        factory=list,
+        default_text="CORS off",
+    )
+    allowed_methods: list[str] = flag(
+        help="CORS: allowed methods", type=_list, factory=lambda: ["*"], default_text="all"
+    )
+    allowed_headers: list[str] = flag(
+        help="CORS: allowed headers", type=_list, factory=lambda: ["*"], default_text="all"
+    )
+    max_prompts_per_request: int = flag(128, "most prompts in one /v1/completions request")
+    max_stop_strings: int = flag(16, "most stop strings per request (OpenAI allows 4)")
+    max_stop_string_chars: int = flag(256, "longest stop string, in characters")
+    max_tokens_default: int | None = flag(
+        None, "max_tokens for requests that give none", default_text="chat: the rest of the context; completions: 16"
+    )
+    max_waiting_requests: int | None = flag(
+        None, "requests allowed to wait for a slot; beyond it, 429 with Retry-After", default_text="no limit"
+    )
+    request_timeout: float | None = flag(
+        None, "seconds a request may run before it is aborted with finish_reason 'abort'", default_text="none"
+    )
+    max_unread_tokens: int = flag(8192, "abort a stream whose client has left this many tokens unread")
+    shutdown_timeout: float = flag(
+        10.0,
+        "on SIGTERM or Ctrl-C, seconds to let running streams finish before they are ended with finish_reason 'abort'",
+    )
+    disable_log_requests: bool = flag(False, "no log line per request")
+    preprocess_threads: int = 2  # chat templates and tokenization run here, off the event loop
+    web: bool = flag(True, "serve the built-in web page at / (chat playground and live KV-cache view)")
+    log_level: str = flag("info", "log level", choices=["debug", "info", "warning", "error"])
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> ServerConfig:
+        given = given_flags(cls, args)
+        keys = [k for arg in (getattr(args, "api_key", None) or []) for k in arg.split(",") if k]
+        env_key = os.environ.get("RAWPAGE_API_KEY")
+        given["api_keys"] = keys + ([env_key] if env_key and not keys else [])
+        return cls(**given)
+
+
 def add_server_args(parser: argparse.ArgumentParser) -> None:
-    d = ServerConfig()
     g = parser.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 exposes the server to the network")
-    g.add_argument("--port", type=int, default=8000, help="port to listen on")
-    g.add_argument("--api-key", action="append",
-                   help="require 'Authorization: Bearer <key>' on every route but /health and the web page's "
-                        "static files (the page asks for the key); repeat the flag "
-                        "(or separate with commas) for several keys; default: $RAWPAGE_API_KEY if set")  # fmt: skip
-    g.add_argument("--metrics-public", action="store_true", help="serve /metrics without the API key")
-    g.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes,
-                   help="reject request bodies larger than this")  # fmt: skip
-    g.add_argument("--trust-request-chat-template", action="store_true",
-                   help="accept a 'chat_template' in requests (it is Jinja code, run in a sandbox with limits)")  # fmt: skip
-    g.add_argument("--enable-prompt-tokens-details", action="store_true",
-                   help="report usage.prompt_tokens_details.cached_tokens (it tells a client which prefixes "
-                        "other requests cached; see SECURITY.md)")  # fmt: skip
-    g.add_argument("--allowed-origins", type=_list,
-                   help="CORS: comma-separated origins allowed, e.g. https://app.example or '*' (default: CORS off)")  # fmt: skip
-    g.add_argument("--allowed-methods", type=_list, help="CORS: allowed methods (default: all)")
-    g.add_argument("--allowed-headers", type=_list, help="CORS: allowed headers (default: all)")
-    g.add_argument("--max-prompts-per-request", type=int, default=d.max_prompts_per_request,
-                   help="most prompts in one /v1/completions request")  # fmt: skip
-    g.add_argument("--max-stop-strings", type=int, default=d.max_stop_strings, help="most stop strings per request")
-    g.add_argument("--max-stop-string-chars", type=int, default=d.max_stop_string_chars,
-                   help="longest stop string, in characters")  # fmt: skip
-    g.add_argument("--max-tokens-default", type=int,
-                   help="max_tokens for requests that give none (default: chat: the rest of the context; "
-                        "completions: 16)")  # fmt: skip
-    g.add_argument("--max-waiting-requests", type=int,
-                   help="requests allowed to wait for a slot; beyond it, 429 with Retry-After (default: no limit)")  # fmt: skip
-    g.add_argument("--request-timeout", type=float,
-                   help="seconds a request may run before it is aborted with finish_reason 'abort' (default: none)")  # fmt: skip
-    g.add_argument("--max-unread-tokens", type=int, default=d.max_unread_tokens,
-                   help="abort a stream whose client has left this many tokens unread")  # fmt: skip
-    g.add_argument("--no-web", dest="web", action="store_false",
-                   help="do not serve the built-in web page at / (chat playground and live KV-cache view)")  # fmt: skip
-    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_flags(g, ServerConfig)
+    g.add_argument(
+        "--api-key",
+        action="append",
+        help="require 'Authorization: Bearer <key>' on every route but /health and the web page's static files "
+        "(the page asks for the key); repeat the flag "
+        "(or separate with commas) for several keys (default: $RAWPAGE_API_KEY if set)",
+    )

@@ -125,10 +125,17 @@ def _merge(old: RequestOutput, new: RequestOutput) -> RequestOutput:
 
 
 class AsyncEngine:
-    def __init__(self, args: EngineArgs, on_step: Callable[[LLMEngine, list[RequestOutput]], None] | None = None,
-                 max_waiting_requests: int | None = None, request_timeout: float | None = None,
-                 max_unread_tokens: int = 8192) -> None:  # fmt: skip
+    def __init__(
+        self,
+        args: EngineArgs,
+        on_step: Callable[[LLMEngine, list[RequestOutput]], None] | None = None,
+        max_waiting_requests: int | None = None,
+        request_timeout: float | None = None,
+        max_unread_tokens: int = 8192,
+        log_requests: bool = True,
+    ) -> None:
         self.args = args
+        self.log_requests = log_requests  # one log line per request (--disable-log-requests)
         self.max_waiting_requests = max_waiting_requests
         self.request_timeout = request_timeout
         self.max_unread_tokens = max_unread_tokens
@@ -154,10 +161,6 @@ class AsyncEngine:
         self._thread.join(timeout)
 
     @property
-    def is_ready(self) -> bool:
-        return self.engine is not None and self.error is None
-
-    @property
     def is_loading(self) -> bool:
         return self.engine is None and self.error is None
 
@@ -166,19 +169,30 @@ class AsyncEngine:
         """Refuse early (429) when the queue already holds --max-waiting-requests."""
         limit = self.max_waiting_requests
         if limit is not None and self._num_waiting + self._adds_sent - self._adds_taken + count > limit:
-            raise APIError(f"the server is at capacity ({limit} requests waiting, --max-waiting-requests); "
-                           "retry shortly", 429, type="rate_limit_error", headers={"Retry-After": "1"})  # fmt: skip
+            raise APIError(
+                f"the server is at capacity ({limit} requests waiting, --max-waiting-requests); retry shortly",
+                429,
+                type="rate_limit_error",
+                headers={"Retry-After": "1"},
+            )
 
-    def generate(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                 priority: int = 0) -> RequestStream:  # fmt: skip
+    def generate(self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0) -> RequestStream:
         """Queue a request now and return the stream of its outputs. Leaving the stream
         early (closing it, or dropping it unread) aborts the request."""
         if self.error is not None:
             raise EngineDeadError("the engine has stopped; see the server log")
+        if self.log_requests:
+            logger.info(
+                "request %s: max_tokens %s, temperature %g, n %d",
+                request_id,
+                params.max_tokens,
+                params.temperature,
+                params.n,
+            )
         stream = _Stream(asyncio.get_running_loop(), self.max_unread_tokens)
         self._streams[request_id] = stream
         self._adds_sent += 1  # counted at once, so a burst cannot slip past check_capacity
-        self._inbox.put(("add", request_id, prompt, params, priority, time.monotonic()))
+        self._inbox.put(("add", request_id, prompt, params, priority, time.time()))
         return RequestStream(self, request_id, stream)
 
     def abort(self, request_id: str) -> None:
@@ -187,6 +201,10 @@ class AsyncEngine:
     def call_in_engine_thread(self, fn: Callable[[LLMEngine], None]) -> None:
         """Run fn(engine) in the engine thread between two steps, where it may read any state."""
         self._inbox.put(("call", fn))
+
+    def abort_all(self) -> None:
+        """End every request now (shutdown): each stream gets its final output, finish_reason "abort"."""
+        self._inbox.put(("abort_all",))
 
     # --- the engine thread --------------------------------------------------------------------
     def _run(self) -> None:
@@ -225,17 +243,23 @@ class AsyncEngine:
                 continue
             item = RequestFailedError(f"the engine failed this request: {out.error}") if out.error else out
             if not stream.put(item) and not out.finished:
-                logger.warning("request %s: the client left %d+ tokens unread; aborting it", out.request_id,
-                               self.max_unread_tokens)  # fmt: skip
+                logger.warning(
+                    "request %s: the client left %d+ tokens unread; aborting it", out.request_id, self.max_unread_tokens
+                )
                 self.engine.abort_request(out.request_id)
-                stream.put(APIError(f"the client read too slowly (over {self.max_unread_tokens} tokens unread)",
-                                    408, type="timeout_error"))  # fmt: skip
+                stream.put(
+                    APIError(
+                        f"the client read too slowly (over {self.max_unread_tokens} tokens unread)",
+                        408,
+                        type="timeout_error",
+                    )
+                )
 
     def _abort_expired(self) -> None:
         """--request-timeout: requests past their deadline end with finish_reason 'abort'."""
         if not self._deadlines:
             return
-        now = time.monotonic()
+        now = time.time()
         expired = [rid for rid, t in self._deadlines.items() if t < now]
         for rid in expired:
             del self._deadlines[rid]
@@ -280,3 +304,5 @@ class AsyncEngine:
                 cmd[1](engine)
             except Exception:  # noqa: BLE001 - an observer must never stop generation
                 logger.exception("engine-thread call failed")
+        elif cmd[0] == "abort_all":
+            engine.abort_request(list(self._streams))

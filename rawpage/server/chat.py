@@ -28,8 +28,10 @@ def parse_messages(body: Body) -> list[dict[str, Any]]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise APIError(f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]")
         if m["role"] not in ROLES:
-            raise APIError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m['role'][:32]!r}",
-                           param=f"messages[{i}].role")  # fmt: skip
+            raise APIError(
+                f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m['role'][:32]!r}",
+                param=f"messages[{i}].role",
+            )
         content = m.get("content")
         if isinstance(content, list):  # content parts: we take text
             texts = []
@@ -75,15 +77,22 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
     gen = state.engine.generate(f"{rid}#{uuid.uuid4().hex[:8]}", prompt, params, priority)
     fmt = _ChatFormatter(state, rid, top or 0)
     if stream:
-        return StreamingResponse(guard_stream(_stream(fmt, gen, include_usage)), media_type="text/event-stream",
-                                 headers={"X-Request-Id": rid})  # fmt: skip
+        return StreamingResponse(
+            guard_stream(_stream(fmt, gen, include_usage)),
+            media_type="text/event-stream",
+            headers={"X-Request-Id": rid},
+        )
     (final,) = await unless_disconnected(request, final_outputs([gen]))
     choices = [
-        {"index": o.index, "message": {"role": "assistant", "content": o.text},
-         "logprobs": fmt.logprobs(o.token_ids, o.logprobs) if o.logprobs is not None else None,
-         "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}
+        {
+            "index": o.index,
+            "message": {"role": "assistant", "content": o.text},
+            "logprobs": fmt.logprobs(o.token_ids, o.logprobs) if o.logprobs is not None else None,
+            "finish_reason": o.finish_reason,
+            "stop_reason": o.stop_reason,
+        }
         for o in final.outputs
-    ]  # fmt: skip
+    ]
     return JSONResponse(fmt.envelope(choices, fmt.usage(final), "chat.completion"), headers={"X-Request-Id": rid})
 
 
@@ -116,8 +125,13 @@ class _ChatFormatter:
         self.top_logprobs = top_logprobs
 
     def envelope(self, choices: list[dict], usage_: dict | None, obj: str) -> dict[str, Any]:
-        out = {"id": self.rid, "object": obj, "created": self.created, "model": self.state.model_name,
-               "choices": choices}  # fmt: skip
+        out = {
+            "id": self.rid,
+            "object": obj,
+            "created": self.created,
+            "model": self.state.model_name,
+            "choices": choices,
+        }
         if usage_ is not None:
             out["usage"] = usage_
         return out

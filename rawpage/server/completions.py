@@ -23,8 +23,9 @@ async def _prompts(body: Body, state: ServerState) -> list[tuple[str | None, lis
     p = body.data.get("prompt")
     limit = state.config.max_prompts_per_request
     if isinstance(p, list) and p and not all(isinstance(x, int) for x in p) and len(p) > limit:
-        raise APIError(f"'prompt' has {len(p)} prompts; the limit is {limit} (--max-prompts-per-request)",
-                       param="prompt")  # fmt: skip
+        raise APIError(
+            f"'prompt' has {len(p)} prompts; the limit is {limit} (--max-prompts-per-request)", param="prompt"
+        )
     if isinstance(p, str) and p:
         p = [p]
     if isinstance(p, list) and p:
@@ -47,8 +48,13 @@ async def create_completion(request: Request, state: ServerState) -> Response:
     echo = body.bool("echo", False)
     logprobs = body.int("logprobs", None, 0, max_logprobs)
     max_tokens = body.int("max_tokens", state.config.max_tokens_default or 16, 1)
-    params = sampling_params(body, max_tokens, logprobs, prompt_logprobs=logprobs if echo and logprobs is not None
-                             else None, config=state.config)  # fmt: skip
+    params = sampling_params(
+        body,
+        max_tokens,
+        logprobs,
+        prompt_logprobs=logprobs if echo and logprobs is not None else None,
+        config=state.config,
+    )
     if body.int("best_of", None, 1) not in (None, params.n):
         raise APIError("'best_of' other than n is not supported", param="best_of")
     stream = body.bool("stream", False)
@@ -65,11 +71,17 @@ async def create_completion(request: Request, state: ServerState) -> Response:
     ]
     fmt = _Formatter(state, rid, params.n, echo, prompts)
     if stream:
-        return StreamingResponse(guard_stream(_stream(fmt, streams, include_usage)), media_type="text/event-stream",
-                                 headers={"X-Request-Id": rid})  # fmt: skip
+        return StreamingResponse(
+            guard_stream(_stream(fmt, streams, include_usage)),
+            media_type="text/event-stream",
+            headers={"X-Request-Id": rid},
+        )
     finals = await unless_disconnected(request, final_outputs(streams))
-    choices = [fmt.choice(i, out, o, o.text, o.token_ids, o.logprobs, final=True)
-               for i, out in enumerate(finals) for o in out.outputs]  # fmt: skip
+    choices = [
+        fmt.choice(i, out, o, o.text, o.token_ids, o.logprobs, final=True)
+        for i, out in enumerate(finals)
+        for o in out.outputs
+    ]
     return JSONResponse(fmt.envelope(choices, fmt.usage(finals)), headers={"X-Request-Id": rid})
 
 
@@ -79,8 +91,9 @@ async def _stream(fmt: _Formatter, streams: list[AsyncIterator[RequestOutput]], 
         async for i, out in merged:
             for o in out.outputs:
                 if fmt.has_news(i, o):
-                    chunk = fmt.choice(i, out, o, o.delta_text, o.delta_token_ids, o.delta_logprobs,
-                                       final=o.finish_reason is not None)  # fmt: skip
+                    chunk = fmt.choice(
+                        i, out, o, o.delta_text, o.delta_token_ids, o.delta_logprobs, final=o.finish_reason is not None
+                    )
                     yield sse(fmt.envelope([chunk], None))
             if out.finished:
                 finals[i] = out
@@ -110,14 +123,27 @@ class _Formatter:
         return bool(o.delta_text or o.delta_token_ids) or (self.echo and key not in self._chars)
 
     def envelope(self, choices: list[dict], usage_: dict | None) -> dict[str, Any]:
-        obj = {"id": self.rid, "object": "text_completion", "created": self.created,
-               "model": self.state.model_name, "choices": choices}  # fmt: skip
+        obj = {
+            "id": self.rid,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.state.model_name,
+            "choices": choices,
+        }
         if usage_ is not None:
             obj["usage"] = usage_
         return obj
 
-    def choice(self, i: int, out: RequestOutput, o: CompletionOutput, text: str, token_ids: list[int],
-               logprobs: list | None, final: bool) -> dict[str, Any]:  # fmt: skip
+    def choice(
+        self,
+        i: int,
+        out: RequestOutput,
+        o: CompletionOutput,
+        text: str,
+        token_ids: list[int],
+        logprobs: list | None,
+        final: bool,
+    ) -> dict[str, Any]:
         """Choice number i * n + o.index. With echo, the prompt (and its logprobs) leads the
         first piece of each choice."""
         key = (i, o.index)
@@ -150,12 +176,14 @@ class _Formatter:
             "token_logprobs": [e[t].logprob if e else None for t, e in zip(token_ids, entries)],
             "top_logprobs": [
                 {self.state.token_text(k): v.logprob for k, v in e.items()} if e else None for e in entries
-            ],  # fmt: skip
+            ],
             "text_offset": offsets,
         }
 
     def usage(self, finals: list[RequestOutput]) -> dict[str, Any]:
         cached = sum(f.num_cached_tokens for f in finals)
-        return usage(sum(len(f.prompt_token_ids) for f in finals),
-                     sum(len(o.token_ids) for f in finals for o in f.outputs),
-                     cached if self.state.config.enable_prompt_tokens_details else None)  # fmt: skip
+        return usage(
+            sum(len(f.prompt_token_ids) for f in finals),
+            sum(len(o.token_ids) for f in finals for o in f.outputs),
+            cached if self.state.config.enable_prompt_tokens_details else None,
+        )

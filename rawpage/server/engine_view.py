@@ -78,8 +78,15 @@ def block_owners(num_blocks: int, seqs: list[Sequence], cpu: bool = False) -> np
 def describe_seq(seq: Sequence, queue: str) -> dict[str, Any]:
     state = queue if queue != "running" else ("prefill" if seq.is_prefill else "decode")
     blocks = len(seq.cpu_block_table) if queue == "swapped" else len(seq.block_table)
-    return {"id": seq.seq_id, "request": seq.request.request_id, "state": state, "tokens": seq.num_tokens,
-            "prompt": seq.num_prompt_tokens, "computed": seq.num_computed_tokens, "blocks": blocks}  # fmt: skip
+    return {
+        "id": seq.seq_id,
+        "request": seq.request.request_id,
+        "state": state,
+        "tokens": seq.num_tokens,
+        "prompt": seq.num_prompt_tokens,
+        "computed": seq.num_computed_tokens,
+        "blocks": blocks,
+    }
 
 
 def take_snapshot(engine: LLMEngine, snapshot_id: int, steps: list[list[Any]], last_cost: float) -> dict[str, Any]:

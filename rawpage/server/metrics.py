@@ -13,8 +13,28 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from rawpage.engine import LLMEngine
 from rawpage.outputs import RequestOutput
 
-_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                    10.0, 20.0, 40.0, 80.0, 160.0)  # fmt: skip
+_LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+)
 
 
 class ServerMetrics:

@@ -16,9 +16,15 @@ from rawpage.server.args import ServerConfig
 class APIError(Exception):
     """An error the client caused (or the server state it met), in OpenAI's shape."""
 
-    def __init__(self, message: str, status: int = 400, param: str | None = None,
-                 type: str = "invalid_request_error", code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        param: str | None = None,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.headers = headers
         self.message, self.status, self.param, self.type, self.code = (
@@ -42,6 +48,15 @@ class APIError(Exception):
 
 _MISSING = object()
 MAX_JSON_DEPTH = 32  # an OpenAI request nests about 6 deep (tools schemas a little more)
+
+
+def _range(lo: float | None, hi: float | None) -> str:
+    """'between 0 and 2', '≥ 1' or '≤ 100': a missing bound is not printed as None."""
+    if hi is None:
+        return f"≥ {lo}"
+    if lo is None:
+        return f"≤ {hi}"
+    return f"between {lo} and {hi}"
 
 
 def check_json(data: Any) -> None:
@@ -95,17 +110,19 @@ class Body:
         if isinstance(v, bool) or not isinstance(v, int):
             raise APIError(f"'{name}' must be an integer", param=name)
         if (lo is not None and v < lo) or (hi is not None and v > hi):
-            raise APIError(f"'{name}' must be between {lo} and {hi}, got {v}", param=name)
+            raise APIError(f"'{name}' must be {_range(lo, hi)}, got {v}", param=name)
         return v
 
-    def float(self, name: str, default: float | None = None, lo: float | None = None, hi: float | None = None) -> float | None:  # fmt: skip
+    def float(
+        self, name: str, default: float | None = None, lo: float | None = None, hi: float | None = None
+    ) -> float | None:
         v = self._get(name, default)
         if v is default:
             return v
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise APIError(f"'{name}' must be a number", param=name)
         if (lo is not None and v < lo) or (hi is not None and v > hi):
-            raise APIError(f"'{name}' must be between {lo} and {hi}, got {v}", param=name)
+            raise APIError(f"'{name}' must be {_range(lo, hi)}, got {v}", param=name)
         return float(v)
 
     def str(self, name: str, default: str | None = None) -> str | None:
@@ -135,13 +152,19 @@ class Body:
         if len(v) > max_count:
             raise APIError(f"'stop' has {len(v)} strings; the limit is {max_count} (--max-stop-strings)", param="stop")
         if any(len(s) > max_chars for s in v):
-            raise APIError(f"a stop string is longer than {max_chars} characters (--max-stop-string-chars)",
-                           param="stop")  # fmt: skip
+            raise APIError(
+                f"a stop string is longer than {max_chars} characters (--max-stop-string-chars)", param="stop"
+            )
         return v
 
 
-def sampling_params(body: Body, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None,
-                    config: ServerConfig | None = None) -> SamplingParams:  # fmt: skip
+def sampling_params(
+    body: Body,
+    max_tokens: int | None,
+    logprobs: int | None,
+    prompt_logprobs: int | None = None,
+    config: ServerConfig | None = None,
+) -> SamplingParams:
     """The sampling fields shared by both endpoints, including vLLM's extras."""
     config = config or ServerConfig()
     bias = body.dict("logit_bias")

@@ -68,8 +68,13 @@ class ServerState:
     def check_model(self, body: Body) -> None:
         name = body.str("model")
         if name is not None and name != self.model_name:
-            raise APIError(f"the model '{name}' does not exist; this server serves '{self.model_name}'", 404,
-                           param="model", type="not_found_error", code="model_not_found")  # fmt: skip
+            raise APIError(
+                f"the model '{name}' does not exist; this server serves '{self.model_name}'",
+                404,
+                param="model",
+                type="not_found_error",
+                code="model_not_found",
+            )
 
     async def read_body(self, request: Request) -> Body:
         limit = self.config.max_request_bytes
@@ -106,15 +111,19 @@ class ServerState:
         llm = self.llm
         template = body.str("chat_template")
         if template is not None and not self.config.trust_request_chat_template:
-            raise APIError("this server does not accept a request 'chat_template'; the operator can allow it "
-                           "with --trust-request-chat-template", param="chat_template")  # fmt: skip
+            raise APIError(
+                "this server does not accept a request 'chat_template'; the operator can allow it "
+                "with --trust-request-chat-template",
+                param="chat_template",
+            )
         kwargs = body.dict("chat_template_kwargs")
         add_generation_prompt = body.bool("add_generation_prompt", True)
         add_special = body.bool("add_special_tokens", False)
 
         def work() -> list[int]:
-            text = llm.tokenizer.apply_chat_template(messages, add_generation_prompt,
-                                                     chat_template=template or llm.chat_template, **kwargs)  # fmt: skip
+            text = llm.tokenizer.apply_chat_template(
+                messages, add_generation_prompt, chat_template=template or llm.chat_template, **kwargs
+            )
             return llm.tokenizer.encode(text, add_special_tokens=add_special)
 
         try:

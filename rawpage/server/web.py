@@ -20,9 +20,15 @@ from rawpage.server.engine_view import EngineView
 from rawpage.server.protocol import APIError
 from rawpage.server.state import ServerState
 
-PAGE_FILES = {"index.html": "text/html", "style.css": "text/css", "app.js": "text/javascript",
-              "api.js": "text/javascript", "chat.js": "text/javascript", "engine.js": "text/javascript",
-              "markdown.js": "text/javascript"}  # fmt: skip
+PAGE_FILES = {
+    "index.html": "text/html",
+    "style.css": "text/css",
+    "app.js": "text/javascript",
+    "api.js": "text/javascript",
+    "chat.js": "text/javascript",
+    "engine.js": "text/javascript",
+    "markdown.js": "text/javascript",
+}
 # Model output is rendered by our own DOM-building code; this policy is the second line of
 # defence: no inline script, no script or style from anywhere but this server.
 PAGE_HEADERS = {
@@ -62,10 +68,17 @@ def engine_events(view: EngineView) -> Callable[[Request, ServerState], Awaitabl
         thread takes a new one (docs/engine-events.md)."""
         _ = state.llm  # 503 while the model loads
         if view.watchers >= MAX_WATCHERS:
-            raise APIError(f"too many open engine event streams (limit {MAX_WATCHERS})", 429,
-                           type="rate_limit_error", headers={"Retry-After": "5"})  # fmt: skip
-        return StreamingResponse(_events(view, state), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
+            raise APIError(
+                f"too many open engine event streams (limit {MAX_WATCHERS})",
+                429,
+                type="rate_limit_error",
+                headers={"Retry-After": "5"},
+            )
+        return StreamingResponse(
+            _events(view, state),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
 
     return endpoint
 

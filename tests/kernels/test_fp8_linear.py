@@ -36,7 +36,8 @@ def test_linear_matches_reference(device, dtype, T, N, K, per_channel):
     def matmul(a, dense, b):  # the prefill path (T = 12): dense scratch to the "GEMM"
         return device.put(device.get(a) @ device.get(dense).T + device.get(b), dtype)
 
-    got = launch_fp8_linear(device.xp, device.loader, device.put(x, dtype), w.map_arrays(device.put_raw),
-                            device.put(bias, dtype), matmul)  # fmt: skip
+    got = launch_fp8_linear(
+        device.xp, device.loader, device.put(x, dtype), w.map_arrays(device.put_raw), device.put(bias, dtype), matmul
+    )
     scale = np.abs(want).max()
     assert_close(device.get(got) / scale, want / scale, dtype)

@@ -3,11 +3,11 @@ a vLLM-style FP8 checkpoint, sim (packed e4m3, our kernels) against cpu (dequant
 
 import numpy as np
 import pytest
-from rawpage.models.llama import LlamaModel
 
 from rawpage.backends import get_backend
 from rawpage.errors import UnsupportedModelError
 from rawpage.loader import load_checkpoint
+from rawpage.models.llama import LlamaModel
 from rawpage.quantization.fp8 import quantize_fp8
 from rawpage.quantization.select import apply_quantization_flag
 from rawpage.quantization.weight import QuantizedWeight

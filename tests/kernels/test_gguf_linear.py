@@ -70,8 +70,9 @@ def test_prefill_path_dequantizes_then_calls_the_gemm(device):
         calls.append(w.shape)
         return a @ w.T
 
-    got = launch_gguf_linear(device.xp, device.loader, device.put(x, "float32"), device.put_raw(data), "Q6_K",
-                             (N, K), None, matmul)  # fmt: skip
+    got = launch_gguf_linear(
+        device.xp, device.loader, device.put(x, "float32"), device.put_raw(data), "Q6_K", (N, K), None, matmul
+    )
     assert calls == [(N, K)]
     np.testing.assert_allclose(device.get(got), gguf_linear_ref(x, data, "Q6_K", (N, K)), rtol=1e-4, atol=1e-4)
 

@@ -4,10 +4,10 @@ block format and on the default SmolLM2 GGUF."""
 
 import numpy as np
 import pytest
-from rawpage.models.llama import LlamaModel
 
 from rawpage.backends import get_backend
 from rawpage.loader.tensors import TensorSource
+from rawpage.models.llama import LlamaModel
 from rawpage.ops.gguf_linear import GGUF_BLOCKS, gguf_dequantize_ref
 from rawpage.quantization.weight import QuantizedWeight
 from tests.kernels.test_gguf_linear import _F16_FIELDS, random_blocks

@@ -24,9 +24,13 @@ def on_device(device, w):
 
 
 CASES = [
-    ("awq", 1, 8, 128, 32), ("awq", 3, 24, 256, 128), ("gptq-sym", 2, 40, 192, 64),
-    ("gptq-asym", 1, 16, 96, -1), ("gptq-act", 4, 24, 256, 32), ("gptq-act", 1, 8, 384, 128),
-]  # fmt: skip
+    ("awq", 1, 8, 128, 32),
+    ("awq", 3, 24, 256, 128),
+    ("gptq-sym", 2, 40, 192, 64),
+    ("gptq-asym", 1, 16, 96, -1),
+    ("gptq-act", 4, 24, 256, 32),
+    ("gptq-act", 1, 8, 384, 128),
+]
 
 
 @pytest.mark.parametrize("fmt,T,N,K,group_size", CASES)
@@ -62,8 +66,14 @@ def test_prefill_dequantizes_then_calls_the_gemm(device):
     rng = np.random.default_rng(5)
     w = packed("gptq-act", 16, 128, 32)
     x = rng.standard_normal((12, 128)).astype(np.float32)
-    got = launch_int4_linear(device.xp, device.loader, device.put(x, "float32"), on_device(device, w), None,
-                             lambda a, dense, bias: a @ dense.T)  # fmt: skip
+    got = launch_int4_linear(
+        device.xp,
+        device.loader,
+        device.put(x, "float32"),
+        on_device(device, w),
+        None,
+        lambda a, dense, bias: a @ dense.T,
+    )
     np.testing.assert_allclose(device.get(got), int4_linear_ref(x, w), rtol=1e-4, atol=1e-4)
 
 

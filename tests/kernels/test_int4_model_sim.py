@@ -3,10 +3,10 @@ quantization_config: sim (packed int4, our kernels) against cpu (dequantized at 
 
 import numpy as np
 import pytest
-from rawpage.models.llama import LlamaModel
 
 from rawpage.backends import get_backend
 from rawpage.loader import load_checkpoint
+from rawpage.models.llama import LlamaModel
 from rawpage.quantization.int4_pack import pack_awq, pack_gptq
 from rawpage.quantization.weight import QuantizedWeight
 from tests.kernels.test_model_sim import Runner, schedule
@@ -17,8 +17,15 @@ LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 def write_int4_folder(folder, method: str, group_size: int, sym: bool = False, act_order: bool = False) -> str:
     """A one-layer Llama (dim 128, FFN 256) with every Linear packed as `method`."""
-    cfg = tiny_config(hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=64, tie_word_embeddings=False)  # fmt: skip
+    cfg = tiny_config(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        tie_word_embeddings=False,
+    )
     tensors = {}
     for name, t in random_tensors(cfg).items():
         prefix, _, kind = name.rpartition(".")

@@ -10,11 +10,11 @@ import time
 
 import numpy as np
 import pytest
-from rawpage.models.llama import LlamaModel
 
 from rawpage.backends import get_backend
 from rawpage.config import ModelConfig
 from rawpage.forward_batch import ForwardBatch
+from rawpage.models.llama import LlamaModel
 from tests.gpu_required import skip_without_cuda
 from tests.kernels.conftest import devices
 
@@ -25,10 +25,16 @@ def tiny_llama(seed=0, dim=64, layers=2, H=4, Hkv=2, D=16, inter=96, vocab=100):
     """A random Llama as Hugging Face-named float32 tensors, scaled to keep activations O(1)."""
     rng = np.random.default_rng(seed)
     config = ModelConfig(
-        architecture="llama", hidden_size=dim, num_layers=layers, num_heads=H,
-        num_kv_heads=Hkv, head_dim=D, intermediate_size=inter, vocab_size=vocab,
+        architecture="llama",
+        hidden_size=dim,
+        num_layers=layers,
+        num_heads=H,
+        num_kv_heads=Hkv,
+        head_dim=D,
+        intermediate_size=inter,
+        vocab_size=vocab,
         max_position_embeddings=256,
-    )  # fmt: skip
+    )
 
     def w(*shape):
         return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)

@@ -229,10 +229,13 @@ def test_prefill_query_as_a_view_into_qkv(device, dtype):
     assert_close(got, reference(host, 0.125), dtype)
 
 
-@pytest.mark.parametrize("dtype,suffix,source", [
-    ("float16", "f16", "paged_attention_prefill.cu"),
-    ("float32", "f32", "paged_attention_prefill_f32.cu"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "dtype,suffix,source",
+    [
+        ("float16", "f16", "paged_attention_prefill.cu"),
+        ("float32", "f32", "paged_attention_prefill_f32.cu"),
+    ],
+)
 def test_prefill_smem_formula_is_exactly_what_the_kernel_needs(device, dtype, suffix, source):
     """The kernel traps when given less shared memory than its layout: launching
     with 128 bytes less than rawpage computes must fail, so the formula is tight."""

@@ -10,9 +10,26 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_bench_serving_against_rawpage(server, tmp_path):
     out = tmp_path / "result.json"
-    cmd = [sys.executable, str(ROOT / "tools" / "bench_serving.py"), "--base-url", server.url, "--dataset", "random",
-           "--random-input-len", "16:32", "--random-output-len", "8:8", "--num-prompts", "4", "--request-rate", "inf",
-           "--max-concurrency", "2", "--result-file", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "tools" / "bench_serving.py"),
+        "--base-url",
+        server.url,
+        "--dataset",
+        "random",
+        "--random-input-len",
+        "16:32",
+        "--random-output-len",
+        "8:8",
+        "--num-prompts",
+        "4",
+        "--request-rate",
+        "inf",
+        "--max-concurrency",
+        "2",
+        "--result-file",
+        str(out),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     s = json.loads(out.read_text())["summary"]

@@ -21,8 +21,14 @@ from tests.server.harness import ServerProcess
 SECONDS = float(os.environ.get("RAWPAGE_CHAOS_SECONDS", "120"))
 CLIENTS = 64
 CHAT, CMPL = "/v1/chat/completions", "/v1/completions"
-QUESTIONS = ["What is the capital of France?", "Name three colors.", "What is 2 + 2?", "Who wrote Hamlet?",
-             "Say hello in Spanish.", "What is water made of?"]  # fmt: skip
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three colors.",
+    "What is 2 + 2?",
+    "Who wrote Hamlet?",
+    "Say hello in Spanish.",
+    "What is water made of?",
+]
 BAD_BODIES = [
     b"{not json",
     b"[1, 2, 3]",
@@ -136,8 +142,10 @@ def test_chaos():
         leaked = s.metric("rawpage:kv_cache_usage_perc")
         lag = s.metric("rawpage:event_loop_lag_max_seconds")
         total = sum(chaos.counts.values())
-        print(f"chaos: {SECONDS:.0f} s, {CLIENTS} clients, {total} requests {dict(chaos.counts)}, "
-              f"longest event-loop stall {lag:.3f} s, KV usage after {leaked}")  # fmt: skip
+        print(
+            f"chaos: {SECONDS:.0f} s, {CLIENTS} clients, {total} requests {dict(chaos.counts)}, "
+            f"longest event-loop stall {lag:.3f} s, KV usage after {leaked}"
+        )
         assert leaked == 0.0
         assert httpx.get(s.url + "/health").status_code == 200
         assert lag < 1.0

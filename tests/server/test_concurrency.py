@@ -19,8 +19,12 @@ CHAT = "/v1/chat/completions"
 
 async def stream_chat(client, url, question, max_tokens, stop_after=None):
     """Stream one chat completion; with stop_after, hang up after that many chunks."""
-    body = {"messages": [{"role": "user", "content": question}], "max_tokens": max_tokens, "temperature": 0,
-            "stream": True}  # fmt: skip
+    body = {
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+    }
     text, chunks = "", 0
     async with client.stream("POST", url + CHAT, json=body) as r:
         assert r.status_code == 200
@@ -48,8 +52,11 @@ def test_disconnecting_clients_free_their_blocks(server):
     questions = [f"Tell me a fact about the number {i}." for i in range(20)]
     expected = {}
     for q in questions:  # the reference answers, one at a time, not streamed
-        r = httpx.post(server.url + CHAT, json={"messages": [{"role": "user", "content": q}], "max_tokens": 24,
-                                                "temperature": 0}, timeout=120)  # fmt: skip
+        r = httpx.post(
+            server.url + CHAT,
+            json={"messages": [{"role": "user", "content": q}], "max_tokens": 24, "temperature": 0},
+            timeout=120,
+        )
         expected[q] = r.json()["choices"][0]["message"]["content"]
     rnd = random.Random(0)
 
@@ -83,8 +90,14 @@ def test_concurrent_streams_share_steps(server):
     in docs/benchmarks.md; a ratio of timings would fail on a busy machine.)"""
 
     async def one(client, i):
-        body = {"messages": [{"role": "user", "content": f"Story {i}:"}], "max_tokens": 48, "temperature": 0.8,
-                "seed": i, "ignore_eos": True, "stream": True}  # fmt: skip
+        body = {
+            "messages": [{"role": "user", "content": f"Story {i}:"}],
+            "max_tokens": 48,
+            "temperature": 0.8,
+            "seed": i,
+            "ignore_eos": True,
+            "stream": True,
+        }
         async with client.stream("POST", server.url + CHAT, json=body) as r:
             assert r.status_code == 200
             return [line async for line in r.aiter_lines() if line.startswith("data: ")][-1] == "data: [DONE]"
@@ -103,9 +116,11 @@ def test_concurrent_streams_share_steps(server):
     assert generated / steps >= 8
 
 
-_json = st.recursive(st.none() | st.booleans() | st.integers(-10, 10**6) | st.floats(allow_nan=True) | st.text(max_size=20),
-                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
-                     max_leaves=6)  # fmt: skip
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-10, 10**6) | st.floats(allow_nan=True) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=6,
+)
 _fields = {
     "model": st.sampled_from(["SmolLM2-135M-Instruct"] * 4 + ["other"]),
     "temperature": st.floats(-1, 3) | _json,
@@ -135,8 +150,18 @@ _fields = {
     "stream": st.booleans(),
     "stream_options": st.fixed_dictionaries({"include_usage": st.booleans() | _json}) | _json,
 }
-_messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "wizard"]) | _json,
-                                            "content": st.text(max_size=30) | _json}), max_size=3) | _json  # fmt: skip
+_messages = (
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "role": st.sampled_from(["user", "system", "assistant", "wizard"]) | _json,
+                "content": st.text(max_size=30) | _json,
+            }
+        ),
+        max_size=3,
+    )
+    | _json
+)
 _max_tokens = st.integers(1, 4) | st.sampled_from([0, -1, "4", 2.5, [], {}])  # never unbounded: keep it quick
 
 
@@ -153,8 +178,12 @@ def test_fuzzed_bodies_never_500(server, data):
     else:
         body["prompt"] = data.draw(st.text(max_size=40) | st.lists(st.integers(-3, 60000), max_size=5) | _json)
     raw = json.dumps(body).encode()  # NaN and Infinity included, as a careless client might send
-    r = httpx.post(server.url + (CHAT if chat else "/v1/completions"), content=raw, timeout=120,
-                   headers={"content-type": "application/json"})  # fmt: skip
+    r = httpx.post(
+        server.url + (CHAT if chat else "/v1/completions"),
+        content=raw,
+        timeout=120,
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code in (200, 400, 404), (body, r.status_code, r.text)
     if r.status_code != 200:
         assert set(r.json()["error"]) == {"message", "type", "param", "code"}

@@ -105,10 +105,17 @@ def test_health_version_and_request_id(server):
 def test_metrics(server):
     httpx.post(server.url + CHAT, json={"messages": MSGS, "max_tokens": 3})
     text = httpx.get(server.url + "/metrics").text
-    for name in ("rawpage:num_requests_running", "rawpage:num_requests_waiting", "rawpage:kv_cache_usage_perc",
-                 "rawpage:prompt_tokens_total", "rawpage:generation_tokens_total", "rawpage:num_preemptions_total",
-                 "rawpage:time_to_first_token_seconds_bucket", "rawpage:inter_token_latency_seconds_bucket",
-                 "rawpage:e2e_request_latency_seconds_bucket"):  # fmt: skip
+    for name in (
+        "rawpage:num_requests_running",
+        "rawpage:num_requests_waiting",
+        "rawpage:kv_cache_usage_perc",
+        "rawpage:prompt_tokens_total",
+        "rawpage:generation_tokens_total",
+        "rawpage:num_preemptions_total",
+        "rawpage:time_to_first_token_seconds_bucket",
+        "rawpage:inter_token_latency_seconds_bucket",
+        "rawpage:e2e_request_latency_seconds_bucket",
+    ):
         assert name in text, name
     assert server.metric("rawpage:generation_tokens_total") >= 3
 

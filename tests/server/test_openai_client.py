@@ -34,8 +34,12 @@ def test_chat_non_streaming(client):
 
 
 def test_chat_streaming_matches_non_streaming_and_reports_usage(client):
-    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Write a haiku about the sea."}], max_tokens=30,
-              temperature=0)  # fmt: skip
+    kw = dict(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Write a haiku about the sea."}],
+        max_tokens=30,
+        temperature=0,
+    )
     full = client.chat.completions.create(**kw).choices[0].message.content
     chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -57,8 +61,9 @@ def test_n_greater_than_one(client):
     r = client.chat.completions.create(model=MODEL, messages=FRANCE, n=3, max_tokens=12, temperature=1.0, seed=5)
     assert sorted(c.index for c in r.choices) == [0, 1, 2]
     assert all(c.message.content for c in r.choices) and len({c.message.content for c in r.choices}) > 1
-    stream = client.completions.create(model=MODEL, prompt=["Once upon a time", "In a galaxy"], n=2, max_tokens=8,
-                                       temperature=1.0, seed=3, stream=True)  # fmt: skip
+    stream = client.completions.create(
+        model=MODEL, prompt=["Once upon a time", "In a galaxy"], n=2, max_tokens=8, temperature=1.0, seed=3, stream=True
+    )
     texts: dict[int, str] = {}
     for c in stream:
         for ch in c.choices:
@@ -67,8 +72,9 @@ def test_n_greater_than_one(client):
 
 
 def test_logprobs(client):
-    r = client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=5, temperature=0, logprobs=True,
-                                       top_logprobs=3)  # fmt: skip
+    r = client.chat.completions.create(
+        model=MODEL, messages=FRANCE, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3
+    )
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens
     for item in content:
@@ -88,28 +94,40 @@ def test_stop(client):
 
 
 def test_seed_reproducible(client):
-    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=16,
-              temperature=1.0, seed=1234)  # fmt: skip
+    kw = dict(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Tell me a story."}],
+        max_tokens=16,
+        temperature=1.0,
+        seed=1234,
+    )
     a = client.chat.completions.create(**kw).choices[0].message.content
     b = client.chat.completions.create(**kw).choices[0].message.content
     assert a == b
 
 
 def test_vllm_extra_fields(client):
-    r = client.completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=6, temperature=0,
-                                  extra_body={"ignore_eos": True, "min_tokens": 6, "top_k": 5, "repetition_penalty": 1.1})  # fmt: skip
+    r = client.completions.create(
+        model=MODEL,
+        prompt="1, 2, 3,",
+        max_tokens=6,
+        temperature=0,
+        extra_body={"ignore_eos": True, "min_tokens": 6, "top_k": 5, "repetition_penalty": 1.1},
+    )
     assert r.usage.completion_tokens == 6
 
 
 def test_async_client_concurrent(aclient):
     async def one(i):
-        r = await aclient.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"Count to {i}."}],
-                                                  max_tokens=8, temperature=0)  # fmt: skip
+        r = await aclient.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"Count to {i}."}], max_tokens=8, temperature=0
+        )
         return r.choices[0].message.content
 
     async def streamed():
-        s = await aclient.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=10, temperature=0,
-                                                  stream=True)  # fmt: skip
+        s = await aclient.chat.completions.create(
+            model=MODEL, messages=FRANCE, max_tokens=10, temperature=0, stream=True
+        )
         return "".join([c.choices[0].delta.content or "" async for c in s if c.choices])
 
     async def main():

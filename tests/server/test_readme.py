@@ -26,8 +26,9 @@ def test_readme_serve_command_and_curl_example(tmp_path):
     assert "make serve " in text and "make test " in text
     port = free_port()
     log = open(tmp_path / "serve.log", "w")
-    proc = subprocess.Popen(["make", "serve", f"ARGS=--port {port}"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        ["make", "serve", f"ARGS=--port {port}"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 600  # a fresh clone installs first
         while time.monotonic() < deadline:

@@ -36,11 +36,13 @@ def healthy_and_serving(server) -> None:
         ({"prompt": "hi", "max_tokens": 4, "logit_bias": {"99999999999999999999999": 5}}, "logit_bias"),
         ({"prompt": "hi", "max_tokens": 4, "logit_bias": {"-3": 5}}, "logit_bias"),
         ({"prompt": "hi", "use_beam_search": True, "n": 2, "length_penalty": 600, "max_tokens": 3}, "length_penalty"),
-        ({"prompt": "hi", "use_beam_search": True, "n": 2, "length_penalty": -1e308, "max_tokens": 3},
-         "length_penalty"),
+        (
+            {"prompt": "hi", "use_beam_search": True, "n": 2, "length_penalty": -1e308, "max_tokens": 3},
+            "length_penalty",
+        ),
         ({"prompt": "hi", "max_tokens": 4, "stop_token_ids": [-1]}, "stop_token_ids"),
     ],
-)  # fmt: skip
+)
 def test_engine_killers_are_400s_and_the_engine_lives(server, body, param):
     assert_error(httpx.post(server.url + CMPL, json=body), 400, param)
     healthy_and_serving(server)
@@ -60,8 +62,16 @@ def test_request_chat_template_is_refused_without_the_flag(server):
 @pytest.fixture(scope="module")
 def trusting(tmp_path_factory):
     """A server that accepts request templates, and shows cached tokens, CORS, two API keys."""
-    s = ServerProcess("--trust-request-chat-template", "--enable-prompt-tokens-details", "--api-key", "k1,k2",
-                      "--allowed-origins", "https://ok.example", "--max-model-len", "2048")  # fmt: skip
+    s = ServerProcess(
+        "--trust-request-chat-template",
+        "--enable-prompt-tokens-details",
+        "--api-key",
+        "k1,k2",
+        "--allowed-origins",
+        "https://ok.example",
+        "--max-model-len",
+        "2048",
+    )
     yield s
     assert s.stop() == 0, s.output()
 
@@ -120,9 +130,14 @@ def test_cached_tokens_only_with_prompt_tokens_details(server, trusting):
 
 
 def test_every_route_but_health_needs_a_key(trusting):
-    for method, path, body in [("POST", "/tokenize", {"prompt": "hi"}), ("POST", "/detokenize", {"tokens": [1]}),
-                               ("GET", "/metrics", None), ("GET", "/version", None), ("GET", "/v1/models", None),
-                               ("POST", CHAT, {"messages": MSGS, "max_tokens": 2})]:  # fmt: skip
+    for method, path, body in [
+        ("POST", "/tokenize", {"prompt": "hi"}),
+        ("POST", "/detokenize", {"tokens": [1]}),
+        ("GET", "/metrics", None),
+        ("GET", "/version", None),
+        ("GET", "/v1/models", None),
+        ("POST", CHAT, {"messages": MSGS, "max_tokens": 2}),
+    ]:
         assert_error(httpx.request(method, trusting.url + path, json=body), 401)
         ok = httpx.request(method, trusting.url + path, json=body, headers={"Authorization": "Bearer k1"})
         assert ok.status_code == 200, (path, ok.text)

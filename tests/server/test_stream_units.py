@@ -11,8 +11,16 @@ from rawpage.server.streaming import guard_stream, sse
 def output(step: int, finished: bool = False) -> RequestOutput:
     """Step `step` of a request that generates token `step` (text 't<step>') each step."""
     toks = list(range(step + 1))
-    o = CompletionOutput(0, "".join(f"t{i}" for i in toks), toks, None, None, "length" if finished else None,
-                         delta_text=f"t{step}", delta_token_ids=[step])  # fmt: skip
+    o = CompletionOutput(
+        0,
+        "".join(f"t{i}" for i in toks),
+        toks,
+        None,
+        None,
+        "length" if finished else None,
+        delta_text=f"t{step}",
+        delta_token_ids=[step],
+    )
     return RequestOutput("r", "p", [1], None, [o], finished)
 
 

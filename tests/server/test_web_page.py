@@ -19,8 +19,10 @@ from tests.server.harness import ServerProcess
 pytestmark = pytest.mark.timeout(900)  # a busy 2-core CI machine runs the model slowly
 KEY = "web-test-key"
 IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
-SYSTEM = ("You are a helpful assistant who answers in one short sentence. Never use lists. "
-          "Always answer in English. Keep answers friendly, plain and to the point.")  # fmt: skip
+SYSTEM = (
+    "You are a helpful assistant who answers in one short sentence. Never use lists. "
+    "Always answer in English. Keep answers friendly, plain and to the point."
+)
 BLOCK_STATES = (
     "Array.from(document.querySelectorAll('[data-testid=block-grid] [data-testid=block]'), c => c.dataset.state)"
 )
@@ -35,8 +37,9 @@ def chromium_path() -> str:
 
 @pytest.fixture(scope="module")
 def web_server():
-    s = ServerProcess("--kv-cache-memory", "160MiB", "--max-model-len", "2048", "--max-num-seqs", "16",
-                      "--api-key", KEY)  # fmt: skip
+    s = ServerProcess(
+        "--kv-cache-memory", "160MiB", "--max-model-len", "2048", "--max-num-seqs", "16", "--api-key", KEY
+    )
     yield s
     assert s.stop() == 0, s.output()
 
@@ -65,8 +68,9 @@ class Page:
         self.page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
         if route is not None:  # (URL pattern, event-stream body) served by the browser itself
             pattern, body = route
-            self.page.route(pattern, lambda r: r.fulfill(status=200, headers={"Content-Type": "text/event-stream"},
-                                                         body=body))  # fmt: skip
+            self.page.route(
+                pattern, lambda r: r.fulfill(status=200, headers={"Content-Type": "text/event-stream"}, body=body)
+            )
         self.page.goto(server.url + "/")
         self.page.get_by_test_id("api-key").fill(KEY)
         self.page.get_by_test_id("api-key").press("Enter")
@@ -124,12 +128,18 @@ def test_chat_streams_a_reply(page):
 def test_model_output_is_shown_as_text(page):
     """Whatever the model writes, the page renders text: the reply is served here by the
     browser's network layer, so it holds exactly the markup an attacker would want run."""
-    evil = ('Look: <script>window.pwned = 1</script> and <img src="x" onerror="window.pwned = 2">\n\n'
-            "**bold** and `<b>code</b>`\n\n```html\n<iframe src=\"javascript:window.pwned=3\"></iframe>\n```\n")  # fmt: skip
+    evil = (
+        'Look: <script>window.pwned = 1</script> and <img src="x" onerror="window.pwned = 2">\n\n'
+        '**bold** and `<b>code</b>`\n\n```html\n<iframe src="javascript:window.pwned=3"></iframe>\n```\n'
+    )
     chunks = [evil[i : i + 7] for i in range(0, len(evil), 7)]
     body = "".join(f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'content': c}}]})}\n\n" for c in chunks)
-    page.page.route("**/v1/chat/completions", lambda route: route.fulfill(
-        status=200, headers={"Content-Type": "text/event-stream"}, body=body + "data: [DONE]\n\n"))  # fmt: skip
+    page.page.route(
+        "**/v1/chat/completions",
+        lambda route: route.fulfill(
+            status=200, headers={"Content-Type": "text/event-stream"}, body=body + "data: [DONE]\n\n"
+        ),
+    )
     page.send("anything")
     text = page.wait_reply_done()
     assert "<script>window.pwned = 1</script>" in text and 'onerror="window.pwned = 2"' in text
@@ -142,16 +152,46 @@ def test_model_output_is_shown_as_text(page):
 def test_grid_draws_every_block_state(browser, web_server):
     """A made-up snapshot with every state, the swap pool and the queues, as the page draws it."""
     seq = {"request": "r", "tokens": 40, "prompt": 30, "computed": 39, "blocks": 3}
-    snap = {"v": 1, "id": 1, "time": 0, "cost_ms": 0.1, "steps": [[1, [30], 0], [2, [], 1]],
-            "pool": {"num_blocks": 8, "block_size": 16, "num_cpu_blocks": 4, "max_num_batched_tokens": 64,
-                     "max_num_seqs": 4},
-            "state": [0, 2, 1, 2, 2, 2, 3, 2], "owner": [-1, 2, 1, 4, -1, 2], "refs": [0, 2, 1, 2, 3, 2, 0, 2],
-            "cpu_owner": [5, 2, -1, 2], "counts": {"running": 1, "waiting": 0, "swapped": 1},
-            "queues": {"running": [{**seq, "id": 1, "state": "decode"}], "waiting": [],
-                       "swapped": [{**seq, "id": 5, "state": "swapped"}]},
-            "totals": dict.fromkeys(["steps", "prompt_tokens", "generation_tokens", "requests_finished",
-                                     "preemptions", "swap_outs", "swap_ins", "cow_copies", "evictions",
-                                     "prefix_queries", "prefix_hits"], 0)}  # fmt: skip
+    snap = {
+        "v": 1,
+        "id": 1,
+        "time": 0,
+        "cost_ms": 0.1,
+        "steps": [[1, [30], 0], [2, [], 1]],
+        "pool": {
+            "num_blocks": 8,
+            "block_size": 16,
+            "num_cpu_blocks": 4,
+            "max_num_batched_tokens": 64,
+            "max_num_seqs": 4,
+        },
+        "state": [0, 2, 1, 2, 2, 2, 3, 2],
+        "owner": [-1, 2, 1, 4, -1, 2],
+        "refs": [0, 2, 1, 2, 3, 2, 0, 2],
+        "cpu_owner": [5, 2, -1, 2],
+        "counts": {"running": 1, "waiting": 0, "swapped": 1},
+        "queues": {
+            "running": [{**seq, "id": 1, "state": "decode"}],
+            "waiting": [],
+            "swapped": [{**seq, "id": 5, "state": "swapped"}],
+        },
+        "totals": dict.fromkeys(
+            [
+                "steps",
+                "prompt_tokens",
+                "generation_tokens",
+                "requests_finished",
+                "preemptions",
+                "swap_outs",
+                "swap_ins",
+                "cow_copies",
+                "evictions",
+                "prefix_queries",
+                "prefix_hits",
+            ],
+            0,
+        ),
+    }
     p = Page(browser, web_server, route=("**/v1/engine/events", f"event: snapshot\ndata: {json.dumps(snap)}\n\n"))
     try:
         assert p.states() == ["free", "free", "used", "used", "shared", "shared", "cached", "cached"]
@@ -184,12 +224,25 @@ def test_engine_view_follows_a_burst(page, web_server):
         }}, 50);
     }}""")
     headers = {"Authorization": f"Bearer {KEY}"}
-    questions = ["Name a colour.", "Name a fruit.", "Name a city.", "Name a river.", "Name an animal.",
-                 "Name a planet.", "Name a metal.", "Name a tree."]  # fmt: skip
+    questions = [
+        "Name a colour.",
+        "Name a fruit.",
+        "Name a city.",
+        "Name a river.",
+        "Name an animal.",
+        "Name a planet.",
+        "Name a metal.",
+        "Name a tree.",
+    ]
 
     def ask(i: int, question: str) -> None:
-        body = {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
-                "max_tokens": 24, "temperature": 0.8, "seed": i, "n": 2 if i < 2 else 1}  # fmt: skip
+        body = {
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+            "max_tokens": 24,
+            "temperature": 0.8,
+            "seed": i,
+            "n": 2 if i < 2 else 1,
+        }
         r = httpx.post(web_server.url + "/v1/chat/completions", json=body, headers=headers, timeout=600)
         r.raise_for_status()
 

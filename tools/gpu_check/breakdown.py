@@ -30,8 +30,17 @@ from collections import Counter
 
 from tools.gpu_check.common import write_json
 
-NCU_ARGS = ["--clock-control", "none", "--profile-from-start", "off", "--metrics", "gpu__time_duration.sum",
-            "--csv", "--print-units", "base"]  # fmt: skip
+NCU_ARGS = [
+    "--clock-control",
+    "none",
+    "--profile-from-start",
+    "off",
+    "--metrics",
+    "gpu__time_duration.sum",
+    "--csv",
+    "--print-units",
+    "base",
+]
 GEMM = re.compile(r"gemm|cutlass|nvjet|xmma|sm\d+_", re.I)
 
 
@@ -62,8 +71,10 @@ def parse_ncu_csv(text: str) -> dict:
         raise ValueError(
             "no gpu__time_duration.sum rows in ncu's output (was the step bracketed by cudaProfilerStart?)"
         )
-    families = [{"name": f, "launches": launches[f], "ms": round(v / 1e6, 6), "share": round(v / total, 4)}
-                for f, v in ns.most_common()]  # fmt: skip
+    families = [
+        {"name": f, "launches": launches[f], "ms": round(v / 1e6, 6), "share": round(v / total, 4)}
+        for f, v in ns.most_common()
+    ]
     return {"kernels": sum(launches.values()), "total_ms": round(total / 1e6, 6), "families": families}
 
 
@@ -84,8 +95,16 @@ def run_step(batch: int, context: int, config: str, device: str = "cuda") -> int
     # A pool just big enough: no memory profiling run, a quick start under ncu.
     blocks = max(batch, 2) * (-(-(context + 64) // 16))
     dtype = "bfloat16" if device == "cuda" else "float32"
-    llm = LLM(config, load_format="dummy", device=device, dtype=dtype, max_num_seqs=max(batch, 1),
-              max_model_len=context + 64, enforce_eager=True, num_gpu_blocks_override=blocks)  # fmt: skip
+    llm = LLM(
+        config,
+        load_format="dummy",
+        device=device,
+        dtype=dtype,
+        max_num_seqs=max(batch, 1),
+        max_model_len=context + 64,
+        enforce_eager=True,
+        num_gpu_blocks_override=blocks,
+    )
     engine = llm.engine
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
@@ -111,8 +130,19 @@ def run_step(batch: int, context: int, config: str, device: str = "cuda") -> int
 
 
 def profile(ncu: str, batch: int, args, timeout: float) -> dict:
-    cmd = [ncu, *NCU_ARGS, sys.executable, "-m", "tools.gpu_check.breakdown", "--run-step", str(batch),
-           "--context", str(args.context), "--config", args.config]  # fmt: skip
+    cmd = [
+        ncu,
+        *NCU_ARGS,
+        sys.executable,
+        "-m",
+        "tools.gpu_check.breakdown",
+        "--run-step",
+        str(batch),
+        "--context",
+        str(args.context),
+        "--config",
+        args.config,
+    ]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:

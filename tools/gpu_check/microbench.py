@@ -79,10 +79,12 @@ def bench_sdpa_decode(context: int, batch: int = 64, sets: int = 2) -> dict:
     import torch.nn.functional as F
 
     kv = [
-        (torch.randn(batch, HKV, context, D, device="cuda", dtype=torch.bfloat16),
-         torch.randn(batch, HKV, context, D, device="cuda", dtype=torch.bfloat16))
+        (
+            torch.randn(batch, HKV, context, D, device="cuda", dtype=torch.bfloat16),
+            torch.randn(batch, HKV, context, D, device="cuda", dtype=torch.bfloat16),
+        )
         for _ in range(sets)
-    ]  # fmt: skip
+    ]
     q = torch.randn(batch, H, 1, D, device="cuda", dtype=torch.bfloat16)
 
     def run(i: int) -> None:

@@ -47,8 +47,15 @@ def our_logits(model, prompts: list[list[int]], next_tokens: list[int], block_si
         seq = np.repeat(np.arange(len(tokens)), q_lens)
         pos = (np.arange(qsl[-1]) - qsl[:-1][seq] + starts[seq]).astype(np.int32)
         slots = (tables[seq, pos // block_size] * block_size + pos % block_size).astype(np.int32)
-        hb = HostBatch(np.concatenate(tokens).astype(np.int32), pos, slots, (starts + q_lens).astype(np.int32),
-                       qsl, np.arange(qsl[-1], dtype=np.int32), tables)  # fmt: skip
+        hb = HostBatch(
+            np.concatenate(tokens).astype(np.int32),
+            pos,
+            slots,
+            (starts + q_lens).astype(np.int32),
+            qsl,
+            np.arange(qsl[-1], dtype=np.int32),
+            tables,
+        )
         logits = model.compute_logits(model.forward(buffer.upload(hb), kv))
         return np.asarray(b.to_numpy(to_float32(logits)), np.float32)
 
@@ -82,10 +89,10 @@ def compare(ours: list[np.ndarray], theirs: list[np.ndarray]) -> dict:
 
 def run_dtype(args, dtype: str) -> dict:
     import torch
-    from rawpage.models.llama import LlamaModel
 
     from rawpage.backends import get_backend
     from rawpage.loader.dummy import DummyWeights, config_path, load_dummy_config
+    from rawpage.models.llama import LlamaModel
 
     path = config_path(args.config)
     config = load_dummy_config(path)

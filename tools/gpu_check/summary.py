@@ -34,8 +34,11 @@ def pytest_result(path: str | None) -> dict | None:
     counts = {k: 0 for k in ("passed", "failed", "errors", "skipped")}
     for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", summary):
         counts["errors" if word.startswith("error") else word] = int(n)
-    unexpected = [f"{n} x {reason.strip()}" for n, reason in re.findall(r"^SKIPPED \[(\d+)\] [^:]+:\d+: (.*)$", text, re.M)
-                  if not any(e in reason for e in EXPECTED_SKIPS)]  # fmt: skip
+    unexpected = [
+        f"{n} x {reason.strip()}"
+        for n, reason in re.findall(r"^SKIPPED \[(\d+)\] [^:]+:\d+: (.*)$", text, re.M)
+        if not any(e in reason for e in EXPECTED_SKIPS)
+    ]
     ok = counts["passed"] > 0 and not counts["failed"] and not counts["errors"] and not unexpected
     return {**counts, "unexpected_skips": unexpected, "ok": ok, "summary": summary}
 
@@ -73,19 +76,34 @@ def rows(r: dict, kernel: dict | None, memcheck: str | None) -> list[tuple[str, 
 
     out = []
     env = r.get("env", {})
-    out.append(("GPU", f"{env.get('gpu', '?')}, CUDA {env.get('runtime_cuda', '?')} (driver {env.get('driver_cuda', '?')}), "
-                f"CuPy {env.get('cupy', '?')}, torch {env.get('torch', '?')}", "", ""))  # fmt: skip
+    out.append(
+        (
+            "GPU",
+            f"{env.get('gpu', '?')}, CUDA {env.get('runtime_cuda', '?')} (driver {env.get('driver_cuda', '?')}), "
+            f"CuPy {env.get('cupy', '?')}, torch {env.get('torch', '?')}",
+            "",
+            "",
+        )
+    )
     ok = bool(kernel and kernel["ok"])
     out.append(("kernel tests (cuda)", kernel_figure(kernel), "all pass, no unexpected skip", verdict(ok)))
     ran = memcheck and not memcheck.startswith("skipped")
-    out.append(("compute-sanitizer memcheck", memcheck or "not run", "0 errors",
-                verdict(memcheck.startswith("0 errors") if ran else None)))  # fmt: skip
+    out.append(
+        (
+            "compute-sanitizer memcheck",
+            memcheck or "not run",
+            "0 errors",
+            verdict(memcheck.startswith("0 errors") if ran else None),
+        )
+    )
     for dtype in ("bfloat16", "float32"):
         p = r.get("parity", {}).get(dtype)
         if p:
-            fig = (f"prefill max abs {_fmt(p['prefill'].get('max_abs'), '.2e')} rel {p['prefill']['max_rel']:.2e}; "
-                   f"decode max abs {_fmt(p['decode'].get('max_abs'), '.2e')} rel {p['decode']['max_rel']:.2e}; "
-                   f"argmax agree {p['prefill']['argmax_agree']:.1%}")  # fmt: skip
+            fig = (
+                f"prefill max abs {_fmt(p['prefill'].get('max_abs'), '.2e')} rel {p['prefill']['max_rel']:.2e}; "
+                f"decode max abs {_fmt(p['decode'].get('max_abs'), '.2e')} rel {p['decode']['max_rel']:.2e}; "
+                f"argmax agree {p['prefill']['argmax_agree']:.1%}"
+            )
             out.append((f"parity vs transformers, {dtype}", fig, f"rel < {p['tolerance']:g}", verdict(p["ok"])))
         else:
             out.append((f"parity vs transformers, {dtype}", "not measured", "", "—"))
@@ -93,10 +111,13 @@ def rows(r: dict, kernel: dict | None, memcheck: str | None) -> list[tuple[str, 
     sdpa_dec = {d["context"]: d for d in mb.get("sdpa_decode", [])}
     for d in mb.get("decode", []):
         s = sdpa_dec.get(d["context"])
-        fig = (f"{d['gbs']:.0f} GB/s = {d['fraction_of_copy']:.0%} of copy ({mb['copy_gbs']:.0f} GB/s); "
-               f"SDPA {_fmt(s and s['gbs'], '.0f')} GB/s")  # fmt: skip
-        out.append((f"decode attention B=64 ctx={d['context']}", fig, ">= 70% of copy",
-                    verdict(d["fraction_of_copy"] >= 0.7)))  # fmt: skip
+        fig = (
+            f"{d['gbs']:.0f} GB/s = {d['fraction_of_copy']:.0%} of copy ({mb['copy_gbs']:.0f} GB/s); "
+            f"SDPA {_fmt(s and s['gbs'], '.0f')} GB/s"
+        )
+        out.append(
+            (f"decode attention B=64 ctx={d['context']}", fig, ">= 70% of copy", verdict(d["fraction_of_copy"] >= 0.7))
+        )
     if "prefill" in mb:
         p, s = mb["prefill"], mb.get("sdpa_prefill")
         frac = p.get("fraction_of_sdpa")
@@ -112,21 +133,41 @@ def rows(r: dict, kernel: dict | None, memcheck: str | None) -> list[tuple[str, 
         fig = f"{ours['output_tok_s']:.0f} out tok/s, {ours['total_tok_s']:.0f} total tok/s"
         if hf:
             fig += f"; transformers static x{hf['batch']}: {hf['output_tok_s']:.0f} out tok/s ({ratio:.1f}x)"
-        out.append((f"offline throughput, {ours['num_requests']} req, Llama-3-8B shape", fig, ">= 6x transformers",
-                    verdict(None if ratio is None else ratio >= 6)))  # fmt: skip
-        out.append(("CPU vs GPU per step (whole run)",
-                    f"step {_fmt(ours.get('step_wall_ms'))} ms wall, "
-                    f"build_batch {_fmt(ours.get('step_build_batch_ms'), '.2f')} ms CPU, "
-                    f"forward {_fmt(ours.get('step_gpu_forward_ms'), '.1f')} ms GPU", "", ""))  # fmt: skip
+        out.append(
+            (
+                f"offline throughput, {ours['num_requests']} req, Llama-3-8B shape",
+                fig,
+                ">= 6x transformers",
+                verdict(None if ratio is None else ratio >= 6),
+            )
+        )
+        out.append(
+            (
+                "CPU vs GPU per step (whole run)",
+                f"step {_fmt(ours.get('step_wall_ms'))} ms wall, "
+                f"build_batch {_fmt(ours.get('step_build_batch_ms'), '.2f')} ms CPU, "
+                f"forward {_fmt(ours.get('step_gpu_forward_ms'), '.1f')} ms GPU",
+                "",
+                "",
+            )
+        )
         for key in sorted((k for k in ours if k.startswith("decode_b")), key=lambda k: int(k[8:])):
             d = ours[key]
-            fig = (f"{d['wall_ms']:.2f} ms wall, {_fmt(d.get('gpu_ms'), '.2f')} ms GPU, "
-                   f"build_batch {_fmt(d.get('build_batch_ms'), '.2f')} ms; roofline {_fmt(d.get('roofline_ms'), '.2f')} ms "
-                   f"({d['weight_gb']:.1f} GB weights + {d['kv_read_gb']:.1f} GB KV)")  # fmt: skip
+            fig = (
+                f"{d['wall_ms']:.2f} ms wall, {_fmt(d.get('gpu_ms'), '.2f')} ms GPU, "
+                f"build_batch {_fmt(d.get('build_batch_ms'), '.2f')} ms; roofline {_fmt(d.get('roofline_ms'), '.2f')} ms "
+                f"({d['weight_gb']:.1f} GB weights + {d['kv_read_gb']:.1f} GB KV)"
+            )
             ratio, target = d.get("wall_over_roofline"), DECODE_TARGET.get(d["batch"], 2.0)
             graphs = "graphs" if d.get("graphs") else "eager"
-            out.append((f"decode step B={d['batch']} ctx={d['context']}, {graphs}", fig + (f" = {ratio:.2f}x" if ratio else ""),
-                        f"<= {target}x roofline", verdict(None if ratio is None else ratio <= target)))  # fmt: skip
+            out.append(
+                (
+                    f"decode step B={d['batch']} ctx={d['context']}, {graphs}",
+                    fig + (f" = {ratio:.2f}x" if ratio else ""),
+                    f"<= {target}x roofline",
+                    verdict(None if ratio is None else ratio <= target),
+                )
+            )
         out.append(("startup to ready, Llama-3-8B shape", f"{_fmt(ours.get('startup_s'))} s", "", ""))
     else:
         out.append(("offline throughput", "not measured", ">= 6x transformers", "—"))

@@ -101,9 +101,16 @@ def run_rawpage(args) -> dict:
 
         copy_gbs = copy_bandwidth_gbs(256 << 20)  # before the KV cache takes the memory
     t0 = time.perf_counter()
-    llm = LLM(args.config, load_format="dummy", device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-              max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
-              gpu_memory_utilization=args.gpu_memory_utilization)  # fmt: skip
+    llm = LLM(
+        args.config,
+        load_format="dummy",
+        device=args.device,
+        dtype=args.dtype,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        enforce_eager=args.enforce_eager,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )
     ready_s = time.perf_counter() - t0
     engine = llm.engine
     timer = StepTimer(engine)
@@ -197,8 +204,14 @@ def run_hf(args) -> dict:
             ids[i, width - len(p) :] = torch.tensor(p)
             mask[i, width - len(p) :] = 1
         with torch.no_grad():
-            hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
-                        max_new_tokens=args.output_len, min_new_tokens=args.output_len, pad_token_id=0)  # fmt: skip
+            hf.generate(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                do_sample=False,
+                max_new_tokens=args.output_len,
+                min_new_tokens=args.output_len,
+                pad_token_id=0,
+            )
 
     run_batch([p[:16] for p in prompts[:2]])  # warm-up
     if device == "cuda":

@@ -1,4 +1,5 @@
 """CUDA graphs on CuPy: record a decode forward pass once, replay it with one launch.
+This is the mechanism; which steps are captured is rawpage/decode_graphs.py.
 
 A decode step of a 32-layer model is ~400 kernel launches (and cuBLAS calls)
 issued from Python; at small batch the GPU finishes each one faster than Python

@@ -1,4 +1,6 @@
-"""Decode steps replayed from CUDA graphs, one graph per batch-size bucket.
+"""Decode steps replayed from CUDA graphs, one graph per batch-size bucket: the policy
+(which batch sizes get a graph, padding, when a step may replay one). The mechanism,
+recording and replaying a graph on CuPy, is rawpage/backends/cuda_graph_capture.py.
 
 A pure decode step (every sequence has one new token) of B sequences is padded
 up to the smallest bucket >= B and replayed from that bucket's graph. Buckets
@@ -80,8 +82,15 @@ class DecodeGraphs:
     run(hb) returns the final hidden states of every row of the padded batch,
     (bucket, dim); row i is sequence i of hb for i < B."""
 
-    def __init__(self, model, backend: Backend, kv_caches: list[tuple[Array, Array]], sizes: list[int],
-                 max_model_len: int, block_size: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model,
+        backend: Backend,
+        kv_caches: list[tuple[Array, Array]],
+        sizes: list[int],
+        max_model_len: int,
+        block_size: int,
+    ) -> None:
         self.backend = backend
         self.sizes = sorted(sizes)
         self.width = -(-max_model_len // block_size)  # block-table columns of every captured batch
@@ -99,9 +108,14 @@ class DecodeGraphs:
             batch.host_seq_lens = np.full(size, max_model_len, np.int32)
             self.graphs[size] = backend.capture_graph(lambda batch=batch: model.forward(batch, kv_caches))
         self.buffer.frozen = True
-        held = getattr(backend, "graph_memory_bytes", lambda: 0)()  # outside the memory plan: see memory.py
-        logger.info("captured %d decode graphs (batch sizes %s) in %.1f s; their temporaries hold %.0f MiB",
-                    len(self.sizes), _ranges(self.sizes), time.perf_counter() - start, held / 2**20)  # fmt: skip
+        held = backend.graph_memory_bytes()  # outside the memory plan: see memory.py
+        logger.info(
+            "captured %d decode graphs (batch sizes %s) in %.1f s; their temporaries hold %.0f MiB",
+            len(self.sizes),
+            _ranges(self.sizes),
+            time.perf_counter() - start,
+            held / 2**20,
+        )
 
     def can_run(self, hb: HostBatch) -> bool:
         fits = pick_bucket(self.sizes, len(hb.seq_lens)) is not None and hb.block_tables.shape[1] <= self.width

@@ -5,12 +5,12 @@ replay computes what an unpadded eager step does."""
 
 import numpy as np
 import pytest
-from rawpage.models.llama import LlamaModel
 
 from rawpage.backends import get_backend
 from rawpage.backends.base import Graph
 from rawpage.batch_buffer import BatchBuffer, HostBatch
-from rawpage.cuda_graphs import DecodeGraphs, graph_batch_sizes, pad_decode_batch, pick_bucket
+from rawpage.decode_graphs import DecodeGraphs, graph_batch_sizes, pad_decode_batch, pick_bucket
+from rawpage.models.llama import LlamaModel
 from tests.kernels.test_model_sim import tiny_llama
 
 BS = 16
@@ -32,8 +32,15 @@ def decode_batch(seq_lens: list[int], tables: list[list[int]], tokens: list[int]
         bt[i, : len(t)] = t
     pos = np.array(seq_lens, np.int32) - 1
     slots = bt[np.arange(B), pos // BS] * BS + pos % BS
-    return HostBatch(np.array(tokens, np.int32), pos, slots.astype(np.int32), np.array(seq_lens, np.int32),
-                     np.arange(B + 1, dtype=np.int32), np.arange(B, dtype=np.int32), bt)  # fmt: skip
+    return HostBatch(
+        np.array(tokens, np.int32),
+        pos,
+        slots.astype(np.int32),
+        np.array(seq_lens, np.int32),
+        np.arange(B + 1, dtype=np.int32),
+        np.arange(B, dtype=np.int32),
+        bt,
+    )
 
 
 def test_padding_rows_store_nothing_and_attend_to_one_key():
@@ -48,8 +55,13 @@ def test_padding_rows_store_nothing_and_attend_to_one_key():
     np.testing.assert_array_equal(p.block_tables[:2, :2], [[3, 0], [7, 2]])
     with pytest.raises(ValueError):
         pad_decode_batch(hb, 1, width=8)  # too many sequences for the bucket
-    prefill = HostBatch(*(np.zeros(3, np.int32) for _ in range(3)), np.array([3], np.int32),
-                        np.array([0, 3], np.int32), np.array([2], np.int32), np.zeros((1, 1), np.int32))  # fmt: skip
+    prefill = HostBatch(
+        *(np.zeros(3, np.int32) for _ in range(3)),
+        np.array([3], np.int32),
+        np.array([0, 3], np.int32),
+        np.array([2], np.int32),
+        np.zeros((1, 1), np.int32),
+    )
     with pytest.raises(ValueError):
         pad_decode_batch(prefill, 4, width=8)
 
@@ -130,9 +142,15 @@ def test_only_pure_decode_batches_that_fit_a_bucket_replay():
     assert graphs.can_run(decode_batch([5, 9], [[1], [2]], [1, 2]))
     assert not graphs.can_run(decode_batch([5, 9, 3], [[1], [2], [3]], [1, 2, 3]))  # B > largest bucket
     assert not graphs.can_run(decode_batch([40], [[1, 2, 3]], [1]))  # wider than max_model_len allows
-    chunk = HostBatch(np.zeros(4, np.int32), np.arange(4, dtype=np.int32), np.arange(4, dtype=np.int32),
-                      np.array([4], np.int32), np.array([0, 4], np.int32), np.array([3], np.int32),
-                      np.zeros((1, 1), np.int32))  # fmt: skip
+    chunk = HostBatch(
+        np.zeros(4, np.int32),
+        np.arange(4, dtype=np.int32),
+        np.arange(4, dtype=np.int32),
+        np.array([4], np.int32),
+        np.array([0, 4], np.int32),
+        np.array([3], np.int32),
+        np.zeros((1, 1), np.int32),
+    )
     assert not graphs.can_run(chunk)
 
 

@@ -1,0 +1,75 @@
+"""Checks a request must pass before it is queued: each failure names the field, the
+limit, and the flag that changes it. A request that passes can run to completion."""
+
+from __future__ import annotations
+
+from rawpage.engine_args import EngineArgs
+from rawpage.errors import InvalidRequestError
+from rawpage.sampling_params import SamplingParams
+
+
+def check_request(
+    ids: list[int], params: SamplingParams, max_model_len: int, vocab_size: int, args: EngineArgs
+) -> None:
+    """Refuse anything that could not run to the end: token ids outside the vocabulary (in
+    the prompt, stop_token_ids or logit_bias), more logprobs or samples than the flags
+    allow, and prompts that leave no room under --max-model-len."""
+    n, limit, V = len(ids), max_model_len, vocab_size
+    if n == 0:
+        raise InvalidRequestError("the prompt is empty; give at least one token", "prompt")
+    for name, given in (
+        ("prompt", ids),
+        ("stop_token_ids", params.stop_token_ids),
+        ("logit_bias", list(params.logit_bias or ())),
+    ):
+        bad = [t for t in given if not 0 <= t < V]
+        if bad:
+            shown = ", ".join(str(t)[:24] for t in bad[:5])
+            raise InvalidRequestError(f"{name}: token ids [{shown}] are outside the vocabulary [0, {V})", name)
+    for name in ("logprobs", "prompt_logprobs"):
+        k = getattr(params, name)
+        if k is not None and k > args.max_logprobs:
+            raise InvalidRequestError(f"{name} is {k}, more than --max-logprobs {args.max_logprobs}", name)
+    if params.n > args.max_num_seqs:
+        raise InvalidRequestError(
+            f"n is {params.n}, more than --max-num-seqs {args.max_num_seqs}: the sequences of one request "
+            "must fit in one batch",
+            "n",
+        )
+    if params.max_tokens is None and n >= limit:
+        raise InvalidRequestError(
+            f"the prompt has {_tokens(n)}, which leaves no room for output under --max-model-len {limit}", "prompt"
+        )
+    total = n + (params.max_tokens or 0)
+    if total > limit:
+        raise InvalidRequestError(
+            f"the prompt ({_tokens(n)}) plus max_tokens ({params.max_tokens}) is {_tokens(total)}, "
+            f"more than --max-model-len {limit}; shorten the prompt or lower max_tokens",
+            "prompt",
+        )
+    # Startup guaranteed that one --max-model-len sequence fits in the pool, so any
+    # request that passes these checks can run to completion, if need be alone.
+
+
+def _tokens(n: int) -> str:
+    return f"{n} token" if n == 1 else f"{n} tokens"
+
+
+def check_params_type(params: list) -> None:
+    """LLM.generate: a dict where SamplingParams belongs gets one line, not an AttributeError."""
+    for p in params:
+        if not isinstance(p, SamplingParams):
+            raise TypeError(
+                f"sampling_params must be a SamplingParams or a list of them, got {type(p).__name__}; "
+                "write SamplingParams(**your_dict)"
+            )
+
+
+def check_messages(conversations: list) -> None:
+    """LLM.chat: every message is a dict with a 'role' and a 'content' (or tool calls)."""
+    for conv in conversations:
+        for i, m in enumerate(conv):
+            if not isinstance(m, dict) or "role" not in m:
+                raise ValueError(f"messages[{i}] must be a dict with a 'role' and a 'content'")
+            if m.get("content") is None and not m.get("tool_calls"):
+                raise ValueError(f"messages[{i}] ({m['role']}) has no 'content'; give it a 'content' string")
