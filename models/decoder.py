@@ -18,7 +18,7 @@ from rawpage.config import ModelConfig
 from rawpage.dtypes import from_float32, to_float32
 from rawpage.errors import UnsupportedModelError
 from rawpage.forward_batch import ForwardBatch
-from rawpage.loader.dummy import DummyWeights
+from rawpage.models.weight_source import WeightSource
 from rawpage.models.llama import _CheckpointWeights, _progress
 from rawpage.models.moe import MoEWeights, moe_forward
 from rawpage.models.rotary import rope_table
@@ -54,13 +54,13 @@ class DecoderModel:
     scale_embedding = False  # Gemma: embeddings multiplied by sqrt(dim)
     qk_norm = False  # Qwen3, Gemma 3: RMSNorm over each head of q and k
 
-    def __init__(self, config: ModelConfig, backend: Backend, tensors: Mapping[str, np.ndarray] | DummyWeights) -> None:
-        """tensors: a checkpoint's float32 tensors under Hugging Face names, or DummyWeights."""
+    def __init__(self, config: ModelConfig, backend: Backend, tensors: Mapping[str, np.ndarray] | WeightSource) -> None:
+        """tensors: a checkpoint's float32 tensors under Hugging Face names, or any other WeightSource (the loader's DummyWeights)."""
         self.config, self.backend = config, backend
         c, b = config, backend
         if c.attention_bias:
             raise UnsupportedModelError(f"{c.architecture} with attention_bias=true is not supported (no q/k/v bias)")
-        weights = tensors if isinstance(tensors, DummyWeights) else _CheckpointWeights(tensors)
+        weights = tensors if isinstance(tensors, WeightSource) else _CheckpointWeights(tensors)
         self._weights = weights
         dim = c.hidden_size
 
@@ -202,7 +202,8 @@ class DecoderModel:
                 batch.seq_lens,
                 batch.query_start_loc,
                 scale,
-                batch,
+                batch.max_query_len,
+                batch.max_seq_len,
                 sliding_window=layer.sliding_window,
                 soft_cap=c.attn_logit_softcapping,
             )  # (T, H, D)

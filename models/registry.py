@@ -10,7 +10,7 @@ import numpy as np
 from rawpage.backends.base import Backend
 from rawpage.config import ModelConfig
 from rawpage.errors import UnsupportedModelError
-from rawpage.loader.dummy import DummyWeights
+from rawpage.models.weight_source import WeightSource
 from rawpage.models.gemma import Gemma2Model, Gemma3Model
 from rawpage.models.llama import LlamaModel
 from rawpage.models.mistral import MistralModel
@@ -32,7 +32,7 @@ MODEL_CLASSES: dict[str, type] = {
 }
 
 
-def build_model(config: ModelConfig, backend: Backend, tensors: Mapping[str, np.ndarray] | DummyWeights):
+def build_model(config: ModelConfig, backend: Backend, tensors: Mapping[str, np.ndarray] | WeightSource):
     """The model of config.architecture, its weights loaded onto the backend."""
     cls = MODEL_CLASSES.get(config.architecture)
     if cls is None:

@@ -277,9 +277,10 @@ class LLMEngine:
         touched.update((r.request_id, r) for r in self._aborted)
         self._aborted = []
         outputs = [self._output(req) for req in touched.values()]
-        for o in outputs:
-            if o.finished:
-                self.requests.pop(o.request_id, None)
+        finished = [o.request_id for o in outputs if o.finished]
+        for rid in finished:
+            self.requests.pop(rid, None)
+        self.stats.requests_finished_total += len(finished)
         self.stats.record_step(self.scheduler, num_prompt_tokens, num_generated)
         return outputs
 

@@ -11,10 +11,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Each lower area, and the rawpage modules outside it that it may import. Anything else
 # it imports is upward (the engine, the scheduler, the loader, the server...).
+# rawpage.quantization's weight type and format codecs (fp8, int4) are data formats,
+# like dtypes; only its `select` module reads checkpoints and flags (loader level).
+FORMATS = ["rawpage.quantization.weight", "rawpage.quantization.fp8", "rawpage.quantization.int4"]
 ALLOWED = {
-    "rawpage.ops": ["rawpage.cuda", "rawpage.dtypes", "rawpage.errors"],
+    "rawpage.ops": ["rawpage.cuda", "rawpage.dtypes", "rawpage.errors", *FORMATS],
     "rawpage.sim": ["rawpage.ops", "rawpage.cuda", "rawpage.dtypes", "rawpage.errors"],
-    "rawpage.backends": ["rawpage.ops", "rawpage.sim", "rawpage.cuda", "rawpage.dtypes", "rawpage.errors"],
+    "rawpage.backends": ["rawpage.ops", "rawpage.sim", "rawpage.cuda", "rawpage.dtypes", "rawpage.errors", *FORMATS],
     "rawpage.models": [
         "rawpage.backends.base",
         "rawpage.ops",
@@ -22,9 +25,12 @@ ALLOWED = {
         "rawpage.forward_batch",
         "rawpage.dtypes",
         "rawpage.errors",
+        *FORMATS,
     ],
     "rawpage.loader": [
         "rawpage.backends.base",
+        "rawpage.ops",  # tables of block formats (ops/gguf_linear.py)
+        "rawpage.quantization",
         "rawpage.config",
         "rawpage.tokenizer",
         "rawpage.chat_template",

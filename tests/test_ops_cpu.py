@@ -70,7 +70,9 @@ def test_sliding_window_and_soft_cap(window, cap):
     q_lens, ctx = [5, 1, 9, 1, 1], [5, 23, 30, 4, 17]
     q, kc, vc, bt, sl, qsl = _random_paged_batch(rng, q_lens, ctx, H, Hkv, D, BS, 40)
     ref = paged_attention_ref(q, kc, vc, bt, sl, qsl, 0.25, window, cap)
-    cpu = CPUBackend().paged_attention(q, kc, vc, bt, sl, qsl, 0.25, sliding_window=window, soft_cap=cap)
+    cpu = CPUBackend().paged_attention(
+        q, kc, vc, bt, sl, qsl, 0.25, int(np.diff(qsl).max()), int(sl.max()), sliding_window=window, soft_cap=cap
+    )
     plain = paged_attention_ref(q, kc, vc, bt, sl, qsl, 0.25)
     assert np.abs(ref - plain).max() > 1e-2  # the option changes the result
     for i, L in enumerate(ctx):

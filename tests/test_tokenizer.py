@@ -158,7 +158,9 @@ def test_chat_template_raise_exception_and_file(tmp_path):
         t.render([{"role": "assistant", "content": "x"}])
     path = tmp_path / "t.jinja"
     path.write_text("{{ messages | length }}")
-    assert ChatTemplate.from_arg(str(path)).render([{"role": "user", "content": "x"}] * 3) == "3"  # --chat-template may be a file
+    assert (
+        ChatTemplate.from_arg(str(path)).render([{"role": "user", "content": "x"}] * 3) == "3"
+    )  # --chat-template may be a file
 
 
 def test_no_chat_template_is_a_clear_error(tmp_path):

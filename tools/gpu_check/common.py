@@ -95,11 +95,17 @@ def hf_state_dict(model) -> dict[str, Any]:
     qkv and gate_up weights split back into their projections."""
     c = model.config
     q, kv, inter = c.q_size, c.kv_size, c.intermediate_size
+
+    def linear(w: Any, out_features: int) -> Any:
+        """A Linear weight as HF stores it, (out, in): the cpu backend keeps (in, out)."""
+        t = to_torch(w)
+        return t if t.shape[0] == out_features and model.backend.name != "cpu" else t.T.contiguous()
+
     sd = {"model.embed_tokens.weight": to_torch(model.embed), "model.norm.weight": to_torch(model.norm)}
-    sd["lm_head.weight"] = to_torch(model.lm_head)
+    sd["lm_head.weight"] = linear(model.lm_head, c.vocab_size)
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
-        qkv = to_torch(layer.qkv)
+        qkv = linear(layer.qkv, q + 2 * kv)
         sd[p + "self_attn.q_proj.weight"] = qkv[:q]
         sd[p + "self_attn.k_proj.weight"] = qkv[q : q + kv]
         sd[p + "self_attn.v_proj.weight"] = qkv[q + kv :]
@@ -107,11 +113,11 @@ def hf_state_dict(model) -> dict[str, Any]:
             bias = to_torch(layer.qkv_bias)
             for name, part in zip("qkv", (bias[:q], bias[q : q + kv], bias[q + kv :])):
                 sd[p + f"self_attn.{name}_proj.bias"] = part
-        sd[p + "self_attn.o_proj.weight"] = to_torch(layer.o_proj)
-        gate_up = to_torch(layer.gate_up)
+        sd[p + "self_attn.o_proj.weight"] = linear(layer.o_proj, c.hidden_size)
+        gate_up = linear(layer.gate_up, 2 * inter)
         sd[p + "mlp.gate_proj.weight"] = gate_up[:inter]
         sd[p + "mlp.up_proj.weight"] = gate_up[inter:]
-        sd[p + "mlp.down_proj.weight"] = to_torch(layer.down)
+        sd[p + "mlp.down_proj.weight"] = linear(layer.down, c.hidden_size)
         sd[p + "input_layernorm.weight"] = to_torch(layer.input_norm)
         sd[p + "post_attention_layernorm.weight"] = to_torch(layer.post_norm)
     return sd
