@@ -38,6 +38,7 @@ from rawpage.sampling_params import SamplingParams
 from rawpage.scheduler import Scheduler, SchedulerConfig
 from rawpage.sequence import Request, Sequence, SequenceStatus
 from rawpage.stats import EngineStats, StepStats
+from rawpage.structured_output import GrammarCompiler, MaskPrefetcher
 
 logger = logging.getLogger("rawpage")
 
@@ -89,7 +90,9 @@ class LLMEngine:
         graphs = self.backend.supports_graphs and not args.enforce_eager
         self.runner = ModelRunner(self.model, self.backend, args.block_size, num_blocks, num_cpu_blocks,
                                   graph_batch_sizes(args.max_num_seqs) if graphs else None, self.max_model_len)  # fmt: skip
-        self.sampler = Sampler(c.vocab_size, c.eos_token_ids)
+        self.grammars = GrammarCompiler(self.tokenizer.hf, c.vocab_size, c.eos_token_ids)
+        self.masks = MaskPrefetcher(self.grammars.words)
+        self.sampler = Sampler(c.vocab_size, c.eos_token_ids, self.masks)
         self.output = OutputProcessor(self.tokenizer, c.eos_token_ids, c.vocab_size, self.max_model_len,
                                       self.scheduler.finish)  # fmt: skip
         self.requests: dict[str, Request] = {}
@@ -166,6 +169,8 @@ class LLMEngine:
         req = Request(request_id, text, ids, params, arrival_time or time.monotonic(), priority)
         seed = params.seed if params.seed is not None else int(self._rng.integers(2**63))
         req.seqs.append(Sequence(next(self._seq_ids), req, ids, 0, seed))
+        if params.structured_outputs is not None:
+            req.seqs[0].grammar = self.grammars.new_state(params.structured_outputs, self._encode_plain)
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
         if params.use_beam_search:
@@ -208,8 +213,13 @@ class LLMEngine:
                 f"more than --max-model-len {limit}; shorten the prompt or lower max_tokens",
                 "prompt",
             )
+        if params.structured_outputs is not None:
+            self.grammars.compile(params.structured_outputs)  # a bad schema is a 400 now, not a failure later
         # Startup guaranteed that one --max-model-len sequence fits in the pool, so any
         # request that passes these checks can run to completion, if need be alone.
+
+    def _encode_plain(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def abort_request(self, request_id: str | list[str]) -> None:
         """Stop requests now; their blocks are freed at once and a final output follows."""
@@ -257,7 +267,13 @@ class LLMEngine:
         num_prompt_tokens = 0
         self.runner.copy_blocks(sched.block_copies)
         rows = [self._logits_rows(seq, n) for seq, n in sched.scheduled]
-        logits = self.runner.execute(sched.scheduled, rows)
+        # Grammar masks of the constrained sequences about to sample, computed meanwhile.
+        self.masks.start([s for (s, n), r in zip(sched.scheduled, rows)
+                          if s.grammar is not None and len(r) and s.num_computed_tokens + n == s.num_tokens])  # fmt: skip
+        try:
+            logits = self.runner.execute(sched.scheduled, rows)
+        finally:
+            self.masks.wait()
         to_sample: list[Sequence] = []
         sample_rows: list[int] = []
         beam_rows: list[tuple[Sequence, int]] = []

@@ -54,6 +54,7 @@ class Sequence:
         self.finish_reason: str | None = None  # "stop" | "length" | "abort"
         self.stop_reason: int | str | None = None  # the stop token id or stop string
         self.detokenizer: IncrementalDetokenizer | None = None
+        self.grammar: Any = None  # GrammarState of a structured-output request; advanced by append_token
         self.text = ""  # generated text so far, stop strings removed
         self.num_emitted_tokens = 0  # tokens already reported in outputs
         self.num_emitted_chars = 0
@@ -87,6 +88,8 @@ class Sequence:
     def append_token(self, token_id: int, logprob: float) -> None:
         self.token_ids.append(token_id)
         self.cumulative_logprob += logprob
+        if self.grammar is not None:
+            self.grammar.accept(token_id)
 
     def fork(self, seq_id: int, index: int, seed: int) -> Sequence:
         """A child with the same tokens and progress; the caller shares the blocks."""
@@ -95,6 +98,7 @@ class Sequence:
         child.status = self.status
         child.cumulative_logprob = self.cumulative_logprob
         child.logprobs = list(self.logprobs)
+        child.grammar = self.grammar.fork() if self.grammar is not None else None
         return child
 
     def __repr__(self) -> str:
