@@ -201,16 +201,21 @@ class MaskPrefetcher:
 
 
 def apply_masks(logits: np.ndarray, seqs: list, prefetcher: MaskPrefetcher | None) -> None:
-    """-inf every token a constrained sequence's grammar forbids. logits: (N, V) in place."""
-    V = logits.shape[1]
+    """-inf every token a constrained sequence's grammar forbids. logits: (N, V) in place.
+    All constrained rows at once: one unpack of (R, W) words into (R, V) bits."""
+    rows, masks = [], []
     for i, s in enumerate(seqs):
         if getattr(s, "grammar", None) is None:
             continue
-        row = prefetcher.mask(s) if prefetcher is not None else _mask_now(s)
-        if row is None:
-            continue
-        allowed = np.unpackbits(row.view(np.uint8), bitorder="little")[:V].astype(bool)
-        logits[i, ~allowed] = -np.inf
+        mask = prefetcher.mask(s) if prefetcher is not None else _mask_now(s)
+        if mask is not None:
+            rows.append(i)
+            masks.append(mask)
+    if not rows:
+        return
+    V = logits.shape[1]
+    allowed = np.unpackbits(np.stack(masks).view(np.uint8), axis=1, bitorder="little")[:, :V]  # (R, V)
+    logits[rows] = np.where(allowed.astype(bool), logits[rows], -np.inf)
 
 
 def _mask_now(seq) -> np.ndarray | None:
