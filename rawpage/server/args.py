@@ -28,6 +28,9 @@ class ServerConfig:
     request_timeout: float | None = None  # seconds; a request running longer is aborted
     max_unread_tokens: int = 8192  # a stream whose client reads nothing for this many tokens is aborted
     preprocess_threads: int = 2  # chat templates and tokenization run here, off the event loop
+    tool_call_parser: str | None = None  # hermes | llama3_json: reads calls out of tool_choice "auto" replies
+    enable_auto_tool_choice: bool = False  # allow tool_choice "auto" (the OpenAI default when tools are given)
+    reasoning_parser: str | None = None  # qwen3 | deepseek_r1: <think>…</think> -> reasoning_content
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerConfig:
@@ -77,4 +80,11 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                    help="seconds a request may run before it is aborted with finish_reason 'abort' (default: none)")  # fmt: skip
     g.add_argument("--max-unread-tokens", type=int, default=d.max_unread_tokens,
                    help="abort a stream whose client has left this many tokens unread")  # fmt: skip
+    g.add_argument("--tool-call-parser", choices=["hermes", "llama3_json"],
+                   help="how tool calls are read from a reply under tool_choice 'auto': hermes = "
+                        "<tool_call>{...}</tool_call> (Qwen2.5/3, ChatML models); llama3_json = Llama 3.x JSON")  # fmt: skip
+    g.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="accept tool_choice 'auto' and parse calls with --tool-call-parser (without it, 'auto' is a 400)")  # fmt: skip
+    g.add_argument("--reasoning-parser", choices=["qwen3", "deepseek_r1"],
+                   help="split <think>...</think> into message.reasoning_content; grammars start after it")  # fmt: skip
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
