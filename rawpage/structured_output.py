@@ -214,8 +214,13 @@ def apply_masks(logits: np.ndarray, seqs: list, prefetcher: MaskPrefetcher | Non
     if not rows:
         return
     V = logits.shape[1]
-    allowed = np.unpackbits(np.stack(masks).view(np.uint8), axis=1, bitorder="little")[:, :V]  # (R, V)
-    logits[rows] = np.where(allowed.astype(bool), logits[rows], -np.inf)
+    allowed = np.unpackbits(np.stack(masks).view(np.uint8), axis=1, bitorder="little")[:, :V].astype(bool)  # (R, V)
+    masked = np.where(allowed, logits[rows], -np.inf)
+    # A ban from earlier (min_tokens on EOS when the grammar allows only EOS) could leave
+    # nothing: the grammar wins, uniformly, rather than sampling from an all -inf row.
+    dead = ~np.isfinite(masked).any(axis=1)
+    masked[dead] = np.where(allowed[dead], 0.0, -np.inf)
+    logits[rows] = masked
 
 
 def _mask_now(seq) -> np.ndarray | None:

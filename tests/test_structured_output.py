@@ -145,3 +145,14 @@ def test_bad_constraints_are_refused_before_running(llm, so, field):
     with pytest.raises(InvalidRequestError) as e:
         llm.generate(PROMPTS[0], SamplingParams(structured_outputs=so), use_tqdm=False)
     assert e.value.param == field
+
+
+def test_min_tokens_against_a_finished_grammar_ends_cleanly(llm):
+    """choice "a" is done after one token; min_tokens bans the EOS that the grammar then
+    demands. The grammar wins instead of the sampler drawing from an all -inf row."""
+    p = SamplingParams(temperature=1.0, max_tokens=6, min_tokens=3, structured_outputs={"choice": ["a"]})
+    (out,) = llm.generate(PROMPTS[0], p, use_tqdm=False)
+    eos = llm.engine.model_config.eos_token_ids
+    first, *rest = out.outputs[0].token_ids
+    assert llm.get_tokenizer().decode([first]) == "a" and rest and all(t in eos for t in rest), out.outputs[0]
+    assert_no_leaks(llm.engine)
