@@ -214,13 +214,17 @@ def apply_masks(logits: np.ndarray, seqs: list, prefetcher: MaskPrefetcher | Non
     if not rows:
         return
     V = logits.shape[1]
-    allowed = np.unpackbits(np.stack(masks).view(np.uint8), axis=1, bitorder="little")[:, :V].astype(bool)  # (R, V)
-    masked = np.where(allowed, logits[rows], -np.inf)
+    allowed = np.unpackbits(np.stack(masks).view(np.uint8), axis=1, bitorder="little")[:, :V].view(bool)  # (R, V)
+    whole = len(rows) == len(logits)  # every row constrained: edit in place, no gather/scatter copies
+    target = logits if whole else logits[rows]
+    target[~allowed] = -np.inf
     # A ban from earlier (min_tokens on EOS when the grammar allows only EOS) could leave
     # nothing: the grammar wins, uniformly, rather than sampling from an all -inf row.
-    dead = ~np.isfinite(masked).any(axis=1)
-    masked[dead] = np.where(allowed[dead], 0.0, -np.inf)
-    logits[rows] = masked
+    dead = np.isneginf(target.max(axis=1))
+    if dead.any():
+        target[dead] = np.where(allowed[dead], 0.0, -np.inf)
+    if not whole:
+        logits[rows] = target
 
 
 def _mask_now(seq) -> np.ndarray | None:
