@@ -156,3 +156,15 @@ def test_min_tokens_against_a_finished_grammar_ends_cleanly(llm):
     first, *rest = out.outputs[0].token_ids
     assert llm.get_tokenizer().decode([first]) == "a" and rest and all(t in eos for t in rest), out.outputs[0]
     assert_no_leaks(llm.engine)
+
+
+def test_grammar_state_survives_swapping(tiny_model_dir):
+    so = {"json": SCHEMA}
+    small = LLM(tiny_model_dir, num_gpu_blocks_override=12, max_num_batched_tokens=64, max_model_len=192,
+                enable_prefix_caching=False, preemption_mode="swap", swap_space=0.01)  # fmt: skip
+    squeezed = small.generate(PROMPTS, sampled(seed=6, max_tokens=150, structured_outputs=so), use_tqdm=False)
+    assert small.engine.scheduler.num_swap_outs > 0, "the pool was meant to force swapping"
+    alone = [small.generate(p, sampled(seed=6, max_tokens=150, structured_outputs=so), use_tqdm=False)[0]
+             for p in PROMPTS]  # fmt: skip
+    assert texts(squeezed) == texts(alone)
+    assert_no_leaks(small.engine)
