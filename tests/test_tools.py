@@ -12,6 +12,7 @@ TOOLS = [
     "bench_throughput.py",
     "bench_sharing.py",
     "bench_serving.py",
+    "bench_structured.py",
     "compare.py",
     "make_golden.py",
     "profile_step.py",
@@ -36,3 +37,11 @@ def test_bench_throughput_on_a_tiny_model(tiny_model_dir, tmp_path, static):
     r = json.loads(result.read_text())
     assert r["mode"] == ("static" if static else "continuous") and r["num_requests"] == 6
     assert r["output_tokens"] > 0 and r["output_tok_per_s"] > 0
+
+
+def test_bench_structured_on_a_tiny_model(tiny_model_dir):
+    cmd = [sys.executable, "-m", "tools.bench_structured", "--model", tiny_model_dir, "--batch", "2", "--tokens", "4",
+           "--repeats", "1"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "ms per token" in out.stdout and "| 2 |" in out.stdout

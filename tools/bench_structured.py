@@ -1,6 +1,6 @@
 """What a JSON schema costs: offline throughput with and without structured outputs.
 
-    python -m tools.bench_structured [--batch 1 32] [--tokens 64] [--repeats 3]
+    python tools/bench_structured.py [--batch 1 32] [--tokens 64] [--repeats 3] [--model PATH]
 
 Same prompts, same number of generated tokens (ignore_eos, and a schema that cannot
 finish within --tokens: an array of at least 1000 objects), so the only difference is
@@ -19,9 +19,6 @@ import time
 
 import numpy as np
 
-from rawpage import LLM, SamplingParams
-from rawpage.structured_output import StructuredOutputsParams, apply_masks
-
 SCHEMA = {
     "type": "array",
     "minItems": 1000,
@@ -39,8 +36,10 @@ SCHEMA = {
 }
 
 
-def run(llm: LLM, batch: int, tokens: int, schema: bool) -> float:
+def run(llm, batch: int, tokens: int, schema: bool) -> float:
     """Output tokens per second for `batch` chat prompts of `tokens` tokens each."""
+    from rawpage import SamplingParams, StructuredOutputsParams
+
     prompts = [[{"role": "user", "content": f"List {i + 3} people as JSON."}] for i in range(batch)]
     params = SamplingParams(temperature=1.0, seed=0, max_tokens=tokens, ignore_eos=True,
                             structured_outputs=StructuredOutputsParams(json=SCHEMA) if schema else None)  # fmt: skip
@@ -50,8 +49,11 @@ def run(llm: LLM, batch: int, tokens: int, schema: bool) -> float:
     return sum(len(o.outputs[0].token_ids) for o in outs) / dt
 
 
-def mask_cost(llm: LLM, tokens: int) -> float:
+def mask_cost(llm, tokens: int) -> float:
     """Milliseconds per token of mask compute + apply, along one constrained output."""
+    from rawpage import SamplingParams, StructuredOutputsParams
+    from rawpage.structured_output import apply_masks
+
     eng = llm.engine
     (out,) = llm.chat([{"role": "user", "content": "People as JSON."}],
                       SamplingParams(temperature=1.0, seed=1, max_tokens=tokens, ignore_eos=True,
@@ -73,8 +75,11 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--model", help="default: the embedded SmolLM2-135M-Instruct")
     a = ap.parse_args()
-    llm = LLM(log_stats_interval=0)
+    from rawpage import LLM  # here, so that --help works without the package's dependencies
+
+    llm = LLM(a.model, log_stats_interval=0)
     run(llm, 2, 8, True)  # warm-up: the llguidance tokenizer, first compilations
     print(f"mask compute + apply: {mask_cost(llm, a.tokens):.3f} ms per token (batch 1, one row)")
     print("| batch | plain tok/s | JSON schema tok/s | change |")
