@@ -87,6 +87,7 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
     stream_options.reject_unread()
     priority = state.priority(body)
     body.reject_unread(NO_EFFECT_FIELDS)
+    await state.compile_grammar(params)
     state.validate_prompt(ids, params, "messages")
     rid = state.request_id(request, "chatcmpl")
     state.engine.check_capacity(1)

@@ -61,6 +61,7 @@ async def create_completion(request: Request, state: ServerState) -> Response:
     priority = state.priority(body)
     stream_options.reject_unread()
     body.reject_unread(NO_EFFECT_FIELDS)
+    await state.compile_grammar(params)
     for _, ids in prompts:
         state.validate_prompt(ids, params, "prompt")
     rid = state.request_id(request, "cmpl")
