@@ -18,10 +18,10 @@ from rawpage.config import ModelConfig
 from rawpage.dtypes import from_float32, to_float32
 from rawpage.errors import UnsupportedModelError
 from rawpage.forward_batch import ForwardBatch
-from rawpage.models.weight_source import WeightSource
 from rawpage.models.llama import _CheckpointWeights, _progress
 from rawpage.models.moe import MoEWeights, moe_forward
 from rawpage.models.rotary import rope_table
+from rawpage.models.weight_source import WeightSource
 
 Part = tuple[str, tuple[int, ...]]  # (Hugging Face tensor name, shape)
 

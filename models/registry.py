@@ -10,7 +10,6 @@ import numpy as np
 from rawpage.backends.base import Backend
 from rawpage.config import ModelConfig
 from rawpage.errors import UnsupportedModelError
-from rawpage.models.weight_source import WeightSource
 from rawpage.models.gemma import Gemma2Model, Gemma3Model
 from rawpage.models.llama import LlamaModel
 from rawpage.models.mistral import MistralModel
@@ -18,6 +17,7 @@ from rawpage.models.mixtral import MixtralModel
 from rawpage.models.phi3 import Phi3Model
 from rawpage.models.qwen3 import Qwen3Model
 from rawpage.models.qwen3_moe import Qwen3MoeModel
+from rawpage.models.weight_source import WeightSource
 
 MODEL_CLASSES: dict[str, type] = {
     "llama": LlamaModel,

@@ -5,11 +5,13 @@ from rawpage.engine_args import EngineArgs
 from rawpage.llm import LLM
 from rawpage.outputs import CompletionOutput, RequestOutput
 from rawpage.sampling_params import SamplingParams
+from rawpage.structured_output import StructuredOutputsParams
 
 __version__ = "0.1.0"
 __all__ = [
     "LLM",
     "SamplingParams",
+    "StructuredOutputsParams",
     "EngineArgs",
     "RequestOutput",
     "CompletionOutput",

@@ -40,6 +40,7 @@ from rawpage.sampling_params import SamplingParams
 from rawpage.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from rawpage.sequence import Request, Sequence
 from rawpage.stats import EngineStats
+from rawpage.structured_output import GrammarCompiler, MaskPrefetcher
 
 logger = logging.getLogger("rawpage")
 
@@ -80,7 +81,9 @@ class LLMEngine:
         self.runner = ModelRunner(
             self.model, self.backend, args.block_size, num_blocks, num_cpu_blocks, sizes, self.max_model_len
         )
-        self.sampler = Sampler(c.vocab_size, c.eos_token_ids)
+        self.grammars = GrammarCompiler(self.tokenizer.hf, c.vocab_size, c.eos_token_ids)
+        self.masks = MaskPrefetcher(self.grammars.words)
+        self.sampler = Sampler(c.vocab_size, c.eos_token_ids, self.masks)
         self._seq_ids = itertools.count()
         self.forker = Forker(self.scheduler, self._seq_ids)
         self.beam_search = BeamSearch(
@@ -147,6 +150,8 @@ class LLMEngine:
         req = Request(request_id, text, ids, params, arrival_time or time.time(), priority, cache_salt=cache_salt)
         seed = params.seed if params.seed is not None else int(self._rng.integers(2**63))
         req.seqs.append(Sequence(next(self._seq_ids), req, ids, 0, seed))
+        if params.structured_outputs is not None:
+            req.seqs[0].grammar = self.grammars.new_state(params.structured_outputs, self._encode_plain)
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
         if params.use_beam_search:
@@ -158,6 +163,11 @@ class LLMEngine:
     def validate_prompt(self, ids: list[int], params: SamplingParams) -> None:
         """Raise InvalidRequestError, naming the field, if the request could not run to the end."""
         check_request(ids, params, self.max_model_len, self.model_config.vocab_size, self.args)
+        if params.structured_outputs is not None:
+            self.grammars.compile(params.structured_outputs)  # a bad schema is a 400 now, not a failure later
+
+    def _encode_plain(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def abort_request(self, request_id: str | list[str]) -> None:
         """Stop requests now; their blocks are freed at once and a final output follows."""
@@ -212,7 +222,18 @@ class LLMEngine:
         (they sample next); and how many prompt (or recomputed) tokens were computed."""
         self.runner.copy_blocks(sched.block_copies)
         rows = [self._logits_rows(seq, n) for seq, n in sched.scheduled]
-        logits = self.runner.execute(sched.scheduled, rows)
+        # Grammar masks of the constrained sequences about to sample, computed meanwhile.
+        self.masks.start(
+            [
+                s
+                for (s, n), r in zip(sched.scheduled, rows)
+                if s.grammar is not None and len(r) and s.num_computed_tokens + n == s.num_tokens
+            ]
+        )
+        try:
+            logits = self.runner.execute(sched.scheduled, rows)
+        finally:
+            self.masks.wait()
         ready: list[tuple[Sequence, int]] = []
         num_prompt_tokens = offset = 0
         for (seq, n), r in zip(sched.scheduled, rows):

@@ -2,6 +2,7 @@
 
 Order of operations, as in vLLM:
     logit_bias, min_tokens (suppress EOS/stop tokens), penalties      [all rows]
+    grammar masks (structured outputs: forbidden tokens to -inf)      [constrained rows]
     greedy rows: argmax
     sampled rows: / temperature -> top_k -> softmax -> min_p -> top_p -> draw
 Each sequence draws exactly one uniform number per token from its own seeded
@@ -17,6 +18,7 @@ import numpy as np
 
 from rawpage.device_logits import DeviceLogits
 from rawpage.sequence import Sequence
+from rawpage.structured_output import MaskPrefetcher, apply_masks
 
 # Top-p first looks for the nucleus among this many most likely tokens; a full
 # sort of a 49k vocabulary costs ~3 ms a row, a partition ~0.5 ms.
@@ -38,9 +40,10 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 class Sampler:
-    def __init__(self, vocab_size: int, eos_token_ids: list[int]) -> None:
+    def __init__(self, vocab_size: int, eos_token_ids: list[int], masks: MaskPrefetcher | None = None) -> None:
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
+        self.masks = masks  # grammar bitmasks of structured-output sequences, computed during the forward pass
 
     def __call__(self, logits: np.ndarray, seqs: list[Sequence]) -> SamplerOutput:
         """logits: (N, V) float32, one row per sequence in `seqs`."""
@@ -104,6 +107,7 @@ class Sampler:
             if p.presence_penalty or p.frequency_penalty:  # over output tokens
                 counts = np.bincount(s.output_token_ids, minlength=V)[:V]
                 logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+        apply_masks(logits, seqs, self.masks)  # last: no bias or penalty can revive a forbidden token
         return logits
 
     def sample(self, logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
@@ -142,6 +146,7 @@ def _plain_greedy(s: Sequence) -> bool:
         and not p.frequency_penalty
         and p.logprobs is None
         and not p.use_beam_search
+        and s.grammar is None
     )
 
 

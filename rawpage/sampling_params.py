@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
+
+from rawpage.structured_output import StructuredOutputsParams
 
 
 @dataclass
@@ -31,11 +34,15 @@ class SamplingParams:
     use_beam_search: bool = False
     length_penalty: float = 1.0
     early_stopping: bool | str = False
+    # a grammar the output must follow (JSON schema, regex, choice, Lark); a dict is accepted too
+    structured_outputs: StructuredOutputsParams | dict[str, Any] | None = None
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.stop_strings = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         if self.top_k == -1:
             self.top_k = 0
         if self.logit_bias:

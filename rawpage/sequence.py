@@ -54,6 +54,7 @@ class Sequence:
         self.logprobs: list[dict[int, Logprob]] = []  # one dict per generated token, if asked
         self.finish_reason: str | None = None  # "stop" | "length" | "abort"
         self.stop_reason: int | str | None = None  # the stop token id or stop string
+        self.grammar: Any = None  # GrammarState of a structured-output request; advanced by append_token
 
     # --- token bookkeeping ------------------------------------------------------
     @property
@@ -84,6 +85,8 @@ class Sequence:
     def append_token(self, token_id: int, logprob: float) -> None:
         self.token_ids.append(token_id)
         self.cumulative_logprob += logprob
+        if self.grammar is not None:
+            self.grammar.accept(token_id)
 
     def fork(self, seq_id: int, index: int, seed: int) -> Sequence:
         """A child with the same tokens and progress; the caller shares the blocks."""
@@ -92,6 +95,7 @@ class Sequence:
         child.status = self.status
         child.cumulative_logprob = self.cumulative_logprob
         child.logprobs = list(self.logprobs)
+        child.grammar = self.grammar.fork() if self.grammar is not None else None
         return child
 
     def __repr__(self) -> str:

@@ -16,6 +16,7 @@ TOOLS = [
     "bench_cpu_threads.py",
     "cpu_burner.py",
     "bench_serving.py",
+    "bench_structured.py",
     "compare.py",
     "make_golden.py",
     "profile_step.py",
@@ -100,3 +101,22 @@ def test_bench_cpu_threads_on_a_tiny_model(tiny_model_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     table = json.loads(out.read_text())["decode_tok_per_s"]
     assert set(table) == {"batch 1", "batch 3"} and all(v > 0 for row in table.values() for v in row.values())
+
+
+def test_bench_structured_on_a_tiny_model(tiny_model_dir):
+    cmd = [
+        sys.executable,
+        "-m",
+        "tools.bench_structured",
+        "--model",
+        tiny_model_dir,
+        "--batch",
+        "2",
+        "--tokens",
+        "4",
+        "--repeats",
+        "1",
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "ms per token" in out.stdout and "| 2 |" in out.stdout

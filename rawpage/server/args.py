@@ -64,6 +64,22 @@ class ServerConfig:
     disable_log_requests: bool = flag(False, "no log line per request")
     preprocess_threads: int = 2  # chat templates and tokenization run here, off the event loop
     web: bool = flag(True, "serve the built-in web page at / (chat playground and live KV-cache view)")
+    tool_call_parser: str | None = flag(
+        None,
+        "how tool calls are read from a reply under tool_choice 'auto': hermes = <tool_call>{...}</tool_call> "
+        "(Qwen2.5/3, ChatML models); llama3_json = Llama 3.x JSON",
+        choices=["hermes", "llama3_json"],
+        default_text="none",
+    )
+    enable_auto_tool_choice: bool = flag(
+        False, "accept tool_choice 'auto' and parse calls with --tool-call-parser (without it, 'auto' is a 400)"
+    )
+    reasoning_parser: str | None = flag(
+        None,
+        "split <think>...</think> into message.reasoning_content; grammars start after it",
+        choices=["qwen3", "deepseek_r1"],
+        default_text="none",
+    )
     log_level: str = flag("info", "log level", choices=["debug", "info", "warning", "error"])
 
     @classmethod

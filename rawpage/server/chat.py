@@ -12,14 +12,24 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from rawpage.outputs import CompletionOutput, RequestOutput
+from rawpage.server.chat_reply import ReplyParser, ReplyStream
+from rawpage.server.guided import structured_outputs_from
 from rawpage.server.protocol import APIError, Body, sampling_params, usage
+from rawpage.server.reasoning import PARSERS as REASONING_PARSERS
 from rawpage.server.state import ServerState
 from rawpage.server.streaming import final_outputs, guard_stream, merge, sse, unless_disconnected
+from rawpage.server.tools import ToolRequest, prepare_tool_messages, tool_request_from
+from rawpage.structured_output import StructuredOutputsParams
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
+# Fields both OpenAI and vLLM accept that change nothing here (README "Request fields").
+NO_EFFECT_FIELDS = frozenset({"user", "safety_identifier"})
+
+
 def parse_messages(body: Body) -> list[dict[str, Any]]:
+    body.mark_read("messages")
     msgs = body.data.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise APIError("'messages' must be a non-empty list", param="messages")
@@ -51,6 +61,7 @@ def parse_messages(body: Body) -> list[dict[str, Any]]:
                 param=f"messages[{i}].content",
             )
         out.append({**m, "content": content})
+    prepare_tool_messages(out)
     return out
 
 
@@ -64,59 +75,100 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
     if top is not None and not want_logprobs:
         raise APIError("'top_logprobs' requires 'logprobs': true", param="top_logprobs")
     max_tokens = body.int("max_completion_tokens", None, 1)
-    if max_tokens is None:
-        max_tokens = body.int("max_tokens", state.config.max_tokens_default, 1)
-    params = sampling_params(body, max_tokens, (top or 0) if want_logprobs else None, config=state.config)
-    ids = await state.render_chat(body, messages)
-    state.validate_prompt(ids, params, "messages")
+    legacy_max_tokens = body.int("max_tokens", state.config.max_tokens_default, 1)
+    max_tokens = legacy_max_tokens if max_tokens is None else max_tokens
+    tools = tool_request_from(body, state.config)
+    reply = ReplyParser(tools, REASONING_PARSERS.get(state.config.reasoning_parser or ""))
+    constraint = output_constraint(body, tools, reply)
+    params = sampling_params(
+        body, max_tokens, (top or 0) if want_logprobs else None, config=state.config, structured_outputs=constraint
+    )
     stream = body.bool("stream", False)
-    include_usage = Body(body.dict("stream_options")).bool("include_usage", False)
+    stream_options = body.obj("stream_options")
+    include_usage = stream_options.bool("include_usage", False)
+    ids = await state.render_chat(body, messages, tools=tools.template_tools() if tools else None)
+    stream_options.reject_unread()
+    priority, salt = state.priority(body), state.cache_salt(body)
+    body.reject_unread(NO_EFFECT_FIELDS)
+    await state.compile_grammar(params)
+    state.validate_prompt(ids, params, "messages")
     rid = state.request_id(request, "chatcmpl")
-    prompt, priority = {"prompt_token_ids": ids, "cache_salt": state.cache_salt(body)}, state.priority(body)
+    prompt = {"prompt_token_ids": ids, "cache_salt": salt}
     state.engine.check_capacity(1)
     gen = state.engine.generate(f"{rid}#{uuid.uuid4().hex[:8]}", prompt, params, priority)
     fmt = _ChatFormatter(state, rid, top or 0)
     if stream:
         return StreamingResponse(
-            guard_stream(_stream(fmt, gen, include_usage)),
+            guard_stream(_stream(fmt, gen, include_usage, reply)),
             media_type="text/event-stream",
             headers={"X-Request-Id": rid},
         )
     (final,) = await unless_disconnected(request, final_outputs([gen]))
-    choices = [
-        {
-            "index": o.index,
-            "message": {"role": "assistant", "content": o.text},
-            "logprobs": fmt.logprobs(o.token_ids, o.logprobs) if o.logprobs is not None else None,
-            "finish_reason": o.finish_reason,
-            "stop_reason": o.stop_reason,
-        }
-        for o in final.outputs
-    ]
+    choices = []
+    for o in final.outputs:
+        message, finish = reply.message(o.text, o.finish_reason)
+        choices.append(
+            {
+                "index": o.index,
+                "message": message,
+                "logprobs": fmt.logprobs(o.token_ids, o.logprobs) if o.logprobs is not None else None,
+                "finish_reason": finish,
+                "stop_reason": o.stop_reason,
+            }
+        )
     return JSONResponse(fmt.envelope(choices, fmt.usage(final), "chat.completion"), headers={"X-Request-Id": rid})
 
 
-async def _stream(fmt: _ChatFormatter, gen: AsyncIterator[RequestOutput], include_usage: bool):
+def output_constraint(body: Body, tools: ToolRequest | None, reply: ReplyParser) -> StructuredOutputsParams | None:
+    """The request's grammar: response_format / guided_* / structured_outputs, or the one a
+    required or named tool_choice brings; with a reasoning parser it starts after </think>."""
+    constraint = structured_outputs_from(body)
+    forced = tools.constraint() if tools else None
+    if constraint is not None and forced is not None:
+        raise APIError(
+            f'tool_choice "{tools.choice}" already constrains the reply; drop response_format or the guided_* fields',
+            param="tool_choice",
+        )
+    constraint = constraint or forced
+    if constraint is not None and reply.reasoning is not None:
+        constraint.after = reply.reasoning.end_tag
+    return constraint
+
+
+async def _stream(fmt: _ChatFormatter, gen: AsyncIterator[RequestOutput], include_usage: bool, reply: ReplyParser):
     final = None
-    started: set[int] = set()
+    streams: dict[int, ReplyStream] = {}
     finished: set[int] = set()
     async with aclosing(merge([gen])) as merged:
         async for _, out in merged:
             for o in out.outputs:
                 if o.index in finished:
                     continue
-                if o.index not in started:  # the role comes first, on its own, as OpenAI does
-                    started.add(o.index)
+                if o.index not in streams:  # the role comes first, on its own, as OpenAI does
+                    streams[o.index] = reply.stream()
                     yield sse(fmt.chunk(o.index, {"role": "assistant", "content": ""}, None, None))
-                if o.delta_text or o.delta_token_ids or o.finish_reason:
-                    lp = fmt.logprobs(o.delta_token_ids, o.delta_logprobs) if o.delta_logprobs is not None else None
-                    yield sse(fmt.chunk(o.index, {"content": o.delta_text}, lp, o))
+                delta = streams[o.index].feed(o.delta_text)
+                finish = None
+                if o.finish_reason:
+                    last, finish = streams[o.index].finish(o.finish_reason)
+                    delta = _join(delta, last)
+                lp = fmt.logprobs(o.delta_token_ids, o.delta_logprobs) if o.delta_logprobs else None
+                if delta or lp or o.finish_reason:  # text held back (a tag, a call) sends nothing yet
+                    yield sse(fmt.chunk(o.index, delta or {"content": ""}, lp, o, finish))
                 if o.finish_reason:
                     finished.add(o.index)
             final = out
     if include_usage and final is not None:
         yield sse(fmt.envelope([], fmt.usage(final), "chat.completion.chunk"))
     yield sse("[DONE]")
+
+
+def _join(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two deltas as one: text fields concatenate."""
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out[k] + v if k in out and isinstance(v, str) else v
+    return out
 
 
 class _ChatFormatter:
@@ -136,8 +188,9 @@ class _ChatFormatter:
             out["usage"] = usage_
         return out
 
-    def chunk(self, index: int, delta: dict, logprobs: dict | None, o: CompletionOutput | None) -> dict[str, Any]:
-        finish = o.finish_reason if o is not None else None
+    def chunk(
+        self, index: int, delta: dict, logprobs: dict | None, o: CompletionOutput | None, finish: str | None = None
+    ) -> dict[str, Any]:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         if finish:
             choice["stop_reason"] = o.stop_reason

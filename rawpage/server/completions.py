@@ -12,6 +12,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from rawpage.outputs import CompletionOutput, RequestOutput
+from rawpage.server.chat import NO_EFFECT_FIELDS
+from rawpage.server.guided import structured_outputs_from
 from rawpage.server.protocol import APIError, Body, sampling_params, usage
 from rawpage.server.state import ServerState
 from rawpage.server.streaming import final_outputs, guard_stream, merge, sse, unless_disconnected
@@ -20,6 +22,7 @@ from rawpage.server.streaming import final_outputs, guard_stream, merge, sse, un
 async def _prompts(body: Body, state: ServerState) -> list[tuple[str | None, list[int]]]:
     """'prompt' may be a string, a list of strings, a list of token ids, or a list of lists;
     at most --max-prompts-per-request of them. Tokenization runs off the event loop."""
+    body.mark_read("prompt")
     p = body.data.get("prompt")
     limit = state.config.max_prompts_per_request
     if isinstance(p, list) and p and not all(isinstance(x, int) for x in p) and len(p) > limit:
@@ -43,6 +46,7 @@ async def create_completion(request: Request, state: ServerState) -> Response:
     state.check_model(body)
     max_logprobs = state.llm.args.max_logprobs
     prompts = await _prompts(body, state)
+    body.mark_read("suffix")
     if body.data.get("suffix"):
         raise APIError("'suffix' is not supported", param="suffix")
     echo = body.bool("echo", False)
@@ -54,16 +58,21 @@ async def create_completion(request: Request, state: ServerState) -> Response:
         logprobs,
         prompt_logprobs=logprobs if echo and logprobs is not None else None,
         config=state.config,
+        structured_outputs=structured_outputs_from(body),
     )
     if body.int("best_of", None, 1) not in (None, params.n):
         raise APIError("'best_of' other than n is not supported", param="best_of")
     stream = body.bool("stream", False)
-    include_usage = Body(body.dict("stream_options")).bool("include_usage", False)
+    stream_options = body.obj("stream_options")
+    include_usage = stream_options.bool("include_usage", False)
+    priority, salt = state.priority(body), state.cache_salt(body)
+    stream_options.reject_unread()
+    body.reject_unread(NO_EFFECT_FIELDS)
+    await state.compile_grammar(params)
     for _, ids in prompts:
         state.validate_prompt(ids, params, "prompt")
     rid = state.request_id(request, "cmpl")
     tag = uuid.uuid4().hex[:8]
-    priority, salt = state.priority(body), state.cache_salt(body)
     state.engine.check_capacity(len(prompts))
     streams = [
         state.engine.generate(f"{rid}#{i}#{tag}", {"prompt_token_ids": ids, "cache_salt": salt}, params, priority)

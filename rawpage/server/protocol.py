@@ -11,6 +11,7 @@ from typing import Any
 
 from rawpage.sampling_params import SamplingParams
 from rawpage.server.args import ServerConfig
+from rawpage.structured_output import StructuredOutputsParams
 
 
 class APIError(Exception):
@@ -86,14 +87,30 @@ def _check_text(s: str) -> None:
 
 
 class Body:
-    """Typed access to a JSON object; every getter raises APIError(400, param=name)."""
+    """Typed access to a JSON object; every getter raises APIError(400, param=name).
 
-    def __init__(self, data: Any) -> None:
+    It remembers which fields a handler read, so that `reject_unread` can refuse the
+    rest: a field we do not implement is a 400 that names it, never silently ignored."""
+
+    def __init__(self, data: Any, path: str = "") -> None:
         if not isinstance(data, dict):
-            raise APIError("the request body must be a JSON object")
+            raise APIError(f"'{path.rstrip('.') or 'the request body'}' must be a JSON object", param=path or None)
         self.data = data
+        self.path = path  # "stream_options." for a nested object: names in errors are full paths
+        self.read: set[str] = set()
+
+    def mark_read(self, *names: str) -> None:
+        """Fields a handler uses without a typed getter (messages, prompt, ...)."""
+        self.read.update(names)
+
+    def reject_unread(self, no_effect: frozenset[str] = frozenset()) -> None:
+        """400 for the first field nobody read, unless it is one of the documented `no_effect` ones."""
+        for name in self.data:
+            if name not in self.read and name not in no_effect:
+                raise APIError(f"'{self.path}{name}' is not supported by this server", param=self.path + name)
 
     def _get(self, name: str, default: Any) -> Any:
+        self.read.add(name)
         v = self.data.get(name, _MISSING)
         return default if v is _MISSING or v is None else v
 
@@ -137,6 +154,14 @@ class Body:
             raise APIError(f"'{name}' must be a list of integers", param=name)
         return v
 
+    def value(self, name: str) -> Any:
+        """Any JSON value, or None; the caller checks its shape."""
+        return self._get(name, None)
+
+    def obj(self, name: str) -> Body:
+        """A nested object as a Body of its own (absent: an empty one)."""
+        return Body(self.dict(name), f"{self.path}{name}.")
+
     def dict(self, name: str) -> dict:
         v = self._get(name, {})
         if not isinstance(v, dict):
@@ -164,6 +189,7 @@ def sampling_params(
     logprobs: int | None,
     prompt_logprobs: int | None = None,
     config: ServerConfig | None = None,
+    structured_outputs: StructuredOutputsParams | None = None,
 ) -> SamplingParams:
     """The sampling fields shared by both endpoints, including vLLM's extras."""
     config = config or ServerConfig()
@@ -199,6 +225,7 @@ def sampling_params(
         use_beam_search=beam,
         length_penalty=body.float("length_penalty", 1.0),
         early_stopping=body.bool("early_stopping", False),
+        structured_outputs=structured_outputs,
     )
     if beam and "temperature" not in body.data:
         kwargs["temperature"] = 0.0

@@ -15,13 +15,14 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
-from rawpage.chat_template import ChatTemplateError
+from rawpage.chat_template import ChatTemplate, ChatTemplateError
 from rawpage.engine import LLMEngine
 from rawpage.sampling_params import SamplingParams
 from rawpage.server.args import ServerConfig
 from rawpage.server.async_engine import AsyncEngine
 from rawpage.server.metrics import ServerMetrics
 from rawpage.server.protocol import APIError, Body, check_json
+from rawpage.server.tools import template_for_tools
 
 T = TypeVar("T")
 
@@ -105,9 +106,15 @@ class ServerState:
         tok = self.llm.tokenizer
         return await self.off_loop(lambda: [tok.encode(t, add_special_tokens=add_special_tokens) for t in texts])
 
-    async def render_chat(self, body: Body, messages: list[dict[str, Any]], param: str = "messages") -> list[int]:
-        """Messages -> chat template -> token ids. A request's own `chat_template` needs
-        --trust-request-chat-template, and is always template text, never a path."""
+    async def render_chat(
+        self,
+        body: Body,
+        messages: list[dict[str, Any]],
+        param: str = "messages",
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
+        """Messages (and tools) -> chat template -> token ids. A request's own `chat_template`
+        needs --trust-request-chat-template, and is always template text, never a path."""
         llm = self.llm
         template = body.str("chat_template")
         if template is not None and not self.config.trust_request_chat_template:
@@ -121,8 +128,12 @@ class ServerState:
         add_special = body.bool("add_special_tokens", False)
 
         def work() -> list[int]:
+            chosen = ChatTemplate(template) if template is not None else llm.chat_template
+            extra = {}
+            if tools:  # a template that ignores the tools would drop them silently
+                chosen, extra = template_for_tools(chosen or llm.tokenizer.chat_template), {"tools": tools}
             text = llm.tokenizer.apply_chat_template(
-                messages, add_generation_prompt, chat_template=template or llm.chat_template, **kwargs
+                messages, add_generation_prompt, chat_template=chosen, **kwargs, **extra
             )
             return llm.tokenizer.encode(text, add_special_tokens=add_special)
 
@@ -145,6 +156,16 @@ class ServerState:
         if priority and self.llm.args.scheduling_policy != "priority":
             raise APIError("'priority' needs a server started with --scheduling-policy priority", param="priority")
         return priority
+
+    async def compile_grammar(self, params: SamplingParams) -> None:
+        """Check a structured-output grammar off the event loop: the first one also builds
+        llguidance's tokenizer (about 0.4 s). validate_prompt then finds it cached."""
+        if params.structured_outputs is None:
+            return
+        try:
+            await self.off_loop(self.llm.grammars.compile, params.structured_outputs)
+        except ValueError as e:
+            raise APIError(str(e), param=getattr(e, "param", None)) from None
 
     def validate_prompt(self, ids: list[int], params: SamplingParams, param: str) -> None:
         try:

@@ -1,0 +1,78 @@
+"""One chat choice's generated text -> the assistant message: reasoning_content, content
+and tool_calls, whole (`message`) or as stream deltas (`ReplyStream`).
+
+The stream holds back only text that may still turn out to be a tag or a call, and
+at the end parses the held text exactly as `message` parses the whole, so both give
+the same content and calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rawpage.server.reasoning import ReasoningParser
+from rawpage.server.tools import ToolRequest
+
+
+class ReplyParser:
+    def __init__(self, tools: ToolRequest | None, reasoning: ReasoningParser | None) -> None:
+        self.tools, self.reasoning = tools, reasoning
+
+    def message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+        reasoning, content = self.reasoning.split(text) if self.reasoning else (None, text)
+        content, calls = self.tools.extract(content) if self.tools else (content, [])
+        msg: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
+        if self.reasoning is not None:
+            msg["reasoning_content"] = reasoning
+        if calls:
+            msg["tool_calls"] = [c.to_openai() for c in calls]
+        return msg, _finish(finish_reason, bool(calls))
+
+    def stream(self) -> ReplyStream:
+        return ReplyStream(self)
+
+
+class ReplyStream:
+    def __init__(self, parser: ReplyParser) -> None:
+        self.parser = parser
+        self.split = parser.reasoning.streamer() if parser.reasoning else None
+        self.content = ""  # the content part of the text so far
+        self.sent = 0  # characters of it already sent
+
+    def feed(self, delta: str) -> dict[str, Any]:
+        """The delta to send for this much more text ({} when nothing is certain yet)."""
+        reasoning, content = self.split.feed(delta) if self.split else ("", delta)
+        self.content += content
+        tools = self.parser.tools
+        end = tools.hold_from(self.content) if tools else len(self.content)
+        return self._delta(reasoning, self._take(max(end, self.sent)))
+
+    def finish(self, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+        """The last delta (everything held, and the calls) and the finish reason."""
+        reasoning, content = self.split.feed("", final=True) if self.split else ("", "")
+        self.content += content
+        tools = self.parser.tools
+        text, calls = tools.extract(self.content) if tools else (self.content, [])
+        rest = text[self.sent :] if text.startswith(self.content[: self.sent]) else ""
+        delta = self._delta(reasoning, rest)
+        if calls:
+            delta["tool_calls"] = [c.to_openai(i) for i, c in enumerate(calls)]
+        return delta, _finish(finish_reason, bool(calls))
+
+    def _take(self, end: int) -> str:
+        out = self.content[self.sent : end]
+        self.sent = end
+        return out
+
+    @staticmethod
+    def _delta(reasoning: str, content: str) -> dict[str, Any]:
+        delta: dict[str, Any] = {}
+        if reasoning:
+            delta["reasoning_content"] = reasoning
+        if content:
+            delta["content"] = content
+        return delta
+
+
+def _finish(reason: str | None, has_calls: bool) -> str | None:
+    return "tool_calls" if has_calls and reason == "stop" else reason

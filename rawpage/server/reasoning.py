@@ -1,0 +1,90 @@
+"""Reasoning output: split a model's thinking from its answer (`--reasoning-parser`).
+
+Both supported styles wrap the thinking in <think>…</think>:
+  - `qwen3`: the model opens the block itself; text is reasoning only inside an
+    explicit <think>, so a reply with no <think> is all content.
+  - `deepseek_r1`: the chat template already opened the block, so everything before
+    </think> is reasoning (a leading <think> is dropped), and a reply that never
+    closes it is all reasoning.
+The split goes to `message.reasoning_content` and `message.content`; streamed, to
+`delta.reasoning_content` and `delta.content`. A grammar (structured outputs, tool
+calls) starts only once </think> has been generated (StructuredOutputsParams.after).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+START, END = "<think>", "</think>"
+
+
+@dataclass(frozen=True)
+class ReasoningParser:
+    name: str
+    implicit_start: bool  # deepseek_r1: the output begins inside the think block
+
+    end_tag = END
+
+    def split(self, text: str) -> tuple[str | None, str]:
+        """Whole output -> (reasoning or None, content)."""
+        body = text.lstrip()
+        opened = body.startswith(START)
+        if opened:
+            body = body[len(START) :]
+        if END in body:
+            if opened or self.implicit_start:
+                reasoning, _, content = body.partition(END)
+                return reasoning, content
+            return None, text
+        if opened or self.implicit_start:
+            return body, ""
+        return None, text
+
+    def streamer(self) -> ReasoningStreamer:
+        return ReasoningStreamer(self)
+
+
+class ReasoningStreamer:
+    """Splits a stream of text deltas the way `split` splits the whole, holding back only
+    text that may still turn out to be a tag."""
+
+    def __init__(self, parser: ReasoningParser) -> None:
+        self.parser = parser
+        self.text = ""
+        self.sent_reasoning = 0  # characters of the reasoning already sent
+        self.sent_content = 0
+
+    def feed(self, delta: str, final: bool = False) -> tuple[str, str]:
+        """Returns (reasoning delta, content delta) that are certain after this text."""
+        self.text += delta
+        reasoning, content = self.parser.split(self.text)
+        if not final:
+            reasoning, content = self._settled(reasoning, content)
+        r = (reasoning or "")[self.sent_reasoning :]
+        c = content[self.sent_content :]
+        self.sent_reasoning += len(r)
+        self.sent_content += len(c)
+        return r, c
+
+    def _settled(self, reasoning: str | None, content: str) -> tuple[str | None, str]:
+        """What `split` will say of this prefix whatever follows it."""
+        stripped = self.text.lstrip()
+        if len(stripped) < len(START) and START.startswith(stripped):
+            return "", ""  # may yet become <think>: nothing is certain
+        if reasoning is not None and not content and END not in self.text:
+            return _hold_tag_prefix(reasoning, END), ""  # the end tag may be arriving
+        return reasoning, content
+
+
+def _hold_tag_prefix(text: str, tag: str) -> str:
+    """text minus its longest suffix that begins `tag`."""
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:k]):
+            return text[:-k]
+    return text
+
+
+PARSERS = {
+    "qwen3": ReasoningParser("qwen3", implicit_start=False),
+    "deepseek_r1": ReasoningParser("deepseek_r1", implicit_start=True),
+}

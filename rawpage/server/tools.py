@@ -1,0 +1,212 @@
+"""Tool calling in OpenAI's chat shape: the request's `tools`, `tool_choice` and
+`parallel_tool_calls`, the grammar that enforces a required or named call, and the
+conversation's earlier calls and results on their way to the chat template.
+
+    tool_choice   how the reply is made                       how calls are read back
+    "none"        free text; tools are not shown the model    never
+    "auto"        free text (needs --enable-auto-tool-choice) --tool-call-parser
+    "required"    grammar: a JSON array of {"name", "arguments"}, one item per call
+    named         grammar: that function's arguments object
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from rawpage.chat_template import ChatTemplate
+from rawpage.server.args import ServerConfig
+from rawpage.server.protocol import APIError, Body
+from rawpage.server.tool_parsers import TOOL_PARSERS, ToolCall, call_from_json
+from rawpage.structured_output import StructuredOutputsParams
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+CHATML_TOOLS_TEMPLATE = os.path.join(os.path.dirname(__file__), "templates", "chatml_tools.jinja")
+
+
+@dataclass
+class ToolRequest:
+    tools: list[dict[str, Any]]  # as the client sent them: {"type": "function", "function": {...}}
+    choice: str  # none | auto | required | named
+    named: str | None  # the function's name when choice == "named"
+    parallel: bool
+    parser: Any = None  # the --tool-call-parser, for "auto"
+
+    @property
+    def functions(self) -> dict[str, dict[str, Any]]:
+        return {t["function"]["name"]: t["function"] for t in self.tools}
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        return self.tools if self.tools and self.choice != "none" else None
+
+    def constraint(self) -> StructuredOutputsParams | None:
+        """The grammar for "required" and named choices (None otherwise)."""
+        if self.choice == "named":
+            return StructuredOutputsParams(json=_parameters(self.functions[self.named]))
+        if self.choice != "required":
+            return None
+        calls = [
+            {
+                "type": "object",
+                "properties": {"name": {"const": name}, "arguments": _parameters(fn)},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for name, fn in self.functions.items()
+        ]
+        schema = {"type": "array", "items": {"anyOf": calls}, "minItems": 1}
+        if not self.parallel:
+            schema["maxItems"] = 1
+        return StructuredOutputsParams(json=schema)
+
+    def hold_from(self, text: str) -> int:
+        """Streaming: how much of this content is certainly not (part of) a call."""
+        if self.choice in ("named", "required"):
+            return 0
+        if self.choice == "auto":
+            return self.parser.content_end(text)
+        return len(text)
+
+    def extract(self, text: str) -> tuple[str, list[ToolCall]]:
+        """A reply's content -> (content without the calls, calls). Unparsable: (text, [])."""
+        if self.choice == "named":
+            call = _json_call(text, lambda obj: call_from_json({"name": self.named, "arguments": obj}))
+            return ("", [call]) if call else (text, [])
+        if self.choice == "required":
+            try:
+                items = json.loads(text)
+            except json.JSONDecodeError:
+                return text, []
+            calls = [call_from_json(x) for x in items] if isinstance(items, list) else [None]
+            return ("", calls) if calls and all(calls) else (text, [])
+        if self.choice == "auto":
+            content, calls = self.parser.parse(text)
+            return content, calls if self.parallel else calls[:1]
+        return text, []
+
+
+def _parameters(fn: dict[str, Any]) -> dict[str, Any]:
+    return fn.get("parameters") or {"type": "object", "properties": {}}
+
+
+def _json_call(text: str, make) -> ToolCall | None:
+    try:
+        return make(json.loads(text))
+    except json.JSONDecodeError:
+        return None
+
+
+def tool_request_from(body: Body, config: ServerConfig) -> ToolRequest | None:
+    """The request's tool fields, checked; None when it offers no tools."""
+    tools = body.value("tools")
+    choice = body.value("tool_choice")
+    parallel = body.bool("parallel_tool_calls", True)
+    if tools is None or tools == []:
+        if choice not in (None, "none"):
+            raise APIError("'tool_choice' needs 'tools'", param="tool_choice")
+        return None
+    if not isinstance(tools, list):
+        raise APIError("'tools' must be a list", param="tools")
+    names = [_check_tool(t, i) for i, t in enumerate(tools)]
+    if len(set(names)) != len(names):
+        raise APIError("'tools' has two functions with the same name", param="tools")
+    named = None
+    if choice is None:
+        choice = "auto"
+    elif isinstance(choice, dict):
+        fn = choice.get("function")
+        named = fn.get("name") if choice.get("type") == "function" and isinstance(fn, dict) else None
+        if named not in names:
+            raise APIError(
+                '\'tool_choice\' must name one of the tools: {"type": "function", "function": {"name": ...}}',
+                param="tool_choice",
+            )
+        choice = "named"
+    elif choice not in ("none", "auto", "required"):
+        raise APIError("'tool_choice' must be none, auto, required or a named function", param="tool_choice")
+    parser = None
+    if choice == "auto":
+        if not config.enable_auto_tool_choice or not config.tool_call_parser:
+            raise APIError(
+                'tool_choice "auto" (the default when tools are given) needs a server started with '
+                '--enable-auto-tool-choice and --tool-call-parser; or send tool_choice "required" '
+                "or a named function",
+                param="tool_choice",
+            )
+        parser = TOOL_PARSERS[config.tool_call_parser]()
+    return ToolRequest(tools, choice, named, parallel, parser)
+
+
+def _check_tool(tool: Any, i: int) -> str:
+    where = f"tools[{i}]"
+    fn = tool.get("function") if isinstance(tool, dict) else None
+    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict):
+        raise APIError(f'{where} must be {{"type": "function", "function": {{...}}}}', param=where)
+    unknown = set(tool) - {"type", "function"} or set(fn) - {"name", "description", "parameters", "strict"}
+    if unknown:
+        raise APIError(f"{where}: '{sorted(unknown)[0]}' is not supported", param=where)
+    if not isinstance(fn.get("name"), str) or not _NAME.fullmatch(fn["name"]):
+        raise APIError(f"{where}.function.name must be 1-64 letters, digits, '_', '.' or '-'", param=where)
+    if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+        raise APIError(f"{where}.function.parameters must be a JSON schema object", param=where)
+    return fn["name"]
+
+
+def prepare_tool_messages(messages: list[dict[str, Any]]) -> None:
+    """Check earlier calls and results, and hand templates the arguments as objects (as
+    vLLM does: Qwen's and Llama's templates `tojson` them). In place."""
+    for i, m in enumerate(messages):
+        calls = m.get("tool_calls")
+        if m["role"] == "tool" and not isinstance(m.get("tool_call_id"), str):
+            raise APIError(f"messages[{i}]: a tool message needs a string 'tool_call_id'", param=f"messages[{i}]")
+        if calls is None:
+            continue
+        if m["role"] != "assistant" or not isinstance(calls, list):
+            raise APIError(
+                f"messages[{i}].tool_calls must be a list on an assistant message", param=f"messages[{i}].tool_calls"
+            )
+        fixed = []
+        for c in calls:
+            fn = c.get("function") if isinstance(c, dict) else None
+            if (
+                not isinstance(fn, dict)
+                or not isinstance(fn.get("name"), str)
+                or not isinstance(fn.get("arguments"), str)
+            ):
+                raise APIError(
+                    f"messages[{i}].tool_calls: each needs function.name and function.arguments (a JSON string)",
+                    param=f"messages[{i}].tool_calls",
+                )
+            try:
+                args = json.loads(fn["arguments"])
+            except json.JSONDecodeError:
+                args = fn["arguments"]
+            fixed.append({**c, "function": {**fn, "arguments": args}})
+        m["tool_calls"] = fixed
+
+
+def template_for_tools(template: ChatTemplate | None) -> ChatTemplate:
+    """The model's template if it renders `tools`; for a ChatML model whose template ignores
+    them, the ChatML tools template we ship; otherwise a 400 (never drop the tools)."""
+    if template is not None and "tools" in template.source:
+        return template
+    if template is not None and "<|im_start|>" in template.source:
+        return _chatml_tools()
+    raise APIError(
+        "this model's chat template does not render 'tools'; start the server with a --chat-template "
+        f"that does (for ChatML models: {CHATML_TOOLS_TEMPLATE})",
+        param="tools",
+    )
+
+
+_CHATML_TOOLS: ChatTemplate | None = None
+
+
+def _chatml_tools() -> ChatTemplate:
+    global _CHATML_TOOLS
+    if _CHATML_TOOLS is None:
+        _CHATML_TOOLS = ChatTemplate.from_arg(CHATML_TOOLS_TEMPLATE)
+    return _CHATML_TOOLS

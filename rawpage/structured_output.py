@@ -1,0 +1,232 @@
+"""Structured outputs: grammars that decide which tokens a sequence may sample next.
+
+A request's constraint (a JSON schema, `json_object`, a regex, a choice of strings,
+or a Lark grammar) is compiled by llguidance into a matcher bound to our tokenizer.
+Each constrained sequence owns one matcher, advanced by every token it appends, so
+its state follows the sequence through forks (n > 1, beam search), preemption
+(recompute or swap: the matcher depends only on the tokens, never on the KV cache)
+and prefix caching.
+
+Per step, the allowed-token bitmask of every constrained sequence is computed on a
+worker thread while the forward pass runs (llguidance releases the GIL), and the
+sampler turns it into -inf logits before temperature, top-k and top-p. Sequences
+without a constraint never touch any of this.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rawpage.errors import InvalidRequestError
+
+# Our JSON: no free whitespace between tokens. A small model offered "any whitespace"
+# happily emits newlines until max_tokens; compact JSON is still valid JSON.
+_JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+@dataclass
+class StructuredOutputsParams:
+    """vLLM's names: exactly one of json, regex, choice, grammar, json_object.
+
+    `after`: the constraint starts only once this text has been generated (a reasoning
+    model's end-of-thinking tag); before it the sequence samples freely."""
+
+    json: dict[str, Any] | str | None = None  # a JSON schema (object or its JSON text)
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None  # Lark (llguidance's dialect), or GBNF-like EBNF via lark
+    json_object: bool = False  # any JSON object
+    after: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [n for n in ("json", "regex", "choice", "grammar") if getattr(self, n) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            raise InvalidRequestError(
+                f"structured_outputs needs exactly one of json, regex, choice, grammar, json_object; got "
+                f"{', '.join(given) or 'none'}",
+                "structured_outputs",
+            )
+        if self.choice is not None and (
+            not isinstance(self.choice, list) or not self.choice or not all(isinstance(c, str) for c in self.choice)
+        ):
+            raise InvalidRequestError("structured_outputs.choice must be a non-empty list of strings", "choice")
+
+    def to_grammar(self) -> str:
+        """The llguidance grammar text for this constraint."""
+        from llguidance import LLMatcher
+
+        if self.json is not None:
+            schema = json.loads(self.json) if isinstance(self.json, str) else self.json
+            return LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
+        if self.json_object:
+            return LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
+        if self.regex is not None:
+            return LLMatcher.grammar_from_regex(self.regex)
+        if self.choice is not None:
+            return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in self.choice))
+        return LLMatcher.grammar_from_lark(self.grammar or "")
+
+
+class GrammarState:
+    """One sequence's position in its grammar. `accept` is called with every token the
+    sequence appends; `matcher` is None until the `after` text has been generated."""
+
+    def __init__(self, compiler: GrammarCompiler, grammar: str, after_ids: list[int] | None) -> None:
+        self.compiler, self.grammar = compiler, grammar
+        self.after_ids = after_ids  # token ids that open the constraint; None: open from the start
+        self.tail: list[int] = []  # the last len(after_ids) tokens, while waiting for them
+        self.matcher = compiler.matcher(grammar) if after_ids is None else None
+
+    def accept(self, token_id: int) -> None:
+        if self.matcher is not None:
+            self.matcher.consume_token(token_id)  # a refused token leaves it in its error state: only EOS
+            return
+        self.tail = (self.tail + [token_id])[-len(self.after_ids) :]
+        if self.tail == self.after_ids:
+            self.matcher = self.compiler.matcher(self.grammar)
+
+    def fork(self) -> GrammarState:
+        child = GrammarState.__new__(GrammarState)
+        child.compiler, child.grammar, child.after_ids = self.compiler, self.grammar, self.after_ids
+        child.tail = list(self.tail)
+        child.matcher = self.matcher.deep_copy() if self.matcher is not None else None
+        return child
+
+    def fill_mask(self, out: np.ndarray) -> bool:
+        """Write the allowed-token bitmask into `out` ((W,) int32, bit t = token t).
+        False when the sequence is unconstrained this step."""
+        if self.matcher is None:
+            return False
+        self.matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
+        if not out.any():  # an error state allows nothing: let the sequence end instead of sampling NaN
+            for t in self.compiler.eos_token_ids:
+                out.view(np.uint8)[t >> 3] |= 1 << (t & 7)  # bit t of the little-endian row
+        return True
+
+
+class GrammarCompiler:
+    """Builds matchers for one tokenizer. The llguidance tokenizer costs ~0.4 s to build,
+    so it is made on the first constrained request, not at startup."""
+
+    def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
+        self.hf, self.vocab_size, self.eos_token_ids = hf_tokenizer, vocab_size, eos_token_ids
+        self.words = (vocab_size + 31) // 32  # int32 words in one bitmask row
+        self._ll = None
+        self._lock = threading.Lock()
+        self._valid: dict[str, str] = {}  # grammar text -> error ("" when valid)
+
+    @property
+    def ll_tokenizer(self):
+        with self._lock:
+            if self._ll is None:
+                from llguidance import LLTokenizer
+
+                self._ll = LLTokenizer(self.hf.to_str(), n_vocab=self.vocab_size, eos_token=self.eos_token_ids)
+            return self._ll
+
+    def compile(self, params: StructuredOutputsParams) -> str:
+        """Grammar text, checked against the tokenizer; a 400 naming the field if invalid."""
+        from llguidance import LLMatcher
+
+        try:
+            grammar = params.to_grammar()
+        except (ValueError, TypeError) as e:
+            raise InvalidRequestError(f"structured_outputs: {e}", "structured_outputs") from None
+        if grammar not in self._valid:
+            if len(self._valid) > 256:
+                self._valid.clear()
+            self._valid[grammar] = LLMatcher.validate_grammar(grammar, self.ll_tokenizer)
+        if self._valid[grammar]:
+            raise InvalidRequestError(f"structured_outputs: {self._valid[grammar]}", "structured_outputs")
+        return grammar
+
+    def matcher(self, grammar: str):
+        from llguidance import LLMatcher
+
+        return LLMatcher(self.ll_tokenizer, grammar, log_level=0)
+
+    def new_state(self, params: StructuredOutputsParams, encode) -> GrammarState:
+        after = encode(params.after) if params.after else None
+        return GrammarState(self, self.compile(params), after)
+
+
+class MaskPrefetcher:
+    """Computes the step's bitmasks on a worker thread while the forward pass runs.
+    A mask is keyed by (seq_id, tokens so far), so a stale or missing one is simply
+    computed again at sampling time."""
+
+    def __init__(self, words: int) -> None:
+        self.words = words
+        self._pool: ThreadPoolExecutor | None = None
+        self._job: Future | None = None
+        self._masks: dict[tuple[int, int], np.ndarray | None] = {}
+
+    def start(self, seqs: list) -> None:
+        """seqs: the constrained sequences that will sample this step."""
+        self.wait()
+        self._masks = {}
+        if not seqs:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="rawpage-grammar")
+        jobs = [(s.seq_id, s.num_tokens, s.grammar) for s in seqs]
+        self._job = self._pool.submit(self._compute, jobs)
+
+    def _compute(self, jobs: list) -> dict:
+        out = {}
+        for seq_id, n, g in jobs:
+            row = np.zeros(self.words, dtype=np.int32)
+            out[(seq_id, n)] = row if g.fill_mask(row) else None
+        return out
+
+    def wait(self) -> None:
+        """Join the worker: matchers must not be touched (forked, advanced) while it runs."""
+        if self._job is not None:
+            self._masks = self._job.result()
+            self._job = None
+
+    def mask(self, seq) -> np.ndarray | None:
+        key = (seq.seq_id, seq.num_tokens)
+        if key not in self._masks:
+            row = np.zeros(self.words, dtype=np.int32)
+            self._masks[key] = row if seq.grammar.fill_mask(row) else None
+        return self._masks[key]
+
+
+def apply_masks(logits: np.ndarray, seqs: list, prefetcher: MaskPrefetcher | None) -> None:
+    """-inf every token a constrained sequence's grammar forbids. logits: (N, V) in place.
+    All constrained rows at once: one unpack of (R, W) words into (R, V) bits."""
+    rows, masks = [], []
+    for i, s in enumerate(seqs):
+        if getattr(s, "grammar", None) is None:
+            continue
+        mask = prefetcher.mask(s) if prefetcher is not None else _mask_now(s)
+        if mask is not None:
+            rows.append(i)
+            masks.append(mask)
+    if not rows:
+        return
+    V = logits.shape[1]
+    allowed = np.unpackbits(np.stack(masks).view(np.uint8), axis=1, bitorder="little")[:, :V].view(bool)  # (R, V)
+    whole = len(rows) == len(logits)  # every row constrained: edit in place, no gather/scatter copies
+    target = logits if whole else logits[rows]
+    target[~allowed] = -np.inf
+    # A ban from earlier (min_tokens on EOS when the grammar allows only EOS) could leave
+    # nothing: the grammar wins, uniformly, rather than sampling from an all -inf row.
+    dead = np.isneginf(target.max(axis=1))
+    if dead.any():
+        target[dead] = np.where(allowed[dead], 0.0, -np.inf)
+    if not whole:
+        logits[rows] = target
+
+
+def _mask_now(seq) -> np.ndarray | None:
+    row = np.zeros(seq.grammar.compiler.words, dtype=np.int32)
+    return row if seq.grammar.fill_mask(row) else None

@@ -1,0 +1,190 @@
+"""Structured outputs on the tiny random model: the mask logic, and that every sampled
+output follows its grammar however the batch is shared, forked or preempted."""
+
+import json
+import re
+from typing import Literal
+
+import numpy as np
+import pytest
+from pydantic import BaseModel, ConfigDict, Field
+
+from rawpage import LLM, SamplingParams
+from rawpage.errors import InvalidRequestError
+from rawpage.structured_output import StructuredOutputsParams, apply_masks
+from tests.model_harness import assert_no_leaks
+
+
+class Point(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # the random model would otherwise invent keys
+    x: int = Field(ge=-5, le=5)
+    y: int = Field(ge=0, le=9)
+
+
+class Shape(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["circle", "square", "line"]
+    closed: bool
+    points: list[Point] = Field(min_length=1, max_length=3)
+
+
+SCHEMA = Shape.model_json_schema()
+PROMPTS = [{"prompt_token_ids": list(range(5 + i, 25 + 2 * i))} for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model_dir):
+    return LLM(tiny_model_dir)
+
+
+def texts(outs):
+    return [c.text for o in outs for c in o.outputs]
+
+
+def sampled(**kw):
+    return SamplingParams(**{"temperature": 1.0, "max_tokens": 300, **kw})
+
+
+def test_json_schema_outputs_validate_at_temperature_one(llm):
+    outs = [
+        llm.generate(PROMPTS[0], sampled(seed=s, structured_outputs={"json": SCHEMA}), use_tqdm=False)[0]
+        for s in range(12)
+    ]
+    for o in outs:
+        assert o.outputs[0].finish_reason == "stop", o.outputs[0].text
+        Shape.model_validate_json(o.outputs[0].text)
+    assert len(set(texts(outs))) > 1, "seeds should give different valid outputs"
+    assert_no_leaks(llm.engine)
+
+
+def test_choice_regex_and_lark(llm):
+    choice = texts(
+        llm.generate(PROMPTS, sampled(structured_outputs={"choice": ["red", "green", "blue"]}), use_tqdm=False)
+    )
+    assert set(choice) <= {"red", "green", "blue"}
+    rx = texts(llm.generate(PROMPTS, sampled(structured_outputs={"regex": r"[0-9]{3}-[a-z]{2}"}), use_tqdm=False))
+    assert all(re.fullmatch(r"[0-9]{3}-[a-z]{2}", t) for t in rx), rx
+    lark = 'start: "(" num ("," num)* ")"\nnum: /[0-9]{1,2}/'
+    out = texts(llm.generate(PROMPTS, sampled(structured_outputs={"grammar": lark}), use_tqdm=False))
+    assert all(re.fullmatch(r"\(\d{1,2}(,\d{1,2})*\)", t) for t in out), out
+
+
+def test_json_object_and_greedy_against_a_bias_for_a_forbidden_token(llm):
+    brace = llm.get_tokenizer().encode("{", add_special_tokens=False)[0]
+    x = llm.get_tokenizer().encode("x", add_special_tokens=False)[0]
+    # greedy would pick "x" forever; the grammar only allows the JSON object's opening
+    p = SamplingParams(temperature=0, max_tokens=200, logit_bias={x: 100.0}, structured_outputs={"json_object": True})
+    (out,) = llm.generate(PROMPTS[1], p, use_tqdm=False)
+    assert out.outputs[0].token_ids[0] == brace
+    if out.outputs[0].finish_reason == "stop":
+        assert isinstance(json.loads(out.outputs[0].text), dict)
+
+
+def test_mask_bits_match_the_matcher_for_every_token(llm):
+    """Our unpacked mask is llguidance's own bitmask, bit for bit, and every token it allows
+    can be consumed. (The converse does not hold: llguidance also forbids non-canonical
+    tokenizations, e.g. "i" when "ind" spells the same key.)"""
+    eng = llm.engine
+    state = eng.grammars.new_state(StructuredOutputsParams(json=SCHEMA), eng._encode_plain)
+    rng = np.random.default_rng(0)
+    V = eng.model_config.vocab_size
+    for _ in range(12):
+        logits = np.zeros((1, V), dtype=np.float32)
+        seq = type("S", (), {"grammar": state})()
+        apply_masks(logits, [seq], None)
+        allowed = np.isfinite(logits[0])
+        theirs = np.unpackbits(np.frombuffer(state.matcher.compute_bitmask(), np.uint8), bitorder="little")
+        assert (allowed == theirs[:V].astype(bool)).all()
+        for t in np.flatnonzero(allowed):
+            assert state.matcher.deep_copy().try_consume_tokens([int(t)]) == 1, t
+        if state.matcher.is_stopped():
+            break
+        state.accept(int(rng.choice(np.flatnonzero(allowed))))
+
+
+def test_n_beam_search_prefix_caching_and_preemption_keep_outputs_valid(tiny_model_dir, llm):
+    so = {"json": SCHEMA}
+    outs = llm.generate(PROMPTS[:2], sampled(n=4, seed=3, structured_outputs=so), use_tqdm=False)
+    again = llm.generate(PROMPTS[:2], sampled(n=4, seed=3, structured_outputs=so), use_tqdm=False)  # cached prompt
+    assert texts(outs) == texts(again)
+    assert llm.engine.block_manager.prefix_hits > 0
+    beams = llm.generate(
+        PROMPTS[2],
+        SamplingParams(n=3, use_beam_search=True, temperature=0, max_tokens=120, structured_outputs=so),
+        use_tqdm=False,
+    )
+    for t in texts(outs) + texts(beams):
+        Shape.model_validate_json(t)
+    small = LLM(
+        tiny_model_dir,
+        num_gpu_blocks_override=12,
+        max_num_batched_tokens=64,
+        max_model_len=192,
+        enable_prefix_caching=False,
+    )
+    squeezed = small.generate(PROMPTS, sampled(seed=5, max_tokens=150, structured_outputs=so), use_tqdm=False)
+    assert small.engine.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
+    alone = [
+        small.generate(p, sampled(seed=5, max_tokens=150, structured_outputs=so), use_tqdm=False)[0] for p in PROMPTS
+    ]
+    assert texts(squeezed) == texts(alone)  # the grammar state survived recompute
+    for o in squeezed:
+        if o.outputs[0].finish_reason == "stop":
+            Shape.model_validate_json(o.outputs[0].text)
+    assert_no_leaks(small.engine)
+
+
+def test_constraint_starts_after_the_reasoning_tag(llm):
+    eng = llm.engine
+    state = eng.grammars.new_state(StructuredOutputsParams(choice=["yes"], after="</think>"), eng._encode_plain)
+    assert state.matcher is None  # free while thinking
+    for t in eng._encode_plain("<think>hmm</think>"):
+        state.accept(t)
+    assert state.matcher is not None and not state.matcher.is_stopped()
+
+
+@pytest.mark.parametrize(
+    "so, field",
+    [
+        ({"json": {"type": "nonsense"}}, "structured_outputs"),
+        ({"regex": "(unclosed"}, "structured_outputs"),
+        ({"grammar": "start: undefined_rule"}, "structured_outputs"),
+        ({"json": SCHEMA, "regex": "a"}, "structured_outputs"),
+        ({"choice": []}, "choice"),
+    ],
+)
+def test_bad_constraints_are_refused_before_running(llm, so, field):
+    with pytest.raises(InvalidRequestError) as e:
+        llm.generate(PROMPTS[0], SamplingParams(structured_outputs=so), use_tqdm=False)
+    assert e.value.param == field
+
+
+def test_min_tokens_against_a_finished_grammar_ends_cleanly(llm):
+    """choice "a" is done after one token; min_tokens bans the EOS that the grammar then
+    demands. The grammar wins instead of the sampler drawing from an all -inf row."""
+    p = SamplingParams(temperature=1.0, max_tokens=6, min_tokens=3, structured_outputs={"choice": ["a"]})
+    (out,) = llm.generate(PROMPTS[0], p, use_tqdm=False)
+    eos = llm.engine.model_config.eos_token_ids
+    first, *rest = out.outputs[0].token_ids
+    assert llm.get_tokenizer().decode([first]) == "a" and rest and all(t in eos for t in rest), out.outputs[0]
+    assert_no_leaks(llm.engine)
+
+
+def test_grammar_state_survives_swapping(tiny_model_dir):
+    so = {"json": SCHEMA}
+    small = LLM(
+        tiny_model_dir,
+        num_gpu_blocks_override=12,
+        max_num_batched_tokens=64,
+        max_model_len=192,
+        enable_prefix_caching=False,
+        preemption_mode="swap",
+        swap_space=0.01,
+    )
+    squeezed = small.generate(PROMPTS, sampled(seed=6, max_tokens=150, structured_outputs=so), use_tqdm=False)
+    assert small.engine.scheduler.num_swap_outs > 0, "the pool was meant to force swapping"
+    alone = [
+        small.generate(p, sampled(seed=6, max_tokens=150, structured_outputs=so), use_tqdm=False)[0] for p in PROMPTS
+    ]
+    assert texts(squeezed) == texts(alone)
+    assert_no_leaks(small.engine)
