@@ -59,3 +59,8 @@ def check_device_support(config: ModelConfig, device: str, max_model_len: int) -
             f"attention kernels do not do yet (issue 17); run it with --device cpu, or with "
             f"--max-model-len {min(windows)} (the window then never slides)"
         )
+
+
+def supports_cuda_graphs(config: ModelConfig) -> bool:
+    """MoE routing reads the router's output on the host, which a CUDA graph cannot replay."""
+    return not config.num_experts

@@ -11,6 +11,7 @@ background thread, `LLM` drives it in a loop.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -26,15 +27,14 @@ from rawpage.decode_graphs import graph_batch_sizes
 from rawpage.device_logits import DeviceLogits
 from rawpage.engine_args import EngineArgs
 from rawpage.engine_setup import num_swap_blocks, plan_kv_cache, resolve_dtype, resolve_max_model_len
-from rawpage.errors import InvalidRequestError
 from rawpage.forking import Forker
 from rawpage.loader import load_checkpoint
 from rawpage.model_runner import ModelRunner
-from rawpage.models.registry import build_model, check_device_support
+from rawpage.models.registry import build_model, check_device_support, supports_cuda_graphs
 from rawpage.output_processor import OutputProcessor
 from rawpage.outputs import RequestOutput
 from rawpage.quantization.select import apply_quantization_flag
-from rawpage.request_checks import check_request
+from rawpage.request_checks import check_request, check_salt_and_priority
 from rawpage.sampler import Sampler
 from rawpage.sampling_params import SamplingParams
 from rawpage.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -76,7 +76,7 @@ class LLMEngine:
             SchedulerConfig(args.max_num_seqs, batched, self.max_model_len, args.preemption_mode),
             self.block_manager,
         )
-        graphs = self.backend.supports_graphs and not args.enforce_eager and self.model_supports_graphs()
+        graphs = self.backend.supports_graphs and not args.enforce_eager and supports_cuda_graphs(c)
         sizes = graph_batch_sizes(args.max_num_seqs) if graphs else None  # decode batches replayed from graphs
         self.runner = ModelRunner(
             self.model, self.backend, args.block_size, num_blocks, num_cpu_blocks, sizes, self.max_model_len
@@ -103,14 +103,6 @@ class LLMEngine:
         logger.info("loaded %s (%s) on %s in %.1f s", name, c.architecture, device, self.startup_seconds)
         logger.info("%s", self.memory.describe())
 
-    # --- setup ------------------------------------------------------------------------
-    def model_supports_graphs(self) -> bool:
-        """MoE routing reads the router's output on the host, which a CUDA graph cannot replay."""
-        if self.model_config.num_experts and self.backend.supports_graphs:
-            logger.info("mixture of experts: decode runs eagerly (no CUDA graphs)")
-            return False
-        return True
-
     # --- requests ----------------------------------------------------------------------
     def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):
@@ -134,24 +126,17 @@ class LLMEngine:
         prefix-cached KV blocks only with requests of the same `cache_salt` (also read from
         a dict prompt's "cache_salt")."""
         params = params or SamplingParams()
-        if priority and self.args.scheduling_policy != "priority":
-            raise InvalidRequestError(
-                "priority needs --scheduling-policy priority; this engine schedules first come, first served",
-                "priority",
-            )
+        cache_salt = check_salt_and_priority(prompt, cache_salt, priority, self.args.scheduling_policy)
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, ids = self.tokenize_prompt(prompt)
         self.validate_prompt(ids, params)
-        if isinstance(prompt, dict) and cache_salt is None:
-            cache_salt = prompt.get("cache_salt")
-        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
-            raise InvalidRequestError("cache_salt must be a non-empty string", "cache_salt")
         req = Request(request_id, text, ids, params, arrival_time or time.time(), priority, cache_salt=cache_salt)
         seed = params.seed if params.seed is not None else int(self._rng.integers(2**63))
         req.seqs.append(Sequence(next(self._seq_ids), req, ids, 0, seed))
         if params.structured_outputs is not None:
-            req.seqs[0].grammar = self.grammars.new_state(params.structured_outputs, self._encode_plain)
+            encode = functools.partial(self.tokenizer.encode, add_special_tokens=False)
+            req.seqs[0].grammar = self.grammars.new_state(params.structured_outputs, encode)
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
         if params.use_beam_search:
@@ -165,9 +150,6 @@ class LLMEngine:
         check_request(ids, params, self.max_model_len, self.model_config.vocab_size, self.args)
         if params.structured_outputs is not None:
             self.grammars.compile(params.structured_outputs)  # a bad schema is a 400 now, not a failure later
-
-    def _encode_plain(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def abort_request(self, request_id: str | list[str]) -> None:
         """Stop requests now; their blocks are freed at once and a final output follows."""

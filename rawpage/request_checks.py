@@ -51,6 +51,20 @@ def check_request(
     # request that passes these checks can run to completion, if need be alone.
 
 
+def check_salt_and_priority(prompt: object, cache_salt: str | None, priority: int, policy: str) -> str | None:
+    """The request's cache salt (given, or a dict prompt's "cache_salt"); a `priority` is
+    refused unless the engine schedules by priority (otherwise a client jumps the queue)."""
+    if priority and policy != "priority":
+        raise InvalidRequestError(
+            "priority needs --scheduling-policy priority; this engine schedules first come, first served", "priority"
+        )
+    if isinstance(prompt, dict) and cache_salt is None:
+        cache_salt = prompt.get("cache_salt")
+    if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+        raise InvalidRequestError("cache_salt must be a non-empty string", "cache_salt")
+    return cache_salt
+
+
 def _tokens(n: int) -> str:
     return f"{n} token" if n == 1 else f"{n} tokens"
 
