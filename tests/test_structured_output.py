@@ -1,6 +1,7 @@
 """Structured outputs on the tiny random model: the mask logic, and that every sampled
 output follows its grammar however the batch is shared, forked or preempted."""
 
+import functools
 import json
 import re
 from typing import Literal
@@ -85,7 +86,9 @@ def test_mask_bits_match_the_matcher_for_every_token(llm):
     can be consumed. (The converse does not hold: llguidance also forbids non-canonical
     tokenizations, e.g. "i" when "ind" spells the same key.)"""
     eng = llm.engine
-    state = eng.grammars.new_state(StructuredOutputsParams(json=SCHEMA), eng._encode_plain)
+    state = eng.grammars.new_state(
+        StructuredOutputsParams(json=SCHEMA), functools.partial(eng.tokenizer.encode, add_special_tokens=False)
+    )
     rng = np.random.default_rng(0)
     V = eng.model_config.vocab_size
     for _ in range(12):
@@ -136,9 +139,12 @@ def test_n_beam_search_prefix_caching_and_preemption_keep_outputs_valid(tiny_mod
 
 def test_constraint_starts_after_the_reasoning_tag(llm):
     eng = llm.engine
-    state = eng.grammars.new_state(StructuredOutputsParams(choice=["yes"], after="</think>"), eng._encode_plain)
+    state = eng.grammars.new_state(
+        StructuredOutputsParams(choice=["yes"], after="</think>"),
+        functools.partial(eng.tokenizer.encode, add_special_tokens=False),
+    )
     assert state.matcher is None  # free while thinking
-    for t in eng._encode_plain("<think>hmm</think>"):
+    for t in eng.tokenizer.encode("<think>hmm</think>", add_special_tokens=False):
         state.accept(t)
     assert state.matcher is not None and not state.matcher.is_stopped()
 

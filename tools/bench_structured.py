@@ -15,6 +15,7 @@ the overhead a batch-1 step cannot hide.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import numpy as np
@@ -67,7 +68,9 @@ def mask_cost(llm, tokens: int) -> float:
         ),
         use_tqdm=False,
     )
-    state = eng.grammars.new_state(StructuredOutputsParams(json=SCHEMA), eng._encode_plain)
+    state = eng.grammars.new_state(
+        StructuredOutputsParams(json=SCHEMA), functools.partial(eng.tokenizer.encode, add_special_tokens=False)
+    )
     seq = type("Seq", (), {"grammar": state})()
     logits = np.zeros((1, eng.model_config.vocab_size), dtype=np.float32)
     t = 0.0
