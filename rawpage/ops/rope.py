@@ -54,6 +54,19 @@ ROPE_THREADS = 128
 ROPE_HEAD_GROUP = 8  # heads that share one read of a chunk's cos/sin, as compiled
 
 
+def _vector_width(q: Any, k: Any, cos_sin: Any, is_neox: bool) -> tuple[bool, int]:
+    """(16-byte loads?, rotation pairs one thread takes per head). Vector loads need
+    16-byte aligned rows and a head size that splits into whole vectors."""
+    D = q.shape[-1]
+    pairs = 16 // q.itemsize if is_neox else 16 // q.itemsize // 2
+    aligned = all(data_ptr(a) % 16 == 0 for a in (q, k, cos_sin)) and all(
+        (token_stride(a) * a.itemsize) % 16 == 0 for a in (q, k)
+    )
+    if aligned and (D // 2) % pairs == 0 and (D * 4) % 16 == 0:
+        return True, pairs
+    return False, 2 if is_neox else 1
+
+
 def launch_rope(
     xp: Any,
     loader: KernelLoader,
@@ -78,14 +91,7 @@ def launch_rope(
     q_work = q if token_stride(q) is not None else xp.ascontiguousarray(q)
     k_work = k if token_stride(k) is not None else xp.ascontiguousarray(k)
     cos_sin = xp.ascontiguousarray(xp.asarray(cos_sin))
-    vec = 16 // q.itemsize
-    pairs = vec if is_neox else vec // 2  # rotation pairs one thread takes per head
-    aligned = all(data_ptr(a) % 16 == 0 for a in (q_work, k_work, cos_sin)) and all(
-        (token_stride(a) * a.itemsize) % 16 == 0 for a in (q_work, k_work)
-    )
-    vector = aligned and (D // 2) % pairs == 0 and (D * 4) % 16 == 0
-    if not vector:
-        pairs = 2 if is_neox else 1
+    vector, pairs = _vector_width(q_work, k_work, cos_sin, is_neox)
     style = "neox" if is_neox else "gptj"
     kernel = loader.get_function("rope.cu", f"rope_{dtype_suffix(q)}_{style}{'' if vector else '_scalar'}")
     threads = T * ceil_div(H + Hkv, ROPE_HEAD_GROUP) * (D // 2 // pairs)

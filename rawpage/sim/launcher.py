@@ -113,32 +113,24 @@ class SimFunction:
             return ctypes.c_void_p(0)
         raise TypeError(f"argument {i} of {self.name} is a pointer: pass a NumPy array, not {type(a).__name__}")
 
-    def __call__(
-        self,
-        grid: Any,
-        block: Any,
-        args: tuple | list,
-        shared_mem: int = 0,
-    ) -> None:
+    def _fence(self, args: tuple | list, cells: list) -> GuardedArgs:
+        """Debug mode: point the kernel at fenced copies of its array arguments."""
+        guards = GuardedArgs(self.module.runtime)
+        arrays = [(i, a) for i, a in enumerate(args) if self.param_kinds[i] == 0 and isinstance(a, np.ndarray)]
+        for i, a in arrays:
+            guards.add(i, a)
+        guards.allocate()
+        for i, a in arrays:
+            cells[i].value = guards.pointer(i, a)
+        return guards
+
+    def __call__(self, grid: Any, block: Any, args: tuple | list, shared_mem: int = 0) -> None:
         if len(args) != len(self.param_kinds):
             raise TypeError(f"{self.name} takes {len(self.param_kinds)} arguments, got {len(args)}")
         g, b = _dims(grid, "grid"), _dims(block, "block")
-        cells = [
-            self._cell(i, a, kind, size)
-            for i, (a, kind, size) in enumerate(zip(args, self.param_kinds, self.param_sizes))
-        ]
-        argv = (ctypes.c_void_p * max(1, len(args)))()
-        for i, cell in enumerate(cells):
-            argv[i] = ctypes.cast(ctypes.pointer(cell), ctypes.c_void_p)
-        guards = GuardedArgs(self.module.runtime) if self.module.debug else None
-        if guards:  # point the kernel at fenced copies instead
-            for i, a in enumerate(args):
-                if self.param_kinds[i] == 0 and isinstance(a, np.ndarray):
-                    guards.add(i, a)
-            guards.allocate()
-            for i, a in enumerate(args):
-                if self.param_kinds[i] == 0 and isinstance(a, np.ndarray):
-                    cells[i].value = guards.pointer(i, a)
+        cells = [self._cell(i, a, *spec) for i, (a, *spec) in enumerate(zip(args, self.param_kinds, self.param_sizes))]
+        argv = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.cast(ctypes.pointer(c), ctypes.c_void_p) for c in cells])
+        guards = self._fence(args, cells) if self.module.debug else None
 
         counter = TrafficCounter(self.module.runtime) if self.module.traffic else None
         if counter:
