@@ -1,5 +1,7 @@
+import functools
 import os
 
+import httpx
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -17,6 +19,20 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "live" in item.keywords:
                 item.add_marker(skip)
+
+
+# httpx's default is 5 s per read. A reply from the server under test can take
+# longer when both cores are busy (`make test-under-load`), and a timeout there says
+# nothing about the server: calls that name no timeout get two minutes instead.
+PATIENT_TIMEOUT_S = 120.0
+
+
+@pytest.fixture(autouse=True, scope="session")
+def patient_httpx():
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("request", "get", "post", "put", "delete", "stream"):
+            mp.setattr(httpx, name, functools.partial(getattr(httpx, name), timeout=PATIENT_TIMEOUT_S))
+        yield
 
 
 @pytest.fixture(scope="session")
