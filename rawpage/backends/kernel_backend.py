@@ -46,6 +46,9 @@ from rawpage.quantization.weight import QuantizedWeight, dequantize
 
 class KernelBackend(Backend):
     keeps_quantized = frozenset({"gguf", "int4", "fp8"})
+    # The FP8 GEMM for FP8 weights in prefill (ops/fp8_linear.py Fp8Gemm): cuBLASLt on
+    # sm_89 / sm_90 (set by the cuda backend); None dequantizes and runs matmul.
+    fp8_gemm = None
 
     def __init__(self, xp: Any, loader: KernelLoader, dtype: str = "float32") -> None:
         self.xp, self.loader = xp, loader
@@ -96,7 +99,7 @@ class KernelBackend(Backend):
         if isinstance(w, QuantizedWeight) and w.kind == "int4":
             return launch_int4_linear(self.xp, self.loader, x, w, bias, self.matmul)
         if isinstance(w, QuantizedWeight) and w.kind == "fp8":
-            return launch_fp8_linear(self.xp, self.loader, x, w, bias, self.matmul)
+            return launch_fp8_linear(self.xp, self.loader, x, w, bias, self.matmul, self.fp8_gemm)
         return super().linear(x, w, bias)
 
     # --- MoE experts: one grouped GEMM over all experts (cuda/moe_grouped_gemm.cu) ---------
