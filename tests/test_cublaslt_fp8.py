@@ -113,3 +113,30 @@ def test_prefill_path_with_real_kernels_and_the_fake_library(dtype, T, N, K, per
     np.testing.assert_allclose(dev.get(got), want, **TOLERANCE[dtype])
     # and the path's own rounding (x to e4m3 per token) stays small against the exact product
     assert np.abs(want - (x @ (e4m3_to_f32(w.data) * w.scales[:, None]).T + bias)).max() < 0.1
+
+
+def test_cuda_backend_multiplies_fp8_prefill_on_cublaslt():
+    """On a GPU: sm_89 / sm_90 take the real cuBLASLt FP8 GEMM (and match the reference);
+    older GPUs have none and dequantize."""
+    from tests.gpu_required import skip_without_cuda
+
+    skip_without_cuda()
+    import cupy
+
+    from rawpage.backends.cuda import CudaBackend
+
+    b = CudaBackend("bfloat16")
+    cc = cupy.cuda.Device().compute_capability
+    if not fp8_gemm_supported((int(cc[:-1]), int(cc[-1]))):
+        assert b.fp8_gemm is None
+        return
+    assert b.fp8_gemm is not None
+    rng = np.random.default_rng(0)
+    N, K, T = 64, 256, 40
+    bits, scales = quantize_fp8(rng.standard_normal((N, K)).astype(np.float32) / 16, per_channel=True)
+    w = QuantizedWeight("fp8", (N, K), bits, scales=scales)
+    x, bias = b.asarray(rng.standard_normal((T, K))), b.asarray(rng.standard_normal(N) * 0.1)
+    got = b.to_numpy(b.linear(x, b.prepare_linear(w), bias))
+    want = fp8_gemm_linear_ref(b.to_numpy(x), w, b.to_numpy(bias))
+    np.testing.assert_allclose(got, want, **TOLERANCE["bfloat16"])
+    assert b.fp8_gemm.lt.plans  # the GEMM went through cuBLASLt

@@ -71,7 +71,8 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
 if step env 30 "$PY" -m tools.gpu_check.env --result-file "$PARTS/env.json"; then
   step kernels 110 env RAWPAGE_KERNEL_DEVICES=cuda RAWPAGE_REQUIRE_GPU=1 "$PY" -m pytest -q -ra -p no:cacheprovider \
     -m "not slow" tests/kernels/test_elementwise.py tests/kernels/test_paged_attention.py \
-    tests/kernels/test_model_sim.py tests/test_cuda_backend.py 2>&1 | tee "$OUT/kernel_tests.log"
+    tests/kernels/test_model_sim.py tests/test_cuda_backend.py tests/kernels/test_gguf_mmvq.py \
+    tests/kernels/test_moe_grouped_gemm.py tests/test_cublaslt_fp8.py 2>&1 | tee "$OUT/kernel_tests.log"
   step parity 60 "$PY" -m tools.gpu_check.parity --config tools/configs/llama-3.2-1b/config.json \
     --device cuda --result-file "$PARTS/parity.json"
   step throughput 90 "$PY" -m tools.gpu_check.throughput --engine rawpage --decode-batches 1,256 \

@@ -167,7 +167,7 @@ def run_family(family: str, device: str, tiny: bool, prompt_lens: list[int], see
     torch.manual_seed(seed)
     hf_cfg = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
     with torch.device(torch_device):
-        hf = AutoModelForCausalLM.from_config(hf_cfg, dtype=getattr(torch, dtype), attn_implementation="eager").eval()
+        hf = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="eager").to(getattr(torch, dtype)).eval()
     tensors = TensorSource(hub_tensors(cfg, hf.state_dict()))
     ours = build_model(ModelConfig.from_hf(cfg), get_backend(device, dtype), tensors)
     rng = np.random.default_rng(seed)
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
         except Exception as e:  # one family's failure must not hide the others' rows
             result[family] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
         _free(args.device)
-    write_json(args.result_file, {"families": result})
+        write_json(args.result_file, {"families": result})  # after each: a timeout keeps the rows so far
     return result
 
 
