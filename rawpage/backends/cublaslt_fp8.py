@@ -160,15 +160,21 @@ def open_cublaslt() -> ctypes.CDLL:
 
 class CupyFp8Gemm:
     """The cuda backend's Fp8Gemm (rawpage/ops/fp8_linear.py): CuPy arrays in, on the
-    current stream, with one workspace for all calls."""
+    current stream, with one workspace for all calls. The library and the workspace
+    are taken at the first FP8 prefill, so models without FP8 weights never touch them."""
 
     def __init__(self) -> None:
-        import cupy
-
-        self.cupy = cupy
-        self.lt = CublasLtFp8Gemm(open_cublaslt())
-        self.workspace = cupy.empty(WORKSPACE_BYTES, dtype=cupy.uint8)
+        self.lt: CublasLtFp8Gemm | None = None
+        self.workspace = None
 
     def __call__(self, N: int, T: int, K: int, w: Any, xq: Any, d: Any) -> None:
-        stream = self.cupy.cuda.get_current_stream().ptr
+        import cupy
+
+        if self.lt is None:
+            try:
+                self.lt = CublasLtFp8Gemm(open_cublaslt())
+            except RuntimeError as e:
+                raise RuntimeError(f"{e}; set RAWPAGE_FP8_GEMM=0 to dequantize FP8 weights instead") from None
+            self.workspace = cupy.empty(WORKSPACE_BYTES, dtype=cupy.uint8)
+        stream = cupy.cuda.get_current_stream().ptr
         self.lt(N, T, K, w.data.ptr, xq.data.ptr, d.data.ptr, self.workspace.data.ptr, stream)
