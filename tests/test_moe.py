@@ -147,3 +147,24 @@ def test_sim_runs_two_grouped_gemms_whatever_the_expert_count(n_experts):
     moe_forward(b, b.asarray(x), moe, k, True, b.silu_and_mul, np.zeros(n_experts, np.int64))
     assert len(loader.launches) == 2
     assert loader.flops == 2 * T * k * (2 * INTER * DIM + DIM * INTER)
+
+
+def test_sim_bfloat16_experts_take_the_tensor_core_kernel():
+    """In bfloat16 the grouped GEMM is the mma.sync kernel; the layer still matches the
+    dense reference (computed on the bfloat16-rounded weights and input)."""
+    from rawpage.dtypes import bf16_from_f32, bf16_to_f32
+
+    rng = np.random.default_rng(3)
+    b = get_backend("sim", "bfloat16")
+    b.loader = loader = _CountingLoader(b.loader)
+
+    def rounded(a):
+        return bf16_to_f32(bf16_from_f32(a))
+
+    x = rounded(np.abs(rng.standard_normal((70, DIM)).astype(np.float32)))  # > 64 rows: two row tiles
+    gate_up, down = [[rounded(w) for w in ws] for ws in _experts(rng)]
+    router = rounded(_router_preferring(rng, [0, 4], 2.0))
+    moe = MoEWeights.build(b, b.asarray(router), [b.asarray(w) for w in gate_up], [b.asarray(w) for w in down])
+    got = b.to_numpy(moe_forward(b, b.asarray(x), moe, 2, True, b.silu_and_mul, np.zeros(E, np.int64)))
+    np.testing.assert_allclose(got, _dense_reference(x, router, gate_up, down, 2, True), rtol=5e-2, atol=5e-2)
+    assert loader.launches == ["moe_grouped_gemm_mma_bf16"] * 2

@@ -16,8 +16,9 @@ import numpy as np
 
 from rawpage.ops.launch import KernelLoader, dtype_suffix, same_dtype
 
-BM, BN = 32, 64  # the kernel's tile: rows of x, columns of out
+BM, BN = 32, 64  # the float32 kernel's tile: rows of x, columns of out
 THREADS = 256
+MMA_BM, MMA_THREADS = 64, 128  # the tensor-core kernel (float16, bfloat16): 4 warps of 16 rows
 
 
 def sort_by_expert(experts: np.ndarray, num_experts: int) -> tuple[np.ndarray, np.ndarray]:
@@ -44,18 +45,19 @@ def grouped_gemm_flops(offsets: np.ndarray, N: int, K: int) -> int:
     return 2 * int(offsets[-1] - offsets[0]) * N * K
 
 
-def row_tiles(offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(tile_expert, tile_row), int32: every non-empty group cut into BM-row tiles."""
+def row_tiles(offsets: np.ndarray, bm: int = BM) -> tuple[np.ndarray, np.ndarray]:
+    """(tile_expert, tile_row), int32: every non-empty group cut into bm-row tiles."""
     sizes = np.diff(offsets)
-    per = -(-sizes // BM)  # tiles per expert; 0 for an idle one
+    per = -(-sizes // bm)  # tiles per expert; 0 for an idle one
     tile_expert = np.repeat(np.arange(len(sizes), dtype=np.int32), per)
     first = np.repeat(offsets[:-1], per)
     within = np.arange(len(tile_expert)) - np.repeat(np.cumsum(per) - per, per)
-    return tile_expert, (first + BM * within).astype(np.int32)
+    return tile_expert, (first + bm * within).astype(np.int32)
 
 
 # --- launch ------------------------------------------------------------------------------
-# Grid: (tiles, ceil(N / BN)); a block computes a BM x BN tile of one expert's rows.
+# Grid: (tiles, ceil(N / BN)); a block computes a tile of one expert's rows:
+# float32: BM x BN on 256 threads; float16 / bfloat16: MMA_BM x BN on 4 warps (tensor cores).
 
 
 def launch_grouped_gemm(xp: Any, loader: KernelLoader, x: Any, w: Any, offsets: np.ndarray) -> Any:
@@ -69,9 +71,12 @@ def launch_grouped_gemm(xp: Any, loader: KernelLoader, x: Any, w: Any, offsets: 
     if not w.flags.c_contiguous:
         raise ValueError("grouped GEMM: the stacked expert weights must be contiguous (E, N, K)")
     out = xp.empty((M, N), dtype=x.dtype)
-    tile_expert, tile_row = row_tiles(offsets)
+    suffix = dtype_suffix(x)
+    mma = suffix != "f32"
+    tile_expert, tile_row = row_tiles(offsets, MMA_BM if mma else BM)
     if len(tile_expert) and N:
-        kernel = loader.get_function("moe_grouped_gemm.cu", f"moe_grouped_gemm_{dtype_suffix(x)}")
+        name = f"moe_grouped_gemm_mma_{suffix}" if mma else "moe_grouped_gemm_f32"
         args = (out, x, w, xp.asarray(tile_expert), xp.asarray(tile_row), xp.asarray(offsets), np.int32(N), np.int32(K))
-        kernel((len(tile_expert), -(-N // BN)), (THREADS,), args)
+        kernel = loader.get_function("moe_grouped_gemm.cu", name)
+        kernel((len(tile_expert), -(-N // BN)), (MMA_THREADS if mma else THREADS,), args)
     return out

@@ -6,6 +6,7 @@ import pytest
 
 from rawpage.ops.moe_grouped_gemm import (
     BM,
+    MMA_BM,
     grouped_gemm_flops,
     grouped_gemm_ref,
     launch_grouped_gemm,
@@ -20,6 +21,7 @@ CASES = [
     ([3, 0, 5, 0], 24, 16),
     ([0, 0, 40, 0, 0, 0], 70, 33),
     ([BM + 1, 1, 0, 7], 65, 64),
+    ([MMA_BM + 3, 0, 2], 136, 96),
     ([1], 8, 8),
     ([0, 0, 0], 16, 16),
 ]
