@@ -57,3 +57,13 @@ def test_refuses_more_tokens_than_it_holds(device):
     x = device.put(np.zeros((GEMV_MAX_TOKENS + 1, 32)), "float32")
     with pytest.raises(ValueError, match="at most"):
         launch_gguf_mmvq(device.xp, device.loader, x, device.put_raw(data), "Q8_0", (4, 32))
+
+
+def test_kernel_holds_as_many_tokens_as_the_crossover_sends_it():
+    """cuda/gguf_mmvq.cu's kMaxTokens and GEMV_MAX_TOKENS must move together."""
+    import re
+
+    from rawpage.ops.launch import cuda_source_dir
+
+    text = (cuda_source_dir() / "gguf_mmvq.cu").read_text()
+    assert int(re.search(r"kMaxTokens = (\d+);", text).group(1)) == GEMV_MAX_TOKENS
