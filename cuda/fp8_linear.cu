@@ -2,8 +2,9 @@
 // one per-tensor scale repeated):  y[t, n] = s[n] sum_k e4m3(W[n, k]) x[t, k] (+ bias).
 //
 // Decode (a few tokens) always reads the e4m3 bytes directly:
-//   fp8_gemv:       one warp per output row; a lane takes 16 weights (one 16-byte
-//                   load) at a time. Grid: (ceil(N / warps), T). Block: warps x 32.
+//   fp8_gemv:       one warp per output row, for all T <= 8 tokens (each weight byte
+//                   read once per step); a lane takes 16 weights (one 16-byte load)
+//                   at a time. Grid: ceil(N / warps). Block: warps x 32.
 // Prefill on sm_80 (no FP8 tensor cores) dequantizes and calls the dense GEMM:
 //   fp8_dequantize: W -> dense (N, K) scratch. Grid: (N).
 // Prefill on sm_89 / sm_90 multiplies in FP8 on cuBLASLt (rawpage/backends/cublaslt_fp8.py),
@@ -18,31 +19,42 @@
 
 using namespace rawpage;
 
+constexpr int kMaxTokens = 8;  // rawpage/ops/gguf_linear.py GEMV_MAX_TOKENS
+
 template <typename T>
 __device__ void fp8_gemv(T* __restrict__ out,                 // [T, N]
                          const T* __restrict__ x,             // [T, K], rows 16-byte aligned
                          const unsigned char* __restrict__ w, // [N, K] e4m3 bits, K % 16 == 0
                          const float* __restrict__ scales,    // [N]
                          const T* __restrict__ bias,          // [N], read only if has_bias
-                         int has_bias, int N, int K) {
+                         int has_bias, int num_tokens, int N, int K) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n = blockIdx.x * (blockDim.x / 32) + warp;  // this warp's output row
   if (n >= N) return;                                   // whole warps leave; no barrier follows
-  const int t = blockIdx.y;
   const uint4* row = reinterpret_cast<const uint4*>(w + i64(n) * K);
-  const T* xt = x + i64(t) * K;
 
-  float acc = 0.0f;  // sum over this lane's 16-value chunks of e4m3(W) . x
+  float acc[kMaxTokens] = {};  // per token: sum over this lane's 16-value chunks of e4m3(W) . x
   for (int c = lane; c < K / 16; c += 32) {
     const uint4 v = row[c];
     const unsigned char* b = reinterpret_cast<const unsigned char*>(&v);
-    float xc[16];
-    load_floats<T, 16>(xt + 16 * c, xc);
+    float wc[16];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) acc += e4m3_to_float(b[i]) * xc[i];
+    for (int i = 0; i < 16; ++i) wc[i] = e4m3_to_float(b[i]);
+#pragma unroll
+    for (int t = 0; t < kMaxTokens; ++t) {
+      if (t >= num_tokens) break;
+      float xc[16];
+      load_floats<T, 16>(x + i64(t) * K + 16 * c, xc);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) acc[t] += wc[i] * xc[i];
+    }
   }
-  acc = warp_sum(acc) * scales[n];
-  if (lane == 0) out[i64(t) * N + n] = from_float<T>(acc + (has_bias ? to_float(bias[n]) : 0.0f));
+#pragma unroll
+  for (int t = 0; t < kMaxTokens; ++t) {
+    if (t >= num_tokens) break;
+    const float y = warp_sum(acc[t]) * scales[n];
+    if (lane == 0) out[i64(t) * N + n] = from_float<T>(y + (has_bias ? to_float(bias[n]) : 0.0f));
+  }
 }
 
 template <typename T>
@@ -94,9 +106,9 @@ __device__ void fp8_scale_output(T* __restrict__ out,             // [T, N]
 
 #define FP8_ENTRIES(T, suffix)                                                                             \
   extern "C" __global__ void fp8_gemv_##suffix(T* out, const T* x, const unsigned char* w,                 \
-                                               const float* scales, const T* bias, int has_bias, int N,    \
-                                               int K) {                                                    \
-    fp8_gemv<T>(out, x, w, scales, bias, has_bias, N, K);                                                  \
+                                               const float* scales, const T* bias, int has_bias,           \
+                                               int num_tokens, int N, int K) {                             \
+    fp8_gemv<T>(out, x, w, scales, bias, has_bias, num_tokens, N, K);                                      \
   }                                                                                                        \
   extern "C" __global__ void fp8_dequantize_##suffix(T* out, const unsigned char* w, const float* scales,  \
                                                      int K) {                                              \

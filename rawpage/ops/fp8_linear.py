@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from rawpage.ops.gguf_linear import GEMV_MAX_TOKENS, GEMV_WARPS, gemv_buffers, gemv_grid
+from rawpage.ops.gguf_linear import GEMV_MAX_TOKENS, GEMV_WARPS, gemv_buffers
 from rawpage.ops.launch import KernelLoader, ceil_div, dtype_suffix, require_aligned
 from rawpage.quantization.fp8 import E4M3_MAX, e4m3_from_f32, e4m3_to_f32
 from rawpage.quantization.weight import QuantizedWeight
@@ -36,7 +36,7 @@ def check_fp8(w: QuantizedWeight) -> None:
 
 
 # --- launch (cuda/fp8_linear.cu) ---------------------------------------------------------
-# fp8_gemv: grid (ceil(N / 8), T); a block is 8 warps, a warp computes one y[t, n].
+# fp8_gemv: grid ceil(N / 8); a block is 8 warps, a warp computes y[:, n] for all T <= 8 tokens.
 # fp8_dequantize: grid (N); a block's 256 threads stride over the row.
 
 
@@ -65,8 +65,19 @@ def launch_fp8_linear(
     if x.shape[0]:
         kernel = loader.get_function("fp8_linear.cu", f"fp8_gemv_{dtype_suffix(x)}")
         has_bias = bias is not None
-        args = (out, x, w.data, w.scales, bias if has_bias else x, np.int32(has_bias), np.int32(N), np.int32(K))
-        kernel(gemv_grid(N, x.shape[0]), (32 * GEMV_WARPS,), args)
+        T = x.shape[0]  # <= GEMV_MAX_TOKENS: the kernel's per-token accumulators
+        args = (
+            out,
+            x,
+            w.data,
+            w.scales,
+            bias if has_bias else x,
+            np.int32(has_bias),
+            np.int32(T),
+            np.int32(N),
+            np.int32(K),
+        )
+        kernel((ceil_div(N, GEMV_WARPS),), (32 * GEMV_WARPS,), args)
     return out
 
 

@@ -25,7 +25,9 @@ def test_dequantize_decodes_every_code(device):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("T,N,K,per_channel", [(1, 3, 16, True), (3, 37, 592, False), (12, 9, 128, True)])
+@pytest.mark.parametrize(
+    "T,N,K,per_channel", [(1, 3, 16, True), (3, 37, 592, False), (8, 21, 64, False), (12, 9, 128, True)]
+)
 def test_linear_matches_reference(device, dtype, T, N, K, per_channel):
     rng = np.random.default_rng(N + K)
     w = fp8_weight(N, K, per_channel)

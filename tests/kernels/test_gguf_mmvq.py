@@ -59,11 +59,12 @@ def test_refuses_more_tokens_than_it_holds(device):
         launch_gguf_mmvq(device.xp, device.loader, x, device.put_raw(data), "Q8_0", (4, 32))
 
 
-def test_kernel_holds_as_many_tokens_as_the_crossover_sends_it():
-    """cuda/gguf_mmvq.cu's kMaxTokens and GEMV_MAX_TOKENS must move together."""
+@pytest.mark.parametrize("source", ["gguf_mmvq.cu", "int4_linear.cu", "fp8_linear.cu"])
+def test_kernel_holds_as_many_tokens_as_the_crossover_sends_it(source):
+    """Each multi-token GEMV's kMaxTokens and GEMV_MAX_TOKENS must move together."""
     import re
 
     from rawpage.ops.launch import cuda_source_dir
 
-    text = (cuda_source_dir() / "gguf_mmvq.cu").read_text()
+    text = (cuda_source_dir() / source).read_text()
     assert int(re.search(r"kMaxTokens = (\d+);", text).group(1)) == GEMV_MAX_TOKENS

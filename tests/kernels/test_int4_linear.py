@@ -85,14 +85,9 @@ def test_rejects_group_size_not_a_multiple_of_32(device):
         launch_int4_gemv(device.xp, device.loader, device.put(np.zeros((1, 64)), "float32"), on_device(device, w))
 
 
-def test_gemv_holds_as_many_tokens_as_the_crossover_sends_it(device):
-    import re
-
+def test_gemv_refuses_more_tokens_than_it_holds(device):
     from rawpage.ops.gguf_linear import GEMV_MAX_TOKENS
-    from rawpage.ops.launch import cuda_source_dir
 
-    text = (cuda_source_dir() / "int4_linear.cu").read_text()
-    assert int(re.search(r"kMaxTokens = (\d+);", text).group(1)) == GEMV_MAX_TOKENS
     w = on_device(device, packed("awq", 8, 64, 32))
     with pytest.raises(ValueError, match="at most"):
         launch_int4_gemv(device.xp, device.loader, device.put(np.zeros((GEMV_MAX_TOKENS + 1, 64)), "float32"), w)
