@@ -9,6 +9,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.tiny_models import tiny_config
@@ -398,7 +399,7 @@ def test_family_rows_run_on_the_cpu_at_tiny_widths():
     r = families.main(["--device", "cpu", "--tiny", "--prompt-lens", "5,20"])
     assert set(r) == set(families.FAMILIES)
     for family, row in r.items():
-        assert row["ok"] and row["prefill"]["max_rel"] < 1e-4, (family, row)
+        assert row["ok"] and row["prefill"]["max_rel"] < 1e-4 and row["rows_within"] == 1.0, (family, row)
     rows = families.summary_rows(r)
     assert len(rows) == 4 and all(v == "ok" for *_, v in rows)
     assert families.failed({"qwen3-8b": {"ok": False, "error": "x"}}) == ["family parity qwen3-8b"]
@@ -447,3 +448,11 @@ def test_quant_arithmetic_and_rows():
     assert "= 1.25x" in rows["int4 decode B=1, one 8B layer's Linears"][0]
     assert "T=16: nan/0.300" in rows["int4 GEMV vs scratch+cuBLAS crossover, 4096x4096"][0]
     assert quant.failed({"parity": {"ok": False}}) == ["int4 logit parity"]
+
+
+def test_rows_within_counts_rows_against_the_global_scale():
+    from tools.gpu_check.families import rows_within
+
+    theirs = [np.array([[10.0, 0.0], [1.0, 1.0]]), np.array([[0.0, 2.0]])]
+    ours = [np.array([[10.0, 0.0], [1.0, 2.0]]), np.array([[0.0, 2.1]])]  # row 2 off by 1 = 10% of 10
+    assert rows_within(ours, theirs, 0.05) == pytest.approx(2 / 3)

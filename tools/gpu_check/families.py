@@ -12,6 +12,12 @@ w2), and compare logits the way parity.py does: prompts of 7, 64 and 300 tokens
 prefilled as one batch over a scattered paged KV cache, then one decode token.
 300 tokens stay inside Gemma 3's 1024-token window and Phi-3's 2047.
 
+Mixtral's verdict is by rows: in bfloat16 a token whose router scores for its
+2nd and 3rd experts are nearly tied may pick a different expert in any two
+implementations (a rounding apart), and that token's row then differs by a
+whole expert's output. So for an MoE family at least MOE_ROWS_OK of the rows
+must be within the tolerance; every other family must have all of them.
+
 --tiny shrinks every width (the CPU test of this file runs it on --device cpu).
 """
 
@@ -102,6 +108,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
 }
 
 LAYERS = 2
+MOE_ROWS_OK = 0.97  # the fraction of rows within tolerance an MoE family needs (docstring)
 TINY = {"hidden_size": 64, "intermediate_size": 96, "vocab_size": 512, "head_dim": 16}
 
 
@@ -175,16 +182,28 @@ def run_family(family: str, device: str, tiny: bool, prompt_lens: list[int], see
     nexts = rng.integers(3, cfg["vocab_size"], len(prompts)).tolist()
     prefill, decode = our_logits(ours, prompts, nexts)
     ref = hf_logits(hf, prompts, nexts, torch_device)
+    ours_rows, ref_rows = prefill + [decode], [r[:-1] for r in ref] + [np.stack([r[-1] for r in ref])]
     result = {
         "layers": LAYERS,
         "dtype": dtype,
-        "prefill": compare(prefill, [r[:-1] for r in ref]),
-        "decode": compare([decode], [np.stack([r[-1] for r in ref])]),
+        "prefill": compare(prefill, ref_rows[:-1]),
+        "decode": compare([decode], ref_rows[-1:]),
         "tolerance": TOLERANCE[dtype],
+        "rows_within": rows_within(ours_rows, ref_rows, TOLERANCE[dtype]),
     }
-    result["ok"] = max(result["prefill"]["max_rel"], result["decode"]["max_rel"]) < TOLERANCE[dtype]
+    if "num_local_experts" in cfg or "num_experts" in cfg:
+        result["ok"] = result["rows_within"] >= MOE_ROWS_OK
+    else:
+        result["ok"] = max(result["prefill"]["max_rel"], result["decode"]["max_rel"]) < TOLERANCE[dtype]
     del ours, hf
     return result
+
+
+def rows_within(ours: list[np.ndarray], theirs: list[np.ndarray], tolerance: float) -> float:
+    """The fraction of logit rows whose max |ours - theirs| is under tolerance x max |theirs|
+    (the scale compare() divides by)."""
+    a, b = np.concatenate(ours), np.concatenate(theirs)
+    return float((np.abs(a - b).max(axis=1) < tolerance * np.abs(b).max()).mean())
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -232,8 +251,9 @@ def summary_rows(result: dict | None) -> list[tuple[str, str, str, str]]:
             out.append((name, f"failed: {r['error'][:200]}", "", "MISS"))
         else:
             fig = f"prefill rel {r['prefill']['max_rel']:.2e}, decode rel {r['decode']['max_rel']:.2e}; "
-            fig += f"argmax agree {r['prefill']['argmax_agree']:.1%}"
-            out.append((name, fig, f"rel < {r['tolerance']:g}", "ok" if r["ok"] else "MISS"))
+            fig += f"argmax agree {r['prefill']['argmax_agree']:.1%}; rows within {r['rows_within']:.1%}"
+            target = f"rel < {r['tolerance']:g}" + (f" on {MOE_ROWS_OK:.0%} of rows" if "mixtral" in family else "")
+            out.append((name, fig, target, "ok" if r["ok"] else "MISS"))
     return out
 
 
