@@ -94,6 +94,8 @@ def launch_gguf_linear(
         from rawpage.ops.gguf_mmvq import launch_gguf_mmvq  # (it imports this module's checks)
 
         return launch_gguf_mmvq(xp, loader, x, data, qtype, shape, bias)
+    if DECODE_KERNEL != "float":
+        raise ValueError(f"DECODE_KERNEL is {DECODE_KERNEL!r}; it must be 'mmvq' or 'float'")
     return launch_gguf_gemv(xp, loader, x, data, qtype, shape, bias)
 
 
