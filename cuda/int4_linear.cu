@@ -15,8 +15,11 @@
 // passes x with its columns permuted the same way.
 //
 // Two kernels, as for GGUF (gguf_linear.cu):
-//   int4_gemv:       decode. One warp per output row; lanes take chunks in turn.
-//                    Grid: (ceil(N / warps), T). Block: warps x 32 threads.
+//   int4_gemv:       decode (T <= 8). One warp per output row, computing it for all
+//                    T tokens, so each weight word is read and unpacked once per step
+//                    (an 8B layer's weights do not fit in L2: a grid row per token
+//                    would read them from HBM T times). Lanes take chunks in turn.
+//                    Grid: ceil(N / warps). Block: warps x 32 threads.
 //   int4_dequantize: prefill. W -> dense (N, K) scratch for the GEMM.
 //                    Grid: (N). Block: threads stride over the row's chunks.
 #include "common.cuh"
@@ -33,6 +36,8 @@ __device__ __forceinline__ void unpack_chunk(const unsigned* __restrict__ w, int
     for (int j = 0; j < 8; ++j) q[8 * i + j] = float((words[i] >> (4 * j)) & 15u);
 }
 
+constexpr int kMaxTokens = 8;  // rawpage/ops/gguf_linear.py GEMV_MAX_TOKENS
+
 template <typename T>
 __device__ void int4_gemv(T* __restrict__ out,               // [T, N]
                           const T* __restrict__ x,           // [T, K], stored column order, rows 16-byte aligned
@@ -40,31 +45,39 @@ __device__ void int4_gemv(T* __restrict__ out,               // [T, N]
                           const __half* __restrict__ scales, // [N, K / G]
                           const __half* __restrict__ zeros,  // [N, K / G]
                           const T* __restrict__ bias,        // [N], read only if has_bias
-                          int has_bias, int N, int K, int G) {
+                          int has_bias, int num_tokens, int N, int K, int G) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n = blockIdx.x * (blockDim.x / 32) + warp;  // this warp's output row
   if (n >= N) return;                                   // whole warps leave; no barrier follows
-  const int t = blockIdx.y;
   const int groups = K / G;
   const unsigned* row = w + i64(n) * (K / 8);
-  const T* xt = x + i64(t) * K;
 
-  float acc = 0.0f;
+  float acc[kMaxTokens] = {};
   for (int c = lane; c < K / 32; c += 32) {
-    float q[32], xc[32];
+    float q[32];
     unpack_chunk(row, c, q);
-    load_floats<T, 32>(xt + 32 * c, xc);
-    float qx = 0.0f, xsum = 0.0f;  // sum q x, sum x over the chunk
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      qx += q[i] * xc[i];
-      xsum += xc[i];
-    }
     const i64 g = i64(n) * groups + (32 * c) / G;
-    acc += __half2float(scales[g]) * (qx - __half2float(zeros[g]) * xsum);
+    const float s = __half2float(scales[g]), z = __half2float(zeros[g]);
+#pragma unroll
+    for (int t = 0; t < kMaxTokens; ++t) {
+      if (t >= num_tokens) break;
+      float xc[32];
+      load_floats<T, 32>(x + i64(t) * K + 32 * c, xc);
+      float qx = 0.0f, xsum = 0.0f;  // sum q x, sum x over the chunk
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        qx += q[i] * xc[i];
+        xsum += xc[i];
+      }
+      acc[t] += s * (qx - z * xsum);
+    }
   }
-  acc = warp_sum(acc);  // y[t, n] = the warp's total
-  if (lane == 0) out[i64(t) * N + n] = from_float<T>(acc + (has_bias ? to_float(bias[n]) : 0.0f));
+#pragma unroll
+  for (int t = 0; t < kMaxTokens; ++t) {
+    if (t >= num_tokens) break;
+    const float y = warp_sum(acc[t]);  // y[t, n] = the warp's total
+    if (lane == 0) out[i64(t) * N + n] = from_float<T>(y + (has_bias ? to_float(bias[n]) : 0.0f));
+  }
 }
 
 template <typename T>
@@ -86,9 +99,9 @@ __device__ void int4_dequantize(T* __restrict__ out,                // [N, K]
 
 #define INT4_ENTRIES(T, suffix)                                                                            \
   extern "C" __global__ void int4_gemv_##suffix(T* out, const T* x, const unsigned* w, const __half* scales, \
-                                                const __half* zeros, const T* bias, int has_bias, int N,     \
-                                                int K, int G) {                                              \
-    int4_gemv<T>(out, x, w, scales, zeros, bias, has_bias, N, K, G);                                         \
+                                                const __half* zeros, const T* bias, int has_bias,            \
+                                                int num_tokens, int N, int K, int G) {                       \
+    int4_gemv<T>(out, x, w, scales, zeros, bias, has_bias, num_tokens, N, K, G);                             \
   }                                                                                                          \
   extern "C" __global__ void int4_dequantize_##suffix(T* out, const unsigned* w, const __half* scales,       \
                                                       const __half* zeros, int K, int G) {                   \

@@ -118,7 +118,8 @@ class DecoderModel:
         dim, inter = c.hidden_size, c.moe_intermediate_size
         m, (gate, up, down) = self.moe_names(p)
         experts = [f"{m}experts.{e}." for e in range(c.num_experts)]
-        return MoEWeights(
+        return MoEWeights.build(
+            self.backend,
             router=self.load_linear((m + "gate.weight", (c.num_experts, dim))),  # (E, dim)
             gate_up=[
                 self.load_linear((x + gate + ".weight", (inter, dim)), (x + up + ".weight", (inter, dim)))

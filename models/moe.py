@@ -6,11 +6,15 @@ token's output is their weighted sum (Mixtral, Qwen3-MoE).
     Qwen3-MoE when norm_topk_prob)
     y_t = sum_j w_tj * down_e(act(gate_e(x_t)) * up_e(x_t)),  e = top-k expert j
 
-The experts run one at a time over just the tokens routed to them (gather, two
-GEMMs, weighted scatter-add), so the cost grows with the experts in use, not
-with E. The routing decision is small (T x E) and is made on the host, which
-is why an MoE model decodes without CUDA graphs (rawpage/engine.py). On the GPU
-this is one launch per active expert, not yet a grouped GEMM.
+The step's (token, expert) pairs are sorted by expert, so each expert's tokens
+are one run of rows (M = T k rows in all). The gate/up and the down projections
+are then one grouped GEMM each over all experts (backend.grouped_linear): on
+sim and cuda a single kernel launch (cuda/moe_grouped_gemm.cu) whatever E is;
+on cpu one GEMM per expert that has tokens. Either way the work is the routed
+rows' FLOPs, which grow with the experts in use, not with E. The weighted sum
+gathers each token's k rows back (no atomics). The routing decision is small
+(T x E) and is made on the host, which is why an MoE model decodes without
+CUDA graphs (rawpage/engine.py).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import numpy as np
 
 from rawpage.backends.base import Array, Backend
 from rawpage.dtypes import from_float32, to_float32
+from rawpage.ops.moe_grouped_gemm import sort_by_expert
 
 
 @dataclass
@@ -29,8 +34,21 @@ class MoEWeights:
     router: Array  # (E, dim)
     gate_up: list[Array]  # E x (2 I, dim)   [gate | up] of each expert
     down: list[Array]  # E x (dim, I)
+    # The same experts stacked, (E, 2 I, dim) and (E, dim, I), where the backend runs
+    # grouped GEMMs on stacks (then gate_up and down are views into them); else None.
+    gate_up_stacked: Array | None = None
+    down_stacked: Array | None = None
+
+    @classmethod
+    def build(cls, b: Backend, router: Array, gate_up: list[Array], down: list[Array]) -> MoEWeights:
+        gu, dn = b.stack_experts(gate_up), b.stack_experts(down)
+        if gu is None or dn is None:
+            return cls(router, gate_up, down)
+        return cls(router, list(gu), list(dn), gu, dn)
 
     def arrays(self) -> list[Array]:
+        if self.gate_up_stacked is not None:
+            return [self.router, self.gate_up_stacked, self.down_stacked]
         return [self.router, *self.gate_up, *self.down]
 
 
@@ -59,11 +77,13 @@ def moe_forward(
     expert, added to (the step profile's expert load)."""
     T, dim = x.shape
     experts, weights = route(b.to_numpy(b.linear(x, moe.router)), k, renormalize)  # (T, k) each
-    expert_tokens += np.bincount(experts.ravel(), minlength=len(expert_tokens))
-    out = b.zeros((T, dim), np.float32)
-    for e in np.unique(experts):  # only the experts that have tokens
-        rows, slot = np.nonzero(experts == e)  # a token picks an expert at most once
-        idx = b.asarray(rows.astype(np.int32), np.int32)
-        y = b.linear(activation(b.linear(x[idx], moe.gate_up[e])), moe.down[e])  # (n_e, dim)
-        out[idx] += to_float32(y) * b.asarray(weights[rows, slot][:, None], np.float32)
+    order, offsets = sort_by_expert(experts, len(moe.gate_up))  # (T k,), (E + 1,)
+    expert_tokens += np.diff(offsets)
+    xs = x[b.asarray(order // k, np.int32)]  # (M, dim): row i is token order[i] // k
+    h = activation(b.grouped_linear(xs, moe.gate_up, moe.gate_up_stacked, offsets))  # (M, I)
+    y = b.grouped_linear(h, moe.down, moe.down_stacked, offsets)  # (M, dim), sorted by expert
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(len(order), dtype=np.int32)  # flat (t, j) -> its sorted row
+    y = to_float32(y)[b.asarray(inverse, np.int32)].reshape(T, k, dim)
+    out = (y * b.asarray(weights[:, :, None], np.float32)).sum(axis=1)  # (T, dim)
     return from_float32(out, b.dtype)

@@ -9,11 +9,12 @@ import sys
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.tiny_models import tiny_config
 
-STEPS = ["env", "deps", "parity", "microbench", "throughput", "breakdown", "summary"]
+STEPS = ["env", "deps", "parity", "families", "quant", "microbench", "throughput", "breakdown", "summary"]
 
 
 @pytest.mark.parametrize("script", ["tools/gpu_check.sh", "tools/gpu_wheels.sh"])
@@ -388,3 +389,70 @@ def test_breakdown_child_runs_its_steps_on_the_cpu(tiny_config_file):
 
     # prefill, 3 warm-up steps, the profiled one: still every sequence decoding
     assert breakdown.run_step(2, 20, tiny_config_file, device="cpu") == 2
+
+
+def test_family_rows_run_on_the_cpu_at_tiny_widths():
+    """The families step's code (config, transformers' model, Hub names incl. Mixtral's
+    split expert stacks, our model, comparison) on the CPU: float32 agrees to 1e-4."""
+    from tools.gpu_check import families
+
+    r = families.main(["--device", "cpu", "--tiny", "--prompt-lens", "5,20"])
+    assert set(r) == set(families.FAMILIES)
+    for family, row in r.items():
+        assert row["ok"] and row["prefill"]["max_rel"] < 1e-4 and row["rows_within"] == 1.0, (family, row)
+    rows = families.summary_rows(r)
+    assert len(rows) == 4 and all(v == "ok" for *_, v in rows)
+    assert families.failed({"qwen3-8b": {"ok": False, "error": "x"}}) == ["family parity qwen3-8b"]
+
+
+def test_family_configs_are_the_real_shapes():
+    from tools.gpu_check.families import family_config
+
+    mixtral = family_config("mixtral-8x7b")
+    assert (mixtral["hidden_size"], mixtral["intermediate_size"], mixtral["num_local_experts"]) == (4096, 14336, 8)
+    assert mixtral["num_hidden_layers"] == 2
+    gemma = family_config("gemma-3-12b")
+    assert (gemma["hidden_size"], gemma["head_dim"], gemma["vocab_size"]) == (3840, 256, 262208)
+    phi = family_config("phi-3-mini")
+    assert len(phi["rope_scaling"]["short_factor"]) == phi["hidden_size"] // phi["num_attention_heads"] // 2
+
+
+def test_int4_parity_row_runs_on_sim_with_weights_kept_packed():
+    from tools.gpu_check import quant
+
+    r = quant.main(["--parts", "parity", "--device", "sim", "--tiny", "--layers", "1", "--prompt-lens", "5,20"])
+    assert r["parity"]["ok"] and r["parity"]["decode"]["max_rel"] < 1e-4, r
+    assert quant.summary_rows(r)[0][3] == "ok"
+
+
+def test_quant_arithmetic_and_rows():
+    from tools.gpu_check import quant
+
+    assert quant.int4_bytes(4096, 4096) == 4096 * 2048 + 4 * 4096 * 32
+    assert quant.crossover({1: 1.0, 2: 1.5, 4: 3.0}, {1: 2.0, 2: 2.0, 4: 2.0, 16: 2.0}) == 4
+    assert quant.crossover({1: 1.0}, {1: 2.0}) is None
+    sample = {
+        "decode": {
+            "int4_ms": 0.1,
+            "bf16_ms": 0.3,
+            "bf16_over_int4": 3.0,
+            "roofline_ms": 0.08,
+            "over_roofline": 1.25,
+            "ok": True,
+        },
+        "prefill": {"int4_ms": 1.0, "bf16_ms": 0.9, "bf16_over_int4": 0.9, "ok": True},
+        "crossover": {"int4": {"gemv_ms": {"1": 0.1}, "scratch_ms": {"1": 0.2, "16": 0.3}, "crossover_tokens": None}},
+    }
+    rows = {name: (fig, verdict) for name, fig, _, verdict in quant.summary_rows(sample)}
+    assert rows["int4 decode B=1, one 8B layer's Linears"][1] == "ok"
+    assert "= 1.25x" in rows["int4 decode B=1, one 8B layer's Linears"][0]
+    assert "T=16: nan/0.300" in rows["int4 GEMV vs scratch+cuBLAS crossover, 4096x4096"][0]
+    assert quant.failed({"parity": {"ok": False}}) == ["int4 logit parity"]
+
+
+def test_rows_within_counts_rows_against_the_global_scale():
+    from tools.gpu_check.families import rows_within
+
+    theirs = [np.array([[10.0, 0.0], [1.0, 1.0]]), np.array([[0.0, 2.0]])]
+    ours = [np.array([[10.0, 0.0], [1.0, 2.0]]), np.array([[0.0, 2.1]])]  # row 2 off by 1 = 10% of 10
+    assert rows_within(ours, theirs, 0.05) == pytest.approx(2 / 3)

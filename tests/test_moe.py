@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from rawpage.backends import get_backend
+from rawpage.backends.cpu import CPUBackend
 from rawpage.models.moe import MoEWeights, moe_forward, route
 from rawpage.ops.activation import silu_and_mul_ref
 
@@ -52,11 +53,13 @@ def test_moe_matches_dense_reference(device, k, renormalize, case):
         "all to two": _router_preferring(rng, [3, 6], 30.0),
     }[case]
     b = get_backend(device)
-    moe = MoEWeights(
+    moe = MoEWeights.build(
+        b,
         b.prepare_linear(b.asarray(router)),
         [b.prepare_linear(b.asarray(w)) for w in gate_up],
         [b.prepare_linear(b.asarray(w)) for w in down],
     )
+    assert (moe.gate_up_stacked is not None) == (device == "sim")  # sim runs the grouped GEMM kernel
     counts = np.zeros(E, np.int64)
     got = b.to_numpy(moe_forward(b, b.asarray(x), moe, k, renormalize, b.silu_and_mul, counts))
     np.testing.assert_allclose(got, _dense_reference(x, router, gate_up, down, k, renormalize), rtol=1e-4, atol=1e-5)
@@ -76,18 +79,17 @@ def test_route_renormalizes_the_top_k():
     np.testing.assert_allclose(weights.sum(1), [1.0, 1.0], rtol=1e-6)
 
 
-class _CountingBackend:
-    """The cpu backend, counting GEMMs by the number of rows they multiply."""
+class _CountingBackend(CPUBackend):
+    """The cpu backend, counting the GEMMs of the Linear seam and their FLOPs."""
 
     def __init__(self):
-        self.inner, self.gemms = get_backend("cpu"), 0
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+        super().__init__()
+        self.gemms = self.flops = 0
 
     def linear(self, x, w, bias=None):
         self.gemms += 1
-        return self.inner.matmul(x, w, bias)
+        self.flops += 2 * x.shape[0] * w.shape[0] * w.shape[1]
+        return super().linear(x, w, bias)
 
 
 def test_cost_follows_the_active_experts_not_the_total():
@@ -104,3 +106,65 @@ def test_cost_follows_the_active_experts_not_the_total():
     x = np.abs(rng.standard_normal((32, DIM)).astype(np.float32))
     moe_forward(b, x, moe, 2, True, b.silu_and_mul, np.zeros(n_experts, np.int64))
     assert b.gemms == 1 + 2 * 2
+    T, k = 32, 2
+    assert b.flops == 2 * T * DIM * n_experts + 2 * T * k * (2 * INTER * DIM + DIM * INTER)  # router + routed rows
+
+
+class _CountingLoader:
+    """The simulator's kernel loader, recording each grouped-GEMM launch's FLOPs."""
+
+    def __init__(self, inner):
+        self.inner, self.launches, self.flops = inner, [], 0
+
+    def get_function(self, module, name):
+        fn = self.inner.get_function(module, name)
+        if module != "moe_grouped_gemm.cu":
+            return fn
+
+        def launch(grid, block, args, shared_mem=0):
+            out, x = args[0], args[1]
+            self.launches.append(name)
+            self.flops += 2 * x.shape[0] * out.shape[1] * x.shape[1]
+            return fn(grid, block, args, shared_mem)
+
+        return launch
+
+
+@pytest.mark.parametrize("n_experts", [8, 64])
+def test_sim_runs_two_grouped_gemms_whatever_the_expert_count(n_experts):
+    """On sim (and cuda) a layer's experts are two kernel launches, gate/up and down,
+    and their FLOPs are the routed rows' only: the same for 8 or 64 experts."""
+    rng = np.random.default_rng(2)
+    b = get_backend("sim")
+    b.loader = loader = _CountingLoader(b.loader)
+    router = np.zeros((n_experts, DIM), np.float32)
+    router[[1, 5]] = 1.0
+    gate_up = [rng.standard_normal((2 * INTER, DIM)).astype(np.float32) for _ in range(n_experts)]
+    down = [rng.standard_normal((DIM, INTER)).astype(np.float32) for _ in range(n_experts)]
+    moe = MoEWeights.build(b, b.asarray(router), [b.asarray(w) for w in gate_up], [b.asarray(w) for w in down])
+    T, k = 9, 2
+    x = np.abs(rng.standard_normal((T, DIM)).astype(np.float32))
+    moe_forward(b, b.asarray(x), moe, k, True, b.silu_and_mul, np.zeros(n_experts, np.int64))
+    assert len(loader.launches) == 2
+    assert loader.flops == 2 * T * k * (2 * INTER * DIM + DIM * INTER)
+
+
+def test_sim_bfloat16_experts_take_the_tensor_core_kernel():
+    """In bfloat16 the grouped GEMM is the mma.sync kernel; the layer still matches the
+    dense reference (computed on the bfloat16-rounded weights and input)."""
+    from rawpage.dtypes import bf16_from_f32, bf16_to_f32
+
+    rng = np.random.default_rng(3)
+    b = get_backend("sim", "bfloat16")
+    b.loader = loader = _CountingLoader(b.loader)
+
+    def rounded(a):
+        return bf16_to_f32(bf16_from_f32(a))
+
+    x = rounded(np.abs(rng.standard_normal((70, DIM)).astype(np.float32)))  # > 64 rows: two row tiles
+    gate_up, down = [[rounded(w) for w in ws] for ws in _experts(rng)]
+    router = rounded(_router_preferring(rng, [0, 4], 2.0))
+    moe = MoEWeights.build(b, b.asarray(router), [b.asarray(w) for w in gate_up], [b.asarray(w) for w in down])
+    got = b.to_numpy(moe_forward(b, b.asarray(x), moe, 2, True, b.silu_and_mul, np.zeros(E, np.int64)))
+    np.testing.assert_allclose(got, _dense_reference(x, router, gate_up, down, 2, True), rtol=5e-2, atol=5e-2)
+    assert loader.launches == ["moe_grouped_gemm_mma_bf16"] * 2

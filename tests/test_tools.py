@@ -120,3 +120,19 @@ def test_bench_structured_on_a_tiny_model(tiny_model_dir):
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "ms per token" in out.stdout and "| 2 |" in out.stdout
+
+
+def test_profile_step_shows_expert_load_of_a_moe_model(tmp_path, capsys):
+    """A tiny Mixtral on the cpu: the profile prints each layer's expert load and the
+    experts' GEMM FLOPs, which count the routed rows (batch x top-k per step)."""
+    from tests.tiny_families import family_config, write_family
+    from tools import profile_step
+
+    folder = write_family(str(tmp_path / "mixtral"), "mixtral")
+    profile_step.main(["--model", folder, "--batch", "3", "--context", "8", "--steps", "2"])
+    out = capsys.readouterr().out
+    cfg = family_config("mixtral")
+    assert "expert load over 2 steps" in out and "layer   0:" in out
+    routed = 3 * cfg["num_experts_per_tok"] * cfg["num_hidden_layers"]  # per step
+    gflop = 2 * routed * 3 * cfg["intermediate_size"] * cfg["hidden_size"] / 1e9
+    assert f"expert GEMMs: {gflop:.3f} GFLOP per step" in out

@@ -16,6 +16,10 @@
 #   kernels     the kernel tests and the cuda backend tests on --device cuda, with
 #               RAWPAGE_REQUIRE_GPU=1: a test that cannot reach the GPU fails
 #   parity      logits against transformers on Llama-3.2-1B shapes, bfloat16 and float32
+#   families    logits against transformers per family at real widths, 2 layers each:
+#               Qwen3-8B, Gemma-3-12B, Mixtral-8x7B, Phi-3-mini (bfloat16)
+#   quant       int4: 1B-shape logit parity (our AWQ packer), 8B-layer decode B=1 vs
+#               roofline and bf16, GEMM B=256 vs bf16 cuBLAS, GEMV/scratch crossover
 #   throughput  512 requests on a Llama-3-8B-shaped dummy model (graphs on); decode
 #               step wall, GPU and roofline times at batch 1 and 256; startup time
 #   breakdown   ncu's per-kernel times of one eager decode step at batch 1 and 256,
@@ -67,11 +71,14 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
 if step env 30 "$PY" -m tools.gpu_check.env --result-file "$PARTS/env.json"; then
   step kernels 110 env RAWPAGE_KERNEL_DEVICES=cuda RAWPAGE_REQUIRE_GPU=1 "$PY" -m pytest -q -ra -p no:cacheprovider \
     -m "not slow" tests/kernels/test_elementwise.py tests/kernels/test_paged_attention.py \
-    tests/kernels/test_model_sim.py tests/test_cuda_backend.py 2>&1 | tee "$OUT/kernel_tests.log"
+    tests/kernels/test_model_sim.py tests/test_cuda_backend.py tests/kernels/test_gguf_mmvq.py \
+    tests/kernels/test_moe_grouped_gemm.py tests/test_cublaslt_fp8.py 2>&1 | tee "$OUT/kernel_tests.log"
   step parity 60 "$PY" -m tools.gpu_check.parity --config tools/configs/llama-3.2-1b/config.json \
     --device cuda --result-file "$PARTS/parity.json"
   step throughput 90 "$PY" -m tools.gpu_check.throughput --engine rawpage --decode-batches 1,256 \
     --config tools/configs/llama-3-8b/config.json --result-file "$PARTS/throughput_rawpage.json"
+  step families 70 "$PY" -m tools.gpu_check.families --device cuda --result-file "$PARTS/families.json"
+  step quant 50 "$PY" -m tools.gpu_check.quant --device cuda --result-file "$PARTS/quant.json"
   step breakdown 80 "$PY" -m tools.gpu_check.breakdown --batches 1,256 --timeout 70 \
     --config tools/configs/llama-3-8b/config.json --result-file "$PARTS/breakdown.json"
   step microbench 40 "$PY" -m tools.gpu_check.microbench --result-file "$PARTS/microbench.json"

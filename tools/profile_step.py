@@ -43,14 +43,14 @@ def timed(obj, name: str, totals: dict) -> None:
     setattr(obj, name, wrapper)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--context", type=int, default=300)
     ap.add_argument("--steps", type=int, default=20)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     from rawpage import LLM, SamplingParams
 
     t0 = time.perf_counter()
@@ -93,6 +93,9 @@ def main() -> None:
         for i, row in enumerate(load):
             if row.any():
                 print(f"  layer {i:3d}: idle {int((row == 0).sum()):3d}  max {int(row.max()):6d}  {row.tolist()}")
+        c = eng.model_config  # the grouped GEMMs multiply routed rows only: gate|up (2 I x dim), down (dim x I)
+        flops = 2 * int(load.sum()) * 3 * c.moe_intermediate_size * c.hidden_size / args.steps
+        print(f"expert GEMMs: {flops / 1e9:.3f} GFLOP per step (routed rows only, whatever the expert count)")
 
 
 if __name__ == "__main__":

@@ -100,6 +100,26 @@ class Backend:
         """x: (T, in), w: a Linear weight from prepare_linear -> x @ W.T (+ bias): (T, out)."""
         raise NotImplementedError
 
+    def stack_experts(self, ws: list[Array | QuantizedWeight]) -> Array | None:
+        """The E weights of an MoE projection, from prepare_linear, as one (E, out, in)
+        array for grouped_linear, or None where this backend runs experts one by one."""
+        return None
+
+    def grouped_linear(
+        self, x: Array, ws: list[Array | QuantizedWeight], stacked: Array | None, offsets: np.ndarray
+    ) -> Array:
+        """MoE experts: x (M, in), rows sorted by expert, expert e owning rows
+        offsets[e] .. offsets[e+1) (host (E + 1,)) -> (M, out), each group times its
+        own weight. Here: one linear() per expert that has rows; idle experts cost nothing."""
+        out = None
+        for e in np.flatnonzero(np.diff(offsets)):
+            a, b = int(offsets[e]), int(offsets[e + 1])
+            y = self.linear(x[a:b], ws[e])
+            if out is None:
+                out = self.zeros((x.shape[0], y.shape[1]), y.dtype)
+            out[a:b] = y
+        return out if out is not None else self.zeros((x.shape[0], 0))
+
     def rms_norm(self, x: Array, weight: Array, eps: float) -> Array:
         raise NotImplementedError
 

@@ -24,6 +24,7 @@ import numpy as np
 from rawpage.backends.base import Array
 from rawpage.backends.cublas_ctypes import default_gemm
 from rawpage.backends.cublas_gemm import cublas_matmul
+from rawpage.backends.cublaslt_fp8 import CupyFp8Gemm, fp8_gemm_supported
 from rawpage.backends.kernel_backend import KernelBackend
 from rawpage.dtypes import BFLOAT16, from_float32
 from rawpage.ops.launch import cuda_source_dir
@@ -126,6 +127,9 @@ class CudaBackend(KernelBackend):
         self._graph_memory = None  # created with the first capture
         _check_cublas_constants()
         default_gemm()  # finds libcublas now, so that a problem shows at startup, not in the first step
+        cc = cupy.cuda.Device().compute_capability  # e.g. "90"
+        if fp8_gemm_supported((int(cc[:-1]), int(cc[-1]))) and os.environ.get("RAWPAGE_FP8_GEMM", "1") != "0":
+            self.fp8_gemm = CupyFp8Gemm()  # FP8 weights multiply in FP8 on tensor cores in prefill
 
     # --- arrays -----------------------------------------------------------
     def asarray(self, x: np.ndarray, dtype: Any = None) -> Array:

@@ -36,6 +36,7 @@ from rawpage.ops.fp8_linear import launch_fp8_linear
 from rawpage.ops.gguf_linear import GGUF_BLOCKS, launch_gguf_linear
 from rawpage.ops.int4_linear import launch_int4_linear
 from rawpage.ops.launch import KernelLoader
+from rawpage.ops.moe_grouped_gemm import launch_grouped_gemm
 from rawpage.ops.paged_attention import launch_paged_attention
 from rawpage.ops.rms_norm import launch_fused_add_rms_norm, launch_rms_norm
 from rawpage.ops.rope import launch_rope
@@ -45,6 +46,9 @@ from rawpage.quantization.weight import QuantizedWeight, dequantize
 
 class KernelBackend(Backend):
     keeps_quantized = frozenset({"gguf", "int4", "fp8"})
+    # The FP8 GEMM for FP8 weights in prefill (ops/fp8_linear.py Fp8Gemm): cuBLASLt on
+    # sm_89 / sm_90 (set by the cuda backend); None dequantizes and runs matmul.
+    fp8_gemm = None
 
     def __init__(self, xp: Any, loader: KernelLoader, dtype: str = "float32") -> None:
         self.xp, self.loader = xp, loader
@@ -95,8 +99,22 @@ class KernelBackend(Backend):
         if isinstance(w, QuantizedWeight) and w.kind == "int4":
             return launch_int4_linear(self.xp, self.loader, x, w, bias, self.matmul)
         if isinstance(w, QuantizedWeight) and w.kind == "fp8":
-            return launch_fp8_linear(self.xp, self.loader, x, w, bias, self.matmul)
+            return launch_fp8_linear(self.xp, self.loader, x, w, bias, self.matmul, self.fp8_gemm)
         return super().linear(x, w, bias)
+
+    # --- MoE experts: one grouped GEMM over all experts (cuda/moe_grouped_gemm.cu) ---------
+    def stack_experts(self, ws: list[Array | QuantizedWeight]) -> Array | None:
+        """Dense experts stacked (E, out, in); quantized ones keep their per-expert kernels."""
+        if any(isinstance(w, QuantizedWeight) for w in ws):
+            return None
+        return self.xp.ascontiguousarray(self.xp.stack(ws))
+
+    def grouped_linear(
+        self, x: Array, ws: list[Array | QuantizedWeight], stacked: Array | None, offsets: np.ndarray
+    ) -> Array:
+        if stacked is None:
+            return super().grouped_linear(x, ws, stacked, offsets)
+        return launch_grouped_gemm(self.xp, self.loader, x, stacked, offsets)
 
     # --- our kernels ----------------------------------------------------------
     def rms_norm(self, x: Array, weight: Array, eps: float) -> Array:

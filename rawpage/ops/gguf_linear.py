@@ -2,9 +2,12 @@
 
 W (N, K) is stored as in the .gguf file: each row a run of blocks of `block`
 values in `type_size` bytes (the formats are drawn in cuda/gguf_linear.cu).
-Decode batches (T <= GEMV_MAX_TOKENS) run the dequantize-and-dot kernel, which
-reads each weight byte once per token; larger batches dequantize W into a dense
-scratch and run the backend's GEMM, which reads it once for all T tokens.
+Decode batches (T <= GEMV_MAX_TOKENS) run a GEMV kernel that reads the blocks as
+stored: by default the integer one (ops/gguf_mmvq.py: int8 activations, __dp4a,
+each block read once for all T tokens); DECODE_KERNEL = "float" picks the float
+dequantize-and-dot one below (exact activations, W read once per token). Larger
+batches dequantize W into a dense scratch and run the backend's GEMM, which reads
+it once for all T tokens.
 """
 
 from __future__ import annotations
@@ -26,11 +29,16 @@ GGUF_BLOCKS = {
     "Q6_K": (256, 210),
 }
 
-# Tokens up to which the GEMV kernel runs. Not measured (no GPU in this task): at
-# T tokens it reads W T times, mostly from L2; the scratch path writes and reads a
-# dense copy of W once. The crossover is to be recorded by tools/gpu_check.sh.
+# The crossover: tokens up to which the GEMV kernels run, above which the weight is
+# dequantized to a scratch and multiplied by cuBLAS. Not measured yet (no GPU in the
+# task that set it): the GEMV's cost grows with T (its math, and for the float kernel
+# W read T times, mostly from L2); the scratch path costs a write and a read of a
+# dense W plus a GEMM that is flat in T up to ~64. tools/gpu_check/quant.py times
+# both paths at T = 1, 2, 4, 8, 16 and records where they cross. The integer
+# kernel holds at most this many tokens (cuda/gguf_mmvq.cu kMaxTokens).
 GEMV_MAX_TOKENS = 8
 GEMV_WARPS = 8  # output rows per block of the GEMV kernels
+DECODE_KERNEL = "mmvq"  # "mmvq" (int8 activations, __dp4a) or "float" (gguf_gemv below)
 
 
 def gguf_dequantize_ref(data: np.ndarray, qtype: str, shape: tuple[int, int]) -> np.ndarray:
@@ -82,6 +90,12 @@ def launch_gguf_linear(
     T = x.shape[0]
     if T > GEMV_MAX_TOKENS:
         return matmul(x, launch_gguf_dequantize(xp, loader, data, qtype, shape, x.dtype), bias)
+    if DECODE_KERNEL == "mmvq":
+        from rawpage.ops.gguf_mmvq import launch_gguf_mmvq  # (it imports this module's checks)
+
+        return launch_gguf_mmvq(xp, loader, x, data, qtype, shape, bias)
+    if DECODE_KERNEL != "float":
+        raise ValueError(f"DECODE_KERNEL is {DECODE_KERNEL!r}; it must be 'mmvq' or 'float'")
     return launch_gguf_gemv(xp, loader, x, data, qtype, shape, bias)
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from rawpage.ops.gguf_linear import GEMV_MAX_TOKENS, GEMV_WARPS, gemv_buffers, gemv_grid
-from rawpage.ops.launch import KernelLoader, dtype_suffix, require_aligned
+from rawpage.ops.gguf_linear import GEMV_MAX_TOKENS, GEMV_WARPS, gemv_buffers
+from rawpage.ops.launch import KernelLoader, ceil_div, dtype_suffix, require_aligned
 from rawpage.quantization.int4 import int4_dequantize_ref
 from rawpage.quantization.weight import QuantizedWeight
 
@@ -34,7 +34,7 @@ def check_int4(w: QuantizedWeight) -> None:
 
 
 # --- launch (cuda/int4_linear.cu) --------------------------------------------------------
-# int4_gemv: grid (ceil(N / 8), T); a block is 8 warps, a warp computes one y[t, n].
+# int4_gemv: grid ceil(N / 8); a block is 8 warps, a warp computes y[:, n] for all T <= 8 tokens.
 # int4_dequantize: grid (N); a block's 256 threads take the row's 32-value chunks in turn.
 
 
@@ -55,7 +55,10 @@ def launch_int4_gemv(xp: Any, loader: KernelLoader, x: Any, w: QuantizedWeight, 
     check_int4(w)
     N, K = w.shape
     x, out = gemv_buffers(xp, x, N, K)
-    if x.shape[0]:
+    T = x.shape[0]
+    if T > GEMV_MAX_TOKENS:
+        raise ValueError(f"int4_gemv takes at most {GEMV_MAX_TOKENS} tokens, got {T}")
+    if T:
         kernel = loader.get_function("int4_linear.cu", f"int4_gemv_{dtype_suffix(x)}")
         has_bias = bias is not None
         args = (
@@ -66,11 +69,12 @@ def launch_int4_gemv(xp: Any, loader: KernelLoader, x: Any, w: QuantizedWeight, 
             w.zeros,
             bias if has_bias else x,
             np.int32(has_bias),
+            np.int32(T),
             np.int32(N),
             np.int32(K),
             np.int32(w.group_size),
         )
-        kernel(gemv_grid(N, x.shape[0]), (32 * GEMV_WARPS,), args)
+        kernel((ceil_div(N, GEMV_WARPS),), (32 * GEMV_WARPS,), args)
     return out
 
 

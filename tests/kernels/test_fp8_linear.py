@@ -25,7 +25,9 @@ def test_dequantize_decodes_every_code(device):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("T,N,K,per_channel", [(1, 3, 16, True), (3, 37, 592, False), (12, 9, 128, True)])
+@pytest.mark.parametrize(
+    "T,N,K,per_channel", [(1, 3, 16, True), (3, 37, 592, False), (8, 21, 64, False), (12, 9, 128, True)]
+)
 def test_linear_matches_reference(device, dtype, T, N, K, per_channel):
     rng = np.random.default_rng(N + K)
     w = fp8_weight(N, K, per_channel)
@@ -41,3 +43,20 @@ def test_linear_matches_reference(device, dtype, T, N, K, per_channel):
     )
     scale = np.abs(want).max()
     assert_close(device.get(got) / scale, want / scale, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,K", [(1, 16), (5, 592), (3, 4096)])
+def test_quantize_rows_is_exact(device, dtype, T, K):
+    """fp8_quantize_rows (the FP8 GEMM path's activation step) bit for bit."""
+    from rawpage.ops.fp8_linear import fp8_quantize_rows_ref
+
+    x = device.rounded(np.random.default_rng(T * K).standard_normal((T, K)) * 5, dtype)
+    x[0, :] = 0.0  # a zero row: scale 0, codes 0
+    xq, sx = device.xp.empty((T, K), dtype=np.uint8), device.xp.empty(T, dtype=np.float32)
+    suffix = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[dtype]
+    kernel = device.loader.get_function("fp8_linear.cu", f"fp8_quantize_rows_{suffix}")
+    kernel((T,), (256,), (xq, sx, device.put(x, dtype), np.int32(K)))
+    want_q, want_s = fp8_quantize_rows_ref(x)
+    np.testing.assert_array_equal(device.get(sx), want_s)
+    np.testing.assert_array_equal(device.get(xq), want_q)

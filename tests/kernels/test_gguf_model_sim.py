@@ -8,6 +8,7 @@ import pytest
 from rawpage.backends import get_backend
 from rawpage.loader.tensors import TensorSource
 from rawpage.models.llama import LlamaModel
+from rawpage.ops import gguf_linear
 from rawpage.ops.gguf_linear import GGUF_BLOCKS, gguf_dequantize_ref
 from rawpage.quantization.weight import QuantizedWeight
 from tests.kernels.test_gguf_linear import _F16_FIELDS, random_blocks
@@ -40,8 +41,15 @@ def quantized_tiny_llama(qtype: str) -> tuple:
     return config, TensorSource(readers, {name: (lambda w=w: w) for name, w in packed.items()})
 
 
+# Decode kernels and how close they come to cpu's float32 product: the float GEMV is
+# exact up to summation order; the integer one rounds activations to int8 per 32.
+DECODE_TOLERANCE = {"float": 1e-5, "mmvq": 3e-2}
+
+
+@pytest.mark.parametrize("decode_kernel", list(DECODE_TOLERANCE))
 @pytest.mark.parametrize("qtype", list(GGUF_BLOCKS))
-def test_tiny_llama_kept_quantized_matches_cpu(qtype):
+def test_tiny_llama_kept_quantized_matches_cpu(qtype, decode_kernel, monkeypatch):
+    monkeypatch.setattr(gguf_linear, "DECODE_KERNEL", decode_kernel)
     config, tensors = quantized_tiny_llama(qtype)
     cpu = Runner(LlamaModel(config, get_backend("cpu"), tensors))
     sim_model = LlamaModel(config, get_backend("sim"), tensors)
@@ -51,18 +59,25 @@ def test_tiny_llama_kept_quantized_matches_cpu(qtype):
     for i, chunks in enumerate(schedule(np.random.default_rng(1), config.vocab_size)):
         want, got = cpu.step(chunks), sim.step(chunks)  # prefill steps take the scratch path, decode the GEMV
         err = np.abs(got - want).max() / np.abs(want).max()
-        assert err < 1e-5, f"step {i}: relative error {err:.2e}"
-        np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
+        assert err < DECODE_TOLERANCE[decode_kernel], f"step {i}: relative error {err:.2e}"
+        # The same greedy token wherever cpu's top two are further apart than the error
+        # (a random tiny model has near-ties that int8 activations may flip).
+        top2 = np.sort(want, axis=-1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] > 2 * np.abs(got - want).max()
+        np.testing.assert_array_equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
 
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at", "1, 2, 3, 4,", "Once upon a time"]
 
 
 @pytest.mark.slow
-def test_default_gguf_kept_quantized_greedy_matches_cpu():
+@pytest.mark.parametrize("decode_kernel", list(DECODE_TOLERANCE))
+def test_default_gguf_kept_quantized_greedy_matches_cpu(decode_kernel, monkeypatch):
     """SmolLM2-135M Q4_1 (token_embd Q8_0, tied LM head): 5 prompts in one batch, the
     same greedy tokens on sim with packed weights as on cpu with dequantized ones."""
     from rawpage.loader import load_checkpoint
+
+    monkeypatch.setattr(gguf_linear, "DECODE_KERNEL", decode_kernel)
 
     try:
         ckpt = load_checkpoint()
@@ -75,7 +90,8 @@ def test_default_gguf_kept_quantized_greedy_matches_cpu():
     cpu_tokens, sim_tokens = [], []
     for _ in range(4):  # one batched prefill (scratch + GEMM), then decode steps of 5 rows (GEMV)
         cpu_logits, sim_logits = cpu.step(chunks), sim.step(chunks)
-        np.testing.assert_allclose(sim_logits, cpu_logits, rtol=1e-3, atol=1e-3)
+        err = np.abs(sim_logits - cpu_logits).max() / np.abs(cpu_logits).max()
+        assert err < {"float": 1e-4, "mmvq": DECODE_TOLERANCE["mmvq"]}[decode_kernel]
         cpu_tokens.append(cpu_logits.argmax(-1).tolist())
         sim_tokens.append(sim_logits.argmax(-1).tolist())
         chunks = {i: [t] for i, t in enumerate(cpu_tokens[-1])}

@@ -30,6 +30,7 @@ CASES = [
     ("gptq-asym", 1, 16, 96, -1),
     ("gptq-act", 4, 24, 256, 32),
     ("gptq-act", 1, 8, 384, 128),
+    ("awq", 8, 40, 128, 64),  # GEMV_MAX_TOKENS tokens in one warp
 ]
 
 
@@ -82,3 +83,11 @@ def test_rejects_group_size_not_a_multiple_of_32(device):
     w.group_size = 16
     with pytest.raises(ValueError, match="multiples of 32"):
         launch_int4_gemv(device.xp, device.loader, device.put(np.zeros((1, 64)), "float32"), on_device(device, w))
+
+
+def test_gemv_refuses_more_tokens_than_it_holds(device):
+    from rawpage.ops.gguf_linear import GEMV_MAX_TOKENS
+
+    w = on_device(device, packed("awq", 8, 64, 32))
+    with pytest.raises(ValueError, match="at most"):
+        launch_int4_gemv(device.xp, device.loader, device.put(np.zeros((GEMV_MAX_TOKENS + 1, 64)), "float32"), w)

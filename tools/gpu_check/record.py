@@ -56,6 +56,8 @@ def build_record(merged: dict, date: str, gpu: str, commit: str, table_md: str) 
         "kernel_tests": merged.get("kernel_tests"),
         "memcheck": merged.get("memcheck"),
         "parity": merged.get("parity"),
+        "families": merged.get("families"),  # parity per family at real shapes (families.py)
+        "quant": merged.get("quant"),  # quantized-weight rows (quant.py)
         "microbench": merged.get("microbench"),
         "throughput": throughput,
     }

@@ -16,6 +16,8 @@ import json
 import os
 import re
 
+from tools.gpu_check import families, quant
+
 # Skips that are right on a GPU; any other skip in the kernel step is a failure.
 EXPECTED_SKIPS = ("a trap on a GPU poisons the CUDA context",)
 
@@ -171,6 +173,7 @@ def rows(r: dict, kernel: dict | None, memcheck: str | None) -> list[tuple[str, 
         out.append(("startup to ready, Llama-3-8B shape", f"{_fmt(ours.get('startup_s'))} s", "", ""))
     else:
         out.append(("offline throughput", "not measured", ">= 6x transformers", "—"))
+    out += families.summary_rows(r.get("families")) + quant.summary_rows(r.get("quant"))
     for key in sorted((k for k in r if k.startswith("breakdown_b")), key=lambda k: int(k[11:])):
         b = r[key]
         if "families" in b:
@@ -197,6 +200,7 @@ def failures(r: dict) -> list[str]:
     for dtype, p in (r.get("parity") or {}).items():
         if isinstance(p, dict) and not p.get("ok", True):
             out.append(f"parity {dtype}: over tolerance")
+    out += families.failed(r.get("families")) + quant.failed(r.get("quant"))
     m = r.get("memcheck") or ""
     if re.match(r"[1-9]\d* errors", m):
         out.append(f"memcheck: {m}")
