@@ -71,7 +71,9 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at", "1
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("decode_kernel", list(DECODE_TOLERANCE))
+# The default decode kernel only: the float GEMV is covered by the tiny models above,
+# and each run of the real model under sim costs minutes on two cores.
+@pytest.mark.parametrize("decode_kernel", ["mmvq"])
 def test_default_gguf_kept_quantized_greedy_matches_cpu(decode_kernel, monkeypatch):
     """SmolLM2-135M Q4_1 (token_embd Q8_0, tied LM head): 5 prompts in one batch, the
     same greedy tokens on sim with packed weights as on cpu with dequantized ones."""
