@@ -220,7 +220,7 @@ __device__ void paged_attention_prefill(
     if (j + 1 < num_kv_tiles) load_kv_tile(j + 1, stage ^ 1);
     cp_async_commit();  // possibly empty, so that "all but the newest group" is always tile j
     cp_async_wait<1>();
-    __syncthreads();  // every thread's copies of K_j, V_j (and at j = 0, Q_i) have landed
+    __syncthreads();  // every thread's K_j, V_j (cp.async, or FP8 converted) and, at the first tile, Q_i are in
 
     if (QInRegs<D>::value && j == first_kv_tile) {
 #pragma unroll
