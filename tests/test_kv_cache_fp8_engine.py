@@ -80,3 +80,17 @@ def test_flags():
     assert (args.kv_cache_dtype, args.kv_cache_scales) == ("fp8", "0.1,0.2")
     with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, fp8, fp8_e4m3"):
         EngineArgs(kv_cache_dtype="int8")
+
+
+def test_swapped_fp8_blocks_come_back_intact(folders):
+    """Preemption by swapping copies the uint8 blocks to host memory and back: the
+    greedy tokens equal those of a pool large enough for no preemption."""
+    prompts = [{"prompt_token_ids": c["ids"]} for c in CASES["gemma2"]["cases"]] * 2
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    common = dict(device="cpu", block_size=8, max_model_len=80, kv_cache_dtype="fp8", kv_cache_scales="0.02")
+    want = LLM(folders["gemma2"], **common).generate(prompts, params, use_tqdm=False)
+    llm = LLM(folders["gemma2"], num_gpu_blocks_override=14, preemption_mode="swap", **common)
+    got = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert llm.engine.scheduler.num_swap_outs > 0, "the pool was meant to force swapping"
+    assert llm.engine.runner.cpu_caches[0][0].dtype == np.uint8

@@ -125,3 +125,20 @@ def test_a_model_with_global_layers_releases_nothing(folders):
     llm.generate([{"prompt_token_ids": list(range(5, 30))}], params, use_tqdm=False)
     assert llm.engine.block_manager.sliding_window is None
     assert llm.engine.block_manager.num_window_releases == 0
+
+
+@pytest.mark.parametrize("blocks", [64, 5])
+def test_prefix_cache_hits_on_released_blocks_give_the_same_tokens(folders, blocks):
+    """The same 40-token prompt twice, one after the other: the second request revives
+    the first one's released blocks by name where the pool has not reused them (64
+    blocks), or recomputes from where the chain of names breaks (5: all reused); either way its
+    greedy tokens are the first one's."""
+    llm = LLM(folders["mistral"], device="cpu", block_size=8, max_model_len=120, num_gpu_blocks_override=blocks)
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    prompt = {"prompt_token_ids": list(range(7, 47))}
+    first = llm.generate([prompt], params, use_tqdm=False)[0]
+    second = llm.generate([prompt], params, use_tqdm=False)[0]
+    assert list(second.outputs[0].token_ids) == list(first.outputs[0].token_ids)
+    bm = llm.engine.block_manager
+    assert (bm.prefix_hits > 0) == (blocks == 64) and bm.num_window_releases > 0
+    assert_no_leaks(llm.engine)
