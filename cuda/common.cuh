@@ -73,7 +73,7 @@ struct Chunk<2> {
 template <typename T, int N>
 struct VecIO {
   static constexpr int kBytes = N * int(sizeof(T));
-  static constexpr int kChunk = kBytes % 16 == 0 ? 16 : kBytes % 8 == 0 ? 8 : kBytes % 4 == 0 ? 4 : int(sizeof(T));
+  static constexpr int kChunk = kBytes % 16 == 0 ? 16 : kBytes % 8 == 0 ? 8 : kBytes % 4 == 0 ? 4 : 2;
   static constexpr int kPer = kChunk / int(sizeof(T));
   using C = typename Chunk<kChunk>::type;
 };

@@ -26,4 +26,11 @@ __device__ __forceinline__ unsigned char float_to_e4m3(float x) {
   return static_cast<unsigned char>(sign | code);
 }
 
+// One e4m3 element of an FP8 KV cache, as a type of its own, so that the attention
+// kernels read it through the same to_float() as __half and __nv_bfloat16.
+struct fp8_e4m3 {
+  unsigned char bits;
+};
+__device__ __forceinline__ float to_float(fp8_e4m3 x) { return e4m3_to_float(x.bits); }
+
 }  // namespace rawpage

@@ -4,15 +4,25 @@
 //   s_j = (q . k_j) * scale           for the context's tokens j = 0 .. L-1
 //   o   = sum_j softmax(s)_j v_j
 //
+// Two options some families need, and an FP8 cache:
+//   sliding window W > 0 (Mistral, Gemma's local layers): the query at position
+//     L - 1 sees keys lo = max(0, L - W) .. L - 1 only; partitions split that
+//     range, and blocks before it are never read (they may be freed: their table
+//     entries are then a sentinel the kernel must not touch).
+//   soft cap c > 0 (Gemma 2):  s_j = c * tanh(s_j / c)
+//   FP8 (e4m3) cache, C = fp8_e4m3: k_j = k_scale * e4m3(k_j) (V likewise); the
+//     scales fold into q (q * k_scale) and into the output (o * v_scale), so the
+//     loop converts each element with to_float() and nothing else changes.
+//
 // Token j of sequence b sits in physical block block_tables[b, j / BS], at
 // offset j % BS. With GQA, query heads h = kv * G' .. kv * G' + G' - 1 all read
 // KV head kv (G' = H / Hkv). Decode is bound by reading K and V, so one block
 // serves a KV head's whole group: each K/V byte crosses the memory bus once,
 // and the G' dot products and G' output updates reuse it from registers.
 //
-// Split-K (flash-decoding): the context is cut into partitions of
-// ps = max(min_partition, roundup(ceil(L / P), 16)) tokens, L the sequence's own
-// length: a CUDA graph captured with P chosen for the longest context still
+// Split-K (flash-decoding): the visible context (lo .. L-1, L' = L - lo tokens)
+// is cut into partitions of ps = max(min_partition, roundup(ceil(L' / P), 16))
+// tokens, L' the sequence's own: a CUDA graph captured with P chosen for the longest context still
 // spreads a shorter context over up to P partitions, but none so short that
 // writing and merging its partial output costs more than reading its K/V.
 // Each block reduces its partition to (m, l, o): the maximum score, the softmax
@@ -29,13 +39,14 @@
 // when the group is larger than G = 8), sequence and partition.
 // Block: 4 warps of `slots`: a slot is kLanes lanes that share one key; each lane
 // holds VEC = D / kLanes consecutive elements of the key and value rows, which
-// it loads as 16-byte vectors (kLanes = D * sizeof(T) / 16 when that is a power
+// it loads as 16-byte vectors (kLanes = D * sizeof(C) / 16 when that is a power
 // of two up to 32, else 8 with narrower loads: D = 80, 96), and of q and the
 // output of every head of the group. A warp takes kKeysPerStep consecutive
 // keys per step; the 4 warps interleave steps.
 // While a warp computes the scores of one step, the V rows of that step and
 // then the K rows of the next are already on their way (register double buffer).
 #include "common.cuh"
+#include "fp8.cuh"
 
 using namespace rawpage;
 
@@ -56,9 +67,9 @@ __host__ __device__ constexpr int lanes_per_key() {
 // Blocks per SM that ptxas must leave room for (__launch_bounds__): 4, i.e. at
 // most 128 registers a thread, where the accumulators fit that without spilling
 // (16-bit K/V in 16-byte vectors, groups up to 4); else 2.
-template <typename T, int D, int G>
+template <typename C, int D, int G>
 __host__ __device__ constexpr int min_blocks() {
-  return sizeof(T) == 2 && G <= 4 && lanes_per_key<T, D>() != 8 ? 4 : 2;
+  return sizeof(C) == 2 && G <= 4 && lanes_per_key<C, D>() != 8 ? 4 : 2;
 }
 
 // Tokens per partition for a sequence of seq_len tokens split up to P ways; the
@@ -88,21 +99,24 @@ struct RawRow {
 };
 }  // namespace decode
 
-template <typename T, int D, int G>
+template <typename T, typename C, int D, int G>
 __device__ void paged_attention_decode(
     T* __restrict__ out,                      // [T, H, D], written when P == 1
     float* __restrict__ part_o,               // [B, H, P, D] normalized partition outputs (P > 1)
     float* __restrict__ part_ml,              // [B, H, P, 2] (max, sum) in log2 units (P > 1)
     const T* __restrict__ q,                  // [T, H, D], token stride q_stride
-    const T* __restrict__ k_cache,            // [NB, BS, Hkv, D]
-    const T* __restrict__ v_cache,            // [NB, BS, Hkv, D]
+    const C* __restrict__ k_cache,            // [NB, BS, Hkv, D], C = T or fp8_e4m3
+    const C* __restrict__ v_cache,            // [NB, BS, Hkv, D]
     const int* __restrict__ block_tables,     // [B, max_blocks]
     const int* __restrict__ seq_lens,         // [B], context length including the new token
     const int* __restrict__ query_start_loc,  // [B+1]: sequence b's query is row query_start_loc[b]
     int max_blocks, int num_heads, int num_kv_heads, int block_size, int q_stride, float scale,
-    int min_partition) {
+    int min_partition,
+    int sliding_window,                 // W > 0: keys L-W .. L-1 only; 0: the whole context
+    float soft_cap,                     // c > 0: s = c tanh(s / c); 0: none
+    const float* __restrict__ kv_scales) {  // [2] (k_scale, v_scale) for an FP8 cache, else null
   using namespace decode;
-  constexpr int kLanes = lanes_per_key<T, D>();
+  constexpr int kLanes = lanes_per_key<C, D>();
   constexpr int VEC = D / kLanes;
   constexpr int kSlots = 32 / kLanes;                        // keys side by side in a warp
   // Keys per slot and step: fewer when registers go to more heads, and at most
@@ -124,16 +138,20 @@ __device__ void paged_attention_decode(
   __syncthreads();  // meta_s written before anyone reads it
   const int seq_len = meta_s[0], row = meta_s[1];
   if (meta_s[2] == row) return;  // no new token this step
-  const int ps = partition_tokens(seq_len, num_partitions, min_partition);
-  const int start = p * ps;
+  const int lo = sliding_window > 0 ? max(0, seq_len - sliding_window) : 0;  // first visible key
+  const int ps = partition_tokens(seq_len - lo, num_partitions, min_partition);
+  const int start = lo + p * ps;
   if (start >= seq_len) return;  // past this sequence's end: the reduce never reads it
   const int end = min(start + ps, seq_len);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int slot = lane / kLanes, r = lane % kLanes;
   const int* table = block_tables + i64(b) * max_blocks;
 
-  // Stage q_g * scale * log2(e) for the group's heads (contiguous in q) in
-  // shared memory, read once in 16-byte vectors; heads past `heads` are zero.
+  // Stage q_g * scale * log2(e) (* k_scale) for the group's heads (contiguous in q)
+  // in shared memory, read once in 16-byte vectors; heads past `heads` are zero.
+  const float k_scale = kv_scales ? kv_scales[0] : 1.0f, v_scale = kv_scales ? kv_scales[1] : 1.0f;
+  const float q_factor = scale * kLog2e * k_scale;
+  const float cap_log2 = soft_cap * kLog2e;  // the soft cap in the log2 units of the scores
   constexpr int kQVec = 16 / int(sizeof(T));
   __shared__ __align__(16) float q_s[G][D];
   float* q_flat = &q_s[0][0];  // [G * D]
@@ -146,7 +164,7 @@ __device__ void paged_attention_decode(
       for (int e = 0; e < kQVec; ++e) v[e] = 0.0f;
     }
 #pragma unroll
-    for (int e = 0; e < kQVec; ++e) q_flat[i + e] = v[e] * (scale * kLog2e);
+    for (int e = 0; e < kQVec; ++e) q_flat[i + e] = v[e] * q_factor;
   }
   __syncthreads();  // q_s complete before any lane copies its slice
   // This lane's slice of q: in registers while they are few; past 32 floats
@@ -193,7 +211,7 @@ __device__ void paged_attention_decode(
     for (int i = 0; i < VEC; ++i) acc[g][i] = 0.0f;
   }
 
-  RawRow<T, VEC> k_raw[kKeysPerSlot], v_raw[kKeysPerSlot];
+  RawRow<C, VEC> k_raw[kKeysPerSlot], v_raw[kKeysPerSlot];
   i64 off[kKeysPerSlot];
   constexpr int kStride = kWarps * kKeysPerStep;  // tokens between a warp's steps
   int base = start + warp * kKeysPerStep;
@@ -207,7 +225,8 @@ __device__ void paged_attention_decode(
 #pragma unroll
     for (int t = 0; t < kKeysPerSlot; ++t) v_raw[t].load_or_zero(v_cache, off[t]);
 
-    // s_tg = q_g . k_t: each lane's partial dot product, summed over the slot's lanes
+    // s_tg = q_g . k_t: each lane's partial dot product, summed over the slot's
+    // lanes; then soft-capped: (c log2 e) tanh(s / (c log2 e)) is c tanh(s / c) in log2 units.
     float s[kKeysPerSlot][G];
 #pragma unroll
     for (int t = 0; t < kKeysPerSlot; ++t)
@@ -218,6 +237,7 @@ __device__ void paged_attention_decode(
         for (int i = 0; i < VEC; ++i) x += q_at(g, i) * k_raw[t][i];
 #pragma unroll
         for (int o = kLanes / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+        if (soft_cap > 0.0f) x = cap_log2 * tanhf(x / cap_log2);
         s[t][g] = off[t] >= 0 ? x : neg_inf();
       }
 
@@ -304,7 +324,7 @@ __device__ void paged_attention_decode(
       for (int e = 0; e < 4; ++e) o[e] += acc_s[w][g][d + e] * weight;
     }
 #pragma unroll
-    for (int e = 0; e < 4; ++e) o[e] /= l_sum;
+    for (int e = 0; e < 4; ++e) o[e] *= v_scale / l_sum;  // v_scale: 1 unless the cache is FP8
     const int h = h0 + g;
     const i64 part = (i64(b) * num_heads + h) * num_partitions + p;
     if (num_partitions == 1) {
@@ -321,7 +341,8 @@ __device__ void paged_attention_decode(
 
 // Merge a split decode's partitions:
 //   M = max_p m_p,   w_p = l_p 2^(m_p - M),   out = sum_p w_p o_p / sum_p w_p
-// over the partitions that hold tokens of this sequence (ceil(L / ps)).
+// over the partitions that hold tokens of this sequence (ceil(L' / ps), L' the
+// tokens in its window).
 // Grid: (H, B). Block: threads stride over D, 4 elements (one float4 of each
 // partial) at a time; the weights w_p go through shared memory (dynamic, P floats).
 template <typename T>
@@ -331,7 +352,7 @@ __device__ void paged_attention_decode_reduce(
     const float* __restrict__ part_ml,        // [B, H, P, 2]
     const int* __restrict__ seq_lens,         // [B]
     const int* __restrict__ query_start_loc,  // [B+1]
-    int head_size, int num_partitions, int min_partition) {
+    int head_size, int num_partitions, int min_partition, int sliding_window) {
   const int h = blockIdx.x, b = blockIdx.y, num_heads = gridDim.x;
   __shared__ int meta_s[3];  // seq_lens[b], query_start_loc[b], query_start_loc[b + 1]
   if (threadIdx.x < 3)
@@ -339,8 +360,9 @@ __device__ void paged_attention_decode_reduce(
   __syncthreads();  // meta_s written before anyone reads it
   const int seq_len = meta_s[0], row = meta_s[1];
   if (meta_s[2] == row) return;  // no new token this step
-  const int ps = decode::partition_tokens(seq_len, num_partitions, min_partition);
-  const int used = ceil_div(seq_len, ps);
+  const int visible = sliding_window > 0 ? min(seq_len, sliding_window) : seq_len;
+  const int ps = decode::partition_tokens(visible, num_partitions, min_partition);
+  const int used = ceil_div(visible, ps);
   const i64 first = (i64(b) * num_heads + h) * num_partitions;
   const float* ml = part_ml + 2 * first;
   float* w = dynamic_smem<float>();  // [P]
@@ -374,37 +396,52 @@ __device__ void paged_attention_decode_reduce(
   }
 }
 
-#define DECODE_ENTRY(T, suffix, D, G)                                                          \
-  extern "C" __global__ void __launch_bounds__(decode::kThreads, decode::min_blocks<T, D, G>()) \
+// Entry points: paged_attention_decode_<dtype>[_fp8]_d<D>_g<G>; the _fp8 ones
+// read an e4m3 cache and take its scales.
+#define DECODE_ENTRY(T, C, suffix, D, G, KIND)                               \
+  extern "C" __global__ void __launch_bounds__(decode::kThreads, decode::min_blocks<C, D, G>()) \
       paged_attention_decode_##suffix##_d##D##_g##G(                                           \
-          T* out, float* part_o, float* part_ml, const T* q, const T* k_cache,                \
-          const T* v_cache, const int* block_tables, const int* seq_lens,                     \
+          T* out, float* part_o, float* part_ml, const T* q, const C* k_cache,                \
+          const C* v_cache, const int* block_tables, const int* seq_lens,                     \
           const int* query_start_loc, int max_blocks, int num_heads, int num_kv_heads,        \
-          int block_size, int q_stride, float scale, int min_partition) {                     \
-    paged_attention_decode<T, D, G>(out, part_o, part_ml, q, k_cache, v_cache, block_tables,  \
-                                    seq_lens, query_start_loc, max_blocks, num_heads,         \
-                                    num_kv_heads, block_size, q_stride, scale, min_partition); \
+          int block_size, int q_stride, float scale, int min_partition, int sliding_window,   \
+          float soft_cap SCALES_PARAM_##KIND) {                                                       \
+    paged_attention_decode<T, C, D, G>(out, part_o, part_ml, q, k_cache, v_cache,             \
+                                       block_tables, seq_lens, query_start_loc, max_blocks,   \
+                                       num_heads, num_kv_heads, block_size, q_stride, scale,  \
+                                       min_partition, sliding_window, soft_cap, SCALES_ARG_##KIND);      \
   }
 
-#define DECODE_GROUPS(T, suffix, D) \
-  DECODE_ENTRY(T, suffix, D, 1)     \
-  DECODE_ENTRY(T, suffix, D, 2)     \
-  DECODE_ENTRY(T, suffix, D, 4)     \
-  DECODE_ENTRY(T, suffix, D, 8)
+// KIND is NONE or FP8; pasted (never expanded as an argument), so that the
+// FP8 parameter list can carry its comma.
+#define SCALES_PARAM_NONE
+#define SCALES_PARAM_FP8 , const float* kv_scales
+#define SCALES_ARG_NONE nullptr
+#define SCALES_ARG_FP8 kv_scales
+#define DECODE_GROUPS(T, C, suffix, D, KIND) \
+  DECODE_ENTRY(T, C, suffix, D, 1, KIND)     \
+  DECODE_ENTRY(T, C, suffix, D, 2, KIND)     \
+  DECODE_ENTRY(T, C, suffix, D, 4, KIND)     \
+  DECODE_ENTRY(T, C, suffix, D, 8, KIND)
+
+#define DECODE_HEAD_SIZES(T, C, suffix, KIND) \
+  DECODE_GROUPS(T, C, suffix, 16, KIND)       \
+  DECODE_GROUPS(T, C, suffix, 32, KIND)       \
+  DECODE_GROUPS(T, C, suffix, 64, KIND)       \
+  DECODE_GROUPS(T, C, suffix, 80, KIND)       \
+  DECODE_GROUPS(T, C, suffix, 96, KIND)       \
+  DECODE_GROUPS(T, C, suffix, 128, KIND)      \
+  DECODE_GROUPS(T, C, suffix, 256, KIND)
 
 #define DECODE_ENTRIES(T, suffix)                                                              \
-  DECODE_GROUPS(T, suffix, 16)                                                                 \
-  DECODE_GROUPS(T, suffix, 32)                                                                 \
-  DECODE_GROUPS(T, suffix, 64)                                                                 \
-  DECODE_GROUPS(T, suffix, 80)                                                                 \
-  DECODE_GROUPS(T, suffix, 96)                                                                 \
-  DECODE_GROUPS(T, suffix, 128)                                                                \
-  DECODE_GROUPS(T, suffix, 256)                                                                \
+  DECODE_HEAD_SIZES(T, T, suffix, NONE)                                    \
+  DECODE_HEAD_SIZES(T, fp8_e4m3, suffix##_fp8, FP8)                    \
   extern "C" __global__ void paged_attention_decode_reduce_##suffix(                          \
       T* out, const float* part_o, const float* part_ml, const int* seq_lens,                 \
-      const int* query_start_loc, int head_size, int num_partitions, int min_partition) {     \
+      const int* query_start_loc, int head_size, int num_partitions, int min_partition,       \
+      int sliding_window) {                                                                    \
     paged_attention_decode_reduce<T>(out, part_o, part_ml, seq_lens, query_start_loc,         \
-                                     head_size, num_partitions, min_partition);               \
+                                     head_size, num_partitions, min_partition, sliding_window); \
   }
 
 DECODE_ENTRIES(float, f32)

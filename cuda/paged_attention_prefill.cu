@@ -7,6 +7,18 @@
 // last n tokens of its L = seq_lens[b] tokens of context, so query row i sits at
 // position L - n + i and sees keys 0 .. L - n + i.
 //
+// Options (0 = off), as in paged_attention_decode.cu:
+//   sliding window W: row at position p sees keys p-W+1 .. p; key tiles wholly
+//     before the tile's first row's window are never visited, and keys before it
+//     are never read (their blocks may be freed), so the j loop starts at
+//     Tlo = floor(max(0, pos0 - W + 1) / Bc);
+//   soft cap c: S_ij = c tanh(S_ij / c) before the mask;
+//   FP8 cache (C = fp8_e4m3): K_j, V_j are converted to T on their way into
+//     shared memory (plain loads, not cp.async); k_scale folds into the score
+//     scale and v_scale into the final 1 / l.
+// A row whose window starts past a visited tile sees only -inf there: it keeps
+// m = -inf and adds nothing (the exponent's reference is 0 while m is -inf).
+//
 // FlashAttention-2 (Dao, 2023, Algorithm 1) in the paper's notation. The chunk's
 // rows are cut into Tr tiles Q_i of Br rows, the visible keys into Tc tiles
 // K_j, V_j of Bc keys; one block owns one Q_i and walks j = 0 .. Tc-1, with the
@@ -45,6 +57,7 @@
 // backwards, so the causally heaviest tiles (last rows, most keys) start first.
 // Block: 4 warps = 128 threads; warp w owns rows 16w .. 16w+15 of Q_i.
 #include "common.cuh"
+#include "fp8.cuh"
 
 using namespace rawpage;
 
@@ -77,17 +90,33 @@ struct QInRegs {
   static constexpr bool value = D <= 128;
 };
 
-template <typename T, int D, int Bc>
+// 8 e4m3 codes (8 bytes at src) as 8 T (16 bytes at dst, shared memory); zeros
+// without reading when !valid.
+template <typename T>
+__device__ __forceinline__ void load_e4m3_x8(T* dst, const fp8_e4m3* src, bool valid) {
+  uint2 raw = {0u, 0u};
+  if (valid) raw = *reinterpret_cast<const uint2*>(src);
+  const unsigned char* codes = reinterpret_cast<const unsigned char*>(&raw);
+  uint4 row;
+  T* e = reinterpret_cast<T*>(&row);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) e[i] = from_float<T>(e4m3_to_float(codes[i]));
+  *reinterpret_cast<uint4*>(dst) = row;
+}
+
+template <typename T, typename C, int D, int Bc>
 __device__ void paged_attention_prefill(
     T* __restrict__ out,                      // [T, H, D]
     const T* __restrict__ q,                  // [T, H, D], token stride q_stride
-    const T* __restrict__ k_cache,            // [NB, BS, Hkv, D]
-    const T* __restrict__ v_cache,            // [NB, BS, Hkv, D]
+    const C* __restrict__ k_cache,            // [NB, BS, Hkv, D], C = T or fp8_e4m3
+    const C* __restrict__ v_cache,            // [NB, BS, Hkv, D]
     const int* __restrict__ block_tables,     // [B, max_blocks]
     const int* __restrict__ seq_lens,         // [B], context length including the chunk
     const int* __restrict__ query_start_loc,  // [B+1]
     int max_blocks, int num_kv_heads, int block_size, int q_stride, float scale,
-    int smem_bytes) {  // the launch's dynamic shared memory, checked against the layout
+    int smem_bytes,  // the launch's dynamic shared memory, checked against the layout
+    int sliding_window, float soft_cap,
+    const float* __restrict__ kv_scales) {  // [2] (k_scale, v_scale) for an FP8 cache, else null
   using namespace prefill;
   using L = PrefillSmem<T, D, Bc>;
   static_assert(D % 16 == 0 && Bc % 16 == 0, "m16n8k16 tiles: D and Bc multiples of 16");
@@ -106,6 +135,8 @@ __device__ void paged_attention_prefill(
   const int pos0 = seq_lens[b] - n + r0;  // position of the tile's first row
   const int kv_end = pos0 + rows;         // keys [0, kv_end) are visible to some row
   const int num_kv_tiles = ceil_div(kv_end, Bc);  // Tc: tiles past the diagonal are never visited
+  const int kv_begin = sliding_window > 0 ? max(0, pos0 - sliding_window + 1) : 0;  // first key any row sees
+  const int first_kv_tile = kv_begin / Bc;                                          // Tlo
   const int kv_head = h / (num_heads / num_kv_heads);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;  // accumulator rows g, g+8; columns 2t, 2t+1
@@ -114,15 +145,15 @@ __device__ void paged_attention_prefill(
   T* Qs = reinterpret_cast<T*>(smem + L::kQ);
 
   // Gather K_j, V_j (keys j*Bc .. j*Bc+Bc-1) into stage s: each thread issues
-  // 16-byte copies of whole chunks; keys at or past kv_end are zero-filled, and
-  // block table entries past the context are never read.
+  // 16-byte copies of whole chunks; keys outside [kv_begin, kv_end) are
+  // zero-filled, and their block table entries are never read.
   // Consecutive threads take consecutive chunks of a row, so a warp's copies
   // cover whole rows (coalesced); the trip counts are exact (D/16 per tile).
   static_assert(Bc * kChunks % kThreads == 0 && kBr * kChunks % kThreads == 0, "whole passes");
   const int* table = block_tables + i64(b) * max_blocks;
   const i64 token_stride = i64(num_kv_heads) * D;  // elements from one cache slot to the next
-  const T* k_head = k_cache + kv_head * D;
-  const T* v_head = v_cache + kv_head * D;
+  const C* k_head = k_cache + kv_head * D;
+  const C* v_head = v_cache + kv_head * D;
   auto load_kv_tile = [&](int j, int s) {
     T* Ks = reinterpret_cast<T*>(smem + L::kK + s * L::kTile);
     T* Vs = reinterpret_cast<T*>(smem + L::kV + s * L::kTile);
@@ -130,11 +161,16 @@ __device__ void paged_attention_prefill(
     for (int pass = 0; pass < Bc * kChunks / kThreads; ++pass) {
       const int c = threadIdx.x + pass * kThreads;
       const int r = c / kChunks, part = c % kChunks, key = j * Bc + r;
-      const bool valid = key < kv_end;
+      const bool valid = key >= kv_begin && key < kv_end;
       i64 offset = 0;
       if (valid) offset = (i64(table[key / block_size]) * block_size + key % block_size) * token_stride;
-      cp_async_16(Ks + r * L::kLd + part * 8, k_head + offset + part * 8, valid);
-      cp_async_16(Vs + r * L::kLd + part * 8, v_head + offset + part * 8, valid);
+      if constexpr (is_same<C, T>::value) {
+        cp_async_16(Ks + r * L::kLd + part * 8, k_head + offset + part * 8, valid);
+        cp_async_16(Vs + r * L::kLd + part * 8, v_head + offset + part * 8, valid);
+      } else {  // FP8: 8 codes -> 8 T, stored before the barrier that publishes the tile
+        load_e4m3_x8<T>(Ks + r * L::kLd + part * 8, k_head + offset + part * 8, valid);
+        load_e4m3_x8<T>(Vs + r * L::kLd + part * 8, v_head + offset + part * 8, valid);
+      }
     }
   };
 
@@ -147,7 +183,7 @@ __device__ void paged_attention_prefill(
     const T* src = q + (valid ? i64(q_begin + r0 + r) * q_stride + h * D + part * 8 : 0);
     cp_async_16(Qs + r * L::kLd + part * 8, src, valid);
   }
-  load_kv_tile(0, 0);
+  load_kv_tile(first_kv_tile, first_kv_tile % 2);
   cp_async_commit();
 
   // The warp's rows: 16w + g and 16w + g + 8 of the tile, at positions row_pos[0..1].
@@ -156,7 +192,11 @@ __device__ void paged_attention_prefill(
   const int warp_first_pos = pos0 + warp_row0;
   const int warp_last_pos = pos0 + min(warp_row0 + 15, rows - 1);
   const int row_pos[2] = {warp_first_pos + g, warp_first_pos + g + 8};
-  const float scale_log2 = scale * kLog2e;
+  const float k_scale = kv_scales ? kv_scales[0] : 1.0f, v_scale = kv_scales ? kv_scales[1] : 1.0f;
+  const float scale_log2 = scale * kLog2e * k_scale;
+  const float cap_log2 = soft_cap * kLog2e;  // the soft cap in log2 units
+  // The warp's rows see keys from warp_first_pos - W + 1 on (its first row's window).
+  const int warp_first_key = sliding_window > 0 ? warp_first_pos - sliding_window + 1 : 0;
 
   float o[kNo][4];  // O_i accumulators: columns 8n + 2t, +1 of rows g (0, 1) and g+8 (2, 3)
 #pragma unroll
@@ -173,21 +213,22 @@ __device__ void paged_attention_prefill(
   const int k_frag_off = (8 * (lane / 16) + lane % 8) * L::kLd + 8 * ((lane / 8) % 2);
   const int v_frag_off = (lane % 16) * L::kLd + 8 * (lane / 16);
 
-  for (int j = 0; j < num_kv_tiles; ++j) {
+  for (int j = first_kv_tile; j < num_kv_tiles; ++j) {
     const int stage = j % 2, kv0 = j * Bc;
     // Prefetch K_{j+1}, V_{j+1} into the other stage (free: the barrier at the
     // end of iteration j-1 saw every warp finish with it), then wait for K_j, V_j.
     if (j + 1 < num_kv_tiles) load_kv_tile(j + 1, stage ^ 1);
     cp_async_commit();  // possibly empty, so that "all but the newest group" is always tile j
     cp_async_wait<1>();
-    __syncthreads();  // every thread's copies of K_j, V_j (and at j = 0, Q_i) have landed
+    __syncthreads();  // every thread's K_j, V_j (cp.async, or FP8 converted) and, at the first tile, Q_i are in
 
-    if (QInRegs<D>::value && j == 0) {
+    if (QInRegs<D>::value && j == first_kv_tile) {
 #pragma unroll
       for (int kk = 0; kk < kDk; ++kk) ldmatrix_x4(qf[kk], q_frag_row + 16 * kk);
     }
 
-    if (warp_has_rows && kv0 <= warp_last_pos) {  // warp-uniform: tiles in all 16 rows' future skip
+    // Warp-uniform: a tile in all 16 rows' future, or before all their windows, is skipped.
+    if (warp_has_rows && kv0 <= warp_last_pos && kv0 + Bc - 1 >= warp_first_key) {
       const T* Ks = reinterpret_cast<const T*>(smem + L::kK + stage * L::kTile);
       const T* Vs = reinterpret_cast<const T*>(smem + L::kV + stage * L::kTile);
 
@@ -215,20 +256,27 @@ __device__ void paged_attention_prefill(
         }
       }
 
-      // Scale to log2 units; mask keys past each row's position (only tiles that
-      // reach past the warp's first row can hold such keys, zero-filled ones included).
+      // Scale to log2 units and soft-cap; mask keys past each row's position (only
+      // tiles that reach past the warp's first row can hold such keys, zero-filled
+      // ones included) and keys older than its window (only tiles that start
+      // before the warp's last row's window).
       const bool diagonal = kv0 + Bc - 1 > warp_first_pos;
+      const bool window_edge = sliding_window > 0 && kv0 <= warp_last_pos - sliding_window;
 #pragma unroll
       for (int nt = 0; nt < kNs; ++nt) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int key = kv0 + 8 * nt + 2 * t + (i & 1);
-          s[nt][i] = diagonal && key > row_pos[i / 2] ? neg_inf() : s[nt][i] * scale_log2;
+          const bool hidden = (diagonal && key > row_pos[i / 2]) ||
+                              (window_edge && key <= row_pos[i / 2] - sliding_window);
+          float x = s[nt][i] * scale_log2;
+          if (soft_cap > 0.0f) x = cap_log2 * tanhf(x / cap_log2);
+          s[nt][i] = hidden ? neg_inf() : x;
         }
       }
 
       // m_new = max(m, rowmax(S_ij)): the lane's columns, then the quad's 4 lanes.
-      // Finite: every row sees key 0, which the first tile holds.
+      // -inf for a row that has seen no visible key yet (window): see m_ref below.
       float m_new[2] = {m[0], m[1]};
 #pragma unroll
       for (int nt = 0; nt < kNs; ++nt) {
@@ -243,10 +291,12 @@ __device__ void paged_attention_prefill(
 
       // P_ij = 2^(S_ij - m_new); l = l 2^(m - m_new) + rowsum(P_ij) (this lane's
       // columns; the quad's parts are summed once, at the end); O_i *= 2^(m - m_new).
-      float correction[2];
+      // (While m_new = -inf, the reference is 0: every weight and l stay 0, not NaN.)
+      float correction[2], m_ref[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        correction[r] = exp2f(m[r] - m_new[r]);
+        m_ref[r] = m_new[r] == neg_inf() ? 0.0f : m_new[r];
+        correction[r] = exp2f(m[r] - m_ref[r]);
         l[r] *= correction[r];
         m[r] = m_new[r];
       }
@@ -254,7 +304,7 @@ __device__ void paged_attention_prefill(
       for (int nt = 0; nt < kNs; ++nt) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          s[nt][i] = exp2f(s[nt][i] - m_new[i / 2]);
+          s[nt][i] = exp2f(s[nt][i] - m_ref[i / 2]);
           l[i / 2] += s[nt][i];
         }
       }
@@ -296,34 +346,49 @@ __device__ void paged_attention_prefill(
   for (int r = 0; r < 2; ++r) {
     const int row = warp_row0 + g + 8 * r;
     if (row >= rows) continue;
-    const float inv_l = 1.0f / l[r];
+    const float inv_l = v_scale / l[r];  // v_scale: 1 unless the cache is FP8
     unsigned* dst = reinterpret_cast<unsigned*>(out + (i64(q_begin + r0 + row) * num_heads + h) * D);
 #pragma unroll
     for (int nt = 0; nt < kNo; ++nt) dst[4 * nt + t] = pack2<T>(o[nt][2 * r] * inv_l, o[nt][2 * r + 1] * inv_l);
   }
 }
 
-#define PREFILL_ENTRY(T, suffix, D, Bc)                                                        \
+// Entry points: paged_attention_prefill_<dtype>[_fp8]_d<D>_bc<Bc>; the _fp8 ones
+// read an e4m3 cache and take its scales.
+#define PREFILL_ENTRY(T, C, suffix, D, Bc, KIND)                              \
   extern "C" __global__ void __launch_bounds__(prefill::kThreads)                              \
       paged_attention_prefill_##suffix##_d##D##_bc##Bc(                                        \
-          T* out, const T* q, const T* k_cache, const T* v_cache, const int* block_tables,    \
+          T* out, const T* q, const C* k_cache, const C* v_cache, const int* block_tables,    \
           const int* seq_lens, const int* query_start_loc, int max_blocks, int num_kv_heads,  \
-          int block_size, int q_stride, float scale, int smem_bytes) {                        \
-    paged_attention_prefill<T, D, Bc>(out, q, k_cache, v_cache, block_tables, seq_lens,       \
-                                      query_start_loc, max_blocks, num_kv_heads, block_size,  \
-                                      q_stride, scale, smem_bytes);                           \
+          int block_size, int q_stride, float scale, int smem_bytes, int sliding_window,      \
+          float soft_cap SCALES_PARAM_##KIND) {                                                       \
+    paged_attention_prefill<T, C, D, Bc>(out, q, k_cache, v_cache, block_tables, seq_lens,    \
+                                         query_start_loc, max_blocks, num_kv_heads,           \
+                                         block_size, q_stride, scale, smem_bytes,             \
+                                         sliding_window, soft_cap, SCALES_ARG_##KIND);                   \
   }
+
+// KIND is NONE or FP8; pasted (never expanded as an argument), so that the
+// FP8 parameter list can carry its comma.
+#define SCALES_PARAM_NONE
+#define SCALES_PARAM_FP8 , const float* kv_scales
+#define SCALES_ARG_NONE nullptr
+#define SCALES_ARG_FP8 kv_scales
 
 // Key tile Bc per head size; rawpage/ops/paged_attention.py picks the same
 // (prefill_key_tile) and computes the same shared memory size.
-#define PREFILL_ENTRIES(T, suffix) \
-  PREFILL_ENTRY(T, suffix, 16, 64) \
-  PREFILL_ENTRY(T, suffix, 32, 64) \
-  PREFILL_ENTRY(T, suffix, 64, 64) \
-  PREFILL_ENTRY(T, suffix, 80, 64) \
-  PREFILL_ENTRY(T, suffix, 96, 64) \
-  PREFILL_ENTRY(T, suffix, 128, 64) \
-  PREFILL_ENTRY(T, suffix, 256, 32)
+#define PREFILL_HEAD_SIZES(T, C, suffix, KIND) \
+  PREFILL_ENTRY(T, C, suffix, 16, 64, KIND)    \
+  PREFILL_ENTRY(T, C, suffix, 32, 64, KIND)    \
+  PREFILL_ENTRY(T, C, suffix, 64, 64, KIND)    \
+  PREFILL_ENTRY(T, C, suffix, 80, 64, KIND)    \
+  PREFILL_ENTRY(T, C, suffix, 96, 64, KIND)    \
+  PREFILL_ENTRY(T, C, suffix, 128, 64, KIND)   \
+  PREFILL_ENTRY(T, C, suffix, 256, 32, KIND)
+
+#define PREFILL_ENTRIES(T, suffix)                           \
+  PREFILL_HEAD_SIZES(T, T, suffix, NONE) \
+  PREFILL_HEAD_SIZES(T, fp8_e4m3, suffix##_fp8, FP8)
 
 PREFILL_ENTRIES(__half, f16)
 PREFILL_ENTRIES(__nv_bfloat16, bf16)

@@ -42,25 +42,6 @@ def build_model(config: ModelConfig, backend: Backend, tensors: Mapping[str, np.
     return cls(config, backend, tensors)
 
 
-def check_device_support(config: ModelConfig, device: str, max_model_len: int) -> None:
-    """Refuse at startup what the sim and cuda attention kernels cannot compute yet
-    (issue 17): a soft cap at all, a sliding window once a context can pass it."""
-    if device == "cpu":
-        return
-    if config.attn_logit_softcapping:
-        raise UnsupportedModelError(
-            f"{config.architecture} soft-caps attention scores, which the {device} attention kernels "
-            "do not do yet (issue 17); run it with --device cpu"
-        )
-    windows = [w for w in map(config.layer_sliding_window, range(config.num_layers)) if w]
-    if windows and max_model_len > min(windows):
-        raise UnsupportedModelError(
-            f"{config.architecture} attends within a sliding window of {min(windows)} tokens, which the {device} "
-            f"attention kernels do not do yet (issue 17); run it with --device cpu, or with "
-            f"--max-model-len {min(windows)} (the window then never slides)"
-        )
-
-
 def supports_cuda_graphs(config: ModelConfig) -> bool:
     """MoE routing reads the router's output on the host, which a CUDA graph cannot replay."""
     return not config.num_experts

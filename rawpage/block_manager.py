@@ -15,6 +15,10 @@ own copy first (copy-on-write; the runner does the copy before the forward).
 Freed blocks go to the back of an LRU free queue and keep their hash, so a
 later request can still hit them; allocation takes from the front and only
 then forgets the hash.
+
+Sliding window W in every layer: append_slots releases a running sequence's blocks
+wholly older than its next token's window; their entries become NULL_BLOCK (positions
+kept; no kernel reads them). They keep the prefix-cache names they got when they filled.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from dataclasses import dataclass
 
 from rawpage.block_hash import block_digest
 from rawpage.sequence import Sequence
+
+NULL_BLOCK = -1  # a block-table entry released by the sliding window; never read
 
 
 @dataclass
@@ -37,6 +43,7 @@ class KVUsage:
     stored_tokens: int  # tokens physically stored (shared ones counted once)
     waste: int  # allocated slots holding no token: blocks_used * BS - stored_tokens
     blocks_saved_by_sharing: int  # extra references: blocks that would exist without sharing
+    blocks_released_by_window: int  # block references dropped out of sliding windows (since start)
 
 
 class BlockManager:
@@ -47,8 +54,11 @@ class BlockManager:
         enable_prefix_caching: bool = True,
         watermark: float = 0.01,
         num_cpu_blocks: int = 0,
+        sliding_window: int | None = None,  # only if every layer has it: a global layer reads all keys
     ) -> None:
         self.num_blocks = num_blocks
+        self.sliding_window = sliding_window
+        self.num_window_releases = 0  # block references dropped out of the window
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.watermark_blocks = int(watermark * num_blocks)
@@ -94,11 +104,11 @@ class BlockManager:
             for i, b in enumerate(s.block_table):
                 n = min(self.block_size, max(0, s.num_computed_tokens - i * self.block_size))
                 filled[b] = max(filled.get(b, 0), n)
+        filled.pop(NULL_BLOCK, None)
         stored = sum(filled.values())
         used = self.num_used_blocks
-        return KVUsage(
-            used, self.num_free_blocks, logical, stored, used * self.block_size - stored, self.num_shared_blocks_saved()
-        )
+        saved, released = self.num_shared_blocks_saved(), self.num_window_releases
+        return KVUsage(used, self.num_free_blocks, logical, stored, used * self.block_size - stored, saved, released)
 
     # --- prefix caching --------------------------------------------------------------
     def block_hashes(self, seq: Sequence, num_full_blocks: int) -> list[bytes]:
@@ -132,7 +142,7 @@ class BlockManager:
         hashes = self.block_hashes(seq, n_full)
         for i in range(seq.num_hashed_blocks, n_full):
             block, h = seq.block_table[i], hashes[i]
-            if self.block_hash[block] is None and h not in self.cached:
+            if block != NULL_BLOCK and self.block_hash[block] is None and h not in self.cached:
                 self.block_hash[block] = h
                 self.cached[h] = block
         seq.num_hashed_blocks = n_full
@@ -168,7 +178,9 @@ class BlockManager:
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Make room for the next num_new_tokens of a sequence; False (and no change) if the
-        pool is too small. A shared block about to be written is copied first."""
+        pool is too small. A shared block about to be written is copied first; blocks that left
+        the sliding window are released first (and stay released either way)."""
+        self.release_out_of_window(seq)
         first = seq.num_computed_tokens // self.block_size  # the block the first new token lands in
         cow = first < len(seq.block_table) and self.ref_counts[seq.block_table[first]] > 1
         new = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
@@ -185,6 +197,16 @@ class BlockManager:
             seq.block_table.append(self._take_free_block())
         return True
 
+    def release_out_of_window(self, seq: Sequence) -> None:
+        """Release the blocks wholly older than the window of the sequence's next token
+        (position p = num_computed_tokens sees keys p-W+1 .. p)."""
+        oldest_visible = seq.num_computed_tokens - self.sliding_window + 1 if self.sliding_window else 0
+        for i in range(max(0, oldest_visible) // self.block_size):
+            if seq.block_table[i] != NULL_BLOCK:
+                self._release(seq.block_table[i])
+                seq.block_table[i] = NULL_BLOCK
+                self.num_window_releases += 1
+
     def take_copies(self) -> list[tuple[int, int]]:
         """The copy-on-write (src, dst) block copies made since the last call, for the runner
         to do before the next forward pass."""
@@ -195,43 +217,43 @@ class BlockManager:
         child.block_table = list(parent.block_table)
         child.block_hashes = list(parent.block_hashes)
         child.num_hashed_blocks = parent.num_hashed_blocks
-        for b in child.block_table:
+        for b in filter(lambda b: b != NULL_BLOCK, child.block_table):
             self.ref_counts[b] += 1
 
     # --- swapping ---------------------------------------------------------------------
     def can_swap_out(self, seq: Sequence) -> bool:
-        return len(seq.block_table) <= len(self.cpu_free)
+        return sum(b != NULL_BLOCK for b in seq.block_table) <= len(self.cpu_free)
 
     def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
         """Move a sequence's blocks to the CPU pool. Returns (gpu block, cpu block) copies for
         the runner, which must happen before the freed GPU blocks are written again."""
-        mapping = [(b, self.cpu_free.pop()) for b in seq.block_table]
+        cpu_table = [NULL_BLOCK if b == NULL_BLOCK else self.cpu_free.pop() for b in seq.block_table]
+        mapping = [(b, c) for b, c in zip(seq.block_table, cpu_table) if b != NULL_BLOCK]
         self.free(seq)  # shared blocks stay on the GPU for their other owners
-        seq.cpu_block_table = [c for _, c in mapping]
+        seq.cpu_block_table = cpu_table
         return mapping
 
     def can_swap_in(self, seq: Sequence, num_new_tokens: int) -> bool:
-        need = self.blocks_for(seq.num_computed_tokens + num_new_tokens)
+        need = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - seq.cpu_block_table.count(NULL_BLOCK)
         return need <= self.num_free_blocks - self.watermark_blocks
 
     def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
         """Bring a swapped sequence back into fresh GPU blocks. Returns (cpu, gpu) copies."""
-        mapping = [(c, self._take_free_block()) for c in seq.cpu_block_table]
-        seq.block_table = [g for _, g in mapping]
-        self.cpu_free.extend(seq.cpu_block_table)
+        gpu_table = [NULL_BLOCK if c == NULL_BLOCK else self._take_free_block() for c in seq.cpu_block_table]
+        mapping = [(c, g) for c, g in zip(seq.cpu_block_table, gpu_table) if c != NULL_BLOCK]
+        seq.block_table = gpu_table
+        self.cpu_free.extend(c for c, _ in mapping)
         seq.cpu_block_table = []
         return mapping
 
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's references. Tail blocks are freed first so that the LRU queue
         evicts a prefix's last blocks before its first ones."""
-        self.cpu_free.extend(seq.cpu_block_table)
+        self.cpu_free.extend(c for c in seq.cpu_block_table if c != NULL_BLOCK)
         seq.cpu_block_table = []
         for b in reversed(seq.block_table):
-            self.ref_counts[b] -= 1
-            assert self.ref_counts[b] >= 0, f"block {b} freed twice"
-            if self.ref_counts[b] == 0:
-                self.free_queue[b] = None
+            if b != NULL_BLOCK:
+                self._release(b)
         seq.block_table = []
         seq.num_hashed_blocks = 0
 
@@ -240,6 +262,12 @@ class BlockManager:
             if h is not None and self.ref_counts[b] == 0:
                 self.block_hash[b] = None
                 del self.cached[h]
+
+    def _release(self, block: int) -> None:
+        self.ref_counts[block] -= 1
+        assert self.ref_counts[block] >= 0, f"block {block} freed twice"
+        if self.ref_counts[block] == 0:
+            self.free_queue[block] = None
 
     def _take_free_block(self) -> int:
         block, _ = self.free_queue.popitem(last=False)

@@ -30,7 +30,7 @@ from rawpage.engine_setup import num_swap_blocks, plan_kv_cache, resolve_dtype, 
 from rawpage.forking import Forker
 from rawpage.loader import load_checkpoint
 from rawpage.model_runner import ModelRunner
-from rawpage.models.registry import build_model, check_device_support, supports_cuda_graphs
+from rawpage.models.registry import build_model, supports_cuda_graphs
 from rawpage.output_processor import OutputProcessor
 from rawpage.outputs import RequestOutput
 from rawpage.quantization.select import apply_quantization_flag
@@ -64,13 +64,13 @@ class LLMEngine:
         self.backend = get_backend(args.device, resolve_dtype(args.dtype, args.device, c.torch_dtype), args.cpu_threads)
         self.model = build_model(c, self.backend, apply_quantization_flag(ckpt.tensors, args.quantization))
         self.max_model_len = resolve_max_model_len(args.max_model_len, c.max_position_embeddings)
-        check_device_support(c, self.backend.name, self.max_model_len)
         self.block_size = args.block_size
         batched = args.max_num_batched_tokens or (8192 if self.backend.name == "cuda" else 2048)
         self.memory = plan_kv_cache(args, self.model, self.backend, batched, self.max_model_len)
         num_blocks, num_cpu_blocks = self.memory.num_blocks, num_swap_blocks(args, self.memory.bytes_per_block)
+        caching, window = args.enable_prefix_caching, self.memory.sliding_window  # window: see memory.py
         self.block_manager = BlockManager(
-            num_blocks, args.block_size, args.enable_prefix_caching, num_cpu_blocks=num_cpu_blocks
+            num_blocks, args.block_size, caching, num_cpu_blocks=num_cpu_blocks, sliding_window=window
         )
         self.scheduler = Scheduler(
             SchedulerConfig(args.max_num_seqs, batched, self.max_model_len, args.preemption_mode),

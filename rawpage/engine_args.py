@@ -9,6 +9,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from rawpage.flags import add_flags, flag, given_flags
 from rawpage.loader.gguf_file import SUPPORTED_TENSOR_TYPES
 from rawpage.quantization.select import QUANTIZATION_FLAG_CHOICES
@@ -21,6 +23,7 @@ LOAD_FORMATS = ["auto", "dummy"]
 BLOCK_SIZES = [8, 16, 32]
 PREEMPTION_MODES = ["recompute", "swap"]
 SCHEDULING_POLICIES = ["fcfs", "priority"]
+KV_CACHE_DTYPES = ["auto", "fp8", "fp8_e4m3"]
 
 _UNITS = {
     "": 1,
@@ -36,6 +39,19 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+
+
+def parse_kv_cache_scales(text: str) -> np.ndarray | None:
+    """'calculate' -> None (compute at load); 'S' or 'K,V' -> (2,) float32 (k_scale, v_scale)."""
+    if text == "calculate":
+        return None
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        values = []
+    if len(values) not in (1, 2) or not all(np.isfinite(v) and v > 0 for v in values):
+        raise ValueError(f"kv_cache_scales must be 'calculate', one positive number, or 'K,V' (two), got {text!r}")
+    return np.array(values * (3 - len(values)), np.float32)[:2]
 
 
 def parse_bytes(text: str | int | float) -> int:
@@ -82,6 +98,17 @@ class EngineArgs:
         type=parse_bytes,
         default_text="2GiB on cpu; on cuda from --gpu-memory-utilization",
     )
+    kv_cache_dtype: str = flag(
+        "auto",
+        "KV cache element type: auto = the model dtype; fp8 (or fp8_e4m3) = e4m3 with per-tensor scales, "
+        "1 byte an element, so about twice the blocks of a 16-bit cache fit",
+        choices=KV_CACHE_DTYPES,
+    )
+    kv_cache_scales: str = flag(
+        "calculate",
+        "FP8 KV cache scales (value = scale x e4m3 code): calculate = from a calibration prefill at load; "
+        "one number for K and V, or 'K,V' (vLLM's default is 1.0)",
+    )
     gpu_memory_utilization: float = flag(0.9, "fraction of GPU memory for weights, activations and KV cache")
     num_gpu_blocks_override: int | None = flag(None, "use exactly this many KV blocks (tests, experiments)")
     swap_space: float = flag(4.0, "GiB of CPU memory for swapped-out KV blocks")
@@ -126,6 +153,7 @@ class EngineArgs:
         if self.disable_log_stats:
             self.log_stats_interval = 0
         self._check_vllm_flags()
+        parse_kv_cache_scales(self.kv_cache_scales)  # a bad value fails here, before anything loads
         for f in dataclasses.fields(self):
             choices, value = f.metadata.get("choices"), getattr(self, f.name)
             if choices and value not in choices:

@@ -7,7 +7,9 @@ import logging
 
 from rawpage.backends import cuda_available
 from rawpage.backends.base import Backend
-from rawpage.engine_args import EngineArgs
+from rawpage.config import ModelConfig
+from rawpage.engine_args import EngineArgs, parse_kv_cache_scales
+from rawpage.kv_cache_scales import calibrate_kv_cache_scales
 from rawpage.memory import DEFAULT_CPU_KV_CACHE, GiB, MemoryPlan, plan_fixed, profile_gpu
 from rawpage.model_runner import kv_bytes_per_block
 from rawpage.models.llama import LlamaModel
@@ -40,21 +42,51 @@ def plan_kv_cache(
 ) -> MemoryPlan:
     """How many KV blocks the pool gets: on the GPU, whatever --gpu-memory-utilization leaves
     after measuring a worst-case step; else --num-gpu-blocks-override or --kv-cache-memory."""
-    per_block = kv_bytes_per_block(model.config, a.block_size, backend.dtype.itemsize)
+    fp8 = setup_fp8_kv_cache(a, model, backend)
+    per_block = kv_bytes_per_block(model.config, a.block_size, 1 if fp8 else backend.dtype.itemsize)
     weights = model.num_bytes()
+    extra = {"sliding_window": kv_cache_window(model.config), "kv_cache_dtype": "fp8" if fp8 else "auto"}
     if backend.memory is not None and not a.num_gpu_blocks_override and not a.kv_cache_memory:
 
         def worst_case() -> None:
             profile_run(model, backend, max_num_batched_tokens, a.max_num_seqs, a.block_size)
 
         return profile_gpu(
-            backend.memory, weights, worst_case, a.gpu_memory_utilization, per_block, a.block_size, max_model_len
+            backend.memory,
+            weights,
+            worst_case,
+            a.gpu_memory_utilization,
+            per_block,
+            a.block_size,
+            max_model_len,
+            **extra,
         )
     if a.num_gpu_blocks_override:
         budget = a.num_gpu_blocks_override * per_block
-        return plan_fixed(budget, per_block, a.block_size, max_model_len, weights, 0, "--num-gpu-blocks-override")
+        flag = "--num-gpu-blocks-override"
+        return plan_fixed(budget, per_block, a.block_size, max_model_len, weights, 0, flag, **extra)
     budget = a.kv_cache_memory or DEFAULT_CPU_KV_CACHE
-    return plan_fixed(budget, per_block, a.block_size, max_model_len, weights)
+    return plan_fixed(budget, per_block, a.block_size, max_model_len, weights, **extra)
+
+
+def kv_cache_window(config: ModelConfig) -> int | None:
+    """The sliding window out of which KV blocks may be released: only when every layer
+    has one (a global layer, as in Gemma 2 and 3, reads every key of the context)."""
+    windows = [config.layer_sliding_window(i) for i in range(config.num_layers)]
+    return max(windows) if windows and all(windows) else None
+
+
+def setup_fp8_kv_cache(a: EngineArgs, model, backend: Backend) -> bool:
+    """--kv-cache-dtype fp8: give the backend its scales (set, or calibrated now, before the
+    pool exists; the runner then allocates uint8 caches). False for a model-dtype cache."""
+    if a.kv_cache_dtype not in ("fp8", "fp8_e4m3"):
+        return False
+    scales = parse_kv_cache_scales(a.kv_cache_scales)
+    if scales is None:
+        scales = calibrate_kv_cache_scales(model, backend, a.block_size, model.config.vocab_size)
+    backend.set_kv_scales(scales)
+    logger.info("FP8 KV cache: k_scale %.4g, v_scale %.4g (%s)", scales[0], scales[1], a.kv_cache_scales)
+    return True
 
 
 def num_swap_blocks(a: EngineArgs, bytes_per_block: int) -> int:

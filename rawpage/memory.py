@@ -44,14 +44,26 @@ class MemoryPlan:
     total_bytes: int | None = None  # device memory, GPU only
     utilization: float | None = None
     other_bytes: int = 0  # GPU: in use outside our pool (context, cuBLAS, other processes)
+    # Every layer attends within this window: blocks older than it are released while a
+    # sequence runs, so one sequence never holds more than window_blocks() blocks.
+    sliding_window: int | None = None
+    kv_cache_dtype: str = "auto"  # fp8: 1-byte elements (bytes_per_block counts them)
 
     @property
     def num_tokens(self) -> int:
         return self.num_blocks * self.block_size
 
     @property
+    def tokens_per_seq(self) -> int:
+        """The most KV slots one sequence of --max-model-len holds at once."""
+        if not self.sliding_window:
+            return self.max_model_len
+        window_blocks = -(-self.sliding_window // self.block_size) + 1  # a window spans at most this many
+        return min(self.max_model_len, window_blocks * self.block_size)
+
+    @property
     def max_full_length_seqs(self) -> float:
-        return self.num_tokens / self.max_model_len
+        return self.num_tokens / self.tokens_per_seq
 
     def describe(self) -> str:
         lines = []
@@ -69,6 +81,13 @@ class MemoryPlan:
             f"({self.bytes_per_block / 2**10:.0f} KiB per block) = {self.num_tokens:,} tokens; "
             f"{self.max_full_length_seqs:.1f} sequences of --max-model-len {self.max_model_len} fit",
         ]
+        if self.kv_cache_dtype != "auto":
+            lines[-1] += f" (KV cache dtype {self.kv_cache_dtype}: 1 byte an element)"
+        if self.tokens_per_seq < self.max_model_len:
+            lines[-1] += (
+                f" (a sliding window of {self.sliding_window} tokens in every layer: each sequence holds "
+                f"at most {self.tokens_per_seq // self.block_size} blocks, older ones are released)"
+            )
         return "\n".join(lines)
 
 
@@ -80,6 +99,8 @@ def plan_fixed(
     weights_bytes: int = 0,
     activation_bytes: int = 0,
     flag: str = "--kv-cache-memory",
+    sliding_window: int | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> MemoryPlan:
     """A pool of a fixed byte budget (CPU)."""
     num_blocks = kv_budget // bytes_per_block
@@ -91,6 +112,8 @@ def plan_fixed(
         num_blocks,
         block_size,
         max_model_len,
+        sliding_window=sliding_window,
+        kv_cache_dtype=kv_cache_dtype,
     )
     check_fits(plan, flag)
     return plan
@@ -105,6 +128,8 @@ def plan_gpu(
     block_size: int,
     max_model_len: int,
     other_bytes: int = 0,
+    sliding_window: int | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> MemoryPlan:
     """vLLM's rule: KV gets utilization * total - weights - peak activations - other."""
     budget = int(total_bytes * utilization) - weights_bytes - activation_bytes - other_bytes
@@ -120,6 +145,8 @@ def plan_gpu(
         total_bytes,
         utilization,
         other_bytes,
+        sliding_window,
+        kv_cache_dtype,
     )
     check_fits(plan, "--gpu-memory-utilization")
     return plan
@@ -151,6 +178,8 @@ def profile_gpu(
     bytes_per_block: int,
     block_size: int,
     max_model_len: int,
+    sliding_window: int | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> MemoryPlan:
     """Call once the weights are loaded. Runs the worst-case forward pass and sizes the KV cache.
 
@@ -170,14 +199,25 @@ def profile_gpu(
     # The peak is reserved in the plan; hand the cached blocks back so that the KV
     # cache's large arrays can be carved from them.
     memory.release_cached()
-    return plan_gpu(total, utilization, weights_bytes, activations, bytes_per_block, block_size, max_model_len, other)
+    return plan_gpu(
+        total,
+        utilization,
+        weights_bytes,
+        activations,
+        bytes_per_block,
+        block_size,
+        max_model_len,
+        other,
+        sliding_window,
+        kv_cache_dtype,
+    )
 
 
 def check_fits(plan: MemoryPlan, flag: str) -> None:
     """Fail, saying which flag to change and to what, if one --max-model-len sequence cannot fit."""
-    if plan.num_tokens >= plan.max_model_len:
+    if plan.num_tokens >= plan.tokens_per_seq:
         return
-    need_blocks = -(-plan.max_model_len // plan.block_size)
+    need_blocks = -(-plan.tokens_per_seq // plan.block_size)
     need_kv = need_blocks * plan.bytes_per_block
     if flag == "--num-gpu-blocks-override":
         fix = f"raise {flag} to {need_blocks}"

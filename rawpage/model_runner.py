@@ -38,13 +38,14 @@ class ModelRunner:
         graph_batch_sizes: list[int] | None = None,
         max_model_len: int | None = None,
     ) -> None:
-        """graph_batch_sizes: capture a decode graph for each of these batch sizes
-        (decode_graphs.graph_batch_sizes); None runs every step eagerly."""
+        """graph_batch_sizes: capture a decode graph for each of these batch sizes (decode_graphs.
+        graph_batch_sizes); None runs every step eagerly. KV caches: uint8 if FP8 scales are set."""
         c = model.config
+        kv_cache_dtype = np.uint8 if backend.kv_scales is not None else None
         self.model, self.backend, self.block_size = model, backend, block_size
         shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)  # (NB, BS, Hkv, D)
         self.kv_caches: list[tuple[Array, Array]] = [
-            (backend.zeros(shape), backend.zeros(shape)) for _ in range(c.num_layers)
+            (backend.zeros(shape, kv_cache_dtype), backend.zeros(shape, kv_cache_dtype)) for _ in range(c.num_layers)
         ]
         # The swap pool: the same layout in host memory, (NB_cpu, BS, Hkv, D) per layer.
         cpu_shape = (num_cpu_blocks, block_size, c.num_kv_heads, c.head_dim)

@@ -71,7 +71,8 @@ class EngineStats:
         dt = now - self._window_start
         logger.info(
             "running: %d, waiting: %d, swapped: %d, preemptions: %d, KV cache: %.1f%% (%d blocks, "
-            "%d tokens stored, %d slots wasted, %d blocks saved by sharing), prefix cache hits: %.1f%%, "
+            "%d tokens stored, %d slots wasted, %d blocks saved by sharing, %d released by the sliding window), "
+            "prefix cache hits: %.1f%%, "
             "prompt: %.1f tok/s, generation: %.1f tok/s",
             s.num_running,
             s.num_waiting,
@@ -82,6 +83,7 @@ class EngineStats:
             u.stored_tokens,
             u.waste,
             u.blocks_saved_by_sharing,
+            u.blocks_released_by_window,
             100 * prefix_hit_rate,
             self._window_prompt / dt,
             self._window_gen / dt,

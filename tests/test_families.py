@@ -71,20 +71,12 @@ def test_family_matches_transformers_on_cpu(folders, family):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_on_sim(folders, family):
-    """Our CUDA kernels, run on the CPU. They have no sliding window or soft cap yet
-    (issue 17): where a case needs one, the backend must refuse, not compute
-    something else; a window that the context never passes changes nothing."""
+    """Our CUDA kernels, run on the CPU, with the sliding windows (Mistral, Phi-3,
+    Gemma's local layers), soft cap (Gemma 2) and head sizes of each family: the
+    prompts longer than the window cross it in the prefill chunk and while decoding."""
     model = model_of(folders[family], "sim")
-    c = model.config
     for case in DATA["families"][family]["cases"]:
-        total = len(case["ids"]) + len(case["greedy"])
-        if not c.attn_logit_softcapping and (not c.sliding_window or total <= c.sliding_window):
-            check_case(model, case)
-            continue
-        if not c.attn_logit_softcapping and len(case["ids"]) <= c.sliding_window:
-            check_case(model, case, greedy=False)  # the prompt alone stays inside the window
-        with pytest.raises(UnsupportedModelError, match="issue 17"):
-            check_case(model, case)
+        check_case(model, case)
 
 
 @pytest.mark.parametrize("family", ["mistral", "gemma2", "qwen3_moe"])
@@ -92,7 +84,8 @@ def test_engine_batched_chunked_and_preempted(folders, family):
     """Through the engine (which picks the class by architecture, models/registry.py):
     each case twice in one batch, prompts prefilled in 8-token chunks, and a pool of
     12 blocks too small for them all, so sequences are preempted and recomputed.
-    The greedy tokens are still transformers'."""
+    The greedy tokens are still transformers'. Mistral releases the blocks that leave
+    its window, so 12 would hold its 4 sequences: it gets 7."""
     from rawpage import LLM, SamplingParams
     from tests.model_harness import assert_no_leaks
 
@@ -101,7 +94,7 @@ def test_engine_batched_chunked_and_preempted(folders, family):
         folders[family],
         device="cpu",
         block_size=8,
-        num_gpu_blocks_override=12,
+        num_gpu_blocks_override=7 if family == "mistral" else 12,
         max_num_batched_tokens=8,
         max_model_len=80,
         enable_prefix_caching=False,
@@ -110,26 +103,21 @@ def test_engine_batched_chunked_and_preempted(folders, family):
     outs = llm.generate([{"prompt_token_ids": c["ids"]} for c in cases], params, use_tqdm=False)
     assert [list(o.outputs[0].token_ids) for o in outs] == [c["greedy"] for c in cases]
     assert llm.engine.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
+    assert (llm.engine.block_manager.num_window_releases > 0) == (family == "mistral")
     assert_no_leaks(llm.engine)
 
 
-@pytest.mark.parametrize(
-    "family,max_model_len,error",
-    [
-        ("gemma2", 16, "soft-caps attention"),
-        ("mistral", 64, "sliding window of 16 tokens.*--max-model-len 16"),
-        ("mistral", 16, None),
-        ("qwen3", 256, None),
-    ],
-)
-def test_sim_refuses_at_startup_what_its_kernels_lack(folders, family, max_model_len, error):
-    from rawpage import LLM
+def test_sim_serves_windowed_and_capped_families_past_the_window(folders):
+    """Nothing refuses Gemma 2 (soft cap, alternating windows) or Mistral on the kernel
+    backends any more, at a context length well past their 16-token windows."""
+    from rawpage import LLM, SamplingParams
 
-    if error is None:
-        LLM(folders[family], device="sim", max_model_len=max_model_len, kv_cache_memory="4MiB")
-        return
-    with pytest.raises(UnsupportedModelError, match=error):
-        LLM(folders[family], device="sim", max_model_len=max_model_len, kv_cache_memory="4MiB")
+    for family in ("gemma2", "mistral"):
+        llm = LLM(folders[family], device="sim", max_model_len=64, kv_cache_memory="4MiB")
+        case = DATA["families"][family]["cases"][1]
+        params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+        out = llm.generate([{"prompt_token_ids": case["ids"]}], params, use_tqdm=False)[0]
+        assert list(out.outputs[0].token_ids) == case["greedy"][:8]
 
 
 def test_moe_decodes_eagerly_where_graphs_would_be_captured(folders, monkeypatch):

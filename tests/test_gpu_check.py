@@ -126,6 +126,14 @@ def test_summary_table_from_parts(tmp_path):
                     "prefill": {"tflops": 200.0, "fraction_of_sdpa": 0.4},
                     "sdpa_prefill": {"tflops": 500.0},
                     "rms_norm": {"gbs": 3200.0},
+                    "decode_fp8": {"fp8": {"ms": 0.5}, "bf16": {"ms": 1.0}, "time_ratio": 0.5},
+                    "decode_window": {
+                        "context": 4096,
+                        "window": 1024,
+                        "ms": 0.3,
+                        "gbs": 2000.0,
+                        "fraction_of_copy": 0.5,
+                    },
                 }
             }
         )
@@ -188,6 +196,9 @@ def test_summary_table_from_parts(tmp_path):
         "ok |"
     )
     assert rows["prefill attention 8x2048 causal"].endswith("MISS |")
+    assert "(0.50x)" in rows["FP8 KV decode attention B=256 ctx=1024"]
+    assert rows["FP8 KV decode attention B=256 ctx=1024"].endswith("ok |")
+    assert rows["sliding-window decode B=64 ctx=4096 W=1024"].endswith("MISS |")
     assert "(6.0x)" in rows["offline throughput, 512 req, Llama-3-8B shape"]
     assert rows["decode step B=256 ctx=1024, graphs"].endswith("MISS |")
     assert rows["parity vs transformers, bfloat16"].endswith("— |"), "not measured is neither ok nor MISS"

@@ -93,22 +93,44 @@ def attention_case(
     D: int = 128,
     BS: int = 16,
     sm_count: int = 2,
+    window: int | None = None,
+    fp8: bool = False,
 ) -> TrafficCase:
-    """Minimum: q, the K and V of every context token, the block-table entries
-    in use, seq_lens and query_start_loc once, and the output once. sm_count
-    sizes decode's split-K: the batches here fill 2 SMs without splitting."""
-    itemsize = 2
+    """Minimum: q, the K and V of every visible context token (the last `window`
+    of a decode's with a sliding window), the block-table entries that hold
+    them, seq_lens and query_start_loc once, and the output once. sm_count sizes
+    decode's split-K: the batches here fill 2 SMs without splitting. fp8: a
+    1-byte e4m3 cache, and its two scales once."""
+    itemsize, kv_itemsize = 2, 1 if fp8 else 2
     T = sum(q_lens)
-    kv = sum(ctx) * Hkv * D * itemsize * 2
-    meta = 4 * (sum(-(-L // BS) for L in ctx) + len(ctx) + len(ctx) + 1)
-    minimum = 2 * T * H * D * itemsize + kv + meta
+    first = [max(0, L - window) if window else 0 for L in ctx]  # decode: the first visible key
+    kv = sum(L - f for L, f in zip(ctx, first)) * Hkv * D * kv_itemsize * 2
+    meta = 4 * (sum(-(-L // BS) - f // BS for L, f in zip(ctx, first)) + len(ctx) + len(ctx) + 1)
+    minimum = 2 * T * H * D * itemsize + kv + meta + (8 if fp8 else 0)
 
     def run(loader: SimKernelLoader) -> None:
         rng = np.random.default_rng(0)
-        batch = _paged_batch(rng, np.float16, ctx, q_lens, H, Hkv, D, BS)
-        launch_paged_attention(np, loader, *batch, D**-0.5, max(q_lens), max(ctx))
+        q, k_cache, v_cache, *rest = _paged_batch(rng, np.float16, ctx, q_lens, H, Hkv, D, BS)
+        scales = None
+        if fp8:  # any codes will do for counting bytes; keep them finite
+            k_cache, v_cache = (rng.integers(0, 0x7E, c.shape).astype(np.uint8) for c in (k_cache, v_cache))
+            scales = np.array([0.01, 0.01], np.float32)
+        launch_paged_attention(
+            np,
+            loader,
+            q,
+            k_cache,
+            v_cache,
+            *rest,
+            D**-0.5,
+            max(q_lens),
+            max(ctx),
+            sliding_window=window,
+            kv_scales=scales,
+        )
 
     what = f"H={H} Hkv={Hkv} D={D} BS={BS} ctx={ctx} q={q_lens} f16" + (f", {sm_count} SMs" if sm_count != 2 else "")
+    what += (f", window {window}" if window else "") + (", fp8 KV" if fp8 else "")
     return TrafficCase(name, what, minimum, run, sm_count)
 
 
@@ -166,6 +188,9 @@ def cases() -> list[TrafficCase]:
         # One sequence on 16 SMs: split into 64-token partitions, each of which
         # writes and merges a float32 partial output.
         attention_case("decode GQA 4 split-K", 8, 2, [1000], [1], sm_count=16),
+        # A sliding window of 100 tokens (not block-aligned): only in-window keys are read.
+        attention_case("decode GQA 4 window 100", 8, 2, decode_ctx, [1] * 4, window=100),
+        attention_case("decode GQA 4 fp8", 8, 2, decode_ctx, [1] * 4, fp8=True),
         attention_case("prefill GQA 4", 8, 2, [256, 100], [256, 100]),
         rms_norm_case(64, 2048, fused=False),
         rms_norm_case(64, 2048, fused=True),

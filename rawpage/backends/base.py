@@ -131,7 +131,21 @@ class Backend:
         """q: (T, H, D), k: (T, Hkv, D), in place."""
         raise NotImplementedError
 
+    # (k_scale, v_scale) of an FP8 KV cache (--kv-cache-dtype fp8; see
+    # rawpage/ops/kv_cache_fp8.py), in this backend's array module once set.
+    kv_scales: Array | None = None
+
+    def set_kv_scales(self, kv_scales: np.ndarray) -> None:
+        self.kv_scales = np.asarray(kv_scales, np.float32)
+
+    def fp8_scales(self) -> Array:
+        if self.kv_scales is None:
+            raise RuntimeError("an FP8 (uint8) KV cache needs its scales: call set_kv_scales() first")
+        return self.kv_scales
+
     def write_kv(self, k: Array, v: Array, k_cache: Array, v_cache: Array, slot_mapping: Array) -> None:
+        """k, v: (T, Hkv, D) into the caches' slots (slot_mapping (T,), -1 = none). A
+        uint8 cache is FP8 e4m3: the backend converts on store with fp8_scales()."""
         raise NotImplementedError
 
     def paged_attention(

@@ -4,6 +4,10 @@ Most ops are the references from rawpage/ops. Attention gets a batched decode
 path, because a Python loop over 32 decoding sequences x 30 layers costs more
 than the math: all one-token queries go through a handful of batched GEMMs
 over block tables padded to the longest context.
+
+An FP8 KV cache (--kv-cache-dtype fp8) is real 1-byte storage here too: uint8
+e4m3 codes, written by write_kv_fp8_ref and dequantized to float32 as attention
+gathers each sequence's blocks.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from rawpage.backends.base import Backend
 from rawpage.backends.cpu_threads import CpuThreads
 from rawpage.ops.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
 from rawpage.ops.cache_ops import copy_blocks_ref, swap_blocks_ref
+from rawpage.ops.kv_cache_fp8 import dequantize_kv, write_kv_fp8_ref
 from rawpage.ops.paged_attention import gather_kv
 from rawpage.ops.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 from rawpage.ops.rope import rope_ref
@@ -41,7 +46,7 @@ class CPUBackend(Backend):
         return x
 
     def zeros(self, shape: tuple[int, ...], dtype: Any = None) -> np.ndarray:
-        return np.zeros(shape, dtype=dtype or self.dtype)
+        return np.zeros(shape, dtype=self.dtype if dtype is None else dtype)
 
     def embedding(self, ids: np.ndarray, table: np.ndarray) -> np.ndarray:
         """ids: (T,) -> (T, dim). The first op of every forward pass, so the thread count for
@@ -72,7 +77,10 @@ class CPUBackend(Backend):
         rope_ref(positions, q, k, cos_sin, is_neox)
 
     def write_kv(self, k, v, k_cache, v_cache, slot_mapping):
-        write_kv_ref(k, v, k_cache, v_cache, slot_mapping)
+        if k_cache.dtype == np.uint8:
+            write_kv_fp8_ref(k, v, k_cache, v_cache, slot_mapping, self.fp8_scales())
+        else:
+            write_kv_ref(k, v, k_cache, v_cache, slot_mapping)
 
     def silu_and_mul(self, x):
         return silu_and_mul_ref(x)
@@ -103,17 +111,26 @@ class CPUBackend(Backend):
         out = np.empty_like(q)
         q_lens = np.diff(query_start_loc)
         decode = q_lens == 1
+        scales = self.fp8_scales() if k_cache.dtype == np.uint8 else None
         if decode.any():
             rows = query_start_loc[:-1][decode]
             out[rows] = decode_attention(
-                q[rows], k_cache, v_cache, block_tables[decode], seq_lens[decode], scale, sliding_window, soft_cap
+                q[rows],
+                k_cache,
+                v_cache,
+                block_tables[decode],
+                seq_lens[decode],
+                scale,
+                sliding_window,
+                soft_cap,
+                scales,
             )
         for i in np.flatnonzero(~decode):
             s, e, L = int(query_start_loc[i]), int(query_start_loc[i + 1]), int(seq_lens[i])
             # Keys older than the window of the chunk's first query are never seen: skip them.
             first = max(0, L - (e - s) - sliding_window + 1) if sliding_window else 0
-            k = gather_kv(k_cache, block_tables[i], L)[first:]
-            v = gather_kv(v_cache, block_tables[i], L)[first:]
+            k = dequantize_kv(gather_kv(k_cache, block_tables[i], L, first), scales, 0)
+            v = dequantize_kv(gather_kv(v_cache, block_tables[i], L, first), scales, 1)
             out[s:e] = prefill_attention(q[s:e], k, v, scale, sliding_window, soft_cap)
         return out
 
@@ -163,8 +180,10 @@ def decode_attention(
     scale: float,
     sliding_window: int | None = None,
     soft_cap: float | None = None,
+    kv_scales: np.ndarray | None = None,
 ) -> np.ndarray:
-    """One query token per sequence. q: (B, H, D) -> (B, H, D).
+    """One query token per sequence. q: (B, H, D) -> (B, H, D). kv_scales: those
+    of an FP8 (uint8) cache.
 
     Sequences are sorted by length and taken a few at a time, so that padding is
     small and each chunk's gathered K/V stays in cache.
@@ -174,7 +193,7 @@ def decode_attention(
     for i in range(0, len(order), _DECODE_CHUNK):
         idx = order[i : i + _DECODE_CHUNK]
         out[idx] = _decode_chunk(
-            q[idx], k_cache, v_cache, block_tables[idx], seq_lens[idx], scale, sliding_window, soft_cap
+            q[idx], k_cache, v_cache, block_tables[idx], seq_lens[idx], scale, sliding_window, soft_cap, kv_scales
         )
     return out
 
@@ -188,6 +207,7 @@ def _decode_chunk(
     scale: float,
     sliding_window: int | None,
     soft_cap: float | None,
+    kv_scales: np.ndarray | None = None,
 ) -> np.ndarray:
     """Gathers the chunk's blocks into (B, L_max, Hkv, D), padding short contexts, and
     masks the padding before the softmax: a few batched GEMMs, no loop over sequences.
@@ -201,8 +221,10 @@ def _decode_chunk(
     cols = np.minimum(first_block[:, None] + np.arange(n_blocks)[None, :], block_tables.shape[1] - 1)
     table = np.take_along_axis(block_tables, cols, axis=1)  # (B, nb); entries past the end are masked
     Lp = n_blocks * bs
-    k = np.take(k_cache, table, axis=0).reshape(B, Lp, Hkv, D).transpose(0, 2, 3, 1)  # (B, Hkv, D, Lp)
-    v = np.take(v_cache, table, axis=0).reshape(B, Lp, Hkv, D).transpose(0, 2, 1, 3)  # (B, Hkv, Lp, D)
+    k = dequantize_kv(np.take(k_cache, table, axis=0), kv_scales, 0)
+    v = dequantize_kv(np.take(v_cache, table, axis=0), kv_scales, 1)
+    k = k.reshape(B, Lp, Hkv, D).transpose(0, 2, 3, 1)  # (B, Hkv, D, Lp)
+    v = v.reshape(B, Lp, Hkv, D).transpose(0, 2, 1, 3)  # (B, Hkv, Lp, D)
     scores = np.matmul(q.reshape(B, Hkv, G, D), k) * scale  # (B, Hkv, G, Lp)
     if soft_cap:
         scores = soft_cap * np.tanh(scores / soft_cap)

@@ -10,7 +10,10 @@ calls with float32 accumulation (NumPy BLAS under sim; the cuda backend
 overrides matmul to reach cuBLAS directly).
 
 Activations, weights and KV caches are stored in `dtype`: float32, float16, or
-bfloat16 as uint16 bits (see rawpage/dtypes.py).
+bfloat16 as uint16 bits (see rawpage/dtypes.py). With --kv-cache-dtype fp8 the
+KV caches are uint8 e4m3 codes instead: write_kv and paged_attention see the
+dtype of the cache they are given and go to the FP8 kernels, with the scales
+set by set_kv_scales().
 """
 
 from __future__ import annotations
@@ -29,12 +32,12 @@ from rawpage.dtypes import (
     storage_dtype,
     to_float32,
 )
-from rawpage.errors import UnsupportedModelError
 from rawpage.ops.activation import launch_silu_and_mul
 from rawpage.ops.cache_ops import launch_copy_blocks
 from rawpage.ops.fp8_linear import launch_fp8_linear
 from rawpage.ops.gguf_linear import GGUF_BLOCKS, launch_gguf_linear
 from rawpage.ops.int4_linear import launch_int4_linear
+from rawpage.ops.kv_cache_fp8 import launch_write_kv_fp8
 from rawpage.ops.launch import KernelLoader
 from rawpage.ops.moe_grouped_gemm import launch_grouped_gemm
 from rawpage.ops.paged_attention import launch_paged_attention
@@ -126,7 +129,15 @@ class KernelBackend(Backend):
     def rope(self, positions: Array, q: Array, k: Array, cos_sin: Array, is_neox: bool) -> None:
         launch_rope(self.xp, self.loader, positions, q, k, cos_sin, is_neox)
 
+    def set_kv_scales(self, kv_scales: np.ndarray) -> None:
+        """(k_scale, v_scale) of an FP8 KV cache, kept on the device (a captured graph
+        reads the array, so later values would reach it too)."""
+        self.kv_scales = self.xp.asarray(np.asarray(kv_scales, np.float32))
+
     def write_kv(self, k: Array, v: Array, k_cache: Array, v_cache: Array, slot_mapping: Array) -> None:
+        if k_cache.dtype == np.uint8:
+            launch_write_kv_fp8(self.xp, self.loader, k, v, k_cache, v_cache, slot_mapping, self.fp8_scales())
+            return
         launch_write_kv(self.xp, self.loader, k, v, k_cache, v_cache, slot_mapping)
 
     def paged_attention(
@@ -143,7 +154,6 @@ class KernelBackend(Backend):
         sliding_window: int | None = None,
         soft_cap: float | None = None,
     ) -> Array:
-        _refuse_unsupported_attention(self.name, max_seq_len, sliding_window, soft_cap)
         return launch_paged_attention(
             self.xp,
             self.loader,
@@ -156,6 +166,9 @@ class KernelBackend(Backend):
             scale,
             max_query_len=max_query_len,
             max_seq_len=max_seq_len,
+            sliding_window=sliding_window,
+            soft_cap=soft_cap,
+            kv_scales=self.fp8_scales() if k_cache.dtype == np.uint8 else None,
         )
 
     def silu_and_mul(self, x: Array) -> Array:
@@ -180,20 +193,3 @@ class KernelBackend(Backend):
             dst[m[:, 1]] = blocks if self.xp is np else self.xp.asnumpy(blocks)
         else:  # host -> device
             dst[self.xp.asarray(m[:, 1])] = self.xp.asarray(src[m[:, 0]])
-
-
-def _refuse_unsupported_attention(
-    device: str, max_seq_len: int, sliding_window: int | None, soft_cap: float | None
-) -> None:
-    """The attention kernels take neither a sliding window nor a soft cap yet (issue 17):
-    refuse rather than compute something else. A window no context reaches changes nothing."""
-    if soft_cap:
-        raise UnsupportedModelError(
-            f"attention logit soft-capping (Gemma 2) is not in the {device} attention kernels yet "
-            "(issue 17); run this model with --device cpu"
-        )
-    if sliding_window and max_seq_len > sliding_window:
-        raise UnsupportedModelError(
-            f"sliding-window attention past {sliding_window} tokens is not in the {device} attention kernels "
-            f"yet (issue 17); run this model with --device cpu, or with --max-model-len {sliding_window}"
-        )

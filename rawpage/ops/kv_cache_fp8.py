@@ -51,6 +51,16 @@ def write_kv_fp8_ref(
     v_cache.reshape(nb * bs, *v_cache.shape[2:])[slots] = e4m3_from_f32(v[keep].astype(np.float32) * inv[1])
 
 
+def dequantize_kv(cache_rows: np.ndarray, kv_scales: np.ndarray | None, which: int) -> np.ndarray:
+    """Rows gathered from a KV cache, as float32: e4m3 codes (uint8) times the scale
+    (which: 0 for K, 1 for V); any other dtype is returned as it is."""
+    if cache_rows.dtype != np.uint8:
+        return cache_rows
+    if kv_scales is None:
+        raise ValueError("an FP8 (uint8) KV cache needs its kv_scales")
+    return e4m3_to_f32(cache_rows) * np.float32(kv_scales[which])
+
+
 def paged_attention_fp8_ref(
     q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_scales: np.ndarray, *args: Any
 ) -> np.ndarray:

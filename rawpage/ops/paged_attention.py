@@ -10,10 +10,14 @@ j of the context sits at block_tables[i, j // BS], offset j % BS.
     S = Q K^T * scale,  causal: query at position p sees keys 0..p
     O = softmax(S) V
 
-Two options some families need (so far on the cpu backend and in the
-reference below; the kernels do not take them yet):
-    sliding window W: query at position p sees keys p-W+1..p only
+Two options some families need, in the reference below, the cpu backend and
+both kernels:
+    sliding window W: query at position p sees keys p-W+1..p only (blocks
+                      wholly older than that are never read: the block manager
+                      may have freed them, and their table entries are stale)
     soft cap c:       S = c * tanh(S / c) before the mask
+and an FP8 (e4m3) cache, uint8 arrays with per-tensor kv_scales (see
+rawpage/ops/kv_cache_fp8.py): the kernels convert on load and compute in float32.
 
 With GQA, query head h reads KV head h // (H / Hkv).
 """
@@ -35,11 +39,12 @@ from rawpage.ops.launch import (
 )
 
 
-def gather_kv(cache: np.ndarray, block_table: np.ndarray, seq_len: int) -> np.ndarray:
-    """The first seq_len rows of one sequence's context: (seq_len, Hkv, D)."""
+def gather_kv(cache: np.ndarray, block_table: np.ndarray, seq_len: int, first: int = 0) -> np.ndarray:
+    """Rows first .. seq_len-1 of one sequence's context: (seq_len - first, Hkv, D).
+    Blocks wholly before `first` are not read (a sliding window may have freed them)."""
     bs = cache.shape[1]
-    blocks = block_table[: (seq_len + bs - 1) // bs]
-    return cache[blocks].reshape(-1, *cache.shape[2:])[:seq_len]
+    blocks = block_table[first // bs : (seq_len + bs - 1) // bs]
+    return cache[blocks].reshape(-1, *cache.shape[2:])[first % bs : seq_len - first // bs * bs]
 
 
 def paged_attention_ref(
@@ -65,16 +70,18 @@ def paged_attention_ref(
         n = e - s
         if n == 0:
             continue
-        k = gather_kv(k_cache, block_tables[i], L).astype(np.float32)  # (L, Hkv, D)
-        v = gather_kv(v_cache, block_tables[i], L).astype(np.float32)
+        first = max(0, L - n - sliding_window + 1) if sliding_window else 0  # oldest key any query sees
+        k = gather_kv(k_cache, block_tables[i], L, first).astype(np.float32)  # (L', Hkv, D)
+        v = gather_kv(v_cache, block_tables[i], L, first).astype(np.float32)
         qi = q[s:e].astype(np.float32).reshape(n, Hkv, G, D)
-        scores = np.einsum("nkgd,lkd->kgnl", qi, k) * scale  # (Hkv, G, n, L)
+        scores = np.einsum("nkgd,lkd->kgnl", qi, k) * scale  # (Hkv, G, n, L')
         if soft_cap:
             scores = soft_cap * np.tanh(scores / soft_cap)
         q_pos = np.arange(L - n, L)[:, None]  # (n, 1)
-        visible = np.arange(L)[None, :] <= q_pos  # (n, L)
+        key_pos = np.arange(first, L)[None, :]  # (1, L')
+        visible = key_pos <= q_pos  # (n, L')
         if sliding_window:
-            visible &= np.arange(L)[None, :] > q_pos - sliding_window
+            visible &= key_pos > q_pos - sliding_window
         scores = np.where(visible, scores, -np.inf)
         scores -= scores.max(axis=-1, keepdims=True)
         p = np.exp(scores)
@@ -102,8 +109,6 @@ PREFILL_ROWS = 64  # query rows per block (Br): 4 warps of 16
 def prefill_key_tile(suffix: str, head_size: int) -> int:
     """Keys per tile (Bc) for a dtype and head size, as instantiated in the kernels."""
     if suffix == "f32":
-        if head_size > 128:
-            raise ValueError("float32 prefill attention supports head sizes up to 128")
         return 32
     return 32 if head_size == 256 else 64
 
@@ -112,7 +117,9 @@ def prefill_smem_bytes(head_size: int, key_tile: int, itemsize: int) -> int:
     """Dynamic shared memory of one prefill block; mirrors PrefillSmem (16-bit) and
     PrefillF32Smem in the kernels (which trap if given less), each region 128-byte
     aligned. 16-bit: Q (Br x D+8) and two stages each of K and V (Bc x D+8).
-    float32: Q, K, V (rows of D+4), S (Br x Bc+4) and O (Br x D+4)."""
+    float32: Q (up to D = 128; at 256 it is read from global memory), K, V (rows
+    of D+4), S (Br x Bc+4) and O (Br x D+4). An FP8 cache is converted into the
+    same tiles, so it needs the same."""
 
     def region(n: int) -> int:
         return ceil_div(n, 128) * 128
@@ -120,7 +127,8 @@ def prefill_smem_bytes(head_size: int, key_tile: int, itemsize: int) -> int:
     br, bc = PREFILL_ROWS, key_tile
     if itemsize == 4:
         ld = head_size + 4
-        return region(br * ld * 4) + 2 * region(bc * ld * 4) + region(br * (bc + 4) * 4) + region(br * ld * 4)
+        q_tile = region(br * ld * 4) if head_size <= 128 else 0
+        return q_tile + 2 * region(bc * ld * 4) + region(br * (bc + 4) * 4) + region(br * ld * 4)
     ld = head_size + 8
     return region(br * ld * itemsize) + 4 * region(bc * ld * itemsize)
 
@@ -140,8 +148,13 @@ def launch_paged_attention(
     partitions: int | None = None,
     sm_count: int | None = None,
     min_partition: int = DECODE_MIN_PARTITION,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    kv_scales: Any = None,
 ) -> Any:
     """Same contract as paged_attention_ref; q may be a view with contiguous rows.
+    With kv_scales ((2,) float32 on the device: k_scale, v_scale) the caches are
+    uint8 e4m3 (paged_attention_fp8_ref's contract).
     max_query_len and max_seq_len are host-side facts about the batch (an upper
     bound is enough: a CUDA graph is captured with the longest context). A batch
     in which every sequence decodes goes to the decode kernel, split into
@@ -149,7 +162,11 @@ def launch_paged_attention(
     `sm_count` SMs (default: the loader's), with partitions of at least
     `min_partition` tokens (a multiple of 16); any other batch goes to the
     prefill kernel."""
-    same_dtype(q, k_cache, v_cache)
+    fp8 = kv_scales is not None
+    if fp8 and (k_cache.dtype != np.uint8 or v_cache.dtype != np.uint8):
+        raise ValueError(f"kv_scales go with an FP8 (uint8) cache, got {k_cache.dtype}")
+    same_dtype(q, *(() if fp8 else (k_cache, v_cache)))
+    window, cap = _attention_options(sliding_window, soft_cap)
     T, H, D = q.shape
     Hkv = k_cache.shape[2]
     if D not in HEAD_SIZES:
@@ -166,18 +183,34 @@ def launch_paged_attention(
     block_tables = int32_array(xp, block_tables)
     seq_lens, query_start_loc = int32_array(xp, seq_lens), int32_array(xp, query_start_loc)
     common = (k_cache, v_cache, block_tables, seq_lens, query_start_loc)
+    options = (window, cap, kv_scales)
     if max_query_len == 1:
         if k_cache.shape[1] & (k_cache.shape[1] - 1):
             raise ValueError(f"decode attention needs a power-of-two block size, got {k_cache.shape[1]}")
         if partitions is None:
             sms = sm_count or int(getattr(loader, "sm_count", 132))
+            visible = min(max_seq_len, window) if window else max_seq_len  # keys a query reads
             partitions = decode_partitions(
-                block_tables.shape[0], Hkv * ceil_div(H // Hkv, decode_group(H, Hkv)), max_seq_len, sms
+                block_tables.shape[0], Hkv * ceil_div(H // Hkv, decode_group(H, Hkv)), visible, sms
             )
-        _launch_decode(xp, loader, out, q, *common, scale, partitions, min_partition)
+        _launch_decode(xp, loader, out, q, *common, scale, partitions, min_partition, options)
     else:
-        _launch_prefill(loader, out, q, *common, scale, max_query_len)
+        _launch_prefill(loader, out, q, *common, scale, max_query_len, options)
     return out
+
+
+def _attention_options(sliding_window: int | None, soft_cap: float | None) -> tuple[np.int32, np.float32]:
+    """The kernels' (window, cap) arguments; 0 means off."""
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be a positive number of tokens, got {sliding_window}")
+    if soft_cap is not None and not soft_cap > 0:
+        raise ValueError(f"soft_cap must be positive, got {soft_cap}")
+    return np.int32(sliding_window or 0), np.float32(soft_cap or 0.0)
+
+
+def _kernel_suffix(q: Any, kv_scales: Any) -> str:
+    """The entry points' dtype part: the activations' dtype, and _fp8 for an e4m3 cache."""
+    return dtype_suffix(q) + ("_fp8" if kv_scales is not None else "")
 
 
 def decode_group(H: int, Hkv: int) -> int:
@@ -209,6 +242,7 @@ def _launch_decode(
     scale,
     P,
     min_partition,
+    options,
 ) -> None:
     # Grid: (Hkv * chunks, B, P): one block per KV head (and chunk of up to 8 of
     # its query heads), sequence and partition. Block: 4 warps; a warp takes a
@@ -222,8 +256,10 @@ def _launch_decode(
     chunks = ceil_div(H // Hkv, G)
     part_o = xp.empty((B, H, P, D) if P > 1 else (1,), dtype=np.float32)
     part_ml = xp.empty((B, H, P, 2) if P > 1 else (1,), dtype=np.float32)
-    suffix = dtype_suffix(q)
-    kernel = loader.get_function("paged_attention_decode.cu", f"paged_attention_decode_{suffix}_d{D}_g{G}")
+    window, cap, kv_scales = options
+    kernel = loader.get_function(
+        "paged_attention_decode.cu", f"paged_attention_decode_{_kernel_suffix(q, kv_scales)}_d{D}_g{G}"
+    )
     args = (
         out,
         part_o,
@@ -241,11 +277,14 @@ def _launch_decode(
         np.int32(token_stride(q)),
         np.float32(scale),
         np.int32(min_partition),
-    )
+        window,
+        cap,
+    ) + ((kv_scales,) if kv_scales is not None else ())
     kernel((Hkv * chunks, B, P), (DECODE_THREADS,), args)
     if P > 1:
-        reduce = loader.get_function("paged_attention_decode.cu", f"paged_attention_decode_reduce_{suffix}")
+        reduce = loader.get_function("paged_attention_decode.cu", f"paged_attention_decode_reduce_{dtype_suffix(q)}")
         args = (out, part_o, part_ml, seq_lens, query_start_loc, np.int32(D), np.int32(P), np.int32(min_partition))
+        args += (window,)
         reduce((H, B), (DECODE_THREADS,), args, shared_mem=4 * P)
 
 
@@ -260,6 +299,7 @@ def _launch_prefill(
     query_start_loc,
     scale,
     max_query_len,
+    options,
 ) -> None:
     # Grid: (ceil(max_query_len / 64), H, B): one block per 64-row query tile Q_i,
     # head and sequence (x runs backwards in the kernel: heaviest tiles first);
@@ -269,11 +309,13 @@ def _launch_prefill(
     # scalar kernel file with the same arguments.
     T, H, D = q.shape
     B = block_tables.shape[0]
+    window, cap, kv_scales = options
     suffix = dtype_suffix(q)
     key_tile = prefill_key_tile(suffix, D)
     smem = prefill_smem_bytes(D, key_tile, q.itemsize)
     source = "paged_attention_prefill_f32.cu" if suffix == "f32" else "paged_attention_prefill.cu"
-    kernel = loader.get_function(source, f"paged_attention_prefill_{suffix}_d{D}_bc{key_tile}")
+    name = f"paged_attention_prefill_{_kernel_suffix(q, kv_scales)}_d{D}_bc{key_tile}"
+    kernel = loader.get_function(source, name)
     args = (
         out,
         q,
@@ -288,5 +330,7 @@ def _launch_prefill(
         np.int32(token_stride(q)),
         np.float32(scale),
         np.int32(smem),
-    )
+        window,
+        cap,
+    ) + ((kv_scales,) if kv_scales is not None else ())
     kernel((ceil_div(max_query_len, PREFILL_ROWS), H, B), (PREFILL_THREADS,), args, shared_mem=smem)

@@ -66,6 +66,8 @@ def block_owners(num_blocks: int, seqs: list[Sequence], cpu: bool = False) -> np
     lengths = [len(t) for t in tables]
     blocks = np.fromiter(itertools.chain.from_iterable(tables), np.int64, sum(lengths))  # (U,)
     ids = np.repeat(np.array([s.seq_id for s in seqs], dtype=np.int64), lengths)  # (U,)
+    held = blocks >= 0  # entries a sliding window released (-1) belong to no block
+    blocks, ids = blocks[held], ids[held]
     order = np.lexsort((ids, blocks))  # by block, then by sequence id
     blocks, ids = blocks[order], ids[order]
     first = np.ones(len(blocks), dtype=bool)  # the lowest id of each block's holders

@@ -60,6 +60,9 @@ class ServerMetrics:
         self.preemptions = counter("num_preemptions", "Sequences preempted")
         self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache")
         self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache")
+        self.window_releases = counter(
+            "kv_cache_window_released_blocks", "KV blocks released because they left every layer's sliding window"
+        )
         self.swap_outs = counter("num_swap_outs", "Sequences swapped out to CPU memory")
         self.swap_ins = counter("num_swap_ins", "Sequences swapped back in")
         self.finished = counter("request_success", "Requests finished")
@@ -69,7 +72,7 @@ class ServerMetrics:
         self.ttft = histogram("time_to_first_token_seconds", "Time from arrival to the first token")
         self.itl = histogram("inter_token_latency_seconds", "Time between tokens of one sequence")
         self.e2e = histogram("e2e_request_latency_seconds", "Time from arrival to the last token")
-        self._seen = {"steps": 0, "prompt": 0, "gen": 0, "preempt": 0, "pq": 0, "ph": 0, "so": 0, "si": 0}
+        self._seen = {"steps": 0, "prompt": 0, "gen": 0, "preempt": 0, "pq": 0, "ph": 0, "so": 0, "si": 0, "wr": 0}
         self._last_token: dict[str, float] = {}
 
     def observe_loop_lag(self, lag: float) -> bool:
@@ -93,6 +96,7 @@ class ServerMetrics:
         self._count("preempt", self.preemptions, st.preemptions_total)
         self._count("pq", self.prefix_queries, bm.prefix_queries)
         self._count("ph", self.prefix_hits, bm.prefix_hits)
+        self._count("wr", self.window_releases, bm.num_window_releases)
         self._count("so", self.swap_outs, st.swap_outs_total)
         self._count("si", self.swap_ins, st.swap_ins_total)
         now = time.monotonic()

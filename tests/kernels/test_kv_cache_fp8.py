@@ -1,5 +1,6 @@
 """FP8 KV cache: write_kv_fp8.cu converts on store exactly as the NumPy reference,
-and attention on the dequantized cache stays close to attention on the 16-bit one."""
+attention on the dequantized cache stays close to attention on the 16-bit one, and
+both attention kernels, converting on load, match that reference."""
 
 import numpy as np
 import pytest
@@ -10,8 +11,10 @@ from rawpage.ops.kv_cache_fp8 import (
     paged_attention_fp8_ref,
     write_kv_fp8_ref,
 )
-from rawpage.ops.paged_attention import paged_attention_ref
-from tests.kernels.conftest import DTYPES
+from rawpage.ops.paged_attention import launch_paged_attention, paged_attention_ref
+from rawpage.quantization.fp8 import e4m3_from_f32
+from tests.kernels.conftest import DTYPES, assert_close
+from tests.kernels.test_paged_attention import paged_batch
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -53,3 +56,83 @@ def test_fp8_attention_reference_is_close_to_16_bit():
     want = paged_attention_ref(q, k, v, *meta)
     got = paged_attention_fp8_ref(q, kc, vc, scales, *meta)
     assert np.abs(got - want).max() < 0.1 * np.abs(want).max()  # e4m3: a relative step of 1/8 to 1/16
+
+
+# ---- both attention kernels on an FP8 cache (convert on load, float32 math) ----------
+
+FP8_POISON = 0x7F  # e4m3's NaN code, in every slot no sequence owns (the kernels decode it as 480)
+
+
+def fp8_batch(device, dtype, rng, q_lens, ctx, H, Hkv, D, BS):
+    """paged_batch's batch with its caches written as e4m3 codes; returns host (q, caches,
+    tables, seq_lens, qsl, scales) and device arrays (q, caches, tables, seq_lens, qsl), scales."""
+    host, dev = paged_batch(device, dtype, rng, q_lens, ctx, H, Hkv, D, BS)
+    q, kc, vc, tables, seq_lens, qsl = host
+    scales = kv_scales_from_amax(np.nanmax(np.abs(kc)), 2 * np.nanmax(np.abs(vc)))
+    codes = []
+    for cache, s in ((kc, scales[0]), (vc, scales[1])):
+        c = np.full(cache.shape, FP8_POISON, np.uint8)
+        owned = ~np.isnan(cache)
+        c[owned] = e4m3_from_f32(cache[owned] * (np.float32(1) / s))
+        codes.append(c)
+    host = (q, *codes, tables, seq_lens, qsl)
+    dev = (dev[0], device.put_raw(codes[0]), device.put_raw(codes[1]), *dev[3:])
+    return host, dev, scales
+
+
+def fp8_reference(host, scales, scale, window=None, cap=None):
+    q, kc, vc, tables, seq_lens, qsl = host
+    k, v = (np.where(c == FP8_POISON, 0, c).astype(np.uint8) for c in (kc, vc))
+    return paged_attention_fp8_ref(q, k, v, scales, tables, seq_lens, qsl, scale, window, cap)
+
+
+def run_fp8(device, dev, scales, scale, q_lens, ctx, **kw):
+    out = launch_paged_attention(
+        device.xp,
+        device.loader,
+        *dev,
+        scale,
+        max_query_len=max(q_lens),
+        max_seq_len=max(ctx),
+        kv_scales=device.put_raw(scales),
+        min_partition=16,
+        **kw,
+    )
+    return device.get(out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D,H,Hkv", [(64, 8, 2), (128, 4, 4), (256, 8, 1), (80, 6, 2), (16, 4, 2)])
+def test_fp8_decode_matches_reference(device, dtype, D, H, Hkv):
+    """One partition and split-K; with a sliding window and soft cap too."""
+    rng = np.random.default_rng(D + H)
+    ctx = [1, 16, 17, 77, 101]
+    host, dev, scales = fp8_batch(device, dtype, rng, [1] * 5, ctx, H, Hkv, D, 16)
+    want = fp8_reference(host, scales, D**-0.5)
+    for P in (1, 3):
+        got = run_fp8(device, dev, scales, D**-0.5, [1] * 5, ctx, partitions=P)
+        assert_close(got, want, dtype, f"{P} partitions")
+    want = fp8_reference(host, scales, D**-0.5, 20, 3.0)
+    got = run_fp8(device, dev, scales, D**-0.5, [1] * 5, ctx, partitions=2, sliding_window=20, soft_cap=3.0)
+    assert_close(got, want, dtype, "window 20, cap 3")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D,H,Hkv", [(64, 8, 2), (128, 4, 4), (256, 4, 2), (80, 6, 2), (16, 4, 2)])
+def test_fp8_prefill_matches_reference(device, dtype, D, H, Hkv):
+    """A prompt longer than one query tile, a chunk over a cached prefix, a decode row
+    in the batch; then the same with a sliding window."""
+    rng = np.random.default_rng(D + H + 1)
+    q_lens, ctx = [70, 9, 1], [70, 60, 50]
+    host, dev, scales = fp8_batch(device, dtype, rng, q_lens, ctx, H, Hkv, D, 16)
+    assert_close(run_fp8(device, dev, scales, 0.2, q_lens, ctx), fp8_reference(host, scales, 0.2), dtype)
+    got = run_fp8(device, dev, scales, 0.2, q_lens, ctx, sliding_window=24)
+    assert_close(got, fp8_reference(host, scales, 0.2, 24), dtype, "window 24")
+
+
+def test_fp8_cache_with_16_bit_kernels_is_refused(device):
+    rng = np.random.default_rng(0)
+    host, dev, scales = fp8_batch(device, "float16", rng, [1], [4], 2, 2, 64, 16)
+    q, kc, vc, *rest = dev
+    with pytest.raises(ValueError, match="kv_scales go with an FP8"):
+        launch_paged_attention(device.xp, device.loader, q, q[:0], q[:0], *rest, 0.1, 1, 4, kv_scales=scales)

@@ -78,6 +78,11 @@ RATIO_BOUNDS = {
     "decode GQA 8": 1.02,
     # 64-token partitions, each writing and merging a float32 partial output.
     "decode GQA 4 split-K": 1.2,
+    # A sliding window: the blocks wholly before it are never read, so the minimum
+    # (and what the kernel reads) is the last 100 keys of each context.
+    "decode GQA 4 window 100": 1.05,
+    # An FP8 cache: half the K/V bytes, each read once.
+    "decode GQA 4 fp8": 1.05,
     "prefill GQA 4": 2.9,
     # Rows read once into registers (each block's weight once): 1.984 and 1.494
     # before, when every row was read twice and every block re-read the weight.

@@ -10,6 +10,10 @@ L2 from the previous one.
   block size 16, scattered blocks) at contexts 2048 and 4096: GB/s of K/V (plus
   q and out) read, against the measured device-to-device copy bandwidth
   (bytes read + written), beside torch SDPA on contiguous K/V of the same shapes.
+- The same decode with an FP8 (e4m3) KV cache at batch 256, context 1024, beside
+  bfloat16 at that shape (issue 18: FP8 at most 0.6x bfloat16's time); and with a
+  sliding window of 1024 at context 4096 (issue 17: only in-window K/V is read, so
+  GB/s counts the window's bytes).
 - Prefill paged_attention, 8 sequences x 2048 tokens, causal: TFLOP/s
   (4 B H D L(L+1)/2 FLOPs: QK^T and PV over the causal half), beside SDPA's
   flash path on contiguous q/k/v.
@@ -27,9 +31,9 @@ from tools.gpu_check.common import GB, copy_bandwidth_gbs, median_ms_cupy, media
 H, HKV, D, BS = 32, 8, 128, 16
 
 
-def decode_bytes(batch: int, context: int, itemsize: int = 2) -> int:
+def decode_bytes(batch: int, context: int, itemsize: int = 2, kv_itemsize: int | None = None) -> int:
     """Bytes a decode attention step must move: all K and V of every context, q and out."""
-    kv = 2 * batch * context * HKV * D * itemsize
+    kv = 2 * batch * context * HKV * D * (kv_itemsize or itemsize)
     return kv + 2 * batch * H * D * itemsize
 
 
@@ -38,22 +42,28 @@ def prefill_flops(batch: int, length: int) -> float:
     return 4.0 * batch * H * D * length * (length + 1) / 2
 
 
-def _paged_inputs(cupy, batch: int, context: int, sets: int, rng: np.random.Generator):
-    """`sets` independent (k_cache, v_cache, block_tables) of random bfloat16 bits."""
+def _paged_inputs(cupy, batch: int, context: int, sets: int, rng: np.random.Generator, fp8: bool = False):
+    """`sets` independent (k_cache, v_cache, block_tables) of random bfloat16 bits (fp8:
+    random finite e4m3 codes, uint8)."""
     from rawpage.dtypes import bf16_from_f32
 
     blocks = batch * (-(-context // BS))
+    shape = (blocks, BS, HKV, D)
+
+    def cache():
+        if fp8:  # codes 0..0x7E with a random sign: every finite e4m3 value
+            return (cupy.random.randint(0, 0x7F, shape) | (cupy.random.randint(0, 2, shape) << 7)).astype(cupy.uint8)
+        return bf16_from_f32(cupy.random.standard_normal(shape, dtype=cupy.float32))  # normal, rounded
+
     out = []
     for _ in range(sets):
-        # Random normal values, rounded to bfloat16 on the device.
-        k = bf16_from_f32(cupy.random.standard_normal((blocks, BS, HKV, D), dtype=cupy.float32))
-        v = bf16_from_f32(cupy.random.standard_normal((blocks, BS, HKV, D), dtype=cupy.float32))
+        k, v = cache(), cache()
         tables = cupy.asarray(rng.permutation(blocks).astype(np.int32).reshape(batch, -1))
         out.append((k, v, tables))
     return out
 
 
-def bench_decode(context: int, batch: int = 64, sets: int = 2) -> dict:
+def bench_decode(context: int, batch: int = 64, sets: int = 2, window: int | None = None, fp8: bool = False) -> dict:
     import cupy
 
     from rawpage.backends.cuda import CupyKernelLoader
@@ -61,17 +71,28 @@ def bench_decode(context: int, batch: int = 64, sets: int = 2) -> dict:
     from rawpage.ops.paged_attention import launch_paged_attention
 
     loader, rng = CupyKernelLoader(), np.random.default_rng(0)
-    inputs = _paged_inputs(cupy, batch, context, sets, rng)
+    inputs = _paged_inputs(cupy, batch, context, sets, rng, fp8)
+    scales = cupy.asarray([0.01, 0.01], dtype=cupy.float32) if fp8 else None
     q = bf16_from_f32(cupy.random.standard_normal((batch, H, D), dtype=cupy.float32))
     seq_lens = cupy.full(batch, context, cupy.int32)
     qsl = cupy.arange(batch + 1, dtype=cupy.int32)
 
     def run(i: int) -> None:
         k, v, tables = inputs[i % sets]
-        launch_paged_attention(cupy, loader, q, k, v, tables, seq_lens, qsl, D**-0.5, 1, context)
+        launch_paged_attention(
+            cupy, loader, q, k, v, tables, seq_lens, qsl, D**-0.5, 1, context, sliding_window=window, kv_scales=scales
+        )
 
     ms = median_ms_cupy(run, iters=50)
-    return {"context": context, "batch": batch, "ms": ms, "gbs": decode_bytes(batch, context) / (ms * 1e-3) / GB}
+    nbytes = decode_bytes(batch, min(context, window or context), kv_itemsize=1 if fp8 else 2)
+    return {
+        "context": context,
+        "batch": batch,
+        "window": window,
+        "fp8": fp8,
+        "ms": ms,
+        "gbs": nbytes / (ms * 1e-3) / GB,
+    }
 
 
 def bench_sdpa_decode(context: int, batch: int = 64, sets: int = 2) -> dict:
@@ -164,13 +185,16 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     result: dict = {"copy_gbs": copy_bandwidth_gbs()}
     result["decode"] = [bench_decode(int(c)) for c in args.contexts.split(",")]
+    result["decode_fp8"] = {"fp8": bench_decode(1024, 256, fp8=True), "bf16": bench_decode(1024, 256)}
+    result["decode_window"] = bench_decode(4096, 64, window=1024)
     result["prefill"] = bench_prefill()
     result["rms_norm"] = bench_rms_norm()
     if not args.no_torch:
         result["sdpa_decode"] = [bench_sdpa_decode(int(c)) for c in args.contexts.split(",")]
         result["sdpa_prefill"] = bench_sdpa_prefill()
-    for d in result["decode"]:
+    for d in [*result["decode"], result["decode_window"], *result["decode_fp8"].values()]:
         d["fraction_of_copy"] = d["gbs"] / result["copy_gbs"]
+    result["decode_fp8"]["time_ratio"] = result["decode_fp8"]["fp8"]["ms"] / result["decode_fp8"]["bf16"]["ms"]
     result["prefill"]["fraction_of_sdpa"] = (
         result["prefill"]["tflops"] / result["sdpa_prefill"]["tflops"] if "sdpa_prefill" in result else None
     )

@@ -15,6 +15,7 @@ import glob
 import json
 import os
 import re
+from collections.abc import Callable
 
 from tools.gpu_check import families, quant
 
@@ -70,6 +71,22 @@ def _fmt(x: float | None, spec: str = ".1f") -> str:
     return "—" if x is None else format(x, spec)
 
 
+def _fp8_and_window_decode_rows(mb: dict, verdict: Callable[[bool | None], str]) -> list[tuple[str, str, str, str]]:
+    """Issue 18's FP8 KV decode (time against bfloat16 at batch 256, ctx 1024) and issue 17's
+    sliding-window decode (GB/s of the window's K/V against copy bandwidth)."""
+    out = []
+    if "decode_fp8" in mb:
+        f = mb["decode_fp8"]
+        fig = f"{f['fp8']['ms']:.3f} ms vs bf16 {f['bf16']['ms']:.3f} ms ({f['time_ratio']:.2f}x)"
+        out.append(("FP8 KV decode attention B=256 ctx=1024", fig, "<= 0.6x bf16", verdict(f["time_ratio"] <= 0.6)))
+    if "decode_window" in mb:
+        w = mb["decode_window"]
+        fig = f"{w['ms']:.3f} ms, {w['gbs']:.0f} GB/s of in-window K/V = {w['fraction_of_copy']:.0%} of copy"
+        name = f"sliding-window decode B=64 ctx={w['context']} W={w['window']}"
+        out.append((name, fig, ">= 70% of copy", verdict(w["fraction_of_copy"] >= 0.7)))
+    return out
+
+
 def rows(r: dict, kernel: dict | None, memcheck: str | None) -> list[tuple[str, str, str, str]]:
     """(check, figure, target, verdict) rows; verdict is ok / MISS / — (not measured)."""
 
@@ -120,6 +137,7 @@ def rows(r: dict, kernel: dict | None, memcheck: str | None) -> list[tuple[str, 
         out.append(
             (f"decode attention B=64 ctx={d['context']}", fig, ">= 70% of copy", verdict(d["fraction_of_copy"] >= 0.7))
         )
+    out += _fp8_and_window_decode_rows(mb, verdict)
     if "prefill" in mb:
         p, s = mb["prefill"], mb.get("sdpa_prefill")
         frac = p.get("fraction_of_sdpa")
