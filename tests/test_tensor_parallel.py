@@ -149,12 +149,12 @@ def test_default_model_logits_match_one_rank(default_checkpoint, default_model):
         assert (got.argmax(-1) == want.argmax(-1)).all()
 
 
-def greedy(model: str, device: str = "cpu", size: int = 1, max_tokens: int = 12) -> list[list[int]]:
+def greedy(model: str, device: str = "cpu", size: int = 1, max_tokens: int = 12, prompts=PROMPTS) -> list[list[int]]:
     from rawpage import LLM, SamplingParams
 
     llm = LLM(model, device=device, tensor_parallel_size=size, kv_cache_memory="64MiB", max_model_len=256)
     try:
-        outs = llm.generate(PROMPTS, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+        outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
         return [o.outputs[0].token_ids for o in outs]
     finally:
         if llm.engine.workers is not None:
@@ -174,7 +174,8 @@ def test_spawned_workers_give_the_greedy_tokens_of_one_rank(tiny_model_dir, tp1_
 
 @pytest.mark.timeout(300)
 def test_sim_two_ranks_give_the_greedy_tokens_of_one_rank(tiny_model_dir, tp1_tokens):
-    assert greedy(tiny_model_dir, "sim", 2, max_tokens=4) == [t[:4] for t in tp1_tokens]
+    """The same CUDA sources as a GPU run, on the simulator (slow: two prompts, three tokens)."""
+    assert greedy(tiny_model_dir, "sim", 2, 3, PROMPTS[:2]) == [t[:3] for t in tp1_tokens[:2]]
 
 
 def test_default_model_at_two_ranks_says_why_not():
@@ -199,3 +200,24 @@ def test_a_worker_killed_mid_step_stops_the_engine_with_a_message(tiny_model_dir
                 engine.step()
     finally:
         engine.workers.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_dead_worker_fails_the_server_which_exits_with_a_message(tiny_model_dir):
+    import re
+
+    import httpx
+
+    from tests.server.harness import ServerProcess
+
+    s = ServerProcess("--model", tiny_model_dir, "--tensor-parallel-size", "2", "--max-model-len", "256")
+    try:
+        pid = int(re.search(r"workers are pids \[(\d+)\]", s.output()).group(1))
+        os.kill(pid, signal.SIGKILL)
+        body = {"model": "hf", "prompt": "Hello", "max_tokens": 8}
+        r = httpx.post(s.url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 500 and "was killed by signal 9" in r.json()["error"]["message"]
+        assert s.proc.wait(timeout=60) == 1
+        assert "exiting: tensor-parallel worker rank 1" in s.output()
+    finally:
+        s.stop()
