@@ -29,6 +29,8 @@ import asyncio
 import hashlib
 import json
 import logging
+import signal
+import threading
 import time
 from typing import Any
 
@@ -58,7 +60,8 @@ def prompt_prefix_key(body: bytes) -> str | None:
     if isinstance(data.get("messages"), list):
         text = "".join(f"{m.get('role')}\n{m.get('content')}\n" for m in data["messages"] if isinstance(m, dict))
     elif "prompt" in data:
-        text = json.dumps(data["prompt"])  # a string, token ids or a list of prompts
+        prompt = data["prompt"]  # a string, token ids or a list of prompts
+        text = prompt if isinstance(prompt, str) else json.dumps(prompt)
     else:
         return None
     return hashlib.sha256(text[:ROUTING_PREFIX_CHARS].encode()).hexdigest() if text else None
@@ -224,7 +227,7 @@ def build_ray_app(
 
 def run_ray_server(args: argparse.Namespace) -> int:
     """`rawpage serve --ray`: start (or join, with RAY_ADDRESS) a Ray cluster, deploy, and
-    serve until Ctrl-C."""
+    serve until SIGINT or SIGTERM."""
     import ray
 
     engine_args = EngineArgs.from_cli_args(args)
@@ -236,9 +239,11 @@ def run_ray_server(args: argparse.Namespace) -> int:
     app = build_ray_app(engine_args, config, args.num_replicas, args.max_replicas)
     serve.run(app, name="rawpage", route_prefix="/")
     logger.info("rawpage on Ray Serve: %d replica(s) at http://%s:%d/v1", args.num_replicas, config.host, config.port)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        serve.shutdown()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, or a supervisor's stop
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    logger.info("shutting down the Serve application")
+    serve.shutdown()
+    ray.shutdown()
     return 0

@@ -76,9 +76,9 @@ def test_a_shared_512_token_prefix_goes_to_one_replica(ray_url):
     assert len(tok.encode(shared)) >= 500
     first = replica_of(ray_url, shared + " Question one?")
     assert replica_of(ray_url, shared + " A different question two?") == first
-    # Different prefixes spread over both replicas (rendezvous hashing; 12 prefixes all on
-    # one replica by chance would happen once in 2,000 runs).
-    homes = {replica_of(ray_url, f"Prompt number {i} begins differently.") for i in range(12)}
+    # Different prefixes spread over both replicas (rendezvous hashing; 16 prefixes all on
+    # one replica by chance would happen once in 30,000 runs).
+    homes = {replica_of(ray_url, f"Prompt number {i} begins differently.") for i in range(16)}
     assert len(homes) == 2
 
 
@@ -86,3 +86,21 @@ def test_errors_keep_the_openai_shape_through_the_ingress(ray_url):
     r = httpx.post(ray_url + "/v1/completions", json={"model": "SmolLM2-135M-Instruct", "prompt": "x", "n": 0})
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
     assert httpx.get(ray_url + "/health").status_code == 200
+
+
+def test_prefix_key_names_the_start_of_the_prompt():
+    import json
+
+    from rawpage.serve_ray import ROUTING_PREFIX_CHARS, prompt_prefix_key
+
+    long = "x" * ROUTING_PREFIX_CHARS
+
+    def key(**body):
+        return prompt_prefix_key(json.dumps(body).encode())
+
+    assert key(prompt=long + "a") == key(prompt=long + "b") != key(prompt="y" + long)
+    chat = [{"role": "system", "content": long}, {"role": "user", "content": "q1"}]
+    assert key(messages=chat) == key(messages=[chat[0], {"role": "user", "content": "q2"}])
+    assert key(messages=chat) != key(messages=[{"role": "user", "content": long}])
+    assert key(prompt=[1, 2, 3]) != key(prompt=[1, 2, 4])
+    assert prompt_prefix_key(b"not json") is None and key(model="m") is None and key(prompt="") is None
