@@ -221,3 +221,10 @@ def test_a_dead_worker_fails_the_server_which_exits_with_a_message(tiny_model_di
         assert "exiting: tensor-parallel worker rank 1" in s.output()
     finally:
         s.stop()
+
+
+@pytest.mark.timeout(300)
+def test_default_model_over_three_workers_gives_the_greedy_tokens_of_one_rank():
+    """The default SmolLM2-135M (9 query, 3 KV heads) through the spawned-worker engine."""
+    one, three = (greedy(None, size=n, max_tokens=8, prompts=PROMPTS[:2]) for n in (1, 3))
+    assert one == three
