@@ -228,3 +228,20 @@ def test_default_model_over_three_workers_gives_the_greedy_tokens_of_one_rank():
     """The default SmolLM2-135M (9 query, 3 KV heads) through the spawned-worker engine."""
     one, three = (greedy(None, size=n, max_tokens=8, prompts=PROMPTS[:2]) for n in (1, 3))
     assert one == three
+
+
+@pytest.mark.timeout(120)
+def test_each_rank_sizes_its_pool_for_its_own_kv_heads(tiny_model_dir):
+    """Hkv = 2 over 2 ranks: a rank's block holds one KV head, so the same --kv-cache-memory
+    fits twice the blocks; the pool is the smallest any rank fits (here all agree)."""
+    from rawpage.engine import LLMEngine
+
+    kw = dict(model=tiny_model_dir, kv_cache_memory="8MiB", max_model_len=256)
+    one = LLMEngine(**kw).memory
+    engine = LLMEngine(**kw, tensor_parallel_size=2)
+    try:
+        assert engine.memory.bytes_per_block * 2 == one.bytes_per_block
+        assert engine.memory.num_blocks == 2 * one.num_blocks == engine.block_manager.num_blocks
+        assert engine.runner.kv_caches[0][0].shape[2] == 1  # (NB, BS, Hkv / P, D)
+    finally:
+        engine.workers.close()
