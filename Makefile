@@ -23,8 +23,13 @@ serve: setup
 generate: setup
 	$(VENV)/bin/rawpage generate "$(or $(PROMPT),What is the capital of France?)" $(ARGS)
 
+# Ray Serve for its replica tests (tests/test_serve_ray.py): for the tests only, since it is large.
+$(VENV)/.installed-ray: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[ray]'
+	touch $@
+
 # Lint first (ruff check and the formatter's check): CI runs this target.
-test: lint
+test: lint $(VENV)/.installed-ray
 	$(PY) -m pytest -q $(ARGS)
 
 # The suite beside two spinning processes, as on a machine another job keeps busy.

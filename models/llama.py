@@ -16,6 +16,7 @@ from rawpage.backends.base import Array, Backend
 from rawpage.config import ModelConfig, rope_inv_freq
 from rawpage.errors import ModelLoadError
 from rawpage.forward_batch import ForwardBatch
+from rawpage.models.sharding import ShardedWeights, TensorParallel
 from rawpage.models.weight_source import WeightSource
 from rawpage.ops.rope import cos_sin_cache
 from rawpage.quantization.weight import QuantizedWeight, concat_rows
@@ -37,14 +38,26 @@ class LayerWeights:
 
 
 class LlamaModel:
-    def __init__(self, config: ModelConfig, backend: Backend, tensors: Mapping[str, np.ndarray] | WeightSource) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        backend: Backend,
+        tensors: Mapping[str, np.ndarray] | WeightSource,
+        tp: TensorParallel | None = None,
+    ) -> None:
         """tensors: a checkpoint's float32 tensors under Hugging Face names (read lazily,
         one weight at a time, so the host never holds a second copy of the model), or
-        any other WeightSource (the loader's DummyWeights draws every weight on the device)."""
-        self.config = config
+        any other WeightSource (the loader's DummyWeights draws every weight on the device).
+        tp: this rank's shard of a tensor-parallel model (models/sharding.py); its config
+        then has this rank's H, Hkv and I, and its vocabulary rows are tp's."""
+        self.tp = tp
+        self.config = config if tp is None else tp.layout.local_config()
         self.backend = backend
-        c, b = config, backend
-        weights = tensors if isinstance(tensors, WeightSource) else _CheckpointWeights(tensors)
+        c, b = self.config, backend
+        if tp is not None:
+            weights: object = ShardedWeights(tensors, tp.layout)
+        else:
+            weights = tensors if isinstance(tensors, WeightSource) else _CheckpointWeights(tensors)
 
         def load(*parts: tuple[str, tuple[int, ...]]) -> Array:
             """One weight on the device: the named tensors, concatenated along dim 0."""
@@ -57,7 +70,8 @@ class LlamaModel:
             return b.prepare_linear(packed if packed is not None else load(*parts))
 
         dim, q, kv, inter = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size
-        self.embed = load(("model.embed_tokens.weight", (c.vocab_size, dim)))  # (V, dim)
+        V = c.vocab_size if tp is None else tp.layout.vocab_rows  # a rank's rows: Vp
+        self.embed = load(("model.embed_tokens.weight", (V, dim)))  # (V, dim)
         self.layers = []
         for i in _progress(range(c.num_layers), "loading weights"):
             p = f"model.layers.{i}."
@@ -78,12 +92,12 @@ class LlamaModel:
             )
         self.norm = load(("model.norm.weight", (dim,)))  # (dim,)
         if c.tie_word_embeddings or not weights.has("lm_head.weight"):
-            embed = ("model.embed_tokens.weight", (c.vocab_size, dim))
+            embed = ("model.embed_tokens.weight", (V, dim))
             packed = weights.quantized(b, [embed]) if isinstance(weights, _CheckpointWeights) else None
             # tied to the embedding: the same array, a re-laid copy, or the packed blocks
             self.lm_head = b.prepare_linear(packed if packed is not None else self.embed)
         else:
-            self.lm_head = linear(("lm_head.weight", (c.vocab_size, dim)))
+            self.lm_head = linear(("lm_head.weight", (V, dim)))
         freq_factors = tensors["rope_freqs"] if weights.has("rope_freqs") else None
         inv_freq = rope_inv_freq(c, freq_factors)
         # (max_pos, D): [cos | sin] per position, float32 whatever the model dtype
@@ -103,8 +117,9 @@ class LlamaModel:
         H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
         scale = D**-0.5
 
-        h = b.embedding(batch.input_ids, self.embed)  # (T, dim)
-        residual = None
+        tp = self.tp  # tensor parallel: heads and FFN columns are this rank's; sums all-reduced
+        h = b.embedding(batch.input_ids, self.embed) if tp is None else tp.embedding(b, batch.input_ids, self.embed)
+        residual = None  # h: (T, dim)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             # attention block: x = norm(h + residual); h = o_proj(attn(rope(q), rope(k), v))
             if residual is None:
@@ -129,20 +144,24 @@ class LlamaModel:
                 batch.max_seq_len,
             )  # (T, H, D)
             h = b.linear(o.reshape(T, H * D), layer.o_proj)  # (T, dim)
+            h = h if tp is None else tp.all_reduce(h)  # row-parallel: partial sums over head groups
 
             # feed-forward block (SwiGLU): h = down(silu(gate(x)) * up(x))
             x, residual = b.fused_add_rms_norm(h, residual, layer.post_norm, c.rms_norm_eps)
             gate_up = b.linear(x, layer.gate_up)  # (T, 2 I)
             h = b.linear(b.silu_and_mul(gate_up), layer.down)  # (T, dim)
+            h = h if tp is None else tp.all_reduce(h)  # row-parallel: partial sums over FFN columns
 
         # Only the rows we sample from need the final norm and the (large) LM head.
         h, residual = h[batch.logits_indices], residual[batch.logits_indices]
         x, _ = b.fused_add_rms_norm(h, residual, self.norm, c.rms_norm_eps)
         return x  # (N, dim)
 
-    def compute_logits(self, hidden: Array) -> Array:
-        """(N, dim) -> (N, V) float32 logits."""
-        return self.backend.linear(hidden, self.lm_head)
+    def compute_logits(self, hidden: Array) -> Array | None:
+        """(N, dim) -> (N, V) float32 logits; under tensor parallelism, on rank 0 only
+        (each rank computes its vocabulary rows, rank 0 gathers them), None elsewhere."""
+        logits = self.backend.linear(hidden, self.lm_head)
+        return logits if self.tp is None else self.tp.gather_logits(logits)
 
 
 class _CheckpointWeights:

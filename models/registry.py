@@ -17,6 +17,7 @@ from rawpage.models.mixtral import MixtralModel
 from rawpage.models.phi3 import Phi3Model
 from rawpage.models.qwen3 import Qwen3Model
 from rawpage.models.qwen3_moe import Qwen3MoeModel
+from rawpage.models.sharding import TensorParallel, check_shardable
 from rawpage.models.weight_source import WeightSource
 
 MODEL_CLASSES: dict[str, type] = {
@@ -32,14 +33,23 @@ MODEL_CLASSES: dict[str, type] = {
 }
 
 
-def build_model(config: ModelConfig, backend: Backend, tensors: Mapping[str, np.ndarray] | WeightSource):
-    """The model of config.architecture, its weights loaded onto the backend."""
+def build_model(
+    config: ModelConfig,
+    backend: Backend,
+    tensors: Mapping[str, np.ndarray] | WeightSource,
+    tp: TensorParallel | None = None,
+):
+    """The model of config.architecture, its weights loaded onto the backend (only the
+    shard of rank tp.layout.rank, under tensor parallelism)."""
     cls = MODEL_CLASSES.get(config.architecture)
     if cls is None:
         raise UnsupportedModelError(
             f"no model class for architecture {config.architecture!r}; rawpage runs {', '.join(MODEL_CLASSES)}"
         )
-    return cls(config, backend, tensors)
+    if tp is None:
+        return cls(config, backend, tensors)
+    check_shardable(config, tp.layout.size)  # the sharded families are LlamaModel's
+    return cls(config, backend, tensors, tp)
 
 
 def supports_cuda_graphs(config: ModelConfig) -> bool:

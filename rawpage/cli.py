@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        if args.command == "serve" and args.ray:
+            return _serve_on_ray(args)
         if args.command == "serve":
             from rawpage.server.app import run_server
 
@@ -31,6 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelLoadError, OutOfMemoryError, CudaUnusableError, ValueError) as e:
         print(f"rawpage: error: {e}", file=sys.stderr)
         return 2
+
+
+def _serve_on_ray(args: argparse.Namespace) -> int:
+    try:
+        from rawpage.serve_ray import run_ray_server
+    except ImportError as e:
+        raise ValueError(f"--ray needs Ray Serve ({e}); pip install 'rawpage[ray]'") from None
+    return run_ray_server(args)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,6 +57,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     serve.add_argument("model_tag", nargs="?", metavar="MODEL", help="the model, as --model (vLLM's positional form)")
     add_server_args(serve)
     EngineArgs.add_cli_args(serve)
+    ray = serve.add_argument_group("replicas on Ray Serve (pip install 'rawpage[ray]'; rawpage/serve_ray.py)")
+    ray.add_argument("--ray", action="store_true", help="serve replicas on Ray Serve (a local Ray, or RAY_ADDRESS's)")
+    ray.add_argument("--num-replicas", type=int, default=1, help="with --ray: replicas of the model (default: 1)")
+    ray.add_argument("--max-replicas", type=int, default=None, help="with --ray: autoscale up to this many replicas")
 
     gen = sub.add_parser("generate", help="complete one prompt and print the text as it is produced")
     gen.add_argument("prompt", help="the prompt text")

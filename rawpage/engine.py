@@ -26,14 +26,13 @@ from rawpage.chat_template import ChatTemplate
 from rawpage.decode_graphs import graph_batch_sizes
 from rawpage.device_logits import DeviceLogits
 from rawpage.engine_args import EngineArgs
-from rawpage.engine_setup import num_swap_blocks, plan_kv_cache, resolve_dtype, resolve_max_model_len
+from rawpage.engine_setup import load_model, make_runner, num_swap_blocks, resolve_dtype, resolve_max_model_len
+from rawpage.errors import WorkerDiedError
 from rawpage.forking import Forker
 from rawpage.loader import load_checkpoint
-from rawpage.model_runner import ModelRunner
-from rawpage.models.registry import build_model, supports_cuda_graphs
+from rawpage.models.registry import supports_cuda_graphs
 from rawpage.output_processor import OutputProcessor
 from rawpage.outputs import RequestOutput
-from rawpage.quantization.select import apply_quantization_flag
 from rawpage.request_checks import check_request, check_salt_and_priority
 from rawpage.sampler import Sampler
 from rawpage.sampling_params import SamplingParams
@@ -62,11 +61,12 @@ class LLMEngine:
         self.generation_config = ckpt.generation_config
         self.chat_template = ChatTemplate.from_arg(args.chat_template) if args.chat_template else None
         self.backend = get_backend(args.device, resolve_dtype(args.dtype, args.device, c.torch_dtype), args.cpu_threads)
-        self.model = build_model(c, self.backend, apply_quantization_flag(ckpt.tensors, args.quantization))
         self.max_model_len = resolve_max_model_len(args.max_model_len, c.max_position_embeddings)
         self.block_size = args.block_size
         batched = args.max_num_batched_tokens or (8192 if self.backend.name == "cuda" else 2048)
-        self.memory = plan_kv_cache(args, self.model, self.backend, batched, self.max_model_len)
+        self.model, self.memory, self.workers = load_model(
+            args, c, self.backend, ckpt.tensors, batched, self.max_model_len
+        )
         num_blocks, num_cpu_blocks = self.memory.num_blocks, num_swap_blocks(args, self.memory.bytes_per_block)
         caching, window = args.enable_prefix_caching, self.memory.sliding_window  # window: see memory.py
         self.block_manager = BlockManager(
@@ -78,8 +78,8 @@ class LLMEngine:
         )
         graphs = self.backend.supports_graphs and not args.enforce_eager and supports_cuda_graphs(c)
         sizes = graph_batch_sizes(args.max_num_seqs) if graphs else None  # decode batches replayed from graphs
-        self.runner = ModelRunner(
-            self.model, self.backend, args.block_size, num_blocks, num_cpu_blocks, sizes, self.max_model_len
+        self.runner = make_runner(
+            self.workers, self.model, self.backend, args, num_blocks, num_cpu_blocks, sizes, self.max_model_len
         )
         self.grammars = GrammarCompiler(self.tokenizer.hf, c.vocab_size, c.eos_token_ids)
         self.masks = MaskPrefetcher(self.grammars.words)
@@ -311,9 +311,10 @@ class LLMEngine:
     def _recover(self, e: Exception) -> list[RequestOutput]:
         """A step raised. Fail the requests of its batch (all requests, if it failed before
         the batch was known) and report them. Only a failure that repeats step after step,
-        whatever the requests, means the engine itself is broken: that one propagates."""
+        whatever the requests, means the engine itself is broken: that one propagates, as does
+        the loss of a tensor-parallel worker (no later step can run without its shard)."""
         self._consecutive_failures += 1
-        if self._consecutive_failures > MAX_CONSECUTIVE_STEP_FAILURES:
+        if self._consecutive_failures > MAX_CONSECUTIVE_STEP_FAILURES or isinstance(e, WorkerDiedError):
             raise e
         victims = list((self._batch if self._batch is not None else self.requests).values())
         logger.error("a step failed (%s: %s); failing its %d request(s)", type(e).__name__, e, len(victims), exc_info=e)

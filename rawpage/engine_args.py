@@ -143,7 +143,11 @@ class EngineArgs:
         "checkpoint to FP8 e4m3 at load; none = dequantize at load; gguf, awq, gptq = auto, checked against "
         "the checkpoint",
     )
-    tensor_parallel_size: int = flag(1, "GPUs per model; only 1 today (tensor parallelism is issue 22)")
+    tensor_parallel_size: int = flag(
+        1,
+        "split each layer's heads and FFN columns over this many ranks, one process (and on cuda one GPU) each; "
+        "llama and qwen2 families",
+    )
     disable_log_stats: bool = flag(False, "no periodic stats line in the log")
     log_stats_interval: float = 5.0  # seconds between stats lines while busy; 0 = off
 
@@ -176,10 +180,9 @@ class EngineArgs:
 
     def _check_vllm_flags(self) -> None:
         """vLLM flags whose other values rawpage cannot honour: refuse them before anything loads."""
-        if self.tensor_parallel_size != 1:
+        if self.tensor_parallel_size < 1:
             raise ValueError(
-                f"--tensor-parallel-size {self.tensor_parallel_size}: rawpage runs a model on one device today; "
-                "tensor parallelism comes with issue 22"
+                f"--tensor-parallel-size {self.tensor_parallel_size}: must be >= 1 (ranks: processes, one GPU each)"
             )
         if self.quantization not in QUANTIZATION_FLAG_CHOICES:
             raise ValueError(

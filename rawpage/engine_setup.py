@@ -4,6 +4,7 @@ many KV blocks fit (measured on the GPU, from a fixed budget on the CPU)."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from rawpage.backends import cuda_available
 from rawpage.backends.base import Backend
@@ -11,9 +12,11 @@ from rawpage.config import ModelConfig
 from rawpage.engine_args import EngineArgs, parse_kv_cache_scales
 from rawpage.kv_cache_scales import calibrate_kv_cache_scales
 from rawpage.memory import DEFAULT_CPU_KV_CACHE, GiB, MemoryPlan, plan_fixed, profile_gpu
-from rawpage.model_runner import kv_bytes_per_block
+from rawpage.model_runner import ModelRunner, kv_bytes_per_block
 from rawpage.models.llama import LlamaModel
+from rawpage.models.registry import build_model
 from rawpage.profile_run import profile_run
+from rawpage.quantization.select import apply_quantization_flag
 
 logger = logging.getLogger("rawpage")
 
@@ -96,3 +99,39 @@ def num_swap_blocks(a: EngineArgs, bytes_per_block: int) -> int:
     n = int(a.swap_space * GiB) // bytes_per_block
     logger.info("swap space: %d CPU blocks (%.2f GiB)", n, a.swap_space)
     return n
+
+
+def load_model(
+    a: EngineArgs, config: Any, backend: Backend, tensors: Any, max_num_batched_tokens: int, max_model_len: int
+) -> tuple[Any, MemoryPlan, Any]:
+    """The model on the backend and the plan of its KV pool. With --tensor-parallel-size
+    P > 1 this process holds rank 0's shard, P - 1 spawned workers hold the others
+    (returned as the third value, else None), and the pool is the smallest any rank fits."""
+    group = None
+    if a.tensor_parallel_size > 1:
+        from rawpage.distributed.executor import TensorParallelGroup
+
+        group = TensorParallelGroup(a, backend.name, config, max_num_batched_tokens, max_model_len)
+    model = build_model(config, backend, apply_quantization_flag(tensors, a.quantization), group and group.tp)
+    plan = plan_kv_cache(a, model, backend, max_num_batched_tokens, max_model_len)
+    return model, plan if group is None else group.agree_on_pool(plan), group
+
+
+def make_runner(
+    group: Any,
+    model: Any,
+    backend: Backend,
+    a: EngineArgs,
+    num_blocks: int,
+    num_cpu_blocks: int,
+    graph_sizes: list[int] | None,
+    max_model_len: int,
+) -> ModelRunner:
+    """The engine's ModelRunner; under tensor parallelism, one that drives the workers' too."""
+    runner_args = (model, backend, a.block_size, num_blocks, num_cpu_blocks, graph_sizes, max_model_len)
+    if group is None:
+        return ModelRunner(*runner_args)
+    from rawpage.distributed.executor import ParallelModelRunner
+
+    group.start_runners(num_blocks, num_cpu_blocks, graph_sizes)
+    return ParallelModelRunner(group, *runner_args)

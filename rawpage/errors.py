@@ -19,3 +19,7 @@ class InvalidRequestError(ValueError):
 
 class CudaUnusableError(RuntimeError):
     """A GPU is visible (nvidia-smi, the driver, torch), but CuPy cannot import or use it."""
+
+
+class WorkerDiedError(RuntimeError):
+    """A tensor-parallel worker process is gone: no later step can run, so the engine stops."""

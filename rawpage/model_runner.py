@@ -54,14 +54,8 @@ class ModelRunner:
         self.buffer = BatchBuffer(backend)
         self.graphs = None
         if graph_batch_sizes:
-            self.graphs = DecodeGraphs(
-                model,
-                backend,
-                self.kv_caches,
-                graph_batch_sizes,
-                max_model_len or c.max_position_embeddings,
-                block_size,
-            )
+            max_len = max_model_len or c.max_position_embeddings
+            self.graphs = DecodeGraphs(model, backend, self.kv_caches, graph_batch_sizes, max_len, block_size)
 
     def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
         """Swap-outs first: their GPU blocks may already be promised to someone else."""
@@ -108,7 +102,10 @@ class ModelRunner:
 
     def execute(self, scheduled: list[tuple[Sequence, int]], logits_rows: list[np.ndarray]) -> DeviceLogits:
         """Run one forward pass; returns the logits (N, V) of the requested rows, in order."""
-        hb = self.build_batch(scheduled, logits_rows)
+        return self.run(self.build_batch(scheduled, logits_rows))
+
+    def run(self, hb: HostBatch) -> DeviceLogits:
+        """The forward pass of a built batch (on a tensor-parallel worker, logits data None: rank 0 samples)."""
         if self.graphs is not None and self.graphs.can_run(hb):
             hidden = self.graphs.run(hb)  # (bucket, dim): every row of the padded batch
             rows = hb.logits_indices

@@ -36,7 +36,10 @@ class SingleSequence:
             host_seq_lens=np.array([start + n]),
         )
         self.length += n
-        logits = b.to_numpy(self.model.compute_logits(self.model.forward(batch, self.kv)))
+        logits = self.model.compute_logits(self.model.forward(batch, self.kv))
+        if logits is None:  # a tensor-parallel rank other than 0: rank 0 has the logits
+            return None
+        logits = b.to_numpy(logits)
         return logits.astype(np.float32) if all_logits else logits[0].astype(np.float32)
 
     def greedy(self, prompt: list[int], n: int) -> list[int]:

@@ -73,9 +73,8 @@ def serve_must_not_load(monkeypatch):
     ("flags", "message"),
     [
         (
-            ["--tensor-parallel-size", "2"],
-            "rawpage: error: --tensor-parallel-size 2: rawpage runs a model on one "
-            "device today; tensor parallelism comes with issue 22",
+            ["--tensor-parallel-size", "0"],
+            "rawpage: error: --tensor-parallel-size 0: must be >= 1 (ranks: processes, one GPU each)",
         ),
         (
             ["--quantization", "bitsandbytes"],

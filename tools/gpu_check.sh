@@ -32,8 +32,37 @@
 # record docs/gpu/<date>-<gpu>-<commit>.json and .md (also left in docs/gpu/).
 # Exit status: 0 if every correctness check passed (kernel tests with no
 # unexpected skip, parity, memcheck), 1 otherwise. Slow is not a failure.
+#
+# With --tp N (N >= 2) it checks tensor parallelism instead, and only that: it refuses
+# to run (exit 2) unless nvidia-smi lists at least N GPUs, then runs the tensor-parallel
+# tests and tools/bench_tp.py at sizes 1, 2, ..., N (powers of two) on a Llama-3-8B-shaped
+# dummy model, writing tp.log and tp.json under $OUT (docs/deploy.md says what to expect).
 set -uo pipefail  # not -e: a failing step must not stop the others
 cd "$(dirname "$0")/.."
+if [[ "${1:-}" == "--tp" ]]; then
+  TP=${2:-}
+  if ! [[ "$TP" =~ ^[0-9]+$ ]] || ((TP < 2)); then
+    echo "gpu_check.sh: --tp needs a number of GPUs >= 2, got '${TP}'" >&2
+    exit 2
+  fi
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  if ((gpus < TP)); then
+    echo "gpu_check.sh --tp $TP: refusing to run: it needs $TP GPUs and nvidia-smi lists ${gpus}" >&2
+    exit 2
+  fi
+  OUT=${OUT:?set OUT to the folder for the results}
+  mkdir -p "$OUT"
+  sizes=1
+  for ((n = 2; n <= TP; n *= 2)); do sizes="$sizes,$n"; done
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+  {
+    timeout 120 "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider tests/test_tensor_parallel.py
+    timeout 480 "${PYTHON:-python3}" -m tools.bench_tp --device cuda --tp "$sizes" --model tools/configs/llama-3-8b \
+      --num-requests 256 --input-len 128:512 --output-len 128:256 --max-num-seqs 256 --max-model-len 2048 \
+      --result-file "$OUT/tp.json"
+  } 2>&1 | tee "$OUT/tp.log"
+  exit "${PIPESTATUS[0]}"
+fi
 OUT=${OUT:?set OUT to the folder for the results}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}

@@ -30,6 +30,7 @@ from starlette.routing import Route
 from rawpage import __version__
 from rawpage.engine import LLMEngine
 from rawpage.engine_args import EngineArgs
+from rawpage.errors import WorkerDiedError
 from rawpage.loader import resolve_model_path
 from rawpage.loader.hub import looks_like_hub_id
 from rawpage.outputs import RequestOutput
@@ -260,8 +261,9 @@ def run_server(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=config.shutdown_timeout + 5,
         log_config=None,
     )
-    _DrainingServer(uv, app.state.rawpage.engine, config.shutdown_timeout).run()
-    return 0
+    server = _DrainingServer(uv, app.state.rawpage.engine, config.shutdown_timeout)
+    server.run()
+    return server.exit_code
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -286,6 +288,17 @@ class _DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.engine, self.drain_timeout = engine, drain_timeout
         self._timer: threading.Timer | None = None
+        self.exit_code = 0
+
+    async def on_tick(self, counter: int) -> bool:
+        """A lost tensor-parallel worker cannot be recovered in this process: stop serving
+        (exit code 1), so that a supervisor restarts the whole server."""
+        if isinstance(self.engine.error, WorkerDiedError):
+            if not self.exit_code:
+                logger.error("exiting: %s", self.engine.error)
+                self.exit_code = 1
+            return True
+        return await super().on_tick(counter)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if self._timer is None:

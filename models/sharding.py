@@ -1,0 +1,182 @@
+"""Tensor parallelism (Megatron style): which slice of each weight a rank holds, and the
+three collectives the forward pass adds.
+
+With P ranks, rank r holds
+    q_proj rows     of query heads [r H/P, (r+1) H/P)            column-parallel
+    k/v_proj rows   of KV heads [r Hkv/P, ...) when Hkv >= P;     column-parallel
+                    else KV head r Hkv // P, replicated on P/Hkv ranks
+    o_proj columns  of its query heads                            row-parallel -> all-reduce
+    gate/up rows    [r I/P, (r+1) I/P)                            column-parallel
+    down columns    [r I/P, (r+1) I/P)                            row-parallel -> all-reduce
+    embed/lm_head   vocabulary rows [r Vp, (r+1) Vp), Vp = ceil(V/P), zero-padded
+and every norm whole. So attention and the MLP run on local heads and columns with no
+communication until the two all-reduces per layer; the embedding is one masked lookup
+and one all-reduce; the logits are gathered on rank 0, the only rank that samples.
+
+A rank's model is built from `local_config` (its H, Hkv and I) and `ShardedWeights`,
+which slices each full checkpoint tensor as it is read, one tensor at a time, so no
+process ever holds the whole model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from rawpage.backends.base import Array, Backend
+from rawpage.config import ModelConfig
+from rawpage.errors import UnsupportedModelError
+
+# Families whose forward pass calls the collectives below (models/llama.py).
+SHARDED_FAMILIES = ("llama", "qwen2")
+
+
+class Communicator(Protocol):
+    """Collectives over the ranks of one model (rawpage/distributed/communicator.py)."""
+
+    rank: int
+    world_size: int
+
+    def all_reduce(self, x: Array) -> Array:
+        """The elementwise sum of x over all ranks, on every rank (same shape and dtype)."""
+        ...
+
+    def gather(self, x: Array) -> Array | None:
+        """(N, C) on each rank -> (N, P C) on rank 0, rank order along the last dim; None elsewhere."""
+        ...
+
+
+def check_shardable(config: ModelConfig, size: int) -> None:
+    """Refuse, before anything loads, a model that cannot be split over `size` ranks."""
+    c = config
+    if c.architecture not in SHARDED_FAMILIES:
+        raise UnsupportedModelError(
+            f"--tensor-parallel-size {size}: rawpage shards only the {' and '.join(SHARDED_FAMILIES)} families; "
+            f"{c.architecture} runs with --tensor-parallel-size 1"
+        )
+    problems = []
+    if c.num_heads % size:
+        problems.append(f"num_heads={c.num_heads} is not a multiple of it")
+    if c.num_kv_heads % size and size % c.num_kv_heads:
+        problems.append(f"num_kv_heads={c.num_kv_heads} neither divides it nor is a multiple of it")
+    if c.intermediate_size % size:
+        problems.append(f"intermediate_size={c.intermediate_size} is not a multiple of it")
+    if problems:
+        raise UnsupportedModelError(
+            f"--tensor-parallel-size {size} cannot split {c.name or c.architecture}: {'; '.join(problems)}"
+        )
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """Rank `rank` of `size`: which heads, FFN columns and vocabulary rows it holds."""
+
+    config: ModelConfig  # the whole model's
+    rank: int
+    size: int
+
+    @property
+    def num_heads(self) -> int:  # H / P
+        return self.config.num_heads // self.size
+
+    @property
+    def num_kv_heads(self) -> int:  # Hkv / P, or 1 replicated head when Hkv < P
+        return max(self.config.num_kv_heads // self.size, 1)
+
+    @property
+    def kv_head_start(self) -> int:
+        return self.rank * self.config.num_kv_heads // self.size
+
+    @property
+    def intermediate_size(self) -> int:  # I / P
+        return self.config.intermediate_size // self.size
+
+    @property
+    def vocab_rows(self) -> int:  # Vp = ceil(V / P): each rank's rows, the last one zero-padded
+        return -(-self.config.vocab_size // self.size)
+
+    @property
+    def vocab_start(self) -> int:
+        return self.rank * self.vocab_rows
+
+    def local_config(self) -> ModelConfig:
+        """The config this rank's model computes with: its heads and FFN columns."""
+        return dataclasses.replace(
+            self.config,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            intermediate_size=self.intermediate_size,
+        )
+
+    def shard(self, name: str, full: np.ndarray) -> np.ndarray:
+        """This rank's slice of the checkpoint tensor `name` (full shape)."""
+        D, H = self.config.head_dim, self.num_heads
+        if name.endswith(("q_proj.weight", "q_proj.bias")):
+            return full[self.rank * H * D : (self.rank + 1) * H * D]
+        if name.endswith(("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias")):
+            return full[self.kv_head_start * D : (self.kv_head_start + self.num_kv_heads) * D]
+        if name.endswith("o_proj.weight"):
+            return full[:, self.rank * H * D : (self.rank + 1) * H * D]
+        inter = self.intermediate_size
+        if name.endswith(("gate_proj.weight", "up_proj.weight")):
+            return full[self.rank * inter : (self.rank + 1) * inter]
+        if name.endswith("down_proj.weight"):
+            return full[:, self.rank * inter : (self.rank + 1) * inter]
+        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+            rows = full[self.vocab_start : self.vocab_start + self.vocab_rows]
+            pad = self.vocab_rows - rows.shape[0]
+            return np.concatenate([rows, np.zeros((pad, *rows.shape[1:]), rows.dtype)]) if pad else rows
+        return full  # norms, rope_freqs: every rank holds them whole
+
+
+class ShardedWeights:
+    """A WeightSource over a checkpoint's full tensors that hands out one rank's slices.
+    The model asks with its local shapes; each full tensor is read, sliced and dropped.
+    Weights without a checkpoint (the loader's DummyWeights) are drawn at the local shape."""
+
+    def __init__(self, inner: Mapping[str, np.ndarray] | object, layout: ShardLayout) -> None:
+        self.inner, self.layout = inner, layout
+
+    def has(self, name: str) -> bool:
+        return self.inner.has(name) if hasattr(self.inner, "has") else name in self.inner
+
+    def load(self, backend: Backend, parts: list[tuple[str, tuple[int, ...]]]) -> Array:
+        if not isinstance(self.inner, Mapping):
+            return self.inner.load(backend, parts)
+        arrays = []
+        for name, shape in parts:
+            if name not in self.inner:
+                raise UnsupportedModelError(f"checkpoint has no tensor {name!r}")
+            arrays.append(np.ascontiguousarray(self.layout.shard(name, self.inner[name])))
+            if arrays[-1].shape != shape:
+                raise UnsupportedModelError(
+                    f"tensor {name!r}: rank {self.layout.rank}'s slice has shape {arrays[-1].shape}, expected {shape}"
+                )
+        return backend.asarray(arrays[0] if len(arrays) == 1 else np.concatenate(arrays))
+
+
+class TensorParallel:
+    """What a rank's forward pass calls: its layout and the collectives."""
+
+    def __init__(self, layout: ShardLayout, comm: Communicator) -> None:
+        self.layout, self.comm = layout, comm
+
+    def embedding(self, backend: Backend, ids: Array, table: Array) -> Array:
+        """ids (T,) -> (T, dim): each rank looks up the ids in its vocabulary rows (zeros
+        for the others), and the all-reduce adds the one nonzero row per token."""
+        local = ids - self.layout.vocab_start
+        mine = (local >= 0) & (local < self.layout.vocab_rows)  # (T,) bool
+        h = backend.embedding(local * mine, table)  # (T, dim); other ranks' ids read row 0
+        return self.comm.all_reduce(h * mine[:, None].astype(h.dtype))  # 0/1: exact even on bfloat16 bits
+
+    def all_reduce(self, x: Array) -> Array:
+        return self.comm.all_reduce(x)
+
+    def gather_logits(self, logits: Array) -> Array | None:
+        """(N, Vp) per rank -> (N, V) on rank 0 (the padding cut off); None on the others."""
+        full = self.comm.gather(logits)
+        return None if full is None else full[:, : self.layout.config.vocab_size]

@@ -1,0 +1,100 @@
+"""A tensor-parallel worker: one spawned process per rank > 0, owning its shard of the
+weights and its part of the KV cache (its KV heads, every block).
+
+It has no scheduler, block manager or sampler. The driver (rank 0, the engine's own
+process) sends it, on its control pipe, the startup facts and then each step's
+commands, the same ones the driver's own runner executes:
+
+    ("swap", out, in)    ("copy", pairs)    ("run", HostBatch)    ("stop",)
+
+A "run" is the step's batch metadata in one message, the same arrays every rank
+uploads; block tables are identical on every rank, since ranks differ only in heads.
+Any failure ends the process: the driver then sees its pipes close and stops the
+engine with a message, instead of waiting on a collective that will never come.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+from rawpage.engine_args import EngineArgs
+
+logger = logging.getLogger("rawpage")
+
+
+def run_worker(
+    rank: int,
+    size: int,
+    args: EngineArgs,
+    device: str,
+    control: Connection,
+    comm_endpoint: Any,
+    batched: int,
+    max_model_len: int,
+) -> None:
+    """The worker process's main: build the shard, report its KV blocks, then serve steps."""
+    try:
+        runner = _start(rank, size, args, device, control, comm_endpoint, batched, max_model_len)
+        if runner is None:
+            return
+        _serve(runner, control)
+    except BaseException as e:  # noqa: BLE001 - the driver learns of it by the pipe closing
+        try:
+            control.send(("error", f"{type(e).__name__}: {e}"))
+        except OSError:
+            pass
+        print(f"rawpage tensor-parallel rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr)
+        os._exit(1)
+
+
+def _start(rank, size, args, device, control, comm_endpoint, batched, max_model_len):
+    from rawpage.backends import get_backend
+    from rawpage.distributed.communicator import NcclCommunicator, PipeCommunicator
+    from rawpage.engine_setup import plan_kv_cache, resolve_dtype
+    from rawpage.loader import load_checkpoint
+    from rawpage.model_runner import ModelRunner
+    from rawpage.models.registry import build_model
+    from rawpage.models.sharding import ShardLayout, TensorParallel
+    from rawpage.quantization.select import apply_quantization_flag
+
+    if device == "cuda":
+        import cupy
+
+        cupy.cuda.Device(rank).use()  # rank r drives GPU r
+        comm = NcclCommunicator(rank, size, comm_endpoint)
+    else:
+        comm = PipeCommunicator(rank, size, [comm_endpoint])
+    ckpt = load_checkpoint(args.model, args.load_format, args.seed, args.revision)
+    backend = get_backend(device, resolve_dtype(args.dtype, device, ckpt.config.torch_dtype), args.cpu_threads)
+    tp = TensorParallel(ShardLayout(ckpt.config, rank, size), comm)
+    model = build_model(ckpt.config, backend, apply_quantization_flag(ckpt.tensors, args.quantization), tp)
+    plan = plan_kv_cache(args, model, backend, batched, max_model_len)
+    control.send(("ready", plan.num_blocks))
+    msg = control.recv()
+    if msg[0] != "runner":
+        return None
+    _, num_blocks, num_cpu_blocks, graph_sizes = msg
+    return ModelRunner(model, backend, args.block_size, num_blocks, num_cpu_blocks, graph_sizes, max_model_len)
+
+
+def _serve(runner, control: Connection) -> None:
+    while True:
+        try:
+            msg = control.recv()
+        except EOFError:  # the driver is gone
+            return
+        if msg[0] == "run":
+            runner.run(msg[1])
+        elif msg[0] == "swap":
+            runner.swap(msg[1], msg[2])
+        elif msg[0] == "copy":
+            runner.copy_blocks(msg[1])
+        elif msg[0] == "stop":
+            return
+        else:
+            raise ValueError(f"unknown command {msg[0]!r} from the driver")

@@ -1,0 +1,106 @@
+"""Replicas on Ray Serve (issue 22): two local replicas of the default model serve the
+openai-client tests, and the prefix-aware router keeps a shared prompt prefix on one
+replica. One Ray (ray.init(num_cpus=2)) for the whole module."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+pytest.importorskip("ray.serve", reason="needs Ray Serve: pip install 'rawpage[ray]'")
+
+from tests.server.harness import free_port  # noqa: E402
+from tests.server.test_openai_client import (  # noqa: E402, F401 - run here against the Ray replicas
+    test_async_client_concurrent,
+    test_chat_non_streaming,
+    test_chat_streaming_matches_non_streaming_and_reports_usage,
+    test_completions_streaming_and_not,
+    test_logprobs,
+    test_models,
+    test_n_greater_than_one,
+    test_seed_reproducible,
+    test_stop,
+)
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def ray_url():
+    import ray
+    from ray import serve
+
+    from rawpage.engine_args import EngineArgs
+    from rawpage.serve_ray import build_ray_app
+    from rawpage.server.args import ServerConfig
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    port = free_port()
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        args = EngineArgs(
+            device="cpu", max_num_seqs=16, max_model_len=2048, kv_cache_memory="128MiB", log_stats_interval=0
+        )
+        serve.run(build_ray_app(args, ServerConfig(), num_replicas=2), name="rawpage", route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(ray_url):
+    return openai.OpenAI(base_url=ray_url + "/v1", api_key="unused")
+
+
+@pytest.fixture(scope="module")
+def aclient(ray_url):
+    return openai.AsyncOpenAI(base_url=ray_url + "/v1", api_key="unused")
+
+
+def replica_of(ray_url: str, prompt: str) -> str:
+    body = {"model": "SmolLM2-135M-Instruct", "prompt": prompt, "max_tokens": 1}
+    r = httpx.post(ray_url + "/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.headers["x-rawpage-replica"]
+
+
+def test_a_shared_512_token_prefix_goes_to_one_replica(ray_url):
+    from rawpage.loader import load_checkpoint
+
+    tok = load_checkpoint().tokenizer
+    shared = " ".join(f"fact {i}: the sky is blue." for i in range(200))
+    ids = tok.encode(shared)[:512]
+    shared = tok.decode(ids)
+    assert len(tok.encode(shared)) >= 500
+    first = replica_of(ray_url, shared + " Question one?")
+    assert replica_of(ray_url, shared + " A different question two?") == first
+    # Different prefixes spread over both replicas (rendezvous hashing; 16 prefixes all on
+    # one replica by chance would happen once in 30,000 runs).
+    homes = {replica_of(ray_url, f"Prompt number {i} begins differently.") for i in range(16)}
+    assert len(homes) == 2
+
+
+def test_errors_keep_the_openai_shape_through_the_ingress(ray_url):
+    r = httpx.post(ray_url + "/v1/completions", json={"model": "SmolLM2-135M-Instruct", "prompt": "x", "n": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+    assert httpx.get(ray_url + "/health").status_code == 200
+
+
+def test_prefix_key_names_the_start_of_the_prompt():
+    import json
+
+    from rawpage.serve_ray import ROUTING_PREFIX_CHARS, prompt_prefix_key
+
+    long = "x" * ROUTING_PREFIX_CHARS
+
+    def key(**body):
+        return prompt_prefix_key(json.dumps(body).encode())
+
+    assert key(prompt=long + "a") == key(prompt=long + "b") != key(prompt="y" + long)
+    chat = [{"role": "system", "content": long}, {"role": "user", "content": "q1"}]
+    assert key(messages=chat) == key(messages=[chat[0], {"role": "user", "content": "q2"}])
+    assert key(messages=chat) != key(messages=[{"role": "user", "content": long}])
+    assert key(prompt=[1, 2, 3]) != key(prompt=[1, 2, 4])
+    assert prompt_prefix_key(b"not json") is None and key(model="m") is None and key(prompt="") is None
