@@ -42,4 +42,18 @@ def calibrate_kv_cache_scales(model, backend: Backend, block_size: int, vocab_si
     model.forward(BatchBuffer(backend, 0).upload(batch), caches)
     k_amax = max(float(np.abs(backend.to_numpy(k)).max()) for k, _ in caches)
     v_amax = max(float(np.abs(backend.to_numpy(v)).max()) for _, v in caches)
+    k_amax, v_amax = _largest_over_ranks(model, backend, k_amax, v_amax)
     return kv_scales_from_amax(CALIBRATION_MARGIN * k_amax, CALIBRATION_MARGIN * v_amax)
+
+
+def _largest_over_ranks(model, backend: Backend, k_amax: float, v_amax: float) -> tuple[float, float]:
+    """Under tensor parallelism each rank saw only its KV heads: every rank takes the
+    largest over all of them, so the scales (and the tokens) are those of one rank.
+    The all-reduce of a table with one nonzero row per rank is a gather to all."""
+    tp = getattr(model, "tp", None)
+    if tp is None:
+        return k_amax, v_amax
+    table = np.zeros((tp.layout.size, 2), np.float32)
+    table[tp.layout.rank] = k_amax, v_amax
+    table = backend.to_numpy(tp.all_reduce(backend.asarray(table, np.float32)))
+    return float(table[:, 0].max()), float(table[:, 1].max())

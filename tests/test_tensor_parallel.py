@@ -149,10 +149,12 @@ def test_default_model_logits_match_one_rank(default_checkpoint, default_model):
         assert (got.argmax(-1) == want.argmax(-1)).all()
 
 
-def greedy(model: str, device: str = "cpu", size: int = 1, max_tokens: int = 12, prompts=PROMPTS) -> list[list[int]]:
+def greedy(
+    model: str, device: str = "cpu", size: int = 1, max_tokens: int = 12, prompts=PROMPTS, **kw
+) -> list[list[int]]:
     from rawpage import LLM, SamplingParams
 
-    llm = LLM(model, device=device, tensor_parallel_size=size, kv_cache_memory="64MiB", max_model_len=256)
+    llm = LLM(model, device=device, tensor_parallel_size=size, kv_cache_memory="64MiB", max_model_len=256, **kw)
     try:
         outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
         return [o.outputs[0].token_ids for o in outs]
@@ -170,6 +172,13 @@ def tp1_tokens(tiny_model_dir):
 @pytest.mark.parametrize("size", [2, 4])
 def test_spawned_workers_give_the_greedy_tokens_of_one_rank(tiny_model_dir, tp1_tokens, size):
     assert greedy(tiny_model_dir, size=size) == tp1_tokens
+
+
+@pytest.mark.timeout(180)
+def test_fp8_kv_cache_scales_are_agreed_across_ranks(tiny_model_dir):
+    """Each rank calibrates on its own KV heads; the scales are the largest over all
+    ranks, so two ranks quantize as one does and give its tokens."""
+    assert greedy(tiny_model_dir, size=2, kv_cache_dtype="fp8") == greedy(tiny_model_dir, kv_cache_dtype="fp8")
 
 
 @pytest.mark.timeout(300)
