@@ -64,13 +64,7 @@ class ServerMetrics:
         self.swap_ins = counter("num_swap_ins", "Sequences swapped back in")
         self.finished = counter("request_success", "Requests finished")
         self.steps = counter("engine_steps", "Engine iterations that ran a forward pass")
-        # Speculative decoding (zero while it is off): acceptance rate = accepted / draft tokens.
-        self.spec_drafts = counter("spec_decode_num_drafts", "Sequence-steps that verified drafted tokens")
-        self.spec_draft_tokens = counter("spec_decode_num_draft_tokens", "Drafted tokens verified")
-        self.spec_accepted = counter("spec_decode_num_accepted_tokens", "Drafted tokens accepted")
-        self.spec_draft_time = counter("spec_decode_draft_seconds", "Time spent proposing drafts")
-        self.spec_rate = gauge("spec_decode_acceptance_rate", "Accepted / drafted tokens since start")
-        self.spec_length = gauge("spec_decode_mean_accepted_length", "Tokens per verification step (1 + accepted)")
+        self._add_spec_metrics(counter, gauge)
         self.loop_lag = gauge("event_loop_lag_max_seconds", "Longest the HTTP event loop was late to wake")
         self.loop_lag_max = 0.0
         self.ttft = histogram("time_to_first_token_seconds", "Time from arrival to the first token")
@@ -91,6 +85,15 @@ class ServerMetrics:
             "st": 0,
         }
         self._last_token: dict[str, float] = {}
+
+    def _add_spec_metrics(self, counter, gauge) -> None:
+        """Speculative decoding (zero while it is off): acceptance rate = accepted / draft tokens."""
+        self.spec_drafts = counter("spec_decode_num_drafts", "Sequence-steps that verified drafted tokens")
+        self.spec_draft_tokens = counter("spec_decode_num_draft_tokens", "Drafted tokens verified")
+        self.spec_accepted = counter("spec_decode_num_accepted_tokens", "Drafted tokens accepted")
+        self.spec_draft_time = counter("spec_decode_draft_seconds", "Time spent proposing drafts")
+        self.spec_rate = gauge("spec_decode_acceptance_rate", "Accepted / drafted tokens since start")
+        self.spec_length = gauge("spec_decode_mean_accepted_length", "Tokens per verification step (1 + accepted)")
 
     def observe_loop_lag(self, lag: float) -> bool:
         """Record how late the event loop woke; True if that is a new worst."""
