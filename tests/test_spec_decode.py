@@ -299,3 +299,29 @@ def test_metrics_and_stats_log(tiny_model_dir, caplog):
     assert f'rawpage:spec_decode_num_accepted_tokens_total{{model_name="tiny"}} {float(s.num_accepted_tokens)}' in text
     assert f'rawpage:spec_decode_num_draft_tokens_total{{model_name="tiny"}} {float(s.num_draft_tokens)}' in text
     assert "rawpage:spec_decode_acceptance_rate" in text and "rawpage:spec_decode_draft_seconds_total" in text
+
+
+@pytest.mark.slow
+def test_sim_device_verifies_like_the_cpu(tiny_model_dir):
+    """The engine on `--device sim` (our CUDA kernels: verification steps go to the
+    prefill attention kernel with k + 1 query tokens a sequence) gives the cpu's tokens."""
+    prompts = [prompts20()[14]]
+    p = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    cpu = tokens(LLM(tiny_model_dir, enable_prefix_caching=False).generate(prompts, p, use_tqdm=False))
+    sim = LLM(tiny_model_dir, device="sim", speculative_config=NGRAM, enable_prefix_caching=False)
+    assert tokens(sim.generate(prompts, p, use_tqdm=False)) == cpu
+    assert sim.engine.spec.stats.num_accepted_tokens > 0
+
+
+def test_default_model_greedy_with_prompt_lookup(default_checkpoint):
+    """SmolLM2 (the default GGUF) answering an editing request: the same tokens with n-gram
+    speculation as without, most drafts accepted (the answer copies the prompt)."""
+    from tools.bench_spec import PROMPTS
+
+    convs = [[{"role": "user", "content": PROMPTS["repetitive"]}]]
+    p = SamplingParams(temperature=0, max_tokens=24)
+    plain = tokens(LLM(enable_prefix_caching=False).chat(convs, p, use_tqdm=False))
+    spec = LLM(speculative_config=NGRAM)
+    assert tokens(spec.chat(convs, p, use_tqdm=False)) == plain
+    assert spec.engine.spec.stats.acceptance_rate > 0.5
+    assert_no_leaks(spec.engine)
