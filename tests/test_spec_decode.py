@@ -226,6 +226,12 @@ def test_composition_n_stop_max_tokens_logprobs_and_beam(tiny_model_dir, caplog)
         spec.generate(rep, p, use_tqdm=False)[0].outputs[0].text
         == llm.generate(rep, p, use_tqdm=False)[0].outputs[0].text
     )
+    # logit processors see each draft position as its own state (penalties, min_tokens, bias)
+    for p in (
+        SamplingParams(temperature=0, max_tokens=30, repetition_penalty=1.3, min_tokens=25, logit_bias={7: 3.0}),
+        SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, frequency_penalty=0.5, presence_penalty=0.3),
+    ):
+        assert tokens(spec.generate(rep, p, use_tqdm=False)) == tokens(llm.generate(rep, p, use_tqdm=False))
     # n > 1, sampled: reproducible per seed, every sample runs to max_tokens
     p = SamplingParams(n=4, temperature=1.0, seed=11, max_tokens=20, ignore_eos=True)
     a, b = tokens(spec.generate(rep, p, use_tqdm=False)), tokens(spec.generate(rep, p, use_tqdm=False))
