@@ -63,8 +63,8 @@ class Sequence:
         return len(self.token_ids)
 
     @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
+    def output_token_ids(self) -> list[int]:  # never unverified drafts (a step that failed may leave some)
+        return self.token_ids[self.num_prompt_tokens : self.num_tokens - self.num_draft_tokens]
 
     @property
     def num_output_tokens(self) -> int:
