@@ -236,7 +236,11 @@ class SpecDecoder:
             return draft[:m] + [int(t[m])]
         probs = self.sampler.probs(processed, views)
         u = seq.rng.random(k + 1)  # k acceptance tests and one draw, from the sequence's own generator
-        m, nxt = rejection_sample(probs[None], np.array([draft]), u[None, :k], u[k:])
+        q = getattr(self.proposer, "draft_probs", {}).get(seq.seq_id)  # None: a deterministic draft
+        q = np.stack(q[:k])[None] if q else None
+        m, nxt = rejection_sample(
+            probs[None] / probs.sum(axis=1)[None, :, None], np.array([draft]), u[None, :k], u[k:], q
+        )
         return draft[: int(m[0])] + [int(nxt[0])]
 
     def _append(

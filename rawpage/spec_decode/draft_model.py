@@ -7,8 +7,10 @@ also yields the first draft; then k - 1 one-token decode steps, all sequences ba
 Its K/V stays valid up to the longest common prefix of what it drafted and what the
 target kept, so rejected drafts cost nothing to roll back.
 
-Drafts are the draft model's argmax, a deterministic (one-hot) proposal: rejection
-sampling (rejection.py) then keeps the target's distribution exactly.
+A greedy request drafts the draft model's argmax. A sampled request draws each draft
+from q, the draft model's distribution under the request's temperature, top_k, min_p
+and top_p, with the sequence's own generator; q is kept for rejection sampling
+(rejection.py), which then keeps the target's distribution exactly.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from rawpage.loader import load_checkpoint
 from rawpage.model_runner import ModelRunner
 from rawpage.models.registry import build_model
 from rawpage.quantization.select import apply_quantization_flag
+from rawpage.sampler import Sampler
 from rawpage.sequence import Sequence, SequenceStatus
 
 logger = logging.getLogger("rawpage")
@@ -70,11 +73,14 @@ class DraftModelProposer:
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
         self.runner = ModelRunner(self.model, backend, block_size, num_blocks, 0, None, max_model_len)
         self.states: dict[int, DraftSequence] = {}  # target seq_id -> its draft record
+        self.sampler = Sampler(vocab_size, [])  # q: the draft's distribution under each request's parameters
+        self.draft_probs: dict[int, list[np.ndarray]] = {}  # seq_id -> q (V,) of each draft, sampled requests
         logger.info("draft model %s: %d KV blocks of %d tokens", model_path, num_blocks, block_size)
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
-        """Up to ks[i] greedy drafts for each sequence (its token_ids hold no drafts yet)."""
+        """Up to ks[i] drafts for each sequence (its token_ids hold no drafts yet)."""
         self._release_idle()
+        self.draft_probs = {s.seq_id: [] for s in seqs if not s.request.params.greedy}
         states = [self._sync(s) for s in seqs]
         drafts: list[list[int]] = [[] for _ in seqs]
         active = list(range(len(seqs)))
@@ -90,12 +96,27 @@ class DraftModelProposer:
             if not batch:
                 break
             logits = self.runner.execute([(states[i], n) for i, n in batch], [np.array([n - 1]) for _, n in batch])
-            for (i, n), tok in zip(batch, logits.argmax(np.arange(len(batch)))):
+            for (i, n), tok in zip(batch, self._choose([seqs[i] for i, _ in batch], logits)):
                 states[i].num_computed_tokens += n
                 states[i].token_ids.append(int(tok))
                 drafts[i].append(int(tok))
             active = [i for i, _ in batch if len(drafts[i]) < ks[i]]
         return drafts
+
+    def _choose(self, seqs: list[Sequence], logits) -> np.ndarray:
+        """The next draft of each sequence from its row: argmax, or a draw from q."""
+        tokens = logits.argmax(np.arange(len(seqs)))
+        sampled = [j for j, s in enumerate(seqs) if s.seq_id in self.draft_probs]
+        if sampled:
+            rows = [seqs[j] for j in sampled]
+            q = self.sampler.probs(logits[sampled][:, : self.sampler.vocab_size].copy(), rows)
+            q /= q.sum(axis=1, keepdims=True)
+            for j, s, qj in zip(sampled, rows, q):
+                tokens[j] = min(
+                    int(np.searchsorted(np.cumsum(qj), s.rng.random() * qj.sum(), side="right")), qj.size - 1
+                )
+                self.draft_probs[s.seq_id].append(qj)
+        return tokens
 
     def _sync(self, seq: Sequence) -> DraftSequence:
         """The draft record of `seq`, its K/V kept up to what it shares with the target's tokens."""
