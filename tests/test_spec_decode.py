@@ -4,6 +4,7 @@ is published in the prefix cache holding a rejected draft."""
 
 import json
 import logging
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -181,13 +182,15 @@ def test_greedy_acceptance_and_ngram_lookup():
 @pytest.mark.parametrize("draft", ["self", "other"])
 def test_sampled_outputs_follow_the_target_and_the_seed(tiny_model_dir, other_tiny_dir, draft):
     """Randomized probability integral transform of every sampled token under the target
-    (temperature 0.3) is uniform; the same seed gives the same tokens. Drafts are drawn
-    from the draft model's own distribution q: the model itself (q close to p: drafts
-    mostly accepted) or another random model (mostly rejected: the recovered distribution)."""
+    (temperature 0.3; with another draft also top_p and min_p) is uniform; the same seed
+    gives the same tokens. Drafts are drawn from the draft model's own distribution q: the
+    model itself (q close to p: drafts mostly accepted) or another random model (mostly
+    rejected: the recovered distribution)."""
     spec = {"model": tiny_model_dir if draft == "self" else other_tiny_dir, "num_speculative_tokens": 3}
     llm = LLM(tiny_model_dir, speculative_config=spec, max_num_seqs=256)
     rep = prompts20()[12]
-    params = [SamplingParams(temperature=0.3, seed=i, max_tokens=10, ignore_eos=True) for i in range(120)]
+    cut = {} if draft == "self" else {"top_p": 0.9, "min_p": 0.02}
+    params = [SamplingParams(temperature=0.3, seed=i, max_tokens=10, ignore_eos=True, **cut) for i in range(120)]
     outs = tokens(llm.generate([rep] * 120, params, use_tqdm=False))
     s = llm.engine.spec.stats
     assert s.num_draft_tokens > 500
@@ -196,8 +199,10 @@ def test_sampled_outputs_follow_the_target_and_the_seed(tiny_model_dir, other_ti
     harness, rng, pit = SingleSequence(llm.engine.model), np.random.default_rng(1), []
     for out in outs:
         harness.length = 0
-        logits = harness.feed(rep["prompt_token_ids"] + out, all_logits=True)[-len(out) - 1 : -1] / 0.3
-        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        logits = harness.feed(rep["prompt_token_ids"] + out, all_logits=True)[-len(out) - 1 : -1]
+        p = llm.engine.sampler.probs(
+            logits.copy(), [SimpleNamespace(request=SimpleNamespace(params=params[0]))] * len(out)
+        )
         p /= p.sum(axis=1, keepdims=True)
         cdf = np.cumsum(p, axis=1)
         for row, t in enumerate(out):
