@@ -39,7 +39,7 @@ from rawpage.sampler import Sampler
 from rawpage.sampling_params import SamplingParams
 from rawpage.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from rawpage.sequence import Request, Sequence
-from rawpage.spec_decode.decoder import build_spec_decoder
+from rawpage.spec_decode.build import build_spec_decoder
 from rawpage.stats import EngineStats
 from rawpage.structured_output import GrammarCompiler, MaskPrefetcher
 
