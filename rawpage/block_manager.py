@@ -25,25 +25,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Collection
-from dataclasses import dataclass
 
 from rawpage.block_hash import block_digest
+from rawpage.kv_usage import NULL_BLOCK, KVUsage, kv_usage
 from rawpage.sequence import Sequence
 
-NULL_BLOCK = -1  # a block-table entry released by the sliding window; never read
-
-
-@dataclass
-class KVUsage:
-    """Memory accounting of the pool, for the log, the metrics and the benchmarks."""
-
-    blocks_used: int
-    blocks_free: int
-    logical_tokens: int  # tokens in the cache as the sequences see them (shared ones counted per sequence)
-    stored_tokens: int  # tokens physically stored (shared ones counted once)
-    waste: int  # allocated slots holding no token: blocks_used * BS - stored_tokens
-    blocks_saved_by_sharing: int  # extra references: blocks that would exist without sharing
-    blocks_released_by_window: int  # block references dropped out of sliding windows (since start)
 
 
 class BlockManager:
@@ -97,18 +83,7 @@ class BlockManager:
 
     def usage(self, seqs: list[Sequence]) -> KVUsage:
         """Account for the blocks of the given sequences (the ones holding GPU blocks)."""
-        filled: dict[int, int] = {}  # physical block -> slots holding a token
-        logical = 0
-        for s in seqs:
-            logical += s.num_computed_tokens
-            for i, b in enumerate(s.block_table):
-                n = min(self.block_size, max(0, s.num_computed_tokens - i * self.block_size))
-                filled[b] = max(filled.get(b, 0), n)
-        filled.pop(NULL_BLOCK, None)
-        stored = sum(filled.values())
-        used = self.num_used_blocks
-        saved, released = self.num_shared_blocks_saved(), self.num_window_releases
-        return KVUsage(used, self.num_free_blocks, logical, stored, used * self.block_size - stored, saved, released)
+        return kv_usage(self, seqs)
 
     # --- prefix caching --------------------------------------------------------------
     def block_hashes(self, seq: Sequence, num_full_blocks: int) -> list[bytes]:
@@ -138,7 +113,7 @@ class BlockManager:
         """Name the sequence's newly completed blocks by their content, after a forward pass."""
         if not self.enable_prefix_caching:
             return
-        n_full = seq.num_computed_tokens // self.block_size
+        n_full = (seq.num_computed_tokens - seq.num_draft_tokens) // self.block_size  # never a drafted token
         hashes = self.block_hashes(seq, n_full)
         for i in range(seq.num_hashed_blocks, n_full):
             block, h = seq.block_table[i], hashes[i]
@@ -206,6 +181,13 @@ class BlockManager:
                 self._release(seq.block_table[i])
                 seq.block_table[i] = NULL_BLOCK
                 self.num_window_releases += 1
+
+    def trim(self, seq: Sequence) -> None:
+        """Speculative decoding's rollback: drop the tail blocks past the sequence's tokens
+        (they held only rejected drafts, and were never named in the prefix cache)."""
+        for b in seq.block_table[self.blocks_for(seq.num_tokens) :]:
+            self._release(b)
+        del seq.block_table[self.blocks_for(seq.num_tokens) :]
 
     def take_copies(self) -> list[tuple[int, int]]:
         """The copy-on-write (src, dst) block copies made since the last call, for the runner

@@ -38,6 +38,7 @@ from rawpage.sampler import Sampler
 from rawpage.sampling_params import SamplingParams
 from rawpage.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from rawpage.sequence import Request, Sequence
+from rawpage.spec_decode.build import build_spec_decoder
 from rawpage.stats import EngineStats
 from rawpage.structured_output import GrammarCompiler, MaskPrefetcher
 
@@ -92,12 +93,13 @@ class LLMEngine:
         self.output = OutputProcessor(
             self.tokenizer, c.eos_token_ids, c.vocab_size, self.max_model_len, self.scheduler.finish
         )
+        self.spec = build_spec_decoder(self)  # speculative decoding's hooks (rawpage/spec_decode/)
         self.requests: dict[str, Request] = {}
         self._aborted: list[Request] = []  # to report as finished at the end of the next step
         self._batch: dict[str, Request] | None = None  # the requests of the step in progress
         self._consecutive_failures = 0
         self._rng = np.random.default_rng(args.seed)
-        self.stats = EngineStats(args.log_stats_interval)
+        self.stats = EngineStats(args.log_stats_interval, spec=self.spec.stats)
         self.startup_seconds = time.monotonic() - t0
         name, device = args.served_model_name or c.name or ckpt.path, self.backend.name
         logger.info("loaded %s (%s) on %s in %.1f s", name, c.architecture, device, self.startup_seconds)
@@ -193,7 +195,9 @@ class LLMEngine:
 
     def _schedule(self) -> SchedulerOutput:
         self._batch = None  # until the batch is known, a failure is everyone's (_recover)
+        self.spec.propose(self.scheduler.running)  # drafted tokens join their sequences as extra query tokens
         sched = self.scheduler.schedule()
+        self.spec.settle(sched)
         self._batch = {seq.request.request_id: seq.request for seq, _ in sched.scheduled}
         self.runner.swap(sched.swap_out, sched.swap_in)
         return sched
@@ -230,7 +234,7 @@ class LLMEngine:
         prefix-cache names, prompt logprobs (its rows are logits[offset : offset + num_rows]).
         Returns how many of the n were prompt or recomputed tokens rather than a decode step."""
         start = seq.num_computed_tokens
-        is_decode = n == 1 and seq.num_output_tokens > 0 and start == seq.num_tokens - 1
+        is_decode = seq.num_output_tokens > 0 and start == seq.num_tokens - 1 - seq.num_draft_tokens
         seq.num_computed_tokens += n
         self.block_manager.cache_full_blocks(seq)
         metrics = seq.request.metrics
@@ -243,7 +247,8 @@ class LLMEngine:
     def _sample(self, logits: DeviceLogits, ready: list[tuple[Sequence, int]]) -> int:
         """Next tokens for the ready sequences: beams go to beam search; the others, with the
         n - 1 siblings that fork off a finished prompt now, to the sampler. Returns how many
-        sequences were given a token."""
+        tokens were appended."""
+        ready, num_verified = self.spec.verify(logits, ready)  # speculative drafts: accepted + one more
         beams = [(seq, row) for seq, row in ready if seq.request.beam is not None]
         seqs: list[Sequence] = []
         rows: list[int] = []
@@ -256,7 +261,7 @@ class LLMEngine:
             self._sample_rows(logits, rows, seqs)
         if beams:
             self.beam_search.step(beams, logits)
-        return len(seqs) + len(beams)
+        return len(seqs) + len(beams) + num_verified
 
     def _sample_rows(self, logits: DeviceLogits, rows: list[int], seqs: list[Sequence]) -> None:
         """Sample the whole batch at once; if one request's parameters break that, sample
@@ -295,17 +300,7 @@ class LLMEngine:
             self.output.forget(req)
             if req in self._aborted:  # reported right here, not again next step
                 self._aborted.remove(req)
-            return RequestOutput(
-                req.request_id,
-                req.prompt,
-                req.prompt_token_ids,
-                None,
-                [],
-                True,
-                req.metrics,
-                req.num_cached_tokens,
-                req.error,
-            )
+            return self.output.failed_output(req)
 
     # --- failures ----------------------------------------------------------------------------
     def _recover(self, e: Exception) -> list[RequestOutput]:
@@ -344,7 +339,9 @@ class LLMEngine:
         """Which rows of this sequence's chunk need logits: the last one if it completes the
         sequence's known tokens (we sample), all of them while recording prompt logprobs."""
         req = seq.request
-        if req.prompt_logprobs is not None and seq.index == 0 and len(req.prompt_logprobs) < seq.num_prompt_tokens:
+        if seq.num_draft_tokens or (
+            req.prompt_logprobs is not None and seq.index == 0 and len(req.prompt_logprobs) < seq.num_prompt_tokens
+        ):
             return np.arange(n)
         if seq.num_computed_tokens + n == seq.num_tokens:
             return np.array([n - 1])

@@ -14,6 +14,7 @@ import numpy as np
 from rawpage.flags import add_flags, flag, given_flags
 from rawpage.loader.gguf_file import SUPPORTED_TENSOR_TYPES
 from rawpage.quantization.select import QUANTIZATION_FLAG_CHOICES
+from rawpage.spec_decode.config import SpeculativeConfig
 
 logger = logging.getLogger("rawpage")
 
@@ -149,6 +150,12 @@ class EngineArgs:
         "llama and qwen2 families",
     )
     disable_log_stats: bool = flag(False, "no periodic stats line in the log")
+    speculative_config: dict | str | None = flag(
+        None,
+        'speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, '
+        '"prompt_lookup_max": 4} or {"model": PATH, "num_speculative_tokens": 4}',
+        default_text="off",
+    )
     log_stats_interval: float = 5.0  # seconds between stats lines while busy; 0 = off
 
     def __post_init__(self) -> None:
@@ -158,6 +165,7 @@ class EngineArgs:
             self.log_stats_interval = 0
         self._check_vllm_flags()
         parse_kv_cache_scales(self.kv_cache_scales)  # a bad value fails here, before anything loads
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         for f in dataclasses.fields(self):
             choices, value = f.metadata.get("choices"), getattr(self, f.name)
             if choices and value not in choices:

@@ -147,6 +147,20 @@ class OutputProcessor:
             req.error,
         )
 
+    def failed_output(self, req: Request) -> RequestOutput:
+        """The final output of a request whose output could not be made: its error, no completions."""
+        return RequestOutput(
+            req.request_id,
+            req.prompt,
+            req.prompt_token_ids,
+            None,
+            [],
+            True,
+            req.metrics,
+            req.num_cached_tokens,
+            req.error,
+        )
+
     def _logprob(self, token_id: int, logprob: float, rank: int) -> Logprob:
         """A Logprob with the token's own text, as vLLM fills decoded_token."""
         return Logprob(logprob, rank, self.tokenizer.decode([token_id], skip_special_tokens=False))

@@ -48,19 +48,23 @@ class Sampler:
     def __call__(self, logits: np.ndarray, seqs: list[Sequence]) -> SamplerOutput:
         """logits: (N, V) float32, one row per sequence in `seqs`."""
         logits = logits[:, : self.vocab_size].astype(np.float32)
+        processed = self.apply_processors(logits.copy(), seqs)
+        tokens = np.empty(len(seqs), dtype=np.int64)
+        greedy = np.array([s.request.params.greedy for s in seqs], dtype=bool)
+        tokens[greedy] = processed[greedy].argmax(axis=-1)
+        if (~greedy).any():
+            rows = np.flatnonzero(~greedy)
+            tokens[rows] = self.sample(processed[rows], [seqs[i] for i in rows])
+        return self.report(logits, tokens, seqs)
+
+    def report(self, logits: np.ndarray, tokens: np.ndarray, seqs: list[Sequence]) -> SamplerOutput:
+        """The chosen tokens (N,) with logprobs from the raw rows (N, V) where asked."""
         n = len(seqs)
         # Raw logprobs only for the rows that report them (a log-softmax over V is not free).
         want = np.array(
             [s.request.params.logprobs is not None or s.request.params.use_beam_search for s in seqs], dtype=bool
         )
-        raw = log_softmax(logits[want]) if want.any() else None
-        logits = self.apply_processors(logits.copy(), seqs)
-        tokens = np.empty(n, dtype=np.int64)
-        greedy = np.array([s.request.params.greedy for s in seqs], dtype=bool)
-        tokens[greedy] = logits[greedy].argmax(axis=-1)
-        if (~greedy).any():
-            rows = np.flatnonzero(~greedy)
-            tokens[rows] = self.sample(logits[rows], [seqs[i] for i in rows])
+        raw = log_softmax(logits[want, : self.vocab_size]) if want.any() else None
         picked = np.full(n, np.nan)
         ranks = np.zeros(n, dtype=np.int64)
         top_ids: list[np.ndarray | None] = [None] * n
@@ -80,7 +84,7 @@ class Sampler:
         When every sequence is plainly greedy (nothing edits its logits, no logprobs
         asked), the answer is the raw argmax: it is taken on the device and only
         the token ids are copied back. Otherwise the rows come to the host."""
-        if not all(_plain_greedy(s) for s in seqs):
+        if not all(plain_greedy(s) for s in seqs):
             return self(logits[rows], seqs)
         n = len(seqs)
         tokens = logits.argmax(rows)
@@ -112,6 +116,17 @@ class Sampler:
 
     def sample(self, logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
         """Sampled rows: (R, V) processed logits -> (R,) token ids."""
+        probs = self.probs(logits, seqs)
+        # One uniform per sequence from its own generator; inverse CDF over the row.
+        u = np.array([s.rng.random() for s in seqs], dtype=np.float64)
+        cdf = np.cumsum(probs, axis=-1, dtype=np.float64)
+        tokens = (cdf < (u * cdf[:, -1])[:, None]).sum(axis=-1)
+        return np.minimum(tokens, probs.shape[1] - 1)
+
+    def probs(self, logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
+        """The distribution sampled rows draw from: (R, V) processed logits (edited in place)
+        -> temperature, top_k, softmax, min_p, top_p -> (R, V) probabilities (unnormalized
+        after min_p/top_p: zeroed tokens are simply not drawn)."""
         temps = np.array([s.request.params.temperature for s in seqs], dtype=np.float32)
         logits /= temps[:, None]
         for i, s in enumerate(seqs):
@@ -127,14 +142,10 @@ class Sampler:
         for i, s in enumerate(seqs):
             if s.request.params.top_p < 1.0:
                 nucleus_mask(probs[i], s.request.params.top_p)
-        # One uniform per sequence from its own generator; inverse CDF over the row.
-        u = np.array([s.rng.random() for s in seqs], dtype=np.float64)
-        cdf = np.cumsum(probs, axis=-1, dtype=np.float64)
-        tokens = (cdf < (u * cdf[:, -1])[:, None]).sum(axis=-1)
-        return np.minimum(tokens, probs.shape[1] - 1)
+        return probs
 
 
-def _plain_greedy(s: Sequence) -> bool:
+def plain_greedy(s: Sequence) -> bool:
     """Greedy with no logit edits (apply_processors would change nothing) and no logprobs."""
     p = s.request.params
     return (

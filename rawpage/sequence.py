@@ -43,6 +43,7 @@ class Sequence:
         self.token_ids = list(token_ids)  # prompt, then generated tokens
         self.num_prompt_tokens = len(request.prompt_token_ids)
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.num_draft_tokens = 0  # speculative drafts at the end of token_ids, until verified
         self.block_table: list[int] = []  # logical block i -> physical block id
         self.block_hashes: list[bytes] = []  # prefix-cache names of its full blocks (BlockManager)
         self.num_hashed_blocks = 0  # leading blocks of block_table already named in the cache
@@ -62,8 +63,8 @@ class Sequence:
         return len(self.token_ids)
 
     @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
+    def output_token_ids(self) -> list[int]:  # never unverified drafts (a step that failed may leave some)
+        return self.token_ids[self.num_prompt_tokens : self.num_tokens - self.num_draft_tokens]
 
     @property
     def num_output_tokens(self) -> int:

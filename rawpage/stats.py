@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rawpage.block_manager import KVUsage
+    from rawpage.kv_usage import KVUsage
     from rawpage.scheduler import Scheduler
+    from rawpage.spec_decode.decoder import SpecDecodeStats
 
 logger = logging.getLogger("rawpage")
 
@@ -37,6 +38,7 @@ class EngineStats:
     steps_total: int = 0  # engine iterations that ran a forward pass
     requests_finished_total: int = 0  # shown by the engine view (rawpage/server/engine_view.py)
     last: StepStats | None = None
+    spec: SpecDecodeStats | None = None  # speculative decoding's counters, when it is on
     _window_start: float = field(default_factory=time.monotonic)
     _window_prompt: int = 0
     _window_gen: int = 0
@@ -88,5 +90,15 @@ class EngineStats:
             self._window_prompt / dt,
             self._window_gen / dt,
         )
+        if self.spec is not None and self.spec.num_drafts:
+            sp = self.spec
+            logger.info(
+                "speculative decoding: acceptance rate %.1f%%, mean accepted length %.2f, drafts %d, "
+                "drafting %.1f ms per sequence-step",
+                100 * sp.acceptance_rate,
+                sp.mean_accepted_length,
+                sp.num_drafts,
+                1e3 * sp.draft_seconds / max(1, sp.num_drafts),
+            )
         self._last_log = self._window_start = now
         self._window_prompt = self._window_gen = 0

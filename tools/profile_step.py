@@ -50,11 +50,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--context", type=int, default=300)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument(
+        "--speculative-config", default=None, help='JSON, e.g. {"method": "ngram", "num_speculative_tokens": 4}'
+    )
     args = ap.parse_args(argv)
     from rawpage import LLM, SamplingParams
 
     t0 = time.perf_counter()
-    llm = LLM(args.model, device=args.device, max_num_seqs=args.batch)
+    llm = LLM(args.model, device=args.device, max_num_seqs=args.batch, speculative_config=args.speculative_config)
     print(f"engine ready in {time.perf_counter() - t0:.2f} s (open the model, dequantize, build weights, KV pool)")
     eng = llm.engine
     rng = np.random.default_rng(0)
@@ -70,16 +73,26 @@ def main(argv: list[str] | None = None) -> None:
     timed(eng.scheduler, "schedule", totals)
     timed(eng.runner, "build_batch", totals)
     timed(eng.sampler, "sample_rows", totals)
+    if eng.spec.stats is not None:  # speculative decoding: drafting, and acceptance + appending
+        timed(eng.spec, "propose", totals)
+        timed(eng.spec, "verify", totals)
+    generated = eng.stats.generation_tokens_total
     experts_before = getattr(eng.model, "expert_tokens", np.zeros(0)).copy()
     t0 = time.perf_counter()
     for _ in range(args.steps):
         eng.step()
     total = time.perf_counter() - t0
+    generated = eng.stats.generation_tokens_total - generated
     per = {k: v / args.steps * 1000 for k, v in totals.items()}
     print(
         f"decode step at batch {args.batch}, context ~{args.context}: {total / args.steps * 1000:.1f} ms "
-        f"({args.batch * args.steps / total:.1f} tok/s)"
+        f"({generated / total:.1f} tok/s)"
     )
+    if eng.spec.stats is not None:
+        sp = eng.spec.stats
+        print(
+            f"  speculative: acceptance rate {sp.acceptance_rate:.1%}, mean accepted length {sp.mean_accepted_length:.2f}"
+        )
     for k, v in sorted(per.items(), key=lambda kv: -kv[1]):
         print(f"  {k:20s} {v:8.2f} ms  {100 * v / (total / args.steps * 1000):5.1f}%")
     rest = total / args.steps * 1000 - sum(per.values())

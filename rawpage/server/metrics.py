@@ -67,13 +67,37 @@ class ServerMetrics:
         self.swap_ins = counter("num_swap_ins", "Sequences swapped back in")
         self.finished = counter("request_success", "Requests finished")
         self.steps = counter("engine_steps", "Engine iterations that ran a forward pass")
+        self._add_spec_metrics(counter, gauge)
         self.loop_lag = gauge("event_loop_lag_max_seconds", "Longest the HTTP event loop was late to wake")
         self.loop_lag_max = 0.0
         self.ttft = histogram("time_to_first_token_seconds", "Time from arrival to the first token")
         self.itl = histogram("inter_token_latency_seconds", "Time between tokens of one sequence")
         self.e2e = histogram("e2e_request_latency_seconds", "Time from arrival to the last token")
-        self._seen = {"steps": 0, "prompt": 0, "gen": 0, "preempt": 0, "pq": 0, "ph": 0, "so": 0, "si": 0, "wr": 0}
+        self._seen = {
+            "steps": 0,
+            "prompt": 0,
+            "gen": 0,
+            "preempt": 0,
+            "pq": 0,
+            "ph": 0,
+            "so": 0,
+            "si": 0,
+            "sd": 0,
+            "sdt": 0,
+            "sa": 0,
+            "st": 0,
+            "wr": 0,
+        }
         self._last_token: dict[str, float] = {}
+
+    def _add_spec_metrics(self, counter, gauge) -> None:
+        """Speculative decoding (zero while it is off): acceptance rate = accepted / draft tokens."""
+        self.spec_drafts = counter("spec_decode_num_drafts", "Sequence-steps that verified drafted tokens")
+        self.spec_draft_tokens = counter("spec_decode_num_draft_tokens", "Drafted tokens verified")
+        self.spec_accepted = counter("spec_decode_num_accepted_tokens", "Drafted tokens accepted")
+        self.spec_draft_time = counter("spec_decode_draft_seconds", "Time spent proposing drafts")
+        self.spec_rate = gauge("spec_decode_acceptance_rate", "Accepted / drafted tokens since start")
+        self.spec_length = gauge("spec_decode_mean_accepted_length", "Tokens per verification step (1 + accepted)")
 
     def observe_loop_lag(self, lag: float) -> bool:
         """Record how late the event loop woke; True if that is a new worst."""
@@ -99,6 +123,8 @@ class ServerMetrics:
         self._count("wr", self.window_releases, bm.num_window_releases)
         self._count("so", self.swap_outs, st.swap_outs_total)
         self._count("si", self.swap_ins, st.swap_ins_total)
+        if engine.spec.stats is not None:
+            self._count_spec(engine.spec.stats)
         now = time.monotonic()
         for out in outputs:
             rid, m = out.request_id, out.metrics
@@ -115,7 +141,15 @@ class ServerMetrics:
                 if m is not None and m.finished_time is not None:
                     self.e2e.observe(m.finished_time - m.arrival_time)
 
-    def _count(self, key: str, counter: Counter, total: int) -> None:
+    def _count_spec(self, sp) -> None:
+        self._count("sd", self.spec_drafts, sp.num_drafts)
+        self._count("sdt", self.spec_draft_tokens, sp.num_draft_tokens)
+        self._count("sa", self.spec_accepted, sp.num_accepted_tokens)
+        self._count("st", self.spec_draft_time, sp.draft_seconds)
+        self.spec_rate.set(sp.acceptance_rate)
+        self.spec_length.set(sp.mean_accepted_length)
+
+    def _count(self, key: str, counter: Counter, total: float) -> None:
         if total > self._seen[key]:
             counter.inc(total - self._seen[key])
             self._seen[key] = total

@@ -273,3 +273,17 @@ def test_prefill_shared_memory_fits_sm80():
     for suffix, itemsize in (("f32", 4), ("f16", 2), ("bf16", 2)):
         for D in (16, 32, 64, 80, 96, 128, 256):
             assert prefill_smem_bytes(D, prefill_key_tile(suffix, D), itemsize) <= 163 * 1024
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("H,Hkv", [(9, 3), (8, 2)])
+@pytest.mark.parametrize("BS", [16, 32])
+def test_speculative_verification_shapes(device, dtype, H, Hkv, BS):
+    """Speculative decoding's verification step: each sequence brings its last token and
+    k drafts (k + 1 query tokens, k <= 4 here, one with none) at the end of a long
+    context, across block edges; the batch goes to the prefill kernel."""
+    rng = np.random.default_rng(H * 10 + BS)
+    q_lens = [5, 5, 1, 3, 5, 2]
+    ctx = [70, 2 * BS + 2, 40, BS + 1, 5, 133]
+    host, dev = paged_batch(device, dtype, rng, q_lens, ctx, H, Hkv, 64, BS)
+    assert_close(run(device, dev, 64**-0.5, q_lens, ctx), reference(host, 64**-0.5), dtype)
