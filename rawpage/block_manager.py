@@ -31,7 +31,6 @@ from rawpage.kv_usage import NULL_BLOCK, KVUsage, kv_usage
 from rawpage.sequence import Sequence
 
 
-
 class BlockManager:
     def __init__(
         self,
