@@ -73,21 +73,9 @@ class ServerMetrics:
         self.ttft = histogram("time_to_first_token_seconds", "Time from arrival to the first token")
         self.itl = histogram("inter_token_latency_seconds", "Time between tokens of one sequence")
         self.e2e = histogram("e2e_request_latency_seconds", "Time from arrival to the last token")
-        self._seen = {
-            "steps": 0,
-            "prompt": 0,
-            "gen": 0,
-            "preempt": 0,
-            "pq": 0,
-            "ph": 0,
-            "so": 0,
-            "si": 0,
-            "sd": 0,
-            "sdt": 0,
-            "sa": 0,
-            "st": 0,
-            "wr": 0,
-        }
+        self._seen = dict.fromkeys(
+            ["steps", "prompt", "gen", "preempt", "pq", "ph", "so", "si", "sd", "sdt", "sa", "st", "wr"], 0
+        )  # counters' last values
         self._last_token: dict[str, float] = {}
 
     def _add_spec_metrics(self, counter, gauge) -> None:
