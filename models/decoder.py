@@ -172,61 +172,66 @@ class DecoderModel:
     def forward(self, batch: ForwardBatch, kv_caches: list[tuple[Array, Array]]) -> Array:
         """Returns the final hidden states of the rows in batch.logits_indices: (N, dim)."""
         c, b = self.config, self.backend
-        T = batch.num_tokens
-        H, Hkv, D, eps = c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
-        scale = (c.query_pre_attn_scalar or D) ** -0.5  # Gemma scales by its own constant
-
         h = b.embedding(batch.input_ids, self.embed)  # (T, dim)
         if self.scale_embedding:
             h = self.affine(h, c.hidden_size**0.5)
         residual = None
-        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
             # attention block: x = norm(h + residual); h = o_proj(attn(rope(q), rope(k), v))
             if residual is None:
-                residual, x = h, b.rms_norm(h, layer.input_norm, eps)
+                residual, x = h, b.rms_norm(h, layer.input_norm, c.rms_norm_eps)
             else:
-                x, residual = b.fused_add_rms_norm(h, residual, layer.input_norm, eps)
-            qkv = b.linear(x, layer.qkv)  # (T, (H + 2 Hkv) * D)
-            q = qkv[:, : H * D].reshape(T, H, D)
-            k = qkv[:, H * D : (H + Hkv) * D].reshape(T, Hkv, D)
-            v = qkv[:, (H + Hkv) * D :].reshape(T, Hkv, D)
-            if layer.q_norm is not None:  # per head, before the rotation
-                q = b.rms_norm(q.reshape(T * H, D), layer.q_norm, eps).reshape(T, H, D)
-                k = b.rms_norm(k.reshape(T * Hkv, D), layer.k_norm, eps).reshape(T, Hkv, D)
-            b.rope(batch.positions, q, k, self.cos_sin[layer.rope], True)
-            b.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
-            o = b.paged_attention(
-                q,
-                k_cache,
-                v_cache,
-                batch.block_tables,
-                batch.seq_lens,
-                batch.query_start_loc,
-                scale,
-                batch.max_query_len,
-                batch.max_seq_len,
-                sliding_window=layer.sliding_window,
-                soft_cap=c.attn_logit_softcapping,
-            )  # (T, H, D)
-            h = b.linear(o.reshape(T, H * D), layer.o_proj)  # (T, dim)
-            if layer.post_attn_norm is not None:
-                h = b.rms_norm(h, layer.post_attn_norm, eps)
-
+                x, residual = b.fused_add_rms_norm(h, residual, layer.input_norm, c.rms_norm_eps)
+            h = self.attention(layer, x, batch, kv_cache)  # (T, dim)
             # feed-forward block: h = down(act(gate(x)) * up(x)), or a mixture of such experts
-            x, residual = b.fused_add_rms_norm(h, residual, layer.pre_ffn_norm, eps)
-            if layer.moe is not None:
-                h = moe_forward(
-                    b, x, layer.moe, c.num_experts_per_tok, c.norm_topk_prob, self.activation, self.expert_tokens[i]
-                )
-            else:
-                h = b.linear(self.activation(b.linear(x, layer.gate_up)), layer.down)  # (T, dim)
-            if layer.post_ffn_norm is not None:
-                h = b.rms_norm(h, layer.post_ffn_norm, eps)
+            x, residual = b.fused_add_rms_norm(h, residual, layer.pre_ffn_norm, c.rms_norm_eps)
+            h = self.feed_forward(i, layer, x)  # (T, dim)
 
         # Only the rows we sample from need the final norm and the (large) LM head.
         h, residual = h[batch.logits_indices], residual[batch.logits_indices]
-        x, _ = b.fused_add_rms_norm(h, residual, self.norm, eps)
+        x, _ = b.fused_add_rms_norm(h, residual, self.norm, c.rms_norm_eps)
         return x  # (N, dim)
+
+    def attention(self, layer: DecoderLayer, x: Array, batch: ForwardBatch, kv_cache: tuple[Array, Array]) -> Array:
+        """x (T, dim) -> o_proj(paged attention over the cache after writing this step's K/V): (T, dim)."""
+        c, b = self.config, self.backend
+        T, (H, Hkv, D, eps) = batch.num_tokens, (c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps)
+        k_cache, v_cache = kv_cache
+        qkv = b.linear(x, layer.qkv)  # (T, (H + 2 Hkv) * D)
+        q = qkv[:, : H * D].reshape(T, H, D)
+        k = qkv[:, H * D : (H + Hkv) * D].reshape(T, Hkv, D)
+        v = qkv[:, (H + Hkv) * D :].reshape(T, Hkv, D)
+        if layer.q_norm is not None:  # per head, before the rotation
+            q = b.rms_norm(q.reshape(T * H, D), layer.q_norm, eps).reshape(T, H, D)
+            k = b.rms_norm(k.reshape(T * Hkv, D), layer.k_norm, eps).reshape(T, Hkv, D)
+        b.rope(batch.positions, q, k, self.cos_sin[layer.rope], True)
+        b.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        o = b.paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            batch.block_tables,
+            batch.seq_lens,
+            batch.query_start_loc,
+            (c.query_pre_attn_scalar or D) ** -0.5,  # Gemma scales by its own constant
+            batch.max_query_len,
+            batch.max_seq_len,
+            sliding_window=layer.sliding_window,
+            soft_cap=c.attn_logit_softcapping,
+        )  # (T, H, D)
+        h = b.linear(o.reshape(T, H * D), layer.o_proj)  # (T, dim)
+        return h if layer.post_attn_norm is None else b.rms_norm(h, layer.post_attn_norm, eps)
+
+    def feed_forward(self, i: int, layer: DecoderLayer, x: Array) -> Array:
+        """x (T, dim) -> down(act(gate(x)) * up(x)), or the routed experts' sum: (T, dim)."""
+        c, b = self.config, self.backend
+        if layer.moe is not None:
+            h = moe_forward(
+                b, x, layer.moe, c.num_experts_per_tok, c.norm_topk_prob, self.activation, self.expert_tokens[i]
+            )
+        else:
+            h = b.linear(self.activation(b.linear(x, layer.gate_up)), layer.down)
+        return h if layer.post_ffn_norm is None else b.rms_norm(h, layer.post_ffn_norm, c.rms_norm_eps)
 
     def compute_logits(self, hidden: Array) -> Array:
         """(N, dim) -> (N, V) logits; Gemma 2 soft-caps them: cap * tanh(logits / cap)."""

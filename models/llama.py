@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -55,53 +56,53 @@ class LlamaModel:
         self.backend = backend
         c, b = self.config, backend
         if tp is not None:
-            weights: object = ShardedWeights(tensors, tp.layout)
+            self._weights: Any = ShardedWeights(tensors, tp.layout)
         else:
-            weights = tensors if isinstance(tensors, WeightSource) else _CheckpointWeights(tensors)
-
-        def load(*parts: tuple[str, tuple[int, ...]]) -> Array:
-            """One weight on the device: the named tensors, concatenated along dim 0."""
-            return weights.load(b, list(parts))
-
-        def linear(*parts: tuple[str, tuple[int, ...]]) -> Array | QuantizedWeight:
-            """A Linear weight (out, in) for backend.linear: kept as the checkpoint packs
-            it where the backend reads that format, else dense."""
-            packed = weights.quantized(b, list(parts)) if isinstance(weights, _CheckpointWeights) else None
-            return b.prepare_linear(packed if packed is not None else load(*parts))
-
-        dim, q, kv, inter = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size
+            self._weights = tensors if isinstance(tensors, WeightSource) else _CheckpointWeights(tensors)
         V = c.vocab_size if tp is None else tp.layout.vocab_rows  # a rank's rows: Vp
-        self.embed = load(("model.embed_tokens.weight", (V, dim)))  # (V, dim)
-        self.layers = []
-        for i in _progress(range(c.num_layers), "loading weights"):
-            p = f"model.layers.{i}."
-            attn = [(p + f"self_attn.{n}_proj.weight", (size, dim)) for n, size in zip("qkv", (q, kv, kv))]
-            bias = [(p + f"self_attn.{n}_proj.bias", (size,)) for n, size in zip("qkv", (q, kv, kv))]
-            self.layers.append(
-                LayerWeights(
-                    input_norm=load((p + "input_layernorm.weight", (dim,))),
-                    qkv=linear(*attn),
-                    qkv_bias=load(*bias) if c.attention_bias else None,
-                    o_proj=linear((p + "self_attn.o_proj.weight", (dim, q))),
-                    post_norm=load((p + "post_attention_layernorm.weight", (dim,))),
-                    gate_up=linear(
-                        (p + "mlp.gate_proj.weight", (inter, dim)), (p + "mlp.up_proj.weight", (inter, dim))
-                    ),
-                    down=linear((p + "mlp.down_proj.weight", (dim, inter))),
-                )
-            )
-        self.norm = load(("model.norm.weight", (dim,)))  # (dim,)
-        if c.tie_word_embeddings or not weights.has("lm_head.weight"):
-            embed = ("model.embed_tokens.weight", (V, dim))
-            packed = weights.quantized(b, [embed]) if isinstance(weights, _CheckpointWeights) else None
+        self.embed = self._load(("model.embed_tokens.weight", (V, c.hidden_size)))  # (V, dim)
+        self.layers = [self._load_layer(i) for i in _progress(range(c.num_layers), "loading weights")]
+        self.norm = self._load(("model.norm.weight", (c.hidden_size,)))  # (dim,)
+        if c.tie_word_embeddings or not self._weights.has("lm_head.weight"):
+            packed = self._packed([("model.embed_tokens.weight", (V, c.hidden_size))])
             # tied to the embedding: the same array, a re-laid copy, or the packed blocks
             self.lm_head = b.prepare_linear(packed if packed is not None else self.embed)
         else:
-            self.lm_head = linear(("lm_head.weight", (V, dim)))
-        freq_factors = tensors["rope_freqs"] if weights.has("rope_freqs") else None
+            self.lm_head = self._linear(("lm_head.weight", (V, c.hidden_size)))
+        freq_factors = tensors["rope_freqs"] if self._weights.has("rope_freqs") else None
         inv_freq = rope_inv_freq(c, freq_factors)
         # (max_pos, D): [cos | sin] per position, float32 whatever the model dtype
         self.cos_sin = b.asarray(cos_sin_cache(inv_freq, c.max_position_embeddings), dtype=np.float32)
+        del self._weights  # the checkpoint is not held past loading
+
+    def _load(self, *parts: tuple[str, tuple[int, ...]]) -> Array:
+        """One weight on the device: the named tensors, concatenated along dim 0."""
+        return self._weights.load(self.backend, list(parts))
+
+    def _packed(self, parts: list[tuple[str, tuple[int, ...]]]) -> QuantizedWeight | None:
+        """The weights as the checkpoint packs them, where the backend reads that format."""
+        w = self._weights
+        return w.quantized(self.backend, parts) if isinstance(w, _CheckpointWeights) else None
+
+    def _linear(self, *parts: tuple[str, tuple[int, ...]]) -> Array | QuantizedWeight:
+        """A Linear weight (out, in) for backend.linear: packed (see _packed), else dense."""
+        packed = self._packed(list(parts))
+        return self.backend.prepare_linear(packed if packed is not None else self._load(*parts))
+
+    def _load_layer(self, i: int) -> LayerWeights:
+        c, p = self.config, f"model.layers.{i}."
+        dim, q, kv, inter = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size
+        attn = [(p + f"self_attn.{n}_proj.weight", (size, dim)) for n, size in zip("qkv", (q, kv, kv))]
+        bias = [(p + f"self_attn.{n}_proj.bias", (size,)) for n, size in zip("qkv", (q, kv, kv))]
+        return LayerWeights(
+            input_norm=self._load((p + "input_layernorm.weight", (dim,))),
+            qkv=self._linear(*attn),
+            qkv_bias=self._load(*bias) if c.attention_bias else None,
+            o_proj=self._linear((p + "self_attn.o_proj.weight", (dim, q))),
+            post_norm=self._load((p + "post_attention_layernorm.weight", (dim,))),
+            gate_up=self._linear((p + "mlp.gate_proj.weight", (inter, dim)), (p + "mlp.up_proj.weight", (inter, dim))),
+            down=self._linear((p + "mlp.down_proj.weight", (dim, inter))),
+        )
 
     def num_bytes(self) -> int:
         """Bytes held by the weights (a tied LM head counted once)."""

@@ -52,12 +52,8 @@ CORE_LINE_BUDGET = 1363
 MAX_FUNCTION_LINES = 50
 LONG_FUNCTIONS = {
     "rawpage/server/app.py:build_app": "the route table; the web page's routes land here in parallel work",
-    "rawpage/ops/paged_attention.py:_launch_decode": "launch code reads straight through (STYLE 2), under parallel rework",
     # Grown by this wave's parallel merges; each is a straight-line sequence to split next.
-    "models/decoder.py:forward": "forward() in math order (STYLE 2), with the families' optional norms",
-    "models/llama.py:__init__": "the weight table, with quantized weights kept packed",
     "rawpage/engine.py:__init__": "the engine's parts, built in order; grammar masks joined them",
-    "rawpage/ops/paged_attention.py:launch_paged_attention": "argument checks, then the decode/prefill choice",
     "rawpage/server/chat.py:create_chat_completion": "tools, reasoning and structured outputs joined the request path",
     "rawpage/server/completions.py:create_completion": "structured outputs and unread-field checks joined the path",
 }

@@ -152,51 +152,48 @@ def launch_paged_attention(
     soft_cap: float | None = None,
     kv_scales: Any = None,
 ) -> Any:
-    """Same contract as paged_attention_ref; q may be a view with contiguous rows.
-    With kv_scales ((2,) float32 on the device: k_scale, v_scale) the caches are
-    uint8 e4m3 (paged_attention_fp8_ref's contract).
-    max_query_len and max_seq_len are host-side facts about the batch (an upper
-    bound is enough: a CUDA graph is captured with the longest context). A batch
-    in which every sequence decodes goes to the decode kernel, split into
-    `partitions` per sequence when given, else as decode_partitions() picks for
-    `sm_count` SMs (default: the loader's), with partitions of at least
-    `min_partition` tokens (a multiple of 16); any other batch goes to the
-    prefill kernel."""
-    fp8 = kv_scales is not None
-    if fp8 and (k_cache.dtype != np.uint8 or v_cache.dtype != np.uint8):
-        raise ValueError(f"kv_scales go with an FP8 (uint8) cache, got {k_cache.dtype}")
-    same_dtype(q, *(() if fp8 else (k_cache, v_cache)))
+    """Same contract as paged_attention_ref; q may be a view with contiguous rows. With
+    kv_scales ((2,) float32 on the device: k_scale, v_scale) the caches are uint8 e4m3
+    (paged_attention_fp8_ref's contract). max_query_len and max_seq_len are host-side
+    facts about the batch (an upper bound is enough: a CUDA graph is captured with the
+    longest context). A batch in which every sequence decodes goes to the decode
+    kernel, split into `partitions` per sequence when given, else as decode_partitions()
+    picks for `sm_count` SMs (default: the loader's), with partitions of at least
+    `min_partition` tokens (a multiple of 16); any other batch goes to the prefill kernel."""
+    _check_shapes(q, k_cache, v_cache, kv_scales)
     window, cap = _attention_options(sliding_window, soft_cap)
-    T, H, D = q.shape
-    Hkv = k_cache.shape[2]
-    if D not in HEAD_SIZES:
-        raise ValueError(f"head size {D} has no attention kernel; compiled sizes: {HEAD_SIZES}")
-    if H % Hkv or k_cache.shape[3] != D or k_cache.shape != v_cache.shape:
-        raise ValueError(f"q {q.shape} does not match the caches {k_cache.shape}")
+    (T, H, D), Hkv = q.shape, k_cache.shape[2]
     out = xp.empty((T, H, D), dtype=q.dtype)
     if T == 0:
         return out
     q = q if token_stride(q) is not None else xp.ascontiguousarray(q)
-    require_aligned("q", q, token_stride(q) * q.itemsize)
-    require_aligned("k_cache", k_cache)
-    require_aligned("v_cache", v_cache)
-    block_tables = int32_array(xp, block_tables)
-    seq_lens, query_start_loc = int32_array(xp, seq_lens), int32_array(xp, query_start_loc)
-    common = (k_cache, v_cache, block_tables, seq_lens, query_start_loc)
-    options = (window, cap, kv_scales)
+    for name, a, stride in (("q", q, token_stride(q) * q.itemsize), ("k_cache", k_cache, 0), ("v_cache", v_cache, 0)):
+        require_aligned(name, a, stride)
+    block_tables, seq_lens, query_start_loc = (int32_array(xp, a) for a in (block_tables, seq_lens, query_start_loc))
+    common, options = (k_cache, v_cache, block_tables, seq_lens, query_start_loc), (window, cap, kv_scales)
     if max_query_len == 1:
         if k_cache.shape[1] & (k_cache.shape[1] - 1):
             raise ValueError(f"decode attention needs a power-of-two block size, got {k_cache.shape[1]}")
         if partitions is None:
             sms = sm_count or int(getattr(loader, "sm_count", 132))
             visible = min(max_seq_len, window) if window else max_seq_len  # keys a query reads
-            partitions = decode_partitions(
-                block_tables.shape[0], Hkv * ceil_div(H // Hkv, decode_group(H, Hkv)), visible, sms
-            )
+            partitions = decode_partitions(block_tables.shape[0], _decode_blocks_per_seq(H, Hkv), visible, sms)
         _launch_decode(xp, loader, out, q, *common, scale, partitions, min_partition, options)
     else:
         _launch_prefill(loader, out, q, *common, scale, max_query_len, options)
     return out
+
+
+def _check_shapes(q: Any, k_cache: Any, v_cache: Any, kv_scales: Any) -> None:
+    fp8 = kv_scales is not None
+    if fp8 and (k_cache.dtype != np.uint8 or v_cache.dtype != np.uint8):
+        raise ValueError(f"kv_scales go with an FP8 (uint8) cache, got {k_cache.dtype}")
+    same_dtype(q, *(() if fp8 else (k_cache, v_cache)))
+    H, D, Hkv = q.shape[1], q.shape[2], k_cache.shape[2]
+    if D not in HEAD_SIZES:
+        raise ValueError(f"head size {D} has no attention kernel; compiled sizes: {HEAD_SIZES}")
+    if H % Hkv or k_cache.shape[3] != D or k_cache.shape != v_cache.shape:
+        raise ValueError(f"q {q.shape} does not match the caches {k_cache.shape}")
 
 
 def _attention_options(sliding_window: int | None, soft_cap: float | None) -> tuple[np.int32, np.float32]:
@@ -219,6 +216,11 @@ def decode_group(H: int, Hkv: int) -> int:
     return next((g for g in DECODE_GROUPS if g >= H // Hkv), DECODE_GROUPS[-1])
 
 
+def _decode_blocks_per_seq(H: int, Hkv: int) -> int:
+    """Decode blocks per sequence and partition: one per KV head and chunk of its query heads."""
+    return Hkv * ceil_div(H // Hkv, decode_group(H, Hkv))
+
+
 def decode_partitions(B: int, blocks_per_partition: int, max_seq_len: int, sm_count: int) -> int:
     """How many partitions P to split each sequence's context into: enough blocks
     (B * blocks_per_partition * P) for DECODE_BLOCKS_PER_SM blocks on each SM, but
@@ -230,19 +232,7 @@ def decode_partitions(B: int, blocks_per_partition: int, max_seq_len: int, sm_co
 
 
 def _launch_decode(
-    xp,
-    loader,
-    out,
-    q,
-    k_cache,
-    v_cache,
-    block_tables,
-    seq_lens,
-    query_start_loc,
-    scale,
-    P,
-    min_partition,
-    options,
+    xp, loader, out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, P, min_partition, options
 ) -> None:
     # Grid: (Hkv * chunks, B, P): one block per KV head (and chunk of up to 8 of
     # its query heads), sequence and partition. Block: 4 warps; a warp takes a
