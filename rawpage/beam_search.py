@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rawpage.sampler import Sampler, log_softmax
+from rawpage.ops.sampling import log_softmax
+from rawpage.sampler import Sampler
 from rawpage.sequence import Request, Sequence
 
 if TYPE_CHECKING:

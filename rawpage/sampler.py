@@ -17,12 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from rawpage.device_logits import DeviceLogits
+from rawpage.ops.sampling import log_softmax, nucleus_mask, top_k_ids
 from rawpage.sequence import Sequence
 from rawpage.structured_output import MaskPrefetcher, apply_masks
-
-# Top-p first looks for the nucleus among this many most likely tokens; a full
-# sort of a 49k vocabulary costs ~3 ms a row, a partition ~0.5 ms.
-_TOP_P_CANDIDATES = 1024
 
 
 @dataclass
@@ -32,11 +29,6 @@ class SamplerOutput:
     top_ids: list[np.ndarray | None]  # per row, top-N token ids if logprobs were asked
     top_logprobs: list[np.ndarray | None]
     ranks: np.ndarray  # (N,) rank of the sampled token in the raw distribution (1 = best)
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
 class Sampler:
@@ -159,27 +151,3 @@ def plain_greedy(s: Sequence) -> bool:
         and not p.use_beam_search
         and s.grammar is None
     )
-
-
-def nucleus_mask(p: np.ndarray, top_p: float) -> None:
-    """Zero every token outside the smallest most-likely set whose mass reaches top_p. In place."""
-    total = p.sum()
-    m = min(_TOP_P_CANDIDATES, p.size - 1)
-    cand = np.argpartition(-p, m)[:m]
-    if p[cand].sum() < top_p * total:  # flat distribution: the nucleus is larger, sort it all
-        cand = np.arange(p.size)
-    order = cand[np.argsort(-p[cand], kind="stable")]
-    mass = np.cumsum(p[order])
-    keep = int(np.searchsorted(mass, top_p * total)) + 1  # include the token that crosses top_p
-    dropped = np.ones(p.size, dtype=bool)
-    dropped[order[:keep]] = False
-    p[dropped] = 0.0
-
-
-def top_k_ids(row: np.ndarray, k: int) -> np.ndarray:
-    """Ids of the k largest entries, largest first."""
-    k = min(k, row.size)
-    if k == 0:
-        return np.zeros(0, dtype=np.int64)
-    ids = np.argpartition(-row, k - 1)[:k]
-    return ids[np.argsort(-row[ids], kind="stable")]

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rawpage import LLM, SamplingParams
-from rawpage.sampler import log_softmax
+from rawpage.ops.sampling import log_softmax
 from tests.model_harness import SingleSequence, assert_no_leaks
 from tests.test_engine import GREEDY, random_prompts, tokens
 from tools.bench_sharing import copying_forker
