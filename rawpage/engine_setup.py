@@ -8,6 +8,7 @@ import logging
 from rawpage.backends import cuda_available
 from rawpage.backends.base import Backend
 from rawpage.engine_args import EngineArgs
+from rawpage.lora.manager import LoRAManager
 from rawpage.memory import DEFAULT_CPU_KV_CACHE, GiB, MemoryPlan, plan_fixed, profile_gpu
 from rawpage.model_runner import kv_bytes_per_block
 from rawpage.models.llama import LlamaModel
@@ -36,12 +37,32 @@ def resolve_max_model_len(max_model_len: int | None, limit: int) -> int:
 
 
 def plan_kv_cache(
-    a: EngineArgs, model: LlamaModel, backend: Backend, max_num_batched_tokens: int, max_model_len: int
+    a: EngineArgs,
+    model: LlamaModel,
+    backend: Backend,
+    max_num_batched_tokens: int,
+    max_model_len: int,
+    lora: LoRAManager | None = None,
 ) -> MemoryPlan:
     """How many KV blocks the pool gets: on the GPU, whatever --gpu-memory-utilization leaves
-    after measuring a worst-case step; else --num-gpu-blocks-override or --kv-cache-memory."""
+    after measuring a worst-case step; else --num-gpu-blocks-override or --kv-cache-memory.
+    LoRA slots (already allocated) count with the weights."""
+    plan = _plan_kv_cache(a, model, backend, max_num_batched_tokens, max_model_len, lora)
+    if lora is not None:
+        plan.lora_bytes, plan.lora_text = lora.slot_bytes(), lora.describe()
+    return plan
+
+
+def _plan_kv_cache(
+    a: EngineArgs,
+    model: LlamaModel,
+    backend: Backend,
+    max_num_batched_tokens: int,
+    max_model_len: int,
+    lora: LoRAManager | None,
+) -> MemoryPlan:
     per_block = kv_bytes_per_block(model.config, a.block_size, backend.dtype.itemsize)
-    weights = model.num_bytes()
+    weights = model.num_bytes() + (lora.slot_bytes() if lora is not None else 0)
     if backend.memory is not None and not a.num_gpu_blocks_override and not a.kv_cache_memory:
 
         def worst_case() -> None:

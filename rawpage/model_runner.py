@@ -19,6 +19,7 @@ from rawpage.batch_buffer import BatchBuffer, HostBatch
 from rawpage.config import ModelConfig
 from rawpage.decode_graphs import DecodeGraphs
 from rawpage.device_logits import DeviceLogits
+from rawpage.lora.manager import LoRAManager
 from rawpage.sequence import Sequence
 
 
@@ -37,11 +38,13 @@ class ModelRunner:
         num_cpu_blocks: int = 0,
         graph_batch_sizes: list[int] | None = None,
         max_model_len: int | None = None,
+        lora: LoRAManager | None = None,
     ) -> None:
         """graph_batch_sizes: capture a decode graph for each of these batch sizes
-        (decode_graphs.graph_batch_sizes); None runs every step eagerly."""
+        (decode_graphs.graph_batch_sizes); None runs every step eagerly.
+        lora: the adapter slots (--enable-lora)."""
         c = model.config
-        self.model, self.backend, self.block_size = model, backend, block_size
+        self.model, self.backend, self.block_size, self.lora = model, backend, block_size, lora
         shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)  # (NB, BS, Hkv, D)
         self.kv_caches: list[tuple[Array, Array]] = [
             (backend.zeros(shape), backend.zeros(shape)) for _ in range(c.num_layers)
@@ -60,6 +63,7 @@ class ModelRunner:
                 graph_batch_sizes,
                 max_model_len or c.max_position_embeddings,
                 block_size,
+                lora.set_batch if lora else None,
             )
 
     def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
@@ -108,6 +112,8 @@ class ModelRunner:
     def execute(self, scheduled: list[tuple[Sequence, int]], logits_rows: list[np.ndarray]) -> DeviceLogits:
         """Run one forward pass; returns the logits (N, V) of the requested rows, in order."""
         hb = self.build_batch(scheduled, logits_rows)
+        if self.lora is not None:  # adapters into slots; their slot indices go up with the batch
+            hb.lora_slots = self.lora.activate([s.request.lora for s, _ in scheduled])
         if self.graphs is not None and self.graphs.can_run(hb):
             hidden = self.graphs.run(hb)  # (bucket, dim): every row of the padded batch
             rows = hb.logits_indices
@@ -116,7 +122,10 @@ class ModelRunner:
             else:
                 hidden = hidden[: len(rows)]
         else:
-            hidden = self.model.forward(self.buffer.upload(hb), self.kv_caches)  # (N, dim)
+            batch = self.buffer.upload(hb)
+            if self.lora is not None:
+                self.lora.set_batch(batch)
+            hidden = self.model.forward(batch, self.kv_caches)  # (N, dim)
         if hidden.shape[0] == 0:
             return DeviceLogits(self.backend, self.backend.zeros((0, self.model.config.vocab_size), np.float32))
         return DeviceLogits(self.backend, self.model.compute_logits(hidden))

@@ -36,6 +36,7 @@ from rawpage.ops.fp8_linear import launch_fp8_linear
 from rawpage.ops.gguf_linear import GGUF_BLOCKS, launch_gguf_linear
 from rawpage.ops.int4_linear import launch_int4_linear
 from rawpage.ops.launch import KernelLoader
+from rawpage.ops.lora import LoRALinear, launch_lora_expand, launch_lora_shrink
 from rawpage.ops.paged_attention import launch_paged_attention
 from rawpage.ops.rms_norm import launch_fused_add_rms_norm, launch_rms_norm
 from rawpage.ops.rope import launch_rope
@@ -97,6 +98,15 @@ class KernelBackend(Backend):
         if isinstance(w, QuantizedWeight) and w.kind == "fp8":
             return launch_fp8_linear(self.xp, self.loader, x, w, bias, self.matmul)
         return super().linear(x, w, bias)
+
+    def add_lora(self, y: Array, x: Array, w: LoRALinear) -> None:
+        """Segmented shrink then expand (cuda/lora.cu), one launch each whatever the mix
+        of adapters, reading the slots from the device: a decode graph captures them."""
+        lb = w.batch
+        if lb.seg_slots is None:  # a forward pass without adapter metadata (the memory profile)
+            return
+        v = launch_lora_shrink(self.xp, self.loader, x, w.slots.a, lb.seg_starts, lb.seg_slots)  # (T, R) float32
+        launch_lora_expand(self.xp, self.loader, y, v, w.slots.b, lb.seg_starts, lb.seg_slots)
 
     # --- our kernels ----------------------------------------------------------
     def rms_norm(self, x: Array, weight: Array, eps: float) -> Array:
