@@ -67,7 +67,7 @@ def parse_messages(body: Body) -> list[dict[str, Any]]:
 
 async def create_chat_completion(request: Request, state: ServerState) -> Response:
     body = await state.read_body(request)
-    state.check_model(body)
+    lora = state.check_model(body)
     llm = state.llm
     messages = parse_messages(body)
     want_logprobs = body.bool("logprobs", False)
@@ -95,7 +95,7 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
     rid = state.request_id(request, "chatcmpl")
     prompt = {"prompt_token_ids": ids, "cache_salt": salt}
     state.engine.check_capacity(1)
-    gen = state.engine.generate(f"{rid}#{uuid.uuid4().hex[:8]}", prompt, params, priority)
+    gen = state.engine.generate(f"{rid}#{uuid.uuid4().hex[:8]}", prompt, params, priority, lora)
     fmt = _ChatFormatter(state, rid, top or 0)
     if stream:
         return StreamingResponse(

@@ -43,7 +43,7 @@ async def _prompts(body: Body, state: ServerState) -> list[tuple[str | None, lis
 
 async def create_completion(request: Request, state: ServerState) -> Response:
     body = await state.read_body(request)
-    state.check_model(body)
+    lora = state.check_model(body)
     max_logprobs = state.llm.args.max_logprobs
     prompts = await _prompts(body, state)
     body.mark_read("suffix")
@@ -75,7 +75,7 @@ async def create_completion(request: Request, state: ServerState) -> Response:
     tag = uuid.uuid4().hex[:8]
     state.engine.check_capacity(len(prompts))
     streams = [
-        state.engine.generate(f"{rid}#{i}#{tag}", {"prompt_token_ids": ids, "cache_salt": salt}, params, priority)
+        state.engine.generate(f"{rid}#{i}#{tag}", {"prompt_token_ids": ids, "cache_salt": salt}, params, priority, lora)
         for i, (_, ids) in enumerate(prompts)
     ]
     fmt = _Formatter(state, rid, params.n, echo, prompts)
