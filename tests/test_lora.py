@@ -137,3 +137,37 @@ def test_lora_modules_flag_and_errors(lora_setup, tmp_path):
     base_only = LLM(model, device="cpu")
     with pytest.raises(LoRAError, match="without --enable-lora"):
         _greedy(base_only, [PROMPTS[0]], [LoRARequest("all8", 1, paths["all8"])])
+
+
+@pytest.mark.parametrize("device", ["cpu", "sim"])
+def test_decode_graphs_read_each_steps_adapter_slots(lora_setup, llm, monkeypatch, device):
+    """With decode graphs on (forced here: cpu and sim replay by calling again), the
+    adapter slots are graph inputs: a mixed batch replays and gives the eager engine's
+    tokens. On sim the forward pass runs cuda/lora.cu's kernels, as on a GPU."""
+    from rawpage.backends.cpu import CPUBackend
+    from rawpage.backends.sim import SimBackend
+
+    model, _, paths, _ = lora_setup
+    reqs = list(_requests(paths).values()) + [None]
+    want = _greedy(llm, PROMPTS, reqs, n=5)
+    monkeypatch.setattr(CPUBackend if device == "cpu" else SimBackend, "supports_graphs", True)
+    kw = dict(device=device, enable_lora=True, max_loras=3, max_lora_rank=16, max_num_seqs=4, max_model_len=64)
+    graphed = LLM(model, kv_cache_memory="4MiB", **kw)
+    assert _greedy(graphed, PROMPTS, reqs, n=5) == want
+    assert sum(graphed.engine.runner.graphs.num_replays.values()) > 0
+
+
+def test_prefix_cache_keys_on_the_adapters_content(lora_setup, llm):
+    """Two adapters (or an adapter and the base model) never share a KV block name; the
+    same adapter does. The key is the adapter's content digest, not its name or id."""
+    from rawpage.sequence import Request
+
+    _, _, paths, _ = lora_setup
+    reqs = _requests(paths)
+    a, b = llm.engine.lora.add(reqs["all8"]), llm.engine.lora.add(reqs["qv4"])
+
+    def root(lora):
+        return Request("r", None, [1, 2, 3], SamplingParams(), lora=lora).root_digest
+
+    assert len({root(None), root(a), root(b)}) == 3
+    assert root(a) == root(a) and a.digest != b.digest
