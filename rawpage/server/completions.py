@@ -79,6 +79,7 @@ async def create_completion(request: Request, state: ServerState) -> Response:
         for i, (_, ids) in enumerate(prompts)
     ]
     fmt = _Formatter(state, rid, params.n, echo, prompts)
+    fmt.model = lora.lora_name if lora else state.model_name
     if stream:
         return StreamingResponse(
             guard_stream(_stream(fmt, streams, include_usage)),
@@ -117,6 +118,7 @@ class _Formatter:
     def __init__(self, state: ServerState, rid: str, n: int, echo: bool, prompts: list) -> None:
         self.state, self.rid, self.n, self.echo, self.prompts = state, rid, n, echo, prompts
         self.created = int(time.time())
+        self.model = state.model_name  # or the LoRA adapter the request named
         self._chars: dict[tuple[int, int], int] = {}  # characters sent so far, per choice
         self._finished: set[tuple[int, int]] = set()  # choices whose last chunk went out
 
@@ -136,7 +138,7 @@ class _Formatter:
             "id": self.rid,
             "object": "text_completion",
             "created": self.created,
-            "model": self.state.model_name,
+            "model": self.model,
             "choices": choices,
         }
         if usage_ is not None:

@@ -67,8 +67,12 @@ def test_adapters_are_models_listed_with_their_parent(setup, offline):
     assert set(by_id) == {"tiny", "all8"}
     assert by_id["all8"]["parent"] == "tiny" and by_id["all8"]["root"] == paths["all8"]
     assert _complete(server, "tiny").json()["choices"][0]["text"] == offline[None]
-    assert _complete(server, "all8").json()["choices"][0]["text"] == offline["all8"]
+    reply = _complete(server, "all8").json()
+    assert reply["choices"][0]["text"] == offline["all8"] and reply["model"] == "all8"
     assert offline["all8"] != offline[None]
+    chat = {"model": "all8", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    r = httpx.post(server.url + "/v1/chat/completions", json=chat, headers=KEY, timeout=60)
+    assert r.status_code == 200 and r.json()["model"] == "all8"
 
 
 def test_unknown_adapter_is_a_404_in_openai_shape(setup):
