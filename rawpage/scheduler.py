@@ -86,6 +86,8 @@ class Scheduler:
             budget = self._schedule_swapped(out, budget)
             if not self.swapped:  # swapped sequences come back before new ones start
                 self._schedule_waiting(out, budget)
+        if self.config.max_loras:  # one adapter's sequences side by side: its LoRA rows are contiguous
+            out.scheduled.sort(key=lambda item: id(item[0].request.lora) if item[0].request.lora else 0)
         out.block_copies = self.block_manager.take_copies()
         self.last_scheduled = out.scheduled  # for the engine view (rawpage/server/engine_view.py)
         return out

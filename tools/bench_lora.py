@@ -11,8 +11,9 @@ ignore_eos), all admitted at once (one batch):
   base      an engine without --enable-lora;
   lora      an engine with --enable-lora --max-loras --adapters, request i using
             adapter i mod --adapters.
-On cuda the two engines run one after the other (each plans the GPU memory as its
-own); on cpu their runs alternate, so that a busy spell on a shared machine hits both.
+The two engines run one after the other, never side by side: on cuda each plans
+the GPU's memory as its own, and on cpu each sets the process's BLAS thread count
+(a second engine in the same process would change the first one's).
 Reported: output tokens per second of the whole run and of its decode steps alone
 (the engine's own step timings), best of --repeats, and lora / base.
 """
@@ -78,7 +79,12 @@ def run(llm, prompts: list[list[int]], output_len: int, loras: list | None) -> d
     engine.step = step
     tokens = len(prompts) * output_len
     decode_tokens = len(prompts) * (output_len - 1)
-    return {"tok_s": tokens / wall, "decode_tok_s": decode_tokens / max(decode_time[0], 1e-9), "wall_s": wall}
+    decode_tok_s = decode_tokens / max(decode_time[0], 1e-9)
+    return {"tok_s": tokens / wall, "decode_tok_s": decode_tok_s, "wall_s": wall, "decode_s": decode_time[0]}
+
+
+def lora_kw(args) -> dict:
+    return dict(enable_lora=True, max_loras=args.adapters, max_lora_rank=args.rank)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -100,27 +106,22 @@ def main(argv: list[str] | None = None) -> dict:
 
     common = dict(device=args.device, max_num_seqs=args.batch, load_format=args.load_format, seed=0)
     common.update(enforce_eager=args.enforce_eager, max_model_len=args.prompt_len + args.output_len + 16)
-    base = LLM(args.model, **common)
-    config = base.engine.model_config
-    rng = np.random.default_rng(0)
-    prompts = [rng.integers(100, config.vocab_size, args.prompt_len).tolist() for _ in range(args.batch)]
-    results: dict[str, list[dict]] = {"base": [], "lora": []}
+    results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        paths = write_adapters(tmp, config, args.adapters, args.rank)
-        reqs = [LoRARequest(f"a{i}", i + 1, p) for i, p in enumerate(paths)]
-        loras = [reqs[i % len(reqs)] for i in range(args.batch)]
-        engines = {"base": (base, None)}
-        if args.device == "cuda":  # one engine at a time: each plans the GPU's memory as its own
-            results["base"] = [run(base, prompts, args.output_len, None) for _ in range(args.repeats + 1)][1:]
-            del base, engines["base"]
+        for name in ("base", "lora"):  # one engine at a time (see the module docstring)
+            llm = LLM(args.model, **common, **({} if name == "base" else lora_kw(args)))
+            config = llm.engine.model_config
+            rng = np.random.default_rng(0)
+            prompts = [rng.integers(100, config.vocab_size, args.prompt_len).tolist() for _ in range(args.batch)]
+            loras = None
+            if name == "lora":
+                paths = write_adapters(tmp, config, args.adapters, args.rank)
+                reqs = [LoRARequest(f"a{i}", i + 1, p) for i, p in enumerate(paths)]
+                loras = [reqs[i % len(reqs)] for i in range(args.batch)]
+            run(llm, prompts, 4, loras)  # warm-up: reads the adapters, fills the slots
+            results[name] = [run(llm, prompts, args.output_len, loras) for _ in range(args.repeats)]
+            del llm
             gc.collect()
-        lora = LLM(args.model, enable_lora=True, max_loras=args.adapters, max_lora_rank=args.rank, **common)
-        engines["lora"] = (lora, loras)
-        for llm, which in engines.values():  # warm-up: reads the adapters, fills the slots
-            run(llm, prompts[:2], 4, which and which[:2])
-        for _ in range(args.repeats):  # alternated, so that a busy spell hits both
-            for name, (llm, which) in engines.items():
-                results[name].append(run(llm, prompts, args.output_len, which))
     best = {k: max(v, key=lambda r: r["decode_tok_s"]) for k, v in results.items()}
     summary = {
         "model": args.model or "SmolLM2-135M (embedded)",
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
         "ratio": round(best["lora"]["tok_s"] / best["base"]["tok_s"], 3),
         "decode_ratio": round(best["lora"]["decode_tok_s"] / best["base"]["decode_tok_s"], 3),
     }
+    summary["runs"] = {k: [{m: round(x, 2) for m, x in r.items()} for r in v] for k, v in results.items()}
     print(json.dumps(summary, indent=2))
     if args.result_file:
         with open(args.result_file, "w") as f:

@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from rawpage.dtypes import from_float32, to_float32
 from rawpage.ops.launch import KernelLoader, ceil_div, data_ptr, dtype_suffix
 
 
@@ -146,13 +145,3 @@ def launch_lora_expand(xp: Any, loader: KernelLoader, y: Any, v: Any, b: Any, se
         kernel = loader.get_function("lora.cu", f"lora_expand_{dtype_suffix(y)}")
         grid = (B, ceil_div(out, EXPAND_THREADS))
         kernel(grid, (EXPAND_THREADS,), (y, v, b, seg_starts, seg_slots, np.int32(out), np.int32(R)))
-
-
-def slot_arrays(a: np.ndarray, b: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Host float32 A and B of one slot in the backend's storage dtype."""
-    return from_float32(a, dtype), from_float32(b, dtype)
-
-
-def merged_weight(w: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The merged-weight reference: W + Bᵀ_slot·A_slot, (out, in), in float32."""
-    return to_float32(w) + to_float32(b).T @ to_float32(a)
