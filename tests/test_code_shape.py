@@ -44,9 +44,9 @@ CORE_FORBIDDEN = ["rawpage.server", "rawpage.cli"]
 # Issue 13's target is 1,300. This wave's merges (failure isolation, cache salts,
 # structured-output hooks, quantization and families at the seams) left it at 1,334:
 # the budget is a ratchet at that figure until the core is trimmed back.
-# Issue 21 (multi-LoRA) added 24: a request's adapter, the scheduler's --max-loras rule,
+# Issue 21 (multi-LoRA) added 26: a request's adapter, the scheduler's --max-loras rule and order,
 # and the step's adapter slots; the LoRA logic itself lives in rawpage/lora.
-CORE_LINE_BUDGET = 1358
+CORE_LINE_BUDGET = 1360
 
 # Functions over the limit, each with its reason. Shrink this list; never grow it.
 MAX_FUNCTION_LINES = 50
