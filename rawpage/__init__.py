@@ -3,6 +3,7 @@
 from rawpage import _checkout  # noqa: F401  (first: makes rawpage.models importable from a checkout)
 from rawpage.engine_args import EngineArgs
 from rawpage.llm import LLM
+from rawpage.lora import LoRARequest
 from rawpage.outputs import CompletionOutput, RequestOutput
 from rawpage.sampling_params import SamplingParams
 from rawpage.structured_output import StructuredOutputsParams
@@ -13,6 +14,7 @@ __all__ = [
     "SamplingParams",
     "StructuredOutputsParams",
     "EngineArgs",
+    "LoRARequest",
     "RequestOutput",
     "CompletionOutput",
     "__version__",

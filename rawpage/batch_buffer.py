@@ -6,7 +6,7 @@ array, copies that to the device in one host-to-device transfer, and hands the
 model a ForwardBatch whose arrays are views into the one device buffer:
 
     [input_ids T | positions T | slot_mapping T | seq_lens B | query_start_loc B+1
-     | logits_indices N | block_tables B*W]
+     | logits_indices N | block_tables B*W | lora_slots B]
 
 The device buffer never moves. So a CUDA graph captured on the views of a given
 (T, B, N, W) reads the new step's data when the same shapes are uploaded again:
@@ -22,7 +22,16 @@ import numpy as np
 from rawpage.backends.base import Backend
 from rawpage.forward_batch import ForwardBatch
 
-FIELDS = ("input_ids", "positions", "slot_mapping", "seq_lens", "query_start_loc", "logits_indices", "block_tables")
+FIELDS = (
+    "input_ids",
+    "positions",
+    "slot_mapping",
+    "seq_lens",
+    "query_start_loc",
+    "logits_indices",
+    "block_tables",
+    "lora_slots",
+)
 
 
 @dataclass
@@ -36,6 +45,11 @@ class HostBatch:
     query_start_loc: np.ndarray  # (B+1,)
     logits_indices: np.ndarray  # (N,)
     block_tables: np.ndarray  # (B, W)
+    lora_slots: np.ndarray | None = None  # (B,), -1 = no adapter; None = no adapter at all
+
+    def __post_init__(self) -> None:
+        if self.lora_slots is None:
+            self.lora_slots = np.full(len(self.seq_lens), -1, np.int32)
 
     @property
     def query_lens(self) -> np.ndarray:

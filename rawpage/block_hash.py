@@ -3,7 +3,7 @@
 A full block is named by SHA-256 over (its parent's name, its token ids), and the
 first block's parent is a root digest of the request's *extra keys*: everything
 besides the tokens that changes what the KV cache holds or who may share it
-(`cache_salt` today; a LoRA adapter or multimodal inputs later).
+(`cache_salt`, the LoRA adapter's content digest; multimodal inputs later).
 
 Why a cryptographic hash: a block name is trusted to mean "same content". Python's
 `hash()` is unkeyed and invertible step by step, so a client can build two different

@@ -11,7 +11,12 @@ rows as at 64, because it is bound by reading the weights.
 A padding row is a one-token sequence that attends to one key and stores
 nothing: token 0 at position 0, slot -1 (write_kv skips it), seq_len 1. Its
 block-table row is whatever an earlier step left there, always a valid block
-id, and its output row is dropped.
+id, it has no LoRA adapter (slot -1), and its output row is dropped.
+
+With --enable-lora the graphs capture the LoRA kernels too: each sequence's
+adapter slot is part of the uploaded metadata, so a replay reads the new step's
+slots and the slots' weights as they are now (loading an adapter is a copy into
+a slot that never moves).
 
 Capture happens once, at startup, for every bucket, largest first (so that the
 smaller graphs' temporaries fit in memory the larger ones already took from
@@ -30,11 +35,13 @@ from __future__ import annotations
 import bisect
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 
 from rawpage.backends.base import Array, Backend, Graph
 from rawpage.batch_buffer import BatchBuffer, HostBatch
+from rawpage.forward_batch import ForwardBatch
 
 logger = logging.getLogger("rawpage")
 
@@ -73,6 +80,7 @@ def pad_decode_batch(hb: HostBatch, size: int, width: int) -> HostBatch:
         query_start_loc=np.arange(size + 1, dtype=np.int32),
         logits_indices=np.arange(size, dtype=np.int32),
         block_tables=tables,
+        lora_slots=padded(hb.lora_slots, -1),
     )
 
 
@@ -90,23 +98,32 @@ class DecodeGraphs:
         sizes: list[int],
         max_model_len: int,
         block_size: int,
+        before_forward: Callable[[ForwardBatch], None] | None = None,
     ) -> None:
+        """before_forward(batch) runs ahead of each captured forward pass (the LoRA slots
+        read the batch's lora_slots, graph inputs like the rest of the metadata)."""
         self.backend = backend
         self.sizes = sorted(sizes)
         self.width = -(-max_model_len // block_size)  # block-table columns of every captured batch
         # The graphs' own metadata buffer, sized for the largest bucket: it must never
         # move, while the runner's buffer for eager steps grows with the batch.
         largest = self.sizes[-1]
-        self.buffer = BatchBuffer(backend, capacity=6 * largest + 1 + largest * self.width)
+        self.buffer = BatchBuffer(backend, capacity=7 * largest + 1 + largest * self.width)
         self.graphs: dict[int, Graph] = {}
         self.num_replays = dict.fromkeys(self.sizes, 0)
         start = time.perf_counter()
+
+        def forward(batch: ForwardBatch) -> Array:
+            if before_forward is not None:
+                before_forward(batch)
+            return model.forward(batch, kv_caches)
+
         for size in reversed(self.sizes):
             empty = HostBatch(*(np.zeros(0, np.int32) for _ in range(6)), np.zeros((0, 1), np.int32))
             batch = self.buffer.upload(pad_decode_batch(empty, size, self.width))
             # Freeze the attention launch for the longest context any sequence can reach.
             batch.host_seq_lens = np.full(size, max_model_len, np.int32)
-            self.graphs[size] = backend.capture_graph(lambda batch=batch: model.forward(batch, kv_caches))
+            self.graphs[size] = backend.capture_graph(lambda batch=batch: forward(batch))
         self.buffer.frozen = True
         held = backend.graph_memory_bytes()  # outside the memory plan: see memory.py
         logger.info(

@@ -30,6 +30,7 @@ from rawpage.engine_setup import load_model, make_runner, num_swap_blocks, resol
 from rawpage.errors import WorkerDiedError
 from rawpage.forking import Forker
 from rawpage.loader import load_checkpoint
+from rawpage.lora.manager import LoRARequest, resolve_lora
 from rawpage.models.registry import supports_cuda_graphs
 from rawpage.output_processor import OutputProcessor
 from rawpage.outputs import RequestOutput
@@ -65,7 +66,7 @@ class LLMEngine:
         self.max_model_len = resolve_max_model_len(args.max_model_len, c.max_position_embeddings)
         self.block_size = args.block_size
         batched = args.max_num_batched_tokens or (8192 if self.backend.name == "cuda" else 2048)
-        self.model, self.memory, self.workers = load_model(
+        self.model, self.memory, self.workers, self.lora = load_model(
             args, c, self.backend, ckpt.tensors, batched, self.max_model_len
         )
         num_blocks, num_cpu_blocks = self.memory.num_blocks, num_swap_blocks(args, self.memory.bytes_per_block)
@@ -73,14 +74,21 @@ class LLMEngine:
         self.block_manager = BlockManager(
             num_blocks, args.block_size, caching, num_cpu_blocks=num_cpu_blocks, sliding_window=window
         )
-        self.scheduler = Scheduler(
-            SchedulerConfig(args.max_num_seqs, batched, self.max_model_len, args.preemption_mode),
-            self.block_manager,
-        )
+        max_loras = self.lora.max_loras if self.lora else 0
+        config = SchedulerConfig(args.max_num_seqs, batched, self.max_model_len, args.preemption_mode, max_loras)
+        self.scheduler = Scheduler(config, self.block_manager)
         graphs = self.backend.supports_graphs and not args.enforce_eager and supports_cuda_graphs(c)
         sizes = graph_batch_sizes(args.max_num_seqs) if graphs else None  # decode batches replayed from graphs
         self.runner = make_runner(
-            self.workers, self.model, self.backend, args, num_blocks, num_cpu_blocks, sizes, self.max_model_len
+            self.workers,
+            self.model,
+            self.backend,
+            args,
+            num_blocks,
+            num_cpu_blocks,
+            sizes,
+            self.max_model_len,
+            self.lora,
         )
         self.grammars = GrammarCompiler(self.tokenizer.hf, c.vocab_size, c.eos_token_ids)
         self.masks = MaskPrefetcher(self.grammars.words)
@@ -123,17 +131,19 @@ class LLMEngine:
         arrival_time: float | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> Request:
         """Queue a request. Raises ValueError at once if it can never run. Requests share
         prefix-cached KV blocks only with requests of the same `cache_salt` (also read from
-        a dict prompt's "cache_salt")."""
+        a dict prompt's "cache_salt") and the same LoRA adapter (read from disk if new)."""
         params = params or SamplingParams()
-        cache_salt = check_salt_and_priority(prompt, cache_salt, priority, self.args.scheduling_policy)
+        salt = check_salt_and_priority(prompt, cache_salt, priority, self.args.scheduling_policy)
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, ids = self.tokenize_prompt(prompt)
         self.validate_prompt(ids, params)
-        req = Request(request_id, text, ids, params, arrival_time or time.time(), priority, cache_salt=cache_salt)
+        lora = resolve_lora(self.lora, lora_request)
+        req = Request(request_id, text, ids, params, arrival_time or time.time(), priority, cache_salt=salt, lora=lora)
         seed = params.seed if params.seed is not None else int(self._rng.integers(2**63))
         req.seqs.append(Sequence(next(self._seq_ids), req, ids, 0, seed))
         if params.structured_outputs is not None:

@@ -131,6 +131,14 @@ class EngineArgs:
         "cpu: BLAS threads per forward pass, at most the cores this process may use",
         default_text="1 for small batches, all usable cores for large ones",
     )
+    enable_lora: bool = flag(False, "serve LoRA adapters (PEFT format) on top of the model, many in one batch")
+    max_loras: int = flag(1, "LoRA adapters resident on the device at once (slots); more wait their turn")
+    max_lora_rank: int = flag(16, "largest LoRA rank an adapter may have (every slot is this size)")
+    lora_modules: list[str] = flag(
+        help="LoRA adapters to load at startup, as name=path pairs (PEFT folders); needs --enable-lora",
+        nargs="+",
+        factory=list,
+    )
     # vLLM's flags, accepted so that a vLLM command line runs (or says why it cannot).
     revision: str | None = flag(None, "hub model revision: branch, tag or commit", default_text="main")
     tokenizer: str | None = flag(None, "the tokenizer; rawpage reads it from the model", default_text="--model")
@@ -181,6 +189,13 @@ class EngineArgs:
             (0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]"),
             (self.swap_space >= 0, "swap_space", "must be >= 0"),
             (self.max_logprobs >= 0, "max_logprobs", "must be >= 0"),
+            (self.max_loras >= 1 and self.max_lora_rank >= 1, "max_loras", "and max_lora_rank must be >= 1"),
+            (self.enable_lora or not self.lora_modules, "lora_modules", "needs --enable-lora"),
+            (
+                not (self.enable_lora and self.tensor_parallel_size > 1),
+                "enable_lora",
+                "does not work with --tensor-parallel-size > 1 yet (adapter slots are not sharded)",
+            ),
         ]
         for ok, name, why in checks:
             if not ok:

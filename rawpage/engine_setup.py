@@ -11,6 +11,7 @@ from rawpage.backends.base import Backend
 from rawpage.config import ModelConfig
 from rawpage.engine_args import EngineArgs, parse_kv_cache_scales
 from rawpage.kv_cache_scales import calibrate_kv_cache_scales
+from rawpage.lora.manager import LoRAManager
 from rawpage.memory import DEFAULT_CPU_KV_CACHE, GiB, MemoryPlan, plan_fixed, profile_gpu
 from rawpage.model_runner import ModelRunner, kv_bytes_per_block
 from rawpage.models.llama import LlamaModel
@@ -41,13 +42,33 @@ def resolve_max_model_len(max_model_len: int | None, limit: int) -> int:
 
 
 def plan_kv_cache(
-    a: EngineArgs, model: LlamaModel, backend: Backend, max_num_batched_tokens: int, max_model_len: int
+    a: EngineArgs,
+    model: LlamaModel,
+    backend: Backend,
+    max_num_batched_tokens: int,
+    max_model_len: int,
+    lora: LoRAManager | None = None,
 ) -> MemoryPlan:
     """How many KV blocks the pool gets: on the GPU, whatever --gpu-memory-utilization leaves
-    after measuring a worst-case step; else --num-gpu-blocks-override or --kv-cache-memory."""
+    after measuring a worst-case step; else --num-gpu-blocks-override or --kv-cache-memory.
+    LoRA slots (already allocated) count with the weights."""
+    plan = _plan_kv_cache(a, model, backend, max_num_batched_tokens, max_model_len, lora)
+    if lora is not None:
+        plan.lora_bytes, plan.lora_text = lora.slot_bytes(), lora.describe()
+    return plan
+
+
+def _plan_kv_cache(
+    a: EngineArgs,
+    model: LlamaModel,
+    backend: Backend,
+    max_num_batched_tokens: int,
+    max_model_len: int,
+    lora: LoRAManager | None,
+) -> MemoryPlan:
     fp8 = setup_fp8_kv_cache(a, model, backend)
     per_block = kv_bytes_per_block(model.config, a.block_size, 1 if fp8 else backend.dtype.itemsize)
-    weights = model.num_bytes()
+    weights = model.num_bytes() + (lora.slot_bytes() if lora is not None else 0)
     extra = {"sliding_window": kv_cache_window(model.config), "kv_cache_dtype": "fp8" if fp8 else "auto"}
     if backend.memory is not None and not a.num_gpu_blocks_override and not a.kv_cache_memory:
 
@@ -103,18 +124,20 @@ def num_swap_blocks(a: EngineArgs, bytes_per_block: int) -> int:
 
 def load_model(
     a: EngineArgs, config: Any, backend: Backend, tensors: Any, max_num_batched_tokens: int, max_model_len: int
-) -> tuple[Any, MemoryPlan, Any]:
-    """The model on the backend and the plan of its KV pool. With --tensor-parallel-size
-    P > 1 this process holds rank 0's shard, P - 1 spawned workers hold the others
-    (returned as the third value, else None), and the pool is the smallest any rank fits."""
+) -> tuple[Any, MemoryPlan, Any, LoRAManager | None]:
+    """The model on the backend, the plan of its KV pool, the tensor-parallel workers and
+    the LoRA slots. With --tensor-parallel-size P > 1 this process holds rank 0's shard,
+    P - 1 spawned workers hold the others (else None), and the pool is the smallest any
+    rank fits. With --enable-lora the adapter slots are allocated before the pool is sized."""
     group = None
     if a.tensor_parallel_size > 1:
         from rawpage.distributed.executor import TensorParallelGroup
 
         group = TensorParallelGroup(a, backend.name, config, max_num_batched_tokens, max_model_len)
     model = build_model(config, backend, apply_quantization_flag(tensors, a.quantization), group and group.tp)
-    plan = plan_kv_cache(a, model, backend, max_num_batched_tokens, max_model_len)
-    return model, plan if group is None else group.agree_on_pool(plan), group
+    lora = LoRAManager.from_args(a, model, backend)  # None without --enable-lora
+    plan = plan_kv_cache(a, model, backend, max_num_batched_tokens, max_model_len, lora)
+    return model, plan if group is None else group.agree_on_pool(plan), group, lora
 
 
 def make_runner(
@@ -126,11 +149,12 @@ def make_runner(
     num_cpu_blocks: int,
     graph_sizes: list[int] | None,
     max_model_len: int,
+    lora: LoRAManager | None = None,
 ) -> ModelRunner:
     """The engine's ModelRunner; under tensor parallelism, one that drives the workers' too."""
     runner_args = (model, backend, a.block_size, num_blocks, num_cpu_blocks, graph_sizes, max_model_len)
     if group is None:
-        return ModelRunner(*runner_args)
+        return ModelRunner(*runner_args, lora)
     from rawpage.distributed.executor import ParallelModelRunner
 
     group.start_runners(num_blocks, num_cpu_blocks, graph_sizes)

@@ -23,10 +23,11 @@ def flag(
     type: Callable | None = None,
     default_text: str | None = None,
     factory: Callable[[], Any] | None = None,
+    nargs: str | None = None,
 ) -> Any:
     """A dataclass field that is also a CLI flag. default_text replaces the default in --help
     where the value alone would mislead (None meaning "the model's", per-device defaults)."""
-    meta = {"help": help, "choices": choices, "type": type, "default_text": default_text}
+    meta = {"help": help, "choices": choices, "type": type, "default_text": default_text, "nargs": nargs}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -59,6 +60,8 @@ def _argparse_kwargs(f: dataclasses.Field) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"default": default, "help": help_text, "type": meta["type"] or kind}
     if meta["choices"]:
         kwargs["choices"] = meta["choices"]
+    if meta.get("nargs"):  # a list given as several words: --lora-modules a=/x b=/y
+        kwargs["nargs"] = meta["nargs"]
     return kwargs
 
 

@@ -25,6 +25,7 @@ class ForwardBatch:
     # without reading device memory.
     host_query_lens: np.ndarray  # (B,)
     host_seq_lens: np.ndarray  # (B,)
+    lora_slots: Any = None  # (B,) int32, the LoRA adapter slot of each sequence, -1 = none
 
     @property
     def num_tokens(self) -> int:

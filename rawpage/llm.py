@@ -14,6 +14,7 @@ from typing import Any
 
 from rawpage.engine import LLMEngine, PromptType
 from rawpage.engine_args import EngineArgs
+from rawpage.lora.adapter import LoRARequest
 from rawpage.outputs import RequestOutput
 from rawpage.request_checks import check_messages, check_params_type
 from rawpage.sampling_params import SamplingParams
@@ -41,8 +42,10 @@ class LLM:
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: list[int] | None = None,
+        lora_request: LoRARequest | list[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion with continuous batching; outputs in prompt order."""
+        """Run every prompt to completion with continuous batching; outputs in prompt order.
+        lora_request: one adapter for every prompt, or one (or None) per prompt."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
@@ -50,11 +53,12 @@ class LLM:
         check_params_type(params)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
+        loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
         ids = []
         try:
-            for i, (prompt, p) in enumerate(zip(prompts, params)):
+            for i, (prompt, p, lora) in enumerate(zip(prompts, params, loras, strict=True)):
                 rid = str(next(self._ids))
-                self.engine.add_request(rid, prompt, p, priority=priority[i] if priority else 0)
+                self.engine.add_request(rid, prompt, p, priority=priority[i] if priority else 0, lora_request=lora)
                 ids.append(rid)
         except ValueError:
             self.engine.abort_request(ids)

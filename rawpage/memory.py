@@ -48,6 +48,8 @@ class MemoryPlan:
     # sequence runs, so one sequence never holds more than window_blocks() blocks.
     sliding_window: int | None = None
     kv_cache_dtype: str = "auto"  # fp8: 1-byte elements (bytes_per_block counts them)
+    lora_bytes: int = 0  # --enable-lora: the adapter slots, counted in weights_bytes
+    lora_text: str = ""
 
     @property
     def num_tokens(self) -> int:
@@ -75,8 +77,9 @@ class MemoryPlan:
         other = f", other {self.other_bytes / GiB:.3f} GiB (CUDA context, cuBLAS, kernels)" if self.other_bytes else ""
         # Activations are measured only on the GPU; a fixed budget (CPU) has no figure to show.
         peak = f"peak activations {self.activation_bytes / GiB:.3f} GiB, " if self.activation_bytes else ""
+        lora = f" (LoRA slots {self.lora_bytes / GiB:.3f} GiB of it)" if self.lora_bytes else ""
         lines += [
-            f"weights {self.weights_bytes / GiB:.3f} GiB, {peak}KV cache {self.kv_bytes / GiB:.3f} GiB{other}",
+            f"weights {self.weights_bytes / GiB:.3f} GiB{lora}, {peak}KV cache {self.kv_bytes / GiB:.3f} GiB{other}",
             f"KV cache: {self.num_blocks} blocks x {self.block_size} tokens "
             f"({self.bytes_per_block / 2**10:.0f} KiB per block) = {self.num_tokens:,} tokens; "
             f"{self.max_full_length_seqs:.1f} sequences of --max-model-len {self.max_model_len} fit",
@@ -88,7 +91,7 @@ class MemoryPlan:
                 f" (a sliding window of {self.sliding_window} tokens in every layer: each sequence holds "
                 f"at most {self.tokens_per_seq // self.block_size} blocks, older ones are released)"
             )
-        return "\n".join(lines)
+        return "\n".join(lines + ([self.lora_text] if self.lora_text else []))
 
 
 def plan_fixed(

@@ -19,6 +19,7 @@ from rawpage.batch_buffer import BatchBuffer, HostBatch
 from rawpage.config import ModelConfig
 from rawpage.decode_graphs import DecodeGraphs
 from rawpage.device_logits import DeviceLogits
+from rawpage.lora.manager import LoRAManager
 from rawpage.sequence import Sequence
 
 
@@ -37,12 +38,14 @@ class ModelRunner:
         num_cpu_blocks: int = 0,
         graph_batch_sizes: list[int] | None = None,
         max_model_len: int | None = None,
+        lora: LoRAManager | None = None,
     ) -> None:
         """graph_batch_sizes: capture a decode graph for each of these batch sizes (decode_graphs.
-        graph_batch_sizes); None runs every step eagerly. KV caches: uint8 if FP8 scales are set."""
+        graph_batch_sizes); None runs every step eagerly. KV caches: uint8 if FP8 scales are set.
+        lora: the adapter slots (--enable-lora)."""
         c = model.config
         kv_cache_dtype = np.uint8 if backend.kv_scales is not None else None
-        self.model, self.backend, self.block_size = model, backend, block_size
+        self.model, self.backend, self.block_size, self.lora = model, backend, block_size, lora
         shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)  # (NB, BS, Hkv, D)
         self.kv_caches: list[tuple[Array, Array]] = [
             (backend.zeros(shape, kv_cache_dtype), backend.zeros(shape, kv_cache_dtype)) for _ in range(c.num_layers)
@@ -55,7 +58,8 @@ class ModelRunner:
         self.graphs = None
         if graph_batch_sizes:
             max_len = max_model_len or c.max_position_embeddings
-            self.graphs = DecodeGraphs(model, backend, self.kv_caches, graph_batch_sizes, max_len, block_size)
+            set_lora = lora.set_batch if lora else None
+            self.graphs = DecodeGraphs(model, backend, self.kv_caches, graph_batch_sizes, max_len, block_size, set_lora)
 
     def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
         """Swap-outs first: their GPU blocks may already be promised to someone else."""
@@ -102,7 +106,10 @@ class ModelRunner:
 
     def execute(self, scheduled: list[tuple[Sequence, int]], logits_rows: list[np.ndarray]) -> DeviceLogits:
         """Run one forward pass; returns the logits (N, V) of the requested rows, in order."""
-        return self.run(self.build_batch(scheduled, logits_rows))
+        hb = self.build_batch(scheduled, logits_rows)
+        if self.lora is not None:  # adapters into slots; their slot indices go up with the batch
+            hb.lora_slots = self.lora.activate([s.request.lora for s, _ in scheduled])
+        return self.run(hb)
 
     def run(self, hb: HostBatch) -> DeviceLogits:
         """The forward pass of a built batch (on a tensor-parallel worker, logits data None: rank 0 samples)."""
@@ -114,7 +121,10 @@ class ModelRunner:
             else:
                 hidden = hidden[: len(rows)]
         else:
-            hidden = self.model.forward(self.buffer.upload(hb), self.kv_caches)  # (N, dim)
+            batch = self.buffer.upload(hb)
+            if self.lora is not None:
+                self.lora.set_batch(batch)
+            hidden = self.model.forward(batch, self.kv_caches)  # (N, dim)
         if hidden.shape[0] == 0:
             return DeviceLogits(self.backend, self.backend.zeros((0, self.model.config.vocab_size), np.float32))
         return DeviceLogits(self.backend, self.model.compute_logits(hidden))

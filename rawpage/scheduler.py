@@ -19,6 +19,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from rawpage.block_manager import BlockManager
+from rawpage.lora.manager import lora_fits
 from rawpage.sequence import Sequence, SequenceStatus
 
 
@@ -28,6 +29,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 8192
     preemption_mode: str = "recompute"  # or "swap"
+    max_loras: int = 0  # --max-loras: most adapters among the running sequences (0: LoRA off)
 
 
 @dataclass
@@ -84,6 +86,8 @@ class Scheduler:
             budget = self._schedule_swapped(out, budget)
             if not self.swapped:  # swapped sequences come back before new ones start
                 self._schedule_waiting(out, budget)
+        if self.config.max_loras:  # one adapter's sequences side by side: its LoRA rows are contiguous
+            out.scheduled.sort(key=lambda item: id(item[0].request.lora) if item[0].request.lora else 0)
         out.block_copies = self.block_manager.take_copies()
         self.last_scheduled = out.scheduled  # for the engine view (rawpage/server/engine_view.py)
         return out
@@ -115,7 +119,8 @@ class Scheduler:
         while self.swapped and budget > 0:
             seq = self.swapped[0]
             n = min(seq.num_uncomputed_tokens, budget)
-            if len(self.running) >= self.config.max_num_seqs or not bm.can_swap_in(seq, n):
+            lora_ok = lora_fits(seq, self.running, self.config.max_loras)
+            if len(self.running) >= self.config.max_num_seqs or not bm.can_swap_in(seq, n) or not lora_ok:
                 break
             self.swapped.pop(0)
             out.swap_in += bm.swap_in(seq)
@@ -127,16 +132,19 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         """3. Waiting sequences start in priority then arrival order, each on the longest
         prefix already in the cache, while seats, budget and blocks allow."""
-        bm = self.block_manager
-        while self.waiting and budget > 0:
-            seq = self.waiting[0]
+        bm, i = self.block_manager, 0
+        while i < len(self.waiting) and budget > 0:
+            seq = self.waiting[i]
             if len(self.running) + self._seats(seq) > self.config.max_num_seqs:
                 break
+            if not lora_fits(seq, self.running, self.config.max_loras):  # over --max-loras: let others by
+                i += 1
+                continue
             cached = bm.match_prefix(seq) if seq.request.params.prompt_logprobs is None else []
             n = self._tokens_that_fit(seq, cached, budget)
             if n == 0 or not bm.can_allocate(seq, n, cached):
                 break
-            self.waiting.pop(0)
+            self.waiting.pop(i)
             bm.allocate(seq, cached)
             if seq.index == 0 and seq.num_output_tokens == 0:
                 seq.request.num_cached_tokens = seq.num_computed_tokens

@@ -130,11 +130,13 @@ class Request:
     beam: Any = None  # BeamState when params.use_beam_search
     error: str | None = None  # why the engine failed this request, if it did
     cache_salt: str | None = None  # requests share cached KV blocks only within one salt
+    lora: Any = None  # the LoRAAdapter it runs with (rawpage/lora), None = the base model
     root_digest: bytes = field(init=False, repr=False)  # parent name of its first KV block
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(self.arrival_time)
-        self.root_digest = root_digest({"cache_salt": self.cache_salt})
+        lora = self.lora.digest if self.lora is not None else None  # two adapters never share KV
+        self.root_digest = root_digest({"cache_salt": self.cache_salt, "lora": lora})
 
     @property
     def is_finished(self) -> bool:

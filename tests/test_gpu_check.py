@@ -290,6 +290,7 @@ def test_a_record_always_has_every_key_even_when_nothing_ran():
         "decode_b256",
         "breakdown_b1",
         "breakdown_b256",
+        "lora",
     ):
         assert key in record
     assert record["decode_b1"] is None and record["throughput"] is None
@@ -467,3 +468,19 @@ def test_rows_within_counts_rows_against_the_global_scale():
     theirs = [np.array([[10.0, 0.0], [1.0, 1.0]]), np.array([[0.0, 2.0]])]
     ours = [np.array([[10.0, 0.0], [1.0, 2.0]]), np.array([[0.0, 2.1]])]  # row 2 off by 1 = 10% of 10
     assert rows_within(ours, theirs, 0.05) == pytest.approx(2 / 3)
+
+
+def test_lora_step_runs_on_the_cpu_and_reaches_the_table(tiny_config_file, tmp_path):
+    """tools/bench_lora.py with the GPU check's arguments, on a tiny dummy model on the CPU."""
+    from tools import bench_lora
+    from tools.gpu_check.summary import rows
+
+    out = tmp_path / "lora.json"
+    args = ["--model", tiny_config_file, "--load-format", "dummy", "--batch", "4", "--adapters", "2"]
+    bench_lora.main(
+        args + ["--rank", "4", "--prompt-len", "8", "--output-len", "4", "--repeats", "1", "--result-file", str(out)]
+    )
+    r = json.loads(out.read_text())
+    assert r["lora"]["lora_decode_tok_s"] > 0 and r["lora"]["base_decode_tok_s"] > 0
+    (row,) = [x for x in rows(r, None, None) if x[0].startswith("multi-LoRA")]
+    assert row[2] == ">= 0.8x no-LoRA decode" and row[3] in ("ok", "MISS")

@@ -25,6 +25,8 @@
 #   breakdown   ncu's per-kernel times of one eager decode step at batch 1 and 256,
 #               if ncu is installed
 #   microbench  decode/prefill attention and rms_norm against copy bandwidth and SDPA
+#   lora        multi-LoRA (issue 21): batch 64 mixing 8 rank-16 adapters against no LoRA,
+#               Llama-3-8B-shaped dummy model, decode tokens/s (tools/bench_lora.py)
 #   baseline    the same workload through transformers' generate, static batches of 64
 #   memcheck    compute-sanitizer over a few small kernel tests, if it is installed
 # Writes under $OUT: gpu_check.log (all output), kernel_tests.log, memcheck.log,
@@ -111,6 +113,9 @@ if step env 30 "$PY" -m tools.gpu_check.env --result-file "$PARTS/env.json"; the
   step breakdown 80 "$PY" -m tools.gpu_check.breakdown --batches 1,256 --timeout 70 \
     --config tools/configs/llama-3-8b/config.json --result-file "$PARTS/breakdown.json"
   step microbench 40 "$PY" -m tools.gpu_check.microbench --result-file "$PARTS/microbench.json"
+  step lora 75 "$PY" -m tools.bench_lora --device cuda --model tools/configs/llama-3-8b/config.json \
+    --load-format dummy --batch 64 --adapters 8 --rank 16 --prompt-len 128 --output-len 64 --repeats 1 \
+    --result-file "$PARTS/lora.json"
   step baseline 45 "$PY" -m tools.gpu_check.throughput --engine hf \
     --config tools/configs/llama-3-8b/config.json --result-file "$PARTS/throughput_hf.json"
   if [ -n "$sanitizer" ]; then

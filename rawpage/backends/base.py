@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from rawpage.dtypes import from_float32
+from rawpage.ops.lora import LoRALinear, add_lora_grouped
 from rawpage.quantization.weight import QuantizedWeight, dequantize
 
 Array = Any  # numpy.ndarray on cpu and sim, cupy.ndarray on cuda
@@ -91,10 +92,20 @@ class Backend:
     def linear(self, x: Array, w: Array | QuantizedWeight, bias: Array | None = None) -> Array:
         """The one seam every Linear layer of every model goes through: x (T, in) ->
         x @ W.T (+ bias): (T, out), for w from prepare_linear. The backend picks the
-        kernel from the weight's kind (dense here; quantized kinds in subclasses)."""
+        kernel from the weight's kind (dense here; quantized kinds in subclasses). A
+        LoRALinear (--enable-lora) is its base weight's linear plus the adapters' delta."""
+        if isinstance(w, LoRALinear):
+            y = self.linear(x, w.base, bias)
+            self.add_lora(y, x, w)
+            return y
         if isinstance(w, QuantizedWeight):
             raise NotImplementedError(f"the {self.name} backend has no kernel for {w.kind} weights")
         return self.matmul(x, w, bias)
+
+    def add_lora(self, y: Array, x: Array, w: LoRALinear) -> None:
+        """y (T, out) += (x·A[s]ᵀ)·B[s] in place, s = the adapter slot of each token's
+        sequence (rawpage/ops/lora.py). Here: tokens grouped by adapter, two GEMMs each."""
+        add_lora_grouped(y, x, w.slots, w.batch.token_groups())
 
     def matmul(self, x: Array, w: Array, bias: Array | None = None) -> Array:
         """x: (T, in), w: a Linear weight from prepare_linear -> x @ W.T (+ bias): (T, out)."""

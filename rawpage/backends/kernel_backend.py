@@ -39,6 +39,7 @@ from rawpage.ops.gguf_linear import GGUF_BLOCKS, launch_gguf_linear
 from rawpage.ops.int4_linear import launch_int4_linear
 from rawpage.ops.kv_cache_fp8 import launch_write_kv_fp8
 from rawpage.ops.launch import KernelLoader
+from rawpage.ops.lora import LoRALinear, launch_lora_expand, launch_lora_shrink
 from rawpage.ops.moe_grouped_gemm import launch_grouped_gemm
 from rawpage.ops.paged_attention import launch_paged_attention
 from rawpage.ops.rms_norm import launch_fused_add_rms_norm, launch_rms_norm
@@ -118,6 +119,15 @@ class KernelBackend(Backend):
         if stacked is None:
             return super().grouped_linear(x, ws, stacked, offsets)
         return launch_grouped_gemm(self.xp, self.loader, x, stacked, offsets)
+
+    def add_lora(self, y: Array, x: Array, w: LoRALinear) -> None:
+        """Segmented shrink then expand (cuda/lora.cu), one launch each whatever the mix
+        of adapters, reading the slots from the device: a decode graph captures them."""
+        lb = w.batch
+        if lb.seg_slots is None:  # a forward pass without adapter metadata (the memory profile)
+            return
+        v = launch_lora_shrink(self.xp, self.loader, x, w.slots.a, lb.seg_starts, lb.seg_slots)  # (T, R) float32
+        launch_lora_expand(self.xp, self.loader, y, v, w.slots.b, lb.seg_starts, lb.seg_slots)
 
     # --- our kernels ----------------------------------------------------------
     def rms_norm(self, x: Array, weight: Array, eps: float) -> Array:

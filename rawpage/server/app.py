@@ -39,6 +39,7 @@ from rawpage.server.async_engine import AsyncEngine, EngineDeadError, RequestFai
 from rawpage.server.chat import create_chat_completion, parse_messages
 from rawpage.server.completions import create_completion
 from rawpage.server.engine_view import EngineView
+from rawpage.server.lora_routes import adapter_models, load_lora_adapter, unload_lora_adapter
 from rawpage.server.metrics import ServerMetrics
 from rawpage.server.protocol import APIError
 from rawpage.server.state import ServerState
@@ -119,6 +120,8 @@ def build_app(engine_args: EngineArgs, config: ServerConfig | None = None) -> St
         Route("/v1/chat/completions", api(create_chat_completion), methods=["POST"]),
         Route("/v1/completions", api(create_completion), methods=["POST"]),
         Route("/v1/models", api(list_models), methods=["GET"]),
+        Route("/v1/load_lora_adapter", api(load_lora_adapter), methods=["POST"]),
+        Route("/v1/unload_lora_adapter", api(unload_lora_adapter), methods=["POST"]),
         Route("/tokenize", api(tokenize), methods=["POST"]),
         Route("/detokenize", api(detokenize), methods=["POST"]),
         Route("/health", api(health, auth=False), methods=["GET"]),
@@ -196,7 +199,8 @@ async def list_models(request: Request, state: ServerState) -> Response:
         "root": state.model_name,
         "max_model_len": llm.max_model_len,
     }
-    return JSONResponse({"object": "list", "data": [model]})
+    adapters = adapter_models(state, state.created, llm.max_model_len)  # --enable-lora
+    return JSONResponse({"object": "list", "data": [model, *adapters]})
 
 
 async def tokenize(request: Request, state: ServerState) -> Response:

@@ -17,14 +17,19 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from typing import TypeVar
 
 from rawpage.engine import LLMEngine, PromptType
 from rawpage.engine_args import EngineArgs
+from rawpage.lora import LoRARequest
 from rawpage.outputs import RequestOutput
 from rawpage.sampling_params import SamplingParams
 from rawpage.server.protocol import APIError
 
 logger = logging.getLogger("rawpage.server")
+
+
+T = TypeVar("T")
 
 
 class EngineDeadError(RuntimeError):
@@ -176,7 +181,14 @@ class AsyncEngine:
                 headers={"Retry-After": "1"},
             )
 
-    def generate(self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0) -> RequestStream:
+    def generate(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        priority: int = 0,
+        lora_request: LoRARequest | None = None,
+    ) -> RequestStream:
         """Queue a request now and return the stream of its outputs. Leaving the stream
         early (closing it, or dropping it unread) aborts the request."""
         if self.error is not None:
@@ -192,7 +204,7 @@ class AsyncEngine:
         stream = _Stream(asyncio.get_running_loop(), self.max_unread_tokens)
         self._streams[request_id] = stream
         self._adds_sent += 1  # counted at once, so a burst cannot slip past check_capacity
-        self._inbox.put(("add", request_id, prompt, params, priority, time.time()))
+        self._inbox.put(("add", request_id, prompt, params, priority, time.time(), lora_request))
         return RequestStream(self, request_id, stream)
 
     def abort(self, request_id: str) -> None:
@@ -201,6 +213,21 @@ class AsyncEngine:
     def call_in_engine_thread(self, fn: Callable[[LLMEngine], None]) -> None:
         """Run fn(engine) in the engine thread between two steps, where it may read any state."""
         self._inbox.put(("call", fn))
+
+    async def run_in_engine_thread(self, fn: Callable[[LLMEngine], T]) -> T:
+        """fn(engine) in the engine thread between two steps; its result (or exception) here."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+
+        def call(engine: LLMEngine) -> None:
+            try:
+                result, error = fn(engine), None
+            except Exception as e:  # noqa: BLE001 - handed to the caller
+                result, error = None, e
+            loop.call_soon_threadsafe(_settle, done, result, error)
+
+        self.call_in_engine_thread(call)
+        return await done
 
     def abort_all(self) -> None:
         """End every request now (shutdown): each stream gets its final output, finish_reason "abort"."""
@@ -282,13 +309,13 @@ class AsyncEngine:
     def _apply(self, cmd: tuple) -> None:
         engine = self.engine
         if cmd[0] == "add":
-            _, rid, prompt, params, priority, arrival = cmd
+            _, rid, prompt, params, priority, arrival, lora = cmd
             self._adds_taken += 1
             stream = self._streams.get(rid)
             if stream is None:  # the client left before we got to it: it costs nothing
                 return
             try:
-                engine.add_request(rid, prompt, params, arrival_time=arrival, priority=priority)
+                engine.add_request(rid, prompt, params, arrival_time=arrival, priority=priority, lora_request=lora)
                 if self.request_timeout is not None:
                     self._deadlines[rid] = arrival + self.request_timeout
             except ValueError as e:
@@ -306,3 +333,13 @@ class AsyncEngine:
                 logger.exception("engine-thread call failed")
         elif cmd[0] == "abort_all":
             engine.abort_request(list(self._streams))
+
+
+def _settle(done: asyncio.Future, result: object, error: BaseException | None) -> None:
+    """On the event loop: hand an engine-thread call's outcome to whoever awaits it."""
+    if done.done():
+        return
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(result)

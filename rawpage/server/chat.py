@@ -67,7 +67,7 @@ def parse_messages(body: Body) -> list[dict[str, Any]]:
 
 async def create_chat_completion(request: Request, state: ServerState) -> Response:
     body = await state.read_body(request)
-    state.check_model(body)
+    lora = state.check_model(body)
     llm = state.llm
     messages = parse_messages(body)
     want_logprobs = body.bool("logprobs", False)
@@ -95,8 +95,9 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
     rid = state.request_id(request, "chatcmpl")
     prompt = {"prompt_token_ids": ids, "cache_salt": salt}
     state.engine.check_capacity(1)
-    gen = state.engine.generate(f"{rid}#{uuid.uuid4().hex[:8]}", prompt, params, priority)
+    gen = state.engine.generate(f"{rid}#{uuid.uuid4().hex[:8]}", prompt, params, priority, lora)
     fmt = _ChatFormatter(state, rid, top or 0)
+    fmt.model = lora.lora_name if lora else state.model_name
     if stream:
         return StreamingResponse(
             guard_stream(_stream(fmt, gen, include_usage, reply)),
@@ -175,13 +176,14 @@ class _ChatFormatter:
     def __init__(self, state: ServerState, rid: str, top_logprobs: int) -> None:
         self.state, self.rid, self.created = state, rid, int(time.time())
         self.top_logprobs = top_logprobs
+        self.model = state.model_name  # or the LoRA adapter the request named
 
     def envelope(self, choices: list[dict], usage_: dict | None, obj: str) -> dict[str, Any]:
         out = {
             "id": self.rid,
             "object": obj,
             "created": self.created,
-            "model": self.state.model_name,
+            "model": self.model,
             "choices": choices,
         }
         if usage_ is not None:

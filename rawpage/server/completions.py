@@ -43,7 +43,7 @@ async def _prompts(body: Body, state: ServerState) -> list[tuple[str | None, lis
 
 async def create_completion(request: Request, state: ServerState) -> Response:
     body = await state.read_body(request)
-    state.check_model(body)
+    lora = state.check_model(body)
     max_logprobs = state.llm.args.max_logprobs
     prompts = await _prompts(body, state)
     body.mark_read("suffix")
@@ -75,10 +75,11 @@ async def create_completion(request: Request, state: ServerState) -> Response:
     tag = uuid.uuid4().hex[:8]
     state.engine.check_capacity(len(prompts))
     streams = [
-        state.engine.generate(f"{rid}#{i}#{tag}", {"prompt_token_ids": ids, "cache_salt": salt}, params, priority)
+        state.engine.generate(f"{rid}#{i}#{tag}", {"prompt_token_ids": ids, "cache_salt": salt}, params, priority, lora)
         for i, (_, ids) in enumerate(prompts)
     ]
     fmt = _Formatter(state, rid, params.n, echo, prompts)
+    fmt.model = lora.lora_name if lora else state.model_name
     if stream:
         return StreamingResponse(
             guard_stream(_stream(fmt, streams, include_usage)),
@@ -117,6 +118,7 @@ class _Formatter:
     def __init__(self, state: ServerState, rid: str, n: int, echo: bool, prompts: list) -> None:
         self.state, self.rid, self.n, self.echo, self.prompts = state, rid, n, echo, prompts
         self.created = int(time.time())
+        self.model = state.model_name  # or the LoRA adapter the request named
         self._chars: dict[tuple[int, int], int] = {}  # characters sent so far, per choice
         self._finished: set[tuple[int, int]] = set()  # choices whose last chunk went out
 
@@ -136,7 +138,7 @@ class _Formatter:
             "id": self.rid,
             "object": "text_completion",
             "created": self.created,
-            "model": self.state.model_name,
+            "model": self.model,
             "choices": choices,
         }
         if usage_ is not None:

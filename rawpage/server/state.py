@@ -17,6 +17,7 @@ from starlette.requests import Request
 
 from rawpage.chat_template import ChatTemplate, ChatTemplateError
 from rawpage.engine import LLMEngine
+from rawpage.lora import LoRARequest
 from rawpage.sampling_params import SamplingParams
 from rawpage.server.args import ServerConfig
 from rawpage.server.async_engine import AsyncEngine
@@ -66,16 +67,23 @@ class ServerState:
         if not any(ok):
             raise APIError("missing or invalid API key", 401, type="authentication_error", code="invalid_api_key")
 
-    def check_model(self, body: Body) -> None:
+    def check_model(self, body: Body) -> LoRARequest | None:
+        """The body's "model": the base model (None), or a LoRA adapter's name (its request)."""
         name = body.str("model")
+        lora = self.engine.engine.lora if self.engine.engine is not None else None
+        adapter = lora.adapters.get(name) if lora is not None and name is not None else None
+        if adapter is not None:
+            return LoRARequest(adapter.name, adapter.int_id, adapter.path)
         if name is not None and name != self.model_name:
             raise APIError(
-                f"the model '{name}' does not exist; this server serves '{self.model_name}'",
+                f"the model '{name}' does not exist; this server serves '{self.model_name}'"
+                + (f" and the LoRA adapters {sorted(lora.adapters)}" if lora is not None else ""),
                 404,
                 param="model",
                 type="not_found_error",
                 code="model_not_found",
             )
+        return None
 
     async def read_body(self, request: Request) -> Body:
         limit = self.config.max_request_bytes

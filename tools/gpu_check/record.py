@@ -60,6 +60,7 @@ def build_record(merged: dict, date: str, gpu: str, commit: str, table_md: str) 
         "quant": merged.get("quant"),  # quantized-weight rows (quant.py)
         "microbench": merged.get("microbench"),
         "throughput": throughput,
+        "lora": merged.get("lora"),
     }
     for batch in (1, 256):
         record[f"decode_b{batch}"] = _decode((ours or {}).get(f"decode_b{batch}"))

@@ -191,6 +191,14 @@ def rows(r: dict, kernel: dict | None, memcheck: str | None) -> list[tuple[str, 
         out.append(("startup to ready, Llama-3-8B shape", f"{_fmt(ours.get('startup_s'))} s", "", ""))
     else:
         out.append(("offline throughput", "not measured", ">= 6x transformers", "—"))
+    lora = r.get("lora")
+    if lora:
+        fig = (
+            f"{lora['lora_decode_tok_s']:.0f} decode tok/s vs {lora['base_decode_tok_s']:.0f} without LoRA "
+            f"= {lora['decode_ratio']:.2f}x"
+        )
+        check = f"multi-LoRA B={lora['batch']}, {lora['adapters']} adapters of rank {lora['rank']}, 8B shape"
+        out.append((check, fig, ">= 0.8x no-LoRA decode", verdict(lora["decode_ratio"] >= 0.8)))
     out += families.summary_rows(r.get("families")) + quant.summary_rows(r.get("quant"))
     for key in sorted((k for k in r if k.startswith("breakdown_b")), key=lambda k: int(k[11:])):
         b = r[key]

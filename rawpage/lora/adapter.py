@@ -1,0 +1,164 @@
+"""LoRA adapters in PEFT's format, read from disk into host arrays.
+
+A PEFT folder holds `adapter_config.json` (r, lora_alpha, target_modules,
+use_rslora, ...) and `adapter_model.safetensors`, with, for each targeted
+projection of each layer,
+
+    base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight   (r, in)
+    base_model.model.model.layers.{i}.self_attn.q_proj.lora_B.weight   (out, r)
+
+and the layer computes y = x·Wᵀ + scale·(x·Aᵀ)·Bᵀ, scale = lora_alpha / r, or
+lora_alpha / sqrt(r) with rsLoRA. Anything PEFT can express that rawpage would
+not compute as written (DoRA, biases, per-module ranks, extra trained modules)
+is refused with a message rather than ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rawpage.config import ModelConfig
+from rawpage.errors import ModelLoadError
+from rawpage.loader.safetensors_file import SafetensorsFile
+
+# PEFT module name -> (the fused Linear it is part of, which part)
+TARGETS = {
+    "q_proj": ("qkv", 0),
+    "k_proj": ("qkv", 1),
+    "v_proj": ("qkv", 2),
+    "o_proj": ("o_proj", 0),
+    "gate_proj": ("gate_up", 0),
+    "up_proj": ("gate_up", 1),
+    "down_proj": ("down", 0),
+}
+_KEY = re.compile(r"(?:base_model\.model\.)?model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight")
+
+
+class LoRAError(ValueError):
+    """An adapter that cannot be loaded or served; the message says why."""
+
+
+@dataclass(frozen=True)
+class LoRARequest:
+    """vLLM's LoRARequest: which adapter a request runs with. lora_int_id >= 1 is the
+    adapter's id; lora_path a PEFT folder."""
+
+    lora_name: str
+    lora_int_id: int
+    lora_path: str
+
+    def __post_init__(self) -> None:
+        if self.lora_int_id < 1:
+            raise LoRAError(f"lora_int_id must be >= 1, got {self.lora_int_id}")
+
+
+@dataclass
+class LoRAAdapter:
+    """One adapter on the host: per (layer, module), A (r, in) and B·scale (out, r), float32."""
+
+    name: str
+    int_id: int
+    path: str
+    rank: int
+    scale: float
+    weights: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = field(repr=False)
+    digest: str = ""  # SHA-256 of the config and weights: the prefix cache's key
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes + b.nbytes for a, b in self.weights.values())
+
+
+def read_adapter_config(path: str) -> dict:
+    cfg_path = os.path.join(path, "adapter_config.json")
+    if not os.path.isfile(cfg_path):
+        raise LoRAError(f"no LoRA adapter at {path!r}: adapter_config.json not found")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    refused = {
+        "use_dora": "DoRA adapters",
+        "modules_to_save": "adapters that also train whole modules (modules_to_save)",
+        "rank_pattern": "per-module ranks (rank_pattern)",
+        "alpha_pattern": "per-module alphas (alpha_pattern)",
+        "layers_to_transform": "layers_to_transform",
+        "fan_in_fan_out": "fan_in_fan_out",
+    }
+    for key, what in refused.items():
+        if cfg.get(key):
+            raise LoRAError(f"LoRA adapter {path!r}: {what} are not supported")
+    if cfg.get("bias", "none") != "none":
+        raise LoRAError(f"LoRA adapter {path!r}: bias={cfg['bias']!r} is not supported (only 'none')")
+    return cfg
+
+
+def load_adapter(request: LoRARequest, config: ModelConfig, max_rank: int) -> LoRAAdapter:
+    """Read and check an adapter against the base model's shapes and --max-lora-rank."""
+    path = request.lora_path
+    cfg = read_adapter_config(path)
+    r, alpha = int(cfg["r"]), float(cfg.get("lora_alpha", cfg["r"]))
+    if not 1 <= r <= max_rank:
+        raise LoRAError(f"LoRA adapter {request.lora_name!r} has rank {r}; --max-lora-rank is {max_rank}")
+    scale = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
+    file = os.path.join(path, "adapter_model.safetensors")
+    if not os.path.isfile(file):
+        raise LoRAError(f"no adapter_model.safetensors in {path!r} (only safetensors adapters are read)")
+    try:
+        st = SafetensorsFile(file)
+        tensors = {k: np.asarray(st.tensor(k), np.float32) for k in st.keys()}
+    except (OSError, ValueError, ModelLoadError) as e:
+        raise LoRAError(f"cannot read {file!r}: {e}") from e
+    weights = _pair_up(tensors, config, r, scale, request.lora_name)
+    h = hashlib.sha256(json.dumps([r, scale], sort_keys=True).encode())
+    for key in sorted(weights):
+        a, b = weights[key]
+        h.update(repr(key).encode() + a.tobytes() + b.tobytes())
+    return LoRAAdapter(request.lora_name, request.lora_int_id, path, r, scale, weights, h.hexdigest())
+
+
+def _pair_up(
+    tensors: dict[str, np.ndarray], config: ModelConfig, r: int, scale: float, name: str
+) -> dict[tuple[int, str], tuple[np.ndarray, np.ndarray]]:
+    """{(layer, module): (A, B·scale)}, every shape checked against the base model."""
+    found: dict[tuple[int, str], dict[str, np.ndarray]] = {}
+    for key, t in tensors.items():
+        m = _KEY.fullmatch(key)
+        if m is None or m.group(2) not in TARGETS or int(m.group(1)) >= config.num_layers:
+            raise LoRAError(
+                f"LoRA adapter {name!r}: tensor {key!r} is not a LoRA A/B of a q/k/v/o/gate/up/down projection "
+                f"of this {config.num_layers}-layer model"
+            )
+        found.setdefault((int(m.group(1)), m.group(2)), {})[m.group(3)] = t
+    if not found:
+        raise LoRAError(f"LoRA adapter {name!r} holds no LoRA weights")
+    weights = {}
+    for (layer, module), ab in sorted(found.items()):
+        if set(ab) != {"A", "B"}:
+            raise LoRAError(f"LoRA adapter {name!r}: layer {layer} {module} lacks its lora_A or lora_B")
+        n_in, n_out = projection_shape(config, module)
+        if ab["A"].shape != (r, n_in) or ab["B"].shape != (n_out, r):
+            raise LoRAError(
+                f"LoRA adapter {name!r}: layer {layer} {module} has A {ab['A'].shape} and B {ab['B'].shape}; "
+                f"this model needs A ({r}, {n_in}) and B ({n_out}, {r})"
+            )
+        weights[(layer, module)] = (ab["A"], ab["B"] * np.float32(scale))
+    return weights
+
+
+def projection_shape(config: ModelConfig, module: str) -> tuple[int, int]:
+    """(in, out) of one projection of the base model."""
+    c = config
+    return {
+        "q_proj": (c.hidden_size, c.q_size),
+        "k_proj": (c.hidden_size, c.kv_size),
+        "v_proj": (c.hidden_size, c.kv_size),
+        "o_proj": (c.q_size, c.hidden_size),
+        "gate_proj": (c.hidden_size, c.intermediate_size),
+        "up_proj": (c.hidden_size, c.intermediate_size),
+        "down_proj": (c.intermediate_size, c.hidden_size),
+    }[module]
