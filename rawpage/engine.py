@@ -59,8 +59,7 @@ class LLMEngine:
         ckpt = load_checkpoint(args.model, args.load_format, args.seed, args.revision)
         self.model_path = ckpt.path
         self.model_config = c = ckpt.config
-        self.tokenizer = ckpt.tokenizer
-        self.generation_config = ckpt.generation_config
+        self.tokenizer, self.generation_config = ckpt.tokenizer, ckpt.generation_config
         self.chat_template = ChatTemplate.from_arg(args.chat_template) if args.chat_template else None
         self.backend = get_backend(args.device, resolve_dtype(args.dtype, args.device, c.torch_dtype), args.cpu_threads)
         self.max_model_len = resolve_max_model_len(args.max_model_len, c.max_position_embeddings)
@@ -79,17 +78,8 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.block_manager)
         graphs = self.backend.supports_graphs and not args.enforce_eager and supports_cuda_graphs(c)
         sizes = graph_batch_sizes(args.max_num_seqs) if graphs else None  # decode batches replayed from graphs
-        self.runner = make_runner(
-            self.workers,
-            self.model,
-            self.backend,
-            args,
-            num_blocks,
-            num_cpu_blocks,
-            sizes,
-            self.max_model_len,
-            self.lora,
-        )
+        runner_args = (self.model, self.backend, args, num_blocks, num_cpu_blocks, sizes, self.max_model_len)
+        self.runner = make_runner(self.workers, *runner_args, self.lora)
         self.grammars = GrammarCompiler(self.tokenizer.hf, c.vocab_size, c.eos_token_ids)
         self.masks = MaskPrefetcher(self.grammars.words)
         self.sampler = Sampler(c.vocab_size, c.eos_token_ids, self.masks)

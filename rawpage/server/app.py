@@ -80,41 +80,25 @@ def build_app(engine_args: EngineArgs, config: ServerConfig | None = None) -> St
         log_requests=not config.disable_log_requests,
     )
     state = ServerState(engine, name, metrics, config)
+    middleware = []
+    if config.allowed_origins:  # CORS is off unless the operator names origins
+        cors = dict(allow_methods=config.allowed_methods, allow_headers=config.allowed_headers)
+        middleware.append(Middleware(CORSMiddleware, allow_origins=config.allowed_origins, **cors))
+    app = Starlette(routes=_routes(state, view), lifespan=_lifespan(state), middleware=middleware)
+    # Starlette would redirect '/v1/models/' to a Location built from the Host header.
+    app.router.redirect_slashes = False
+    app.state.rawpage = state
+    for status in (404, 405):
+        app.add_exception_handler(status, _http_error)
+    return app
+
+
+def _routes(state: ServerState, view: EngineView) -> list[Route]:
+    """The route table. Every route but /health (and the web page's static files) needs the API key."""
+    config = state.config
 
     def api(handler: Handler, auth: bool = True) -> Callable[[Request], Awaitable[Response]]:
-        """Wrap a handler: the API key (every route but /health), and every failure as an
-        OpenAI error object."""
-
-        async def endpoint(request: Request) -> Response:
-            try:
-                if auth:
-                    state.check_auth(request)
-                return await handler(request, state)
-            except APIError as e:
-                return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-            except ClientDisconnected:
-                return Response(status_code=499)
-            except (EngineDeadError, RequestFailedError) as e:
-                err = APIError(str(e), 500, type="internal_server_error")
-                return JSONResponse(err.body(), status_code=500)
-            except ValueError as e:  # a request the engine refused (e.g. at add time)
-                return JSONResponse(APIError(str(e)).body(), status_code=400)
-            except Exception as e:  # a bug: say so in the API's shape, log the traceback
-                logger.exception("internal error in %s", request.url.path)
-                err = APIError(f"internal error: {type(e).__name__}", 500, type="internal_server_error")
-                return JSONResponse(err.body(), status_code=500)
-
-        return endpoint
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette):
-        state.engine.start()  # loads the model in the engine thread; /health says 503 meanwhile
-        watcher = asyncio.ensure_future(_watch_event_loop(state))
-        yield
-        watcher.cancel()
-        logger.info("longest event-loop stall: %.3f s", state.metrics.loop_lag_max)
-        state.engine.shutdown()
-        state.close()
+        return _endpoint(handler, state, auth)
 
     routes = [
         Route("/v1/chat/completions", api(create_chat_completion), methods=["POST"]),
@@ -135,23 +119,46 @@ def build_app(engine_args: EngineArgs, config: ServerConfig | None = None) -> St
             Route("/web/info", api(page_info, auth=False), methods=["GET"]),
             Route("/web/{name}", api(static_file, auth=False), methods=["GET"]),
         ]
-    middleware = []
-    if config.allowed_origins:  # CORS is off unless the operator names origins
-        middleware.append(
-            Middleware(
-                CORSMiddleware,
-                allow_origins=config.allowed_origins,
-                allow_methods=config.allowed_methods,
-                allow_headers=config.allowed_headers,
-            )
-        )
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
-    # Starlette would redirect '/v1/models/' to a Location built from the Host header.
-    app.router.redirect_slashes = False
-    app.state.rawpage = state
-    for status in (404, 405):
-        app.add_exception_handler(status, _http_error)
-    return app
+    return routes
+
+
+def _endpoint(handler: Handler, state: ServerState, auth: bool) -> Callable[[Request], Awaitable[Response]]:
+    """Wrap a handler: the API key (if `auth`), and every failure as an OpenAI error object."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            if auth:
+                state.check_auth(request)
+            return await handler(request, state)
+        except APIError as e:
+            return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+        except ClientDisconnected:
+            return Response(status_code=499)
+        except (EngineDeadError, RequestFailedError) as e:
+            err = APIError(str(e), 500, type="internal_server_error")
+            return JSONResponse(err.body(), status_code=500)
+        except ValueError as e:  # a request the engine refused (e.g. at add time)
+            return JSONResponse(APIError(str(e)).body(), status_code=400)
+        except Exception as e:  # a bug: say so in the API's shape, log the traceback
+            logger.exception("internal error in %s", request.url.path)
+            err = APIError(f"internal error: {type(e).__name__}", 500, type="internal_server_error")
+            return JSONResponse(err.body(), status_code=500)
+
+    return endpoint
+
+
+def _lifespan(state: ServerState) -> Callable:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        state.engine.start()  # loads the model in the engine thread; /health says 503 meanwhile
+        watcher = asyncio.ensure_future(_watch_event_loop(state))
+        yield
+        watcher.cancel()
+        logger.info("longest event-loop stall: %.3f s", state.metrics.loop_lag_max)
+        state.engine.shutdown()
+        state.close()
+
+    return lifespan
 
 
 async def _watch_event_loop(state: ServerState, period: float = 0.1) -> None:

@@ -9,7 +9,7 @@ from contextlib import aclosing
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from rawpage.outputs import CompletionOutput, RequestOutput
 from rawpage.server.chat_reply import ReplyParser, ReplyStream
@@ -17,7 +17,7 @@ from rawpage.server.guided import structured_outputs_from
 from rawpage.server.protocol import APIError, Body, sampling_params, usage
 from rawpage.server.reasoning import PARSERS as REASONING_PARSERS
 from rawpage.server.state import ServerState
-from rawpage.server.streaming import final_outputs, guard_stream, merge, sse, unless_disconnected
+from rawpage.server.streaming import final_outputs, merge, sse, sse_response, unless_disconnected
 from rawpage.server.tools import ToolRequest, prepare_tool_messages, tool_request_from
 from rawpage.structured_output import StructuredOutputsParams
 
@@ -99,25 +99,23 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
     fmt = _ChatFormatter(state, rid, top or 0)
     fmt.model = lora.lora_name if lora else state.model_name
     if stream:
-        return StreamingResponse(
-            guard_stream(_stream(fmt, gen, include_usage, reply)),
-            media_type="text/event-stream",
-            headers={"X-Request-Id": rid},
-        )
+        return sse_response(_stream(fmt, gen, include_usage, reply), rid)
     (final,) = await unless_disconnected(request, final_outputs([gen]))
-    choices = []
-    for o in final.outputs:
-        message, finish = reply.message(o.text, o.finish_reason)
-        choices.append(
-            {
-                "index": o.index,
-                "message": message,
-                "logprobs": fmt.logprobs(o.token_ids, o.logprobs) if o.logprobs is not None else None,
-                "finish_reason": finish,
-                "stop_reason": o.stop_reason,
-            }
-        )
+    choices = [_choice(fmt, reply, o) for o in final.outputs]
     return JSONResponse(fmt.envelope(choices, fmt.usage(final), "chat.completion"), headers={"X-Request-Id": rid})
+
+
+def _choice(fmt: _ChatFormatter, reply: ReplyParser, o: CompletionOutput) -> dict:
+    """One finished choice of a non-streamed reply: its message (with tool calls and
+    reasoning split out), logprobs and why it stopped."""
+    message, finish = reply.message(o.text, o.finish_reason)
+    return {
+        "index": o.index,
+        "message": message,
+        "logprobs": fmt.logprobs(o.token_ids, o.logprobs) if o.logprobs is not None else None,
+        "finish_reason": finish,
+        "stop_reason": o.stop_reason,
+    }
 
 
 def output_constraint(body: Body, tools: ToolRequest | None, reply: ReplyParser) -> StructuredOutputsParams | None:

@@ -9,14 +9,14 @@ from contextlib import aclosing
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from rawpage.outputs import CompletionOutput, RequestOutput
 from rawpage.server.chat import NO_EFFECT_FIELDS
 from rawpage.server.guided import structured_outputs_from
 from rawpage.server.protocol import APIError, Body, sampling_params, usage
 from rawpage.server.state import ServerState
-from rawpage.server.streaming import final_outputs, guard_stream, merge, sse, unless_disconnected
+from rawpage.server.streaming import final_outputs, merge, sse, sse_response, unless_disconnected
 
 
 async def _prompts(body: Body, state: ServerState) -> list[tuple[str | None, list[int]]]:
@@ -81,11 +81,7 @@ async def create_completion(request: Request, state: ServerState) -> Response:
     fmt = _Formatter(state, rid, params.n, echo, prompts)
     fmt.model = lora.lora_name if lora else state.model_name
     if stream:
-        return StreamingResponse(
-            guard_stream(_stream(fmt, streams, include_usage)),
-            media_type="text/event-stream",
-            headers={"X-Request-Id": rid},
-        )
+        return sse_response(_stream(fmt, streams, include_usage), rid)
     finals = await unless_disconnected(request, final_outputs(streams))
     choices = [
         fmt.choice(i, out, o, o.text, o.token_ids, o.logprobs, final=True)

@@ -11,6 +11,7 @@ from contextlib import aclosing
 from typing import Any, TypeVar
 
 from starlette.requests import Request
+from starlette.responses import StreamingResponse
 
 from rawpage.outputs import RequestOutput
 from rawpage.server.protocol import APIError
@@ -48,6 +49,11 @@ async def guard_stream(events: AsyncIterator[str]) -> AsyncIterator[str]:
             err = APIError(str(e) or type(e).__name__, 500, type="internal_server_error")
         yield sse(err.body())
         yield sse("[DONE]")
+
+
+def sse_response(events: AsyncIterator[str], request_id: str) -> StreamingResponse:
+    """A streamed reply: the events under guard_stream, with the request's id in a header."""
+    return StreamingResponse(guard_stream(events), media_type="text/event-stream", headers={"X-Request-Id": request_id})
 
 
 async def merge(
