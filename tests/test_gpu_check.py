@@ -403,6 +403,7 @@ def test_breakdown_child_runs_its_steps_on_the_cpu(tiny_config_file):
     assert breakdown.run_step(2, 20, tiny_config_file, device="cpu") == 2
 
 
+@pytest.mark.live  # compares with transformers, as the GPU rows do
 def test_family_rows_run_on_the_cpu_at_tiny_widths():
     """The families step's code (config, transformers' model, Hub names incl. Mixtral's
     split expert stacks, our model, comparison) on the CPU: float32 agrees to 1e-4."""
@@ -429,6 +430,7 @@ def test_family_configs_are_the_real_shapes():
     assert len(phi["rope_scaling"]["short_factor"]) == phi["hidden_size"] // phi["num_attention_heads"] // 2
 
 
+@pytest.mark.live  # compares with transformers, as the GPU rows do
 def test_int4_parity_row_runs_on_sim_with_weights_kept_packed():
     from tools.gpu_check import quant
 
