@@ -129,7 +129,7 @@ class EngineArgs:
     cpu_threads: int | None = flag(
         None,
         "cpu: BLAS threads per forward pass, at most the cores this process may use",
-        default_text="1 for small batches, all usable cores for large ones",
+        default_text="the usable cores other processes leave idle, measured each second",
     )
     enable_lora: bool = flag(False, "serve LoRA adapters (PEFT format) on top of the model, many in one batch")
     max_loras: int = flag(1, "LoRA adapters resident on the device at once (slots); more wait their turn")

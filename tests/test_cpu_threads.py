@@ -3,24 +3,72 @@
 import pytest
 from threadpoolctl import threadpool_info
 
-from rawpage.backends.cpu_threads import SMALL_BATCH_ROWS, CpuThreads, threads_for, usable_cores
+from rawpage.backends.cpu_threads import CoreLoad, CpuThreads, read_proc_stat, threads_for, usable_cores
 
 
 @pytest.mark.parametrize(
-    ("rows", "usable", "flag", "want"),
+    ("usable", "flag", "others", "want"),
     [
-        (1, 2, None, 1),  # one stream: one thread, so a busy core cannot stall it
-        (SMALL_BATCH_ROWS - 1, 16, None, 1),
-        (SMALL_BATCH_ROWS, 2, None, 2),  # a real GEMM: every core we may use
-        (SMALL_BATCH_ROWS * 4, 16, None, 16),
-        (512, 1, None, 1),  # a one-core affinity mask: never more
-        (1, 16, 4, 4),  # --cpu-threads fixes the count whatever the batch
-        (64, 2, 8, 2),  # ... but never beyond the usable cores
-        (64, 4, 0, 1),
+        (2, None, 0.0, 2),  # a quiet machine: every core (1.5x one thread, at batch 1 and 64)
+        (2, None, 1.0, 1),  # one core busy elsewhere: one thread (1.7x two at batch 1)
+        (2, None, 0.6, 1),
+        (2, None, 0.4, 2),
+        (16, None, 5.0, 11),
+        (2, None, 3.0, 1),  # more load than cores: still one
+        (4, None, None, 4),  # load unknown (no /proc/stat): every usable core
+        (1, None, 0.0, 1),  # a one-core affinity mask: never more
+        (16, 4, 10.0, 4),  # --cpu-threads fixes the count whatever the load
+        (2, 8, 0.0, 2),  # ... but never beyond the usable cores
+        (4, 0, 0.0, 1),
     ],
 )
-def test_threads_for_a_batch_and_an_affinity(rows, usable, flag, want):
-    assert threads_for(rows, usable, flag) == want
+def test_threads_follow_the_load_and_the_affinity(usable, flag, others, want):
+    assert threads_for(usable, flag, others) == want
+
+
+STAT = """cpu  100 0 100 800 0 0 0 0 0 0
+cpu0 {u0} 0 0 {i0} 0 0 0 0 0 0
+cpu1 {u1} 0 0 {i1} 0 0 0 0 0 0
+cpu2 500 0 0 0 0 0 0 0 0 0
+intr 1 2 3
+"""
+
+
+def test_proc_stat_counts_only_our_cores():
+    text = STAT.format(u0=30, i0=70, u1=10, i1=90)
+    assert read_proc_stat({0, 1}, text) == (40.0, 200.0)
+    assert read_proc_stat({2}, text) == (500.0, 500.0)
+
+
+def test_core_load_is_the_busy_time_less_our_own():
+    """Two cores over one second: both fully busy while this process used one core's
+    worth of CPU, so other processes keep one core busy."""
+    clock, stat, own = [0.0], [(0.0, 0.0)], [0.0]
+    load = CoreLoad({0, 1}, stat=lambda: stat[0], own_cpu=lambda: own[0], clock=lambda: clock[0])
+    assert load.update() is None  # nothing measured yet
+    clock[0], stat[0], own[0] = 1.0, (200.0, 200.0), 1.0
+    assert load.update() == pytest.approx(1.0)
+    clock[0], stat[0], own[0] = 1.5, (300.0, 300.0), 1.5  # within the period: the last figure
+    assert load.update() == pytest.approx(1.0)
+    clock[0], stat[0], own[0] = 2.0, (300.0, 400.0), 2.0  # half busy, all of it ours
+    assert load.update() == 0.0
+
+
+def test_cpu_threads_drop_to_one_beside_a_busy_core():
+    others = [0.0]
+
+    class FixedLoad:
+        def update(self):
+            return others[0]
+
+    threads = CpuThreads(usable=2, load=FixedLoad())
+    try:
+        assert threads.set_for(1) == 2
+        others[0] = 1.0
+        assert threads.set_for(1) == 1
+        assert threads.set_for(4096) == 1
+    finally:
+        threads.controller.limit(limits=usable_cores())
 
 
 def test_usable_cores_follow_the_affinity_mask(monkeypatch):
@@ -31,11 +79,12 @@ def test_usable_cores_follow_the_affinity_mask(monkeypatch):
 def test_the_policy_reaches_blas():
     if not any(i["user_api"] == "blas" for i in threadpool_info()):
         pytest.skip("NumPy's BLAS is not visible to threadpoolctl here")
-    threads = CpuThreads(usable=2)
+    threads = CpuThreads(1, usable=2)
     try:
         assert threads.set_for(1) == 1
         assert {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"} == {1}
-        assert threads.set_for(SMALL_BATCH_ROWS) == 2
+        threads.cpu_threads = 2
+        assert threads.set_for(1) == 2
         assert {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"} == {2}
         assert "2 usable cores" in threads.describe()
     finally:

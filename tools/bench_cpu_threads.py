@@ -26,7 +26,7 @@ def spin() -> None:
         pass
 
 
-def decode_tok_per_s(llm, batch: int, threads: int, steps: int) -> float:
+def decode_tok_per_s(llm, batch: int, threads: int | None, steps: int) -> float:
     from rawpage import SamplingParams
 
     eng = llm.engine
@@ -64,8 +64,12 @@ def main() -> int:
         b.start()
     try:
         llm = LLM(args.model, device="cpu", max_num_seqs=max(args.batches), log_stats_interval=0)
+        # "policy": the default (rawpage/backends/cpu_threads.py), which follows the other processes' load
         table = {
-            f"batch {b}": {f"{t} threads": round(decode_tok_per_s(llm, b, t, args.steps), 1) for t in threads}
+            f"batch {b}": {
+                (f"{t} threads" if t else "policy"): round(decode_tok_per_s(llm, b, t, args.steps), 1)
+                for t in [*threads, None]
+            }
             for b in args.batches
         }
     finally:

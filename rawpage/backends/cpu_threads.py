@@ -3,65 +3,127 @@
 OpenBLAS's worker threads spin while they wait for work. When another process
 keeps one of our cores busy, a spinning worker and that process fight over it,
 and a decode step that should take milliseconds waits for the scheduler instead:
-single-stream decode fell to 0.30x with one core busy (issue 14). A small batch
-(few rows per weight) gains little from more threads anyway, so it runs on one;
-a large batch or a long prefill chunk (many rows: real GEMMs) uses every core
-this process may run on, never more (os.sched_getaffinity, not cpu_count:
-a container or `taskset` may give us fewer than the machine has).
+single-stream decode fell to 0.30x with one core busy (issue 14).
 
-The switch point is provisional until tools/bench_cpu_threads.py is run on a
-quiet machine (docs/benchmarks.md).
+Measured on the 2-core development machine (tools/bench_cpu_threads.py,
+docs/benchmarks.md): on a quiet machine two threads beat one at every batch size
+(1.5x at batch 1 and at batch 64), and beside one busy core one thread beats two at
+every batch size (1.7x at batch 1). So the count follows the load, not the batch:
+every usable core that other processes leave idle, at least one. CoreLoad reads that
+from /proc/stat, at most once a second: the busy time of the cores this process may
+use (os.sched_getaffinity, not cpu_count: a container or `taskset` may give us fewer
+than the machine has) less this process's own CPU time. Where /proc/stat cannot be
+read, every usable core is used. --cpu-threads N fixes the count.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Callable
 
 from threadpoolctl import ThreadpoolController
 
 logger = logging.getLogger("rawpage")
 
-# Rows (tokens in the forward pass) from which the GEMMs use every usable core. High on
-# purpose until measured: on a loaded 2-core machine a 2-thread short chat prefill was
-# slow enough to time out a server test that passed with one thread everywhere.
-SMALL_BATCH_ROWS = 64
+LOAD_PERIOD_S = 1.0  # how often the other processes' load is measured
 
 
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity), which may be fewer than the machine's."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
+    return len(_affinity()) if _affinity() else max(1, os.cpu_count() or 1)
 
 
-def threads_for(rows: int, usable: int, cpu_threads: int | None = None) -> int:
-    """Threads for a forward pass over `rows` tokens. --cpu-threads N fixes the count (capped
-    at the usable cores); by default, 1 for small batches and every usable core otherwise."""
+def _affinity() -> set[int]:
+    return set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
+
+
+def threads_for(usable: int, cpu_threads: int | None = None, others_busy: float | None = None) -> int:
+    """Threads for a forward pass. --cpu-threads N fixes the count (capped at the usable
+    cores); by default, the usable cores that other processes leave idle (`others_busy`:
+    how many cores' worth they keep busy; None if unknown), at least one."""
     if cpu_threads is not None:
         return max(1, min(cpu_threads, usable))
-    return 1 if rows < SMALL_BATCH_ROWS else usable
+    if others_busy is None:
+        return usable
+    return max(1, min(usable, round(usable - others_busy)))
+
+
+def read_proc_stat(cores: set[int], text: str | None = None) -> tuple[float, float]:
+    """(busy, total) jiffies summed over `cores`, from /proc/stat's per-CPU lines
+    (cpuN user nice system idle iowait irq softirq steal ...); idle and iowait are not busy."""
+    if text is None:
+        with open("/proc/stat") as f:
+            text = f.read()
+    busy = total = 0.0
+    for line in text.splitlines():
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and (not cores or int(name[3:]) in cores):
+            values = [float(v) for v in fields[:8]]
+            total += sum(values)
+            busy += sum(values) - values[3] - values[4]
+    return busy, total
+
+
+class CoreLoad:
+    """How many of our usable cores other processes keep busy, over the last period."""
+
+    def __init__(
+        self,
+        cores: set[int],
+        stat: Callable[[], tuple[float, float]] | None = None,
+        own_cpu: Callable[[], float] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.n = len(cores) or usable_cores()
+        self.stat = stat or (lambda: read_proc_stat(cores))
+        self.own_cpu = own_cpu or (lambda: sum(os.times()[:2]))  # this process's CPU seconds, all threads
+        self.clock = clock
+        self.others: float | None = None
+        try:
+            self._last = (self.clock(), *self.stat(), self.own_cpu())
+        except OSError:  # no /proc: the load stays unknown
+            self._last = None
+
+    def update(self) -> float | None:
+        """Other processes' busy cores (0 .. n), refreshed at most every LOAD_PERIOD_S."""
+        now = self.clock()
+        if self._last is None or now - self._last[0] < LOAD_PERIOD_S:
+            return self.others
+        busy, total, own = *self.stat(), self.own_cpu()
+        t0, busy0, total0, own0 = self._last
+        self._last = (now, busy, total, own)
+        if total <= total0:
+            return self.others
+        all_busy = self.n * (busy - busy0) / (total - total0)  # cores' worth busy, us included
+        self.others = max(0.0, all_busy - (own - own0) / (now - t0))
+        return self.others
 
 
 class CpuThreads:
     """Applies threads_for() before each forward pass; a no-op when the count is unchanged."""
 
-    def __init__(self, cpu_threads: int | None = None, usable: int | None = None) -> None:
+    def __init__(self, cpu_threads: int | None = None, usable: int | None = None, load: CoreLoad | None = None) -> None:
         self.cpu_threads = cpu_threads
         self.usable = usable or usable_cores()
+        self.load = load if load is not None or cpu_threads is not None else CoreLoad(_affinity())
         self.controller = ThreadpoolController()  # finds the loaded BLAS / OpenMP libraries once
         self.current: int | None = None
 
     def describe(self) -> str:
         libs = ", ".join(sorted({i["internal_api"] for i in self.controller.info()})) or "no BLAS found"
         if self.cpu_threads is not None:
-            chosen = f"{threads_for(1, self.usable, self.cpu_threads)} (--cpu-threads)"
+            chosen = f"{threads_for(self.usable, self.cpu_threads)} (--cpu-threads)"
         else:
-            chosen = f"1 below {SMALL_BATCH_ROWS} tokens per step, {self.usable} from there (set with --cpu-threads)"
+            chosen = "the usable cores other processes leave idle, measured each second (set with --cpu-threads)"
         return f"CPU threads ({libs}): {self.usable} usable cores; using {chosen}"
 
     def set_for(self, rows: int) -> int:
-        n = threads_for(rows, self.usable, self.cpu_threads)
+        """Before a forward pass over `rows` tokens (the count does not depend on them today:
+        more threads paid at every batch size measured)."""
+        others = self.load.update() if self.load is not None else None
+        n = threads_for(self.usable, self.cpu_threads, others)
         if n != self.current:
             self.controller.limit(limits=n)
             self.current = n
