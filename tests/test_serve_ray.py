@@ -26,8 +26,26 @@ from tests.server.test_openai_client import (  # noqa: E402, F401 - run here aga
 pytestmark = pytest.mark.timeout(600)
 
 
+# Ray Serve kills a proxy that is not ready within 5 s and fails health checks after 10 s:
+# on two busy cores (make test-under-load) that happens before anything is wrong. The
+# processes ray.init starts inherit these.
+PATIENT_RAY_SERVE = {
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "120",
+    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "120",
+    "RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S": "30",
+    "RAY_SERVE_DEPLOYMENT_ACTOR_HEALTH_CHECK_TIMEOUT_S": "120",
+}
+
+
 @pytest.fixture(scope="module")
 def ray_url():
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in PATIENT_RAY_SERVE.items():
+            mp.setenv(name, value)
+        yield from _ray_url()
+
+
+def _ray_url():
     import ray
     from ray import serve
 
