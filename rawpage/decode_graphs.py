@@ -1,29 +1,54 @@
-"""Decode steps replayed from CUDA graphs, one graph per batch-size bucket: the policy
-(which batch sizes get a graph, padding, when a step may replay one). The mechanism,
+"""Decode steps replayed from CUDA graphs, one graph per shape bucket: the policy
+(which shapes get a graph, padding, when a step may replay one). The mechanism,
 recording and replaying a graph on CuPy, is rawpage/backends/cuda_graph_capture.py.
 
-A pure decode step (every sequence has one new token) of B sequences is padded
-up to the smallest bucket >= B and replayed from that bucket's graph. Buckets
-are 1, 2, 4, then every multiple of 8 up to --max-num-seqs (vLLM's choice):
-padding wastes at most 7 rows, and a decode step costs about the same at 57
-rows as at 64, because it is bound by reading the weights.
+A shape is (batch size, query length q): a graph runs `size` sequences of exactly q
+query tokens each. q = 1 is a plain decode step; with speculative decoding, q = k + 1
+is a verification step (each sequence's new token and up to k drafts, which the
+forward pass sees as a short chunk). A step of B sequences whose chunks are all at
+most q tokens is padded up to the smallest bucket >= B of the smallest such q and
+replayed from that graph.
 
-A padding row is a one-token sequence that attends to one key and stores
-nothing: token 0 at position 0, slot -1 (write_kv skips it), seq_len 1. Its
-block-table row is whatever an earlier step left there, always a valid block
-id, it has no LoRA adapter (slot -1), and its output row is dropped.
+Decode buckets are 1, 2, 4, then every multiple of 8 up to --max-num-seqs (vLLM's
+choice): padding wastes at most 7 rows, and a decode step costs about the same at 57
+rows as at 64, because it is bound by reading the weights. Verification buckets are
+the decode buckets of at most VERIFY_GRAPH_MAX_TOKENS tokens (size x q): below that a
+step is short enough that ~400 launches from Python are a large part of it; above it
+the step is compute-bound (on an H200 an 8B step's GEMMs pass its weight-read time at
+about 150 to 200 tokens), launch time is a few percent, and speculating at such batches rarely pays.
+Their temporaries come from the pool the decode graphs share (cuda_graph_capture.py),
+so they add at most the activations of 512 tokens (under 100 MiB at the 8B shape), and each
+capture costs what a decode capture does (k = 4 and 256 sequences: 15 more graphs
+besides 35 decode graphs).
+
+Padding, the same for every q. Sequence i's q rows are the LAST q positions of its
+context, seq_len - q .. seq_len - 1 (the attention contract: a chunk is the end of
+its context), its n real tokens last, so that they keep their positions; the q - n
+rows before them are padding: token 0, slot -1 (write_kv skips it), and their output
+rows are dropped. They attend to earlier positions of the same context, whose K/V
+are already in the cache, and change nothing: each query row's attention is its own,
+and every other op works row by row. That needs seq_len >= q (else a padding row
+would sit at a negative position): a step with a shorter context runs eagerly.
+Padding sequences (past B) are q rows at positions 0 .. q-1 that store nothing, with
+seq_len q, no LoRA adapter (slot -1) and a block-table row of block 0. Block-table
+entries released by a sliding window (NULL_BLOCK, -1) become block 0: a padding row
+may look further back than the window of its sequence's real rows, and must read a
+valid block (what it reads is dropped with it). For q = 1 this is exactly a decode
+padding row: one token at position 0 that attends to one key.
 
 With --enable-lora the graphs capture the LoRA kernels too: each sequence's
 adapter slot is part of the uploaded metadata, so a replay reads the new step's
 slots and the slots' weights as they are now (loading an adapter is a copy into
 a slot that never moves).
 
-Capture happens once, at startup, for every bucket, largest first (so that the
+Capture happens once, at startup, for every shape, largest first (so that the
 smaller graphs' temporaries fit in memory the larger ones already took from
 the graph pool). Each capture runs on views of the graphs' own BatchBuffer at
-the offsets that bucket's uploads will use, with the longest context the engine
+the offsets that shape's uploads will use, with the longest context the engine
 allows as the host-side fact that picks the attention launch, so that the
-frozen launch is valid for every later batch.
+frozen launch is valid for every later batch. (q > 1 goes to the prefill
+attention kernel, whose grid is (ceil(q / 64), H, size) whatever the contexts:
+it reads seq_lens and query_start_loc from the device.)
 
 On cpu and sim, Backend.capture_graph returns a Graph that simply runs the
 forward pass again; the engine does not use graphs there, but the tests drive
@@ -45,11 +70,26 @@ from rawpage.forward_batch import ForwardBatch
 
 logger = logging.getLogger("rawpage")
 
+VERIFY_GRAPH_MAX_TOKENS = 512  # size x q of the largest verification graph (see above)
+
+Shape = tuple[int, int]  # (batch size, query tokens per sequence)
+
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
-    """The buckets: 1, 2, 4, 8, 16, 24, ... up to max_num_seqs (always included)."""
+    """The decode buckets: 1, 2, 4, 8, 16, 24, ... up to max_num_seqs (always included)."""
     sizes = [s for s in (1, 2, 4) if s < max_num_seqs] + list(range(8, max_num_seqs, 8))
     return sorted(set(sizes) | {max_num_seqs})
+
+
+def graph_shapes(max_num_seqs: int, num_speculative_tokens: int = 0) -> list[Shape]:
+    """Every shape to capture: the decode buckets with q = 1 and, with speculative decoding,
+    those of at most VERIFY_GRAPH_MAX_TOKENS tokens with q = k + 1 (at least batch 1)."""
+    sizes = graph_batch_sizes(max_num_seqs)
+    shapes = [(s, 1) for s in sizes]
+    if num_speculative_tokens:
+        q = num_speculative_tokens + 1
+        shapes += [(s, q) for s in sizes if s == 1 or s * q <= VERIFY_GRAPH_MAX_TOKENS]
+    return shapes
 
 
 def pick_bucket(sizes: list[int], batch_size: int) -> int | None:
@@ -58,59 +98,82 @@ def pick_bucket(sizes: list[int], batch_size: int) -> int | None:
     return sizes[i] if i < len(sizes) else None
 
 
-def pad_decode_batch(hb: HostBatch, size: int, width: int) -> HostBatch:
-    """A decode batch of B sequences as `size` rows with `width` block-table columns.
-    Rows past B are padding (see the module docstring); logits_indices covers every row."""
-    B = len(hb.seq_lens)
-    if (B and not hb.is_decode) or B > size or hb.block_tables.shape[1] > width:
-        raise ValueError(f"cannot pad a batch of {B} sequences, {hb.block_tables.shape[1]} blocks wide, to {size}")
+def padded_rows(hb: HostBatch, query_len: int) -> np.ndarray:
+    """(T,): the row of the padded batch (pad_batch) that each of hb's tokens moves to.
+    Sequence i's n_i tokens end its q rows: token t goes to t + (i + 1) q - query_start_loc[i+1]."""
+    shift = (np.arange(1, len(hb.seq_lens) + 1) * query_len - hb.query_start_loc[1:]).astype(np.int32)  # (B,)
+    return np.arange(len(hb.input_ids), dtype=np.int32) + np.repeat(shift, hb.query_lens)
 
-    def padded(a: np.ndarray, fill: int) -> np.ndarray:
+
+def pad_batch(hb: HostBatch, size: int, query_len: int, width: int) -> HostBatch:
+    """hb's B sequences as `size` sequences of query_len rows each, with `width`
+    block-table columns; the padding is the module docstring's. logits_indices covers
+    every row (size * query_len)."""
+    B, q = len(hb.seq_lens), query_len
+    fits = B <= size and hb.block_tables.shape[1] <= width
+    if not fits or (B and (hb.query_lens.max() > q or hb.seq_lens.min() < q)):
+        raise ValueError(
+            f"cannot pad a batch of {B} sequences (chunks of up to {hb.query_lens.max(initial=0)} tokens, "
+            f"{hb.block_tables.shape[1]} blocks wide) to {size} sequences of {q} tokens, {width} blocks wide"
+        )
+    rows = padded_rows(hb, q)  # (T,)
+
+    def per_seq(a: np.ndarray, fill: int) -> np.ndarray:
         out = np.full(size, fill, np.int32)
         out[:B] = a
         return out
 
+    def per_row(a: np.ndarray, fill: np.ndarray | int) -> np.ndarray:
+        out = np.full(size * q, fill, np.int32) if np.isscalar(fill) else fill
+        out[rows] = a
+        return out
+
+    seq_lens = per_seq(hb.seq_lens, q)  # (size,)
+    last_q = np.repeat(seq_lens - q, q) + np.tile(np.arange(q, dtype=np.int32), size)  # (size*q,) positions
     tables = np.zeros((size, width), np.int32)
-    tables[:B, : hb.block_tables.shape[1]] = hb.block_tables
+    tables[:B, : hb.block_tables.shape[1]] = np.maximum(hb.block_tables, 0)  # NULL_BLOCK -> block 0
     return HostBatch(
-        input_ids=padded(hb.input_ids, 0),
-        positions=padded(hb.positions, 0),
-        slot_mapping=padded(hb.slot_mapping, -1),
-        seq_lens=padded(hb.seq_lens, 1),
-        query_start_loc=np.arange(size + 1, dtype=np.int32),
-        logits_indices=np.arange(size, dtype=np.int32),
+        input_ids=per_row(hb.input_ids, 0),
+        positions=per_row(hb.positions, last_q),
+        slot_mapping=per_row(hb.slot_mapping, -1),
+        seq_lens=seq_lens,
+        query_start_loc=np.arange(0, size * q + 1, q, dtype=np.int32),
+        logits_indices=np.arange(size * q, dtype=np.int32),
         block_tables=tables,
-        lora_slots=padded(hb.lora_slots, -1),
+        lora_slots=per_seq(hb.lora_slots, -1),
     )
 
 
 class DecodeGraphs:
-    """Captures the model's decode forward pass per bucket and replays it.
+    """Captures the model's forward pass per shape (batch size, query length) and replays it.
 
-    run(hb) returns the final hidden states of every row of the padded batch,
-    (bucket, dim); row i is sequence i of hb for i < B."""
+    run(hb) returns what model.forward would: the final hidden states of the rows
+    hb.logits_indices names, (N, dim)."""
 
     def __init__(
         self,
         model,
         backend: Backend,
         kv_caches: list[tuple[Array, Array]],
-        sizes: list[int],
+        shapes: list[Shape],
         max_model_len: int,
         block_size: int,
         before_forward: Callable[[ForwardBatch], None] | None = None,
     ) -> None:
-        """before_forward(batch) runs ahead of each captured forward pass (the LoRA slots
-        read the batch's lora_slots, graph inputs like the rest of the metadata)."""
+        """shapes: (batch size, query length) pairs (graph_shapes). before_forward(batch) runs
+        ahead of each captured forward pass (the LoRA slots read the batch's lora_slots,
+        graph inputs like the rest of the metadata)."""
         self.backend = backend
-        self.sizes = sorted(sizes)
+        self.sizes: dict[int, list[int]] = {}  # query length -> its batch-size buckets, ascending
+        for q, size in sorted({(q, size) for size, q in shapes}):
+            self.sizes.setdefault(q, []).append(size)
         self.width = -(-max_model_len // block_size)  # block-table columns of every captured batch
-        # The graphs' own metadata buffer, sized for the largest bucket: it must never
+        # The graphs' own metadata buffer, sized for the largest shape: it must never
         # move, while the runner's buffer for eager steps grows with the batch.
-        largest = self.sizes[-1]
-        self.buffer = BatchBuffer(backend, capacity=7 * largest + 1 + largest * self.width)
-        self.graphs: dict[int, Graph] = {}
-        self.num_replays = dict.fromkeys(self.sizes, 0)
+        capacity = max(4 * s * q + 3 * s + 1 + s * self.width for s, q in shapes)
+        self.buffer = BatchBuffer(backend, capacity=capacity)
+        self.graphs: dict[Shape, Graph] = {}
+        self.num_replays: dict[Shape, int] = dict.fromkeys(sorted(set(shapes)), 0)
         start = time.perf_counter()
 
         def forward(batch: ForwardBatch) -> Array:
@@ -118,31 +181,50 @@ class DecodeGraphs:
                 before_forward(batch)
             return model.forward(batch, kv_caches)
 
-        for size in reversed(self.sizes):
+        for size, q in sorted(self.num_replays, key=lambda s: (s[0] * s[1], s), reverse=True):
             empty = HostBatch(*(np.zeros(0, np.int32) for _ in range(6)), np.zeros((0, 1), np.int32))
-            batch = self.buffer.upload(pad_decode_batch(empty, size, self.width))
+            batch = self.buffer.upload(pad_batch(empty, size, q, self.width))
             # Freeze the attention launch for the longest context any sequence can reach.
             batch.host_seq_lens = np.full(size, max_model_len, np.int32)
-            self.graphs[size] = backend.capture_graph(lambda batch=batch: forward(batch))
+            self.graphs[size, q] = backend.capture_graph(lambda batch=batch: forward(batch))
         self.buffer.frozen = True
-        held = backend.graph_memory_bytes()  # outside the memory plan: see memory.py
-        logger.info(
-            "captured %d decode graphs (batch sizes %s) in %.1f s; their temporaries hold %.0f MiB",
-            len(self.sizes),
-            _ranges(self.sizes),
-            time.perf_counter() - start,
-            held / 2**20,
-        )
+        self._log_captured(time.perf_counter() - start)
+
+    def _log_captured(self, seconds: float) -> None:
+        held = self.backend.graph_memory_bytes()  # outside the memory plan: see memory.py
+        what = [f"{len(self.sizes.get(1, []))} decode graphs (batch sizes {_ranges(self.sizes.get(1, []))})"]
+        what += [
+            f"{len(sizes)} verification graphs ({q} query tokens a sequence, batch sizes {_ranges(sizes)})"
+            for q, sizes in self.sizes.items()
+            if q > 1
+        ]
+        logger.info("captured %s in %.1f s; their temporaries hold %.0f MiB", " and ".join(what), seconds, held / 2**20)
+
+    def pick(self, hb: HostBatch) -> Shape | None:
+        """The shape hb replays from: the smallest query length that holds every chunk (and
+        no more than the shortest context), then the smallest batch bucket; None: eager."""
+        B = len(hb.seq_lens)
+        if B == 0 or hb.block_tables.shape[1] > self.width:
+            return None
+        longest, shortest = int(hb.query_lens.max()), int(hb.seq_lens.min())
+        for q, sizes in self.sizes.items():  # ascending q
+            size = pick_bucket(sizes, B) if longest <= q <= shortest else None
+            if size is not None:
+                return size, q
+        return None
 
     def can_run(self, hb: HostBatch) -> bool:
-        fits = pick_bucket(self.sizes, len(hb.seq_lens)) is not None and hb.block_tables.shape[1] <= self.width
-        return hb.is_decode and fits
+        return self.pick(hb) is not None
 
     def run(self, hb: HostBatch) -> Array:
-        size = pick_bucket(self.sizes, len(hb.seq_lens))
-        self.buffer.upload(pad_decode_batch(hb, size, self.width))
-        self.num_replays[size] += 1
-        return self.graphs[size].replay()
+        size, q = self.pick(hb)
+        self.buffer.upload(pad_batch(hb, size, q, self.width))
+        self.num_replays[size, q] += 1
+        hidden = self.graphs[size, q].replay()  # (size * q, dim): every row of the padded batch
+        rows = padded_rows(hb, q)[hb.logits_indices]  # (N,)
+        if np.array_equal(rows, np.arange(len(rows))):
+            return hidden[: len(rows)]
+        return hidden[self.backend.asarray(rows, np.int64)]
 
 
 def _ranges(sizes: list[int]) -> str:

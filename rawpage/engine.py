@@ -23,15 +23,20 @@ from rawpage.backends import get_backend
 from rawpage.beam_search import BeamSearch, BeamState
 from rawpage.block_manager import BlockManager
 from rawpage.chat_template import ChatTemplate
-from rawpage.decode_graphs import graph_batch_sizes
 from rawpage.device_logits import DeviceLogits
 from rawpage.engine_args import EngineArgs
-from rawpage.engine_setup import load_model, make_runner, num_swap_blocks, resolve_dtype, resolve_max_model_len
+from rawpage.engine_setup import (
+    cuda_graph_shapes,
+    load_model,
+    make_runner,
+    num_swap_blocks,
+    resolve_dtype,
+    resolve_max_model_len,
+)
 from rawpage.errors import WorkerDiedError
 from rawpage.forking import Forker
 from rawpage.loader import load_checkpoint
 from rawpage.lora.manager import LoRARequest, resolve_lora
-from rawpage.models.registry import supports_cuda_graphs
 from rawpage.output_processor import OutputProcessor
 from rawpage.outputs import RequestOutput
 from rawpage.request_checks import check_request, check_salt_and_priority
@@ -76,9 +81,8 @@ class LLMEngine:
         max_loras = self.lora.max_loras if self.lora else 0
         config = SchedulerConfig(args.max_num_seqs, batched, self.max_model_len, args.preemption_mode, max_loras)
         self.scheduler = Scheduler(config, self.block_manager)
-        graphs = self.backend.supports_graphs and not args.enforce_eager and supports_cuda_graphs(c)
-        sizes = graph_batch_sizes(args.max_num_seqs) if graphs else None  # decode batches replayed from graphs
-        runner_args = (self.model, self.backend, args, num_blocks, num_cpu_blocks, sizes, self.max_model_len)
+        shapes = cuda_graph_shapes(args, self.backend, c)  # decode and verification steps replayed from graphs
+        runner_args = (self.model, self.backend, args, num_blocks, num_cpu_blocks, shapes, self.max_model_len)
         self.runner = make_runner(self.workers, *runner_args, self.lora)
         self.grammars = GrammarCompiler(self.tokenizer.hf, c.vocab_size, c.eos_token_ids)
         self.masks = MaskPrefetcher(self.grammars.words)

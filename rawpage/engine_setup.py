@@ -9,13 +9,14 @@ from typing import Any
 from rawpage.backends import cuda_available
 from rawpage.backends.base import Backend
 from rawpage.config import ModelConfig
+from rawpage.decode_graphs import graph_shapes
 from rawpage.engine_args import EngineArgs, parse_kv_cache_scales
 from rawpage.kv_cache_scales import calibrate_kv_cache_scales
 from rawpage.lora.manager import LoRAManager
 from rawpage.memory import DEFAULT_CPU_KV_CACHE, GiB, MemoryPlan, plan_fixed, profile_gpu
 from rawpage.model_runner import ModelRunner, kv_bytes_per_block
 from rawpage.models.llama import LlamaModel
-from rawpage.models.registry import build_model
+from rawpage.models.registry import build_model, supports_cuda_graphs
 from rawpage.profile_run import profile_run
 from rawpage.quantization.select import apply_quantization_flag
 
@@ -140,6 +141,15 @@ def load_model(
     return model, plan if group is None else group.agree_on_pool(plan), group, lora
 
 
+def cuda_graph_shapes(a: EngineArgs, backend: Backend, config: ModelConfig) -> list[tuple[int, int]] | None:
+    """The (batch size, query length) shapes to capture as CUDA graphs: decode steps and,
+    with speculative decoding, verification steps of k + 1 tokens a sequence; None: eager."""
+    if not backend.supports_graphs or a.enforce_eager or not supports_cuda_graphs(config):
+        return None
+    k = a.speculative_config.num_speculative_tokens if a.speculative_config else 0
+    return graph_shapes(a.max_num_seqs, k)
+
+
 def make_runner(
     group: Any,
     model: Any,
@@ -147,15 +157,15 @@ def make_runner(
     a: EngineArgs,
     num_blocks: int,
     num_cpu_blocks: int,
-    graph_sizes: list[int] | None,
+    graph_shapes: list[tuple[int, int]] | None,
     max_model_len: int,
     lora: LoRAManager | None = None,
 ) -> ModelRunner:
     """The engine's ModelRunner; under tensor parallelism, one that drives the workers' too."""
-    runner_args = (model, backend, a.block_size, num_blocks, num_cpu_blocks, graph_sizes, max_model_len)
+    runner_args = (model, backend, a.block_size, num_blocks, num_cpu_blocks, graph_shapes, max_model_len)
     if group is None:
         return ModelRunner(*runner_args, lora)
     from rawpage.distributed.executor import ParallelModelRunner
 
-    group.start_runners(num_blocks, num_cpu_blocks, graph_sizes)
+    group.start_runners(num_blocks, num_cpu_blocks, graph_shapes)
     return ParallelModelRunner(group, *runner_args)

@@ -13,9 +13,9 @@ peak activation memory, then give the KV cache everything left under
 the arithmetic is tested with a fake device; `plan_gpu` is the formula.
 
 The decode CUDA graphs are captured after the KV cache is allocated, and their
-temporaries (one decode step of at most --max-num-seqs tokens, far smaller than
-the profiled prefill peak) come out of the 1 - utilization headroom, as in
-vLLM; startup logs how much they hold.
+temporaries (one decode step of at most --max-num-seqs tokens, or a speculative
+verification step of at most 512, far smaller than the profiled prefill peak)
+come out of the 1 - utilization headroom, as in vLLM; startup logs how much they hold.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 It turns the scheduler's list of (sequence, new tokens) into the flat arrays the
 model reads (input_ids, positions, slot_mapping, block_tables, seq_lens,
 query_start_loc), built with vectorized NumPy and copied to the device once
-(rawpage/batch_buffer.py), then runs the forward pass (a pure decode step
-replays a CUDA graph when it has them: rawpage/decode_graphs.py) and returns the
+(rawpage/batch_buffer.py), then runs the forward pass (a decode or verification
+step replays a CUDA graph when it has them: rawpage/decode_graphs.py) and returns the
 logits rows the engine asked for, still on the device (rawpage/device_logits.py).
 """
 
@@ -36,12 +36,12 @@ class ModelRunner:
         block_size: int,
         num_blocks: int,
         num_cpu_blocks: int = 0,
-        graph_batch_sizes: list[int] | None = None,
+        graph_shapes: list[tuple[int, int]] | None = None,
         max_model_len: int | None = None,
         lora: LoRAManager | None = None,
     ) -> None:
-        """graph_batch_sizes: capture a decode graph for each of these batch sizes (decode_graphs.
-        graph_batch_sizes); None runs every step eagerly. KV caches: uint8 if FP8 scales are set.
+        """graph_shapes: capture a graph for each (batch size, query tokens a sequence) (decode_graphs.
+        graph_shapes); None runs every step eagerly. KV caches: uint8 if FP8 scales are set.
         lora: the adapter slots (--enable-lora)."""
         c = model.config
         kv_cache_dtype = np.uint8 if backend.kv_scales is not None else None
@@ -56,10 +56,10 @@ class ModelRunner:
         self.cpu_caches = [(np.zeros(cpu_shape, dtype), np.zeros(cpu_shape, dtype)) for _ in range(c.num_layers)]
         self.buffer = BatchBuffer(backend)
         self.graphs = None
-        if graph_batch_sizes:
+        if graph_shapes:
             max_len = max_model_len or c.max_position_embeddings
             set_lora = lora.set_batch if lora else None
-            self.graphs = DecodeGraphs(model, backend, self.kv_caches, graph_batch_sizes, max_len, block_size, set_lora)
+            self.graphs = DecodeGraphs(model, backend, self.kv_caches, graph_shapes, max_len, block_size, set_lora)
 
     def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
         """Swap-outs first: their GPU blocks may already be promised to someone else."""
@@ -114,12 +114,7 @@ class ModelRunner:
     def run(self, hb: HostBatch) -> DeviceLogits:
         """The forward pass of a built batch (on a tensor-parallel worker, logits data None: rank 0 samples)."""
         if self.graphs is not None and self.graphs.can_run(hb):
-            hidden = self.graphs.run(hb)  # (bucket, dim): every row of the padded batch
-            rows = hb.logits_indices
-            if not np.array_equal(rows, np.arange(len(hb.seq_lens))):
-                hidden = hidden[self.backend.asarray(rows, np.int64)]
-            else:
-                hidden = hidden[: len(rows)]
+            hidden = self.graphs.run(hb)  # (N, dim), replayed from the padded batch's graph
         else:
             batch = self.buffer.upload(hb)
             if self.lora is not None:

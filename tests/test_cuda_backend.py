@@ -108,7 +108,7 @@ def test_graphs_replay_what_eager_computes(tiny_model_dir):
 
     graphs, with_graphs = _greedy(tiny_model_dir, dtype="float32", max_num_seqs=16)
     _, eager = _greedy(tiny_model_dir, dtype="float32", max_num_seqs=16, enforce_eager=True)
-    assert graphs.engine.runner.graphs is not None and graphs.engine.runner.graphs.num_replays[16] > 0
+    assert graphs.engine.runner.graphs is not None and graphs.engine.runner.graphs.num_replays[16, 1] > 0
     assert with_graphs == eager
     cpu = LLM(tiny_model_dir, device="cpu", max_model_len=256)
     prompts = [{"prompt_token_ids": list(range(5 + 7 * i, 25 + 13 * i))} for i in range(11)]

@@ -88,8 +88,8 @@ class TensorParallelGroup:
         per_block = plan.bytes_per_block
         return MemoryPlan(**{**vars(plan), "num_blocks": min(counts), "kv_bytes": min(counts) * per_block})
 
-    def start_runners(self, num_blocks: int, num_cpu_blocks: int, graph_sizes: list[int] | None) -> None:
-        self.broadcast(("runner", num_blocks, num_cpu_blocks, graph_sizes))
+    def start_runners(self, num_blocks: int, num_cpu_blocks: int, graph_shapes: list[tuple[int, int]] | None) -> None:
+        self.broadcast(("runner", num_blocks, num_cpu_blocks, graph_shapes))
 
     def broadcast(self, msg: tuple) -> None:
         """Send one command to every worker, first checking that each is still alive."""

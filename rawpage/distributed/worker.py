@@ -78,8 +78,8 @@ def _start(rank, size, args, device, control, comm_endpoint, batched, max_model_
     msg = control.recv()
     if msg[0] != "runner":
         return None
-    _, num_blocks, num_cpu_blocks, graph_sizes = msg
-    return ModelRunner(model, backend, args.block_size, num_blocks, num_cpu_blocks, graph_sizes, max_model_len)
+    _, num_blocks, num_cpu_blocks, graph_shapes = msg
+    return ModelRunner(model, backend, args.block_size, num_blocks, num_cpu_blocks, graph_shapes, max_model_len)
 
 
 def _serve(runner, control: Connection) -> None:

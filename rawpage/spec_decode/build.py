@@ -52,7 +52,7 @@ def build_spec_decoder(engine: Any) -> SpecDecoder | NoSpeculation:
             engine.args.seed,
         )
     logger.info(
-        "speculative decoding: %s, %d tokens per step%s (CUDA graphs replay plain decode steps only)",
+        "speculative decoding: %s, %d tokens per step%s",
         config.method,
         config.num_speculative_tokens,
         f", lookup {config.prompt_lookup_min}..{config.prompt_lookup_max}" if config.method == "ngram" else "",
