@@ -101,46 +101,45 @@ def pick_bucket(sizes: list[int], batch_size: int) -> int | None:
 def padded_rows(hb: HostBatch, query_len: int) -> np.ndarray:
     """(T,): the row of the padded batch (pad_batch) that each of hb's tokens moves to.
     Sequence i's n_i tokens end its q rows: token t goes to t + (i + 1) q - query_start_loc[i+1]."""
-    shift = (np.arange(1, len(hb.seq_lens) + 1) * query_len - hb.query_start_loc[1:]).astype(np.int32)  # (B,)
-    return np.arange(len(hb.input_ids), dtype=np.int32) + np.repeat(shift, hb.query_lens)
+    T = len(hb.input_ids)
+    if query_len == 1:  # a decode step: every token keeps its row
+        return np.arange(T, dtype=np.int32)
+    shift = np.arange(query_len, query_len * (len(hb.seq_lens) + 1), query_len) - hb.query_start_loc[1:]  # (B,)
+    return (np.arange(T) + np.repeat(shift, np.diff(hb.query_start_loc))).astype(np.int32)
 
 
 def pad_batch(hb: HostBatch, size: int, query_len: int, width: int) -> HostBatch:
     """hb's B sequences as `size` sequences of query_len rows each, with `width`
     block-table columns; the padding is the module docstring's. logits_indices covers
     every row (size * query_len)."""
-    B, q = len(hb.seq_lens), query_len
-    fits = B <= size and hb.block_tables.shape[1] <= width
-    if not fits or (B and (hb.query_lens.max() > q or hb.seq_lens.min() < q)):
+    (B, W), q, n = hb.block_tables.shape, query_len, hb.query_lens
+    if B > size or W > width or (B and (n.max() > q or hb.seq_lens.min() < q)):
         raise ValueError(
-            f"cannot pad a batch of {B} sequences (chunks of up to {hb.query_lens.max(initial=0)} tokens, "
-            f"{hb.block_tables.shape[1]} blocks wide) to {size} sequences of {q} tokens, {width} blocks wide"
+            f"cannot pad a batch of {B} sequences (chunks of up to {n.max(initial=0)} tokens, "
+            f"{W} blocks wide) to {size} sequences of {q} tokens, {width} blocks wide"
         )
-    rows = padded_rows(hb, q)  # (T,)
+    rows = slice(0, B) if q == 1 else padded_rows(hb, q)  # (T,) where each token goes
 
-    def per_seq(a: np.ndarray, fill: int) -> np.ndarray:
-        out = np.full(size, fill, np.int32)
-        out[:B] = a
-        return out
-
-    def per_row(a: np.ndarray, fill: np.ndarray | int) -> np.ndarray:
-        out = np.full(size * q, fill, np.int32) if np.isscalar(fill) else fill
+    def per_row(a: np.ndarray, out: np.ndarray) -> np.ndarray:
         out[rows] = a
         return out
 
-    seq_lens = per_seq(hb.seq_lens, q)  # (size,)
-    last_q = np.repeat(seq_lens - q, q) + np.tile(np.arange(q, dtype=np.int32), size)  # (size*q,) positions
+    seq_lens = np.full(size, q, np.int32)  # (size,)
+    seq_lens[:B] = hb.seq_lens
+    last_q = ((seq_lens - q)[:, None] + np.arange(q, dtype=np.int32)).reshape(-1)  # (size*q,) positions
     tables = np.zeros((size, width), np.int32)
-    tables[:B, : hb.block_tables.shape[1]] = np.maximum(hb.block_tables, 0)  # NULL_BLOCK -> block 0
+    np.maximum(hb.block_tables, 0, out=tables[:B, :W])  # NULL_BLOCK -> block 0
+    lora_slots = np.full(size, -1, np.int32)
+    lora_slots[:B] = hb.lora_slots
     return HostBatch(
-        input_ids=per_row(hb.input_ids, 0),
+        input_ids=per_row(hb.input_ids, np.zeros(size * q, np.int32)),
         positions=per_row(hb.positions, last_q),
-        slot_mapping=per_row(hb.slot_mapping, -1),
+        slot_mapping=per_row(hb.slot_mapping, np.full(size * q, -1, np.int32)),
         seq_lens=seq_lens,
         query_start_loc=np.arange(0, size * q + 1, q, dtype=np.int32),
         logits_indices=np.arange(size * q, dtype=np.int32),
         block_tables=tables,
-        lora_slots=per_seq(hb.lora_slots, -1),
+        lora_slots=lora_slots,
     )
 
 
@@ -206,21 +205,20 @@ class DecodeGraphs:
         B = len(hb.seq_lens)
         if B == 0 or hb.block_tables.shape[1] > self.width:
             return None
-        longest, shortest = int(hb.query_lens.max()), int(hb.seq_lens.min())
+        longest = 1 if hb.is_decode else int(hb.query_lens.max())
         for q, sizes in self.sizes.items():  # ascending q
-            size = pick_bucket(sizes, B) if longest <= q <= shortest else None
-            if size is not None:
-                return size, q
+            if longest <= q and (q == 1 or q <= hb.seq_lens.min()):
+                size = pick_bucket(sizes, B)
+                if size is not None:
+                    return size, q
         return None
 
-    def can_run(self, hb: HostBatch) -> bool:
-        return self.pick(hb) is not None
-
-    def run(self, hb: HostBatch) -> Array:
-        size, q = self.pick(hb)
+    def run(self, hb: HostBatch, shape: Shape) -> Array:
+        """Replays the graph of `shape` (from pick(hb)) for hb: (N, dim), hb's logits rows."""
+        size, q = shape
         self.buffer.upload(pad_batch(hb, size, q, self.width))
-        self.num_replays[size, q] += 1
-        hidden = self.graphs[size, q].replay()  # (size * q, dim): every row of the padded batch
+        self.num_replays[shape] += 1
+        hidden = self.graphs[shape].replay()  # (size * q, dim): every row of the padded batch
         rows = padded_rows(hb, q)[hb.logits_indices]  # (N,)
         if np.array_equal(rows, np.arange(len(rows))):
             return hidden[: len(rows)]

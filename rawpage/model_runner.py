@@ -113,8 +113,9 @@ class ModelRunner:
 
     def run(self, hb: HostBatch) -> DeviceLogits:
         """The forward pass of a built batch (on a tensor-parallel worker, logits data None: rank 0 samples)."""
-        if self.graphs is not None and self.graphs.can_run(hb):
-            hidden = self.graphs.run(hb)  # (N, dim), replayed from the padded batch's graph
+        shape = self.graphs.pick(hb) if self.graphs is not None else None  # (batch size, query length)
+        if shape is not None:
+            hidden = self.graphs.run(hb, shape)  # (N, dim), replayed from the padded batch's graph
         else:
             batch = self.buffer.upload(hb)
             if self.lora is not None:

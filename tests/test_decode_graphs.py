@@ -13,6 +13,7 @@ from rawpage.batch_buffer import BatchBuffer, HostBatch
 from rawpage.decode_graphs import DecodeGraphs, graph_batch_sizes, graph_shapes, pad_batch, padded_rows, pick_bucket
 from rawpage.models.llama import LlamaModel
 from tests.kernels.test_model_sim import tiny_llama
+from tests.model_harness import assert_no_leaks
 
 BS = 16
 
@@ -170,10 +171,9 @@ def test_padded_replay_equals_eager_and_reads_the_fixed_buffer(device):
     eager_kv = [(k.copy(), v.copy()) for k, v in kv]  # eager runs on its own copy of the cache
     before = [k.copy() for k, _ in kv]
     for hb in steps:
-        assert graphs.can_run(hb)
-        got = backend.to_numpy(graphs.run(hb))  # (B, dim): the rows hb asks for
         B = len(hb.seq_lens)
         assert graphs.pick(hb) == (pick_bucket(graphs.sizes[1], B), 1)
+        got = backend.to_numpy(graphs.run(hb, graphs.pick(hb)))  # (B, dim): the rows hb asks for
         want = backend.to_numpy(model.forward(BatchBuffer(backend).upload(hb), eager_kv))
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         padded = backend.to_numpy(graphs.graphs[graphs.pick(hb)].output)  # (bucket, dim)
@@ -195,9 +195,9 @@ def test_padded_replay_equals_eager_and_reads_the_fixed_buffer(device):
 def test_only_pure_decode_batches_that_fit_a_bucket_replay():
     model, backend, kv = model_and_cache("cpu")
     graphs = DecodeGraphs(model, backend, kv, graph_shapes(2), max_model_len=32, block_size=BS)
-    assert graphs.can_run(decode_batch([5, 9], [[1], [2]], [1, 2]))
-    assert not graphs.can_run(decode_batch([5, 9, 3], [[1], [2], [3]], [1, 2, 3]))  # B > largest bucket
-    assert not graphs.can_run(decode_batch([40], [[1, 2, 3]], [1]))  # wider than max_model_len allows
+    assert graphs.pick(decode_batch([5, 9], [[1], [2]], [1, 2])) == (2, 1)
+    assert graphs.pick(decode_batch([5, 9, 3], [[1], [2], [3]], [1, 2, 3])) is None  # B > largest bucket
+    assert graphs.pick(decode_batch([40], [[1, 2, 3]], [1])) is None  # wider than max_model_len allows
     chunk = HostBatch(
         np.zeros(4, np.int32),
         np.arange(4, dtype=np.int32),
@@ -207,7 +207,7 @@ def test_only_pure_decode_batches_that_fit_a_bucket_replay():
         np.array([3], np.int32),
         np.zeros((1, 1), np.int32),
     )
-    assert not graphs.can_run(chunk)
+    assert graphs.pick(chunk) is None
 
 
 def test_graph_views_alias_the_metadata_buffer():
@@ -222,7 +222,7 @@ def test_graph_views_alias_the_metadata_buffer():
     model.forward = spy
     graphs = DecodeGraphs(model, backend, kv, [(2, 1)], max_model_len=32, block_size=BS)
     buffer = graphs.buffer
-    graphs.run(decode_batch([5], [[1]], [7]))
+    graphs.run(decode_batch([5], [[1]], [7]), (2, 1))
     for batch in seen:
         for field in ("input_ids", "positions", "slot_mapping", "seq_lens", "block_tables"):
             assert np.shares_memory(getattr(batch, field), buffer.device)
@@ -289,7 +289,7 @@ def test_verification_replay_gives_the_eager_logits(device):
     before = [k.copy() for k, _ in kv]
     steps = verification_steps()
     for hb in steps:
-        hidden = graphs.run(hb)  # (N, dim)
+        hidden = graphs.run(hb, graphs.pick(hb))  # (N, dim)
         want = model.forward(BatchBuffer(backend).upload(hb), eager_kv)
         np.testing.assert_allclose(backend.to_numpy(hidden), backend.to_numpy(want), rtol=1e-5, atol=1e-5)
         got_logits, want_logits = (backend.to_numpy(model.compute_logits(h)) for h in (hidden, want))
@@ -316,29 +316,57 @@ def test_only_steps_that_fit_a_verification_shape_replay():
     assert graphs.pick(chunk_batch([70], [[1, 2, 3, 4, 5]], [[1, 2]])) is None  # wider than max_model_len allows
 
 
-def test_greedy_speculation_with_graphs_gives_the_plain_tokens(tiny_model_dir, monkeypatch, caplog):
+def repetitive_prompts(n: int) -> list[dict]:
+    rng = np.random.default_rng(3)
+    units = [rng.integers(3, 400, 4 + i).tolist() for i in range(n)]
+    return [{"prompt_token_ids": u * 4 + u[:2]} for u in units]  # prompt lookup finds drafts
+
+
+NGRAM3 = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+
+
+@pytest.mark.parametrize("pool", ["roomy", "preempting"])
+def test_greedy_speculation_with_graphs_gives_the_plain_tokens(tiny_model_dir, monkeypatch, caplog, pool):
     """The whole engine on the CPU with graphs forced on and n-gram speculation: verification
-    steps replay their graphs, and the greedy tokens are those of a plain run without speculation."""
+    steps replay their graphs, and the greedy tokens are those of a plain run without
+    speculation; also with chunked prefill and a pool small enough to force preemption."""
     import logging
 
     from rawpage import LLM, SamplingParams
     from rawpage.backends.cpu import CPUBackend
 
-    rng = np.random.default_rng(3)
-    units = [rng.integers(3, 400, 4 + i).tolist() for i in range(6)]
-    prompts = [{"prompt_token_ids": u * 4 + u[:2]} for u in units]  # repetitive: prompt lookup drafts
+    prompts = repetitive_prompts(6)
     params = [SamplingParams(temperature=0, max_tokens=12 + 3 * i, ignore_eos=True) for i in range(6)]
     plain = LLM(tiny_model_dir, max_num_seqs=8, max_model_len=256)
     want = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
     monkeypatch.setattr(CPUBackend, "supports_graphs", True)
-    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    kw = dict(max_model_len=256)
+    if pool == "preempting":  # 12 blocks of 16 tokens for 6 sequences of up to 65; prefill in chunks of 40
+        kw = dict(max_model_len=128, num_gpu_blocks_override=12, max_num_batched_tokens=40)
     with caplog.at_level(logging.INFO, logger="rawpage"):
-        llm = LLM(tiny_model_dir, max_num_seqs=8, max_model_len=256, speculative_config=ngram)
+        llm = LLM(tiny_model_dir, max_num_seqs=8, speculative_config=NGRAM3, **kw)
     assert "4 decode graphs (batch sizes 1..8) and 4 verification graphs (4 query tokens" in caplog.text
     graphs = llm.engine.runner.graphs
     assert graphs.sizes == {1: [1, 2, 4, 8], 4: [1, 2, 4, 8]}
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == want
     assert llm.engine.spec.stats.num_accepted_tokens > 0
+    assert (llm.engine.scheduler.num_preemptions > 0) == (pool == "preempting")
+    assert_no_leaks(llm.engine)
     verified = {shape: n for shape, n in graphs.num_replays.items() if shape[1] == 4 and n}
     assert verified and sum(verified.values()) > 3, f"verification steps replayed: {graphs.num_replays}"
+
+
+def test_sim_engine_replays_verification_graphs(tiny_model_dir, monkeypatch):
+    """The engine on `--device sim` (our CUDA kernels: the verification graphs run the prefill
+    attention kernel on the padded chunks) with graphs forced on: the cpu's plain tokens."""
+    from rawpage import LLM, SamplingParams
+    from rawpage.backends.sim import SimBackend
+
+    prompts, p = repetitive_prompts(3), SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in LLM(tiny_model_dir).generate(prompts, p, use_tqdm=False)]
+    monkeypatch.setattr(SimBackend, "supports_graphs", True)
+    sim = LLM(tiny_model_dir, device="sim", speculative_config=NGRAM3, max_num_seqs=4, max_model_len=128)
+    assert [o.outputs[0].token_ids for o in sim.generate(prompts, p, use_tqdm=False)] == want
+    replays = sim.engine.runner.graphs.num_replays
+    assert sum(n for (_, q), n in replays.items() if q == 4) > 0, replays
