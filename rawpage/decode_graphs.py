@@ -7,19 +7,21 @@ query tokens each. q = 1 is a plain decode step; with speculative decoding, q = 
 is a verification step (each sequence's new token and up to k drafts, which the
 forward pass sees as a short chunk). A step of B sequences whose chunks are all at
 most q tokens is padded up to the smallest bucket >= B of the smallest such q and
-replayed from that graph.
+replayed from that graph. (A short prefill tail may ride along: it is the same
+computation.)
 
 Decode buckets are 1, 2, 4, then every multiple of 8 up to --max-num-seqs (vLLM's
 choice): padding wastes at most 7 rows, and a decode step costs about the same at 57
 rows as at 64, because it is bound by reading the weights. Verification buckets are
-the decode buckets of at most VERIFY_GRAPH_MAX_TOKENS tokens (size x q): below that a
-step is short enough that ~400 launches from Python are a large part of it; above it
-the step is compute-bound (on an H200 an 8B step's GEMMs pass its weight-read time at
-about 150 to 200 tokens), launch time is a few percent, and speculating at such batches rarely pays.
-Their temporaries come from the pool the decode graphs share (cuda_graph_capture.py),
-so they add at most the activations of 512 tokens (under 100 MiB at the 8B shape), and each
-capture costs what a decode capture does (k = 4 and 256 sequences: 15 more graphs
-besides 35 decode graphs).
+the decode buckets of at most VERIFY_GRAPH_MAX_TOKENS tokens (size x q), and always
+batch 1. Below that a step is short enough that ~400 launches from Python are a
+large part of it. Above it the step is compute-bound (by the H200's datasheet, an
+8B step's GEMMs outlast its weight reads from about 150 to 200 tokens), launch time
+is a few percent, and speculating at such batches rarely pays. Their temporaries
+come from the pool all graphs share (cuda_graph_capture.py), so they add at most the
+activations of 512 tokens (under 100 MiB at the 8B shape), and each capture costs
+about what a decode capture does (k = 4 and 256 sequences: 15 graphs besides the 35
+decode graphs).
 
 Padding, the same for every q. Sequence i's q rows are the LAST q positions of its
 context, seq_len - q .. seq_len - 1 (the attention contract: a chunk is the end of
@@ -102,7 +104,7 @@ def padded_rows(hb: HostBatch, query_len: int) -> np.ndarray:
     """(T,): the row of the padded batch (pad_batch) that each of hb's tokens moves to.
     Sequence i's n_i tokens end its q rows: token t goes to t + (i + 1) q - query_start_loc[i+1]."""
     T = len(hb.input_ids)
-    if query_len == 1:  # a decode step: every token keeps its row
+    if T == len(hb.seq_lens) * query_len:  # every chunk fills its q rows (a decode step): none moves
         return np.arange(T, dtype=np.int32)
     shift = np.arange(query_len, query_len * (len(hb.seq_lens) + 1), query_len) - hb.query_start_loc[1:]  # (B,)
     return (np.arange(T) + np.repeat(shift, np.diff(hb.query_start_loc))).astype(np.int32)
@@ -118,7 +120,8 @@ def pad_batch(hb: HostBatch, size: int, query_len: int, width: int) -> HostBatch
             f"cannot pad a batch of {B} sequences (chunks of up to {n.max(initial=0)} tokens, "
             f"{W} blocks wide) to {size} sequences of {q} tokens, {width} blocks wide"
         )
-    rows = slice(0, B) if q == 1 else padded_rows(hb, q)  # (T,) where each token goes
+    T = len(hb.input_ids)
+    rows = slice(0, T) if T == B * q else padded_rows(hb, q)  # (T,) where each token goes
 
     def per_row(a: np.ndarray, out: np.ndarray) -> np.ndarray:
         out[rows] = a
@@ -146,7 +149,8 @@ def pad_batch(hb: HostBatch, size: int, query_len: int, width: int) -> HostBatch
 class DecodeGraphs:
     """Captures the model's forward pass per shape (batch size, query length) and replays it.
 
-    run(hb) returns what model.forward would: the final hidden states of the rows
+    pick(hb) says which graph a step replays (None: run it eagerly); run(hb, shape)
+    returns what model.forward would: the final hidden states of the rows
     hb.logits_indices names, (N, dim)."""
 
     def __init__(

@@ -370,3 +370,25 @@ def test_sim_engine_replays_verification_graphs(tiny_model_dir, monkeypatch):
     assert [o.outputs[0].token_ids for o in sim.generate(prompts, p, use_tqdm=False)] == want
     replays = sim.engine.runner.graphs.num_replays
     assert sum(n for (_, q), n in replays.items() if q == 4) > 0, replays
+
+
+@pytest.mark.parametrize("device", ["cpu", "sim"])
+def test_verification_graphs_under_a_sliding_window(tmp_path, monkeypatch, device):
+    """A tiny Mistral (window 16 in every layer) releases blocks as sequences run; the padding
+    rows of a verification graph look up to k positions further back than the real rows, into
+    released (NULL) table entries, which the padded table maps to block 0. Greedy tokens stay
+    the plain run's."""
+    from rawpage import LLM, SamplingParams
+    from rawpage.backends.cpu import CPUBackend
+    from rawpage.backends.sim import SimBackend
+    from tests.tiny_families import write_family
+
+    folder = write_family(str(tmp_path / "mistral"), "mistral")
+    prompts, p = repetitive_prompts(3), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in LLM(folder).generate(prompts, p, use_tqdm=False)]
+    monkeypatch.setattr(CPUBackend if device == "cpu" else SimBackend, "supports_graphs", True)
+    llm = LLM(folder, device=device, speculative_config=NGRAM3, max_num_seqs=4, max_model_len=128)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, p, use_tqdm=False)] == want
+    assert llm.engine.block_manager.num_window_releases > 0
+    replays = llm.engine.runner.graphs.num_replays
+    assert sum(n for (_, q), n in replays.items() if q == 4) > 0, replays
