@@ -122,6 +122,33 @@ def test_graphs_in_bfloat16_agree_with_eager(tiny_model_dir):
     assert with_graphs == eager
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_verification_graphs_replay_what_eager_computes(tiny_model_dir, dtype):
+    """Speculative decoding (n-gram, k = 3) on repetitive prompts: verification steps replay
+    their graphs (each sequence padded to 4 query tokens: the prefill attention kernel) and
+    give eager's greedy tokens; in float32 also the CPU's tokens without speculation."""
+    from rawpage import LLM, SamplingParams
+
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    rng = np.random.default_rng(3)
+    units = [rng.integers(3, 400, 4 + i).tolist() for i in range(6)]
+    prompts = [{"prompt_token_ids": u * 4 + u[:2]} for u in units]  # prompt lookup finds drafts
+    p = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+
+    def greedy(**kw):
+        llm = LLM(tiny_model_dir, dtype=dtype, max_model_len=256, num_gpu_blocks_override=512, max_num_seqs=8, **kw)
+        return llm, [o.outputs[0].token_ids for o in llm.generate(prompts, p, use_tqdm=False)]
+
+    graphed, with_graphs = greedy(device="cuda", speculative_config=ngram)
+    _, eager = greedy(device="cuda", speculative_config=ngram, enforce_eager=True)
+    replays = graphed.engine.runner.graphs.num_replays
+    assert sum(n for (_, q), n in replays.items() if q == 4) > 0, replays
+    assert with_graphs == eager
+    if dtype == "float32":
+        _, cpu = greedy(device="cpu")
+        assert with_graphs == cpu
+
+
 def test_memory_is_sized_by_profiling(tiny_model_dir, cupy):
     free, total = cupy.cuda.runtime.memGetInfo()
     util = round((total - free + (1 << 30)) / total, 3)  # about 1 GiB for the KV cache
