@@ -95,26 +95,28 @@ def chunk_batch(seq_lens: list[int], tables: list[list[int]], chunks: list[list[
 
 
 def test_verification_padding_puts_padding_rows_before_each_chunk():
-    # three sequences with 0, 2 and 1 drafts (chunks of 1, 3, 2 tokens), k = 3: q = 4
-    hb = chunk_batch([5, 20, 9], [[3], [7, 2], [-1]], [[11], [12, 13, 14], [15, 16]])
+    # three sequences with 0, 2 and 1 drafts (chunks of 1, 3, 2 tokens), k = 3: q = 4; the
+    # third's first block has left a sliding window (NULL_BLOCK, -1)
+    hb = chunk_batch([5, 20, 21], [[3], [7, 2], [-1, 4]], [[11], [12, 13, 14], [15, 16]])
     p = pad_batch(hb, 4, 4, width=8)
     np.testing.assert_array_equal(padded_rows(hb, 4), [3, 5, 6, 7, 10, 11])
     pad = -1
     np.testing.assert_array_equal(p.input_ids.reshape(4, 4), [[0, 0, 0, 11], [0, 12, 13, 14], [0, 0, 15, 16], [0] * 4])
     # each sequence's q rows are the last q positions of its context; the padding sequence's are 0..3
     np.testing.assert_array_equal(
-        p.positions.reshape(4, 4), [[1, 2, 3, 4], [16, 17, 18, 19], [5, 6, 7, 8], [0, 1, 2, 3]]
+        p.positions.reshape(4, 4), [[1, 2, 3, 4], [16, 17, 18, 19], [17, 18, 19, 20], [0, 1, 2, 3]]
     )
     slots = p.slot_mapping.reshape(4, 4)
     np.testing.assert_array_equal(slots[:, :1], [[pad]] * 4)
     np.testing.assert_array_equal(slots[0], [pad, pad, pad, 3 * BS + 4])
     np.testing.assert_array_equal(slots[1, 1:], [2 * BS + 1, 2 * BS + 2, 2 * BS + 3])
+    np.testing.assert_array_equal(slots[2], [pad, pad, 4 * BS + 3, 4 * BS + 4])
     np.testing.assert_array_equal(slots[3], [pad] * 4)
-    np.testing.assert_array_equal(p.seq_lens, [5, 20, 9, 4])
+    np.testing.assert_array_equal(p.seq_lens, [5, 20, 21, 4])
     np.testing.assert_array_equal(p.query_start_loc, [0, 4, 8, 12, 16])
     np.testing.assert_array_equal(p.logits_indices, np.arange(16))
     np.testing.assert_array_equal(p.lora_slots, [-1] * 4)
-    assert p.block_tables[2, 0] == 0, "a block released by a sliding window (-1) reads as block 0"
+    np.testing.assert_array_equal(p.block_tables[:, :2], [[3, 0], [7, 2], [0, 4], [0, 0]])  # NULL -> block 0
     np.testing.assert_array_equal(pad_batch(hb, 3, 3, width=2).query_start_loc, [0, 3, 6, 9])
     with pytest.raises(ValueError, match="chunks of up to 3 tokens"):
         pad_batch(hb, 4, 2, width=8)  # a chunk longer than q
