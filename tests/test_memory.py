@@ -183,3 +183,29 @@ def test_a_budget_that_holds_the_target_but_not_its_draft_says_what_to_change():
         plan_gpu(16 * GiB, 0.9, 14 * GiB, GiB, MiB, 16, 4096, draft=DraftMemory(2 * GiB, MiB))
     with pytest.raises(OutOfMemoryError, match="raise --kv-cache-memory to 128MiB"):  # 64 pairs of 2 MiB
         plan_fixed(100 * MiB, MiB, 16, 1024, draft=DraftMemory(0, MiB))
+
+
+def test_gpu_path_profiles_the_draft_and_plans_its_pool(tiny_model_dir, monkeypatch):
+    """engine_setup on a (fake) GPU: the worst-case pass runs the target then the draft,
+    and the plan counts the loaded draft's weights and gives it as many blocks."""
+    from rawpage import engine_setup
+    from rawpage.backends import get_backend
+    from rawpage.engine_args import EngineArgs
+    from rawpage.model_runner import kv_bytes_per_block
+    from rawpage.spec_decode.draft_model import load_draft_model
+
+    backend = get_backend("cpu")
+    target = load_draft_model(tiny_model_dir, backend, 400)  # any checkpoint loads this way
+    draft = load_draft_model(tiny_model_dir, backend, 400)
+    dev = FakeDevice(total=GiB, context=100 * MiB)
+    dev.alloc(target.num_bytes() + draft.num_bytes())
+    monkeypatch.setattr(backend, "memory", dev)
+    profiled = []
+    monkeypatch.setattr(engine_setup, "profile_run", lambda m, *_: profiled.append(m))
+    a = EngineArgs(model=tiny_model_dir, gpu_memory_utilization=0.5)
+    plan = engine_setup.plan_kv_cache(a, target, backend, 2048, 1024, draft=draft)
+    assert profiled == [target, draft]
+    assert plan.other_bytes == 100 * MiB and plan.draft.weights_bytes == draft.num_bytes()
+    per_block = kv_bytes_per_block(target.config, 16, 4)
+    room = GiB // 2 - target.num_bytes() - draft.num_bytes() - 100 * MiB
+    assert plan.num_blocks == room // (2 * per_block)  # a draft of the same shape: pairs of equal blocks
