@@ -1,7 +1,7 @@
 """Single-stream decode speed with and without n-gram speculative decoding.
 
     python -m tools.bench_spec [--model PATH] [--device cpu] [--max-tokens 200] [--k 4] [--repeats 2]
-        [--lookup-min 1] [--lookup-max 4] [--tasks repetitive,chat]
+        [--lookup-min N] [--lookup-max N] [--tasks repetitive,chat]
 
 Two chat prompts, greedy, one request at a time:
   - repetitive: "fix the typos in this text" with a paragraph the answer copies, where
@@ -45,17 +45,15 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--lookup-min", type=int, default=1)
-    ap.add_argument("--lookup-max", type=int, default=4)
+    ap.add_argument("--lookup-min", type=int, default=None, help="default: the engine's (vLLM's 5 and 5)")
+    ap.add_argument("--lookup-max", type=int, default=None)
     ap.add_argument("--tasks", default=",".join(PROMPTS), help="comma-separated: " + ", ".join(PROMPTS))
     ap.add_argument("--repeats", type=int, default=2)
     a = ap.parse_args()
-    spec = {
-        "method": "ngram",
-        "num_speculative_tokens": a.k,
-        "prompt_lookup_min": a.lookup_min,
-        "prompt_lookup_max": a.lookup_max,
-    }
+    spec = {"method": "ngram", "num_speculative_tokens": a.k}
+    for key, value in (("prompt_lookup_min", a.lookup_min), ("prompt_lookup_max", a.lookup_max)):
+        if value is not None:
+            spec[key] = value
     engines = {
         "off": LLM(a.model, device=a.device, enable_prefix_caching=False),
         "ngram": LLM(a.model, device=a.device, enable_prefix_caching=False, speculative_config=spec),
