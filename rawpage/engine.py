@@ -70,7 +70,7 @@ class LLMEngine:
         self.max_model_len = resolve_max_model_len(args.max_model_len, c.max_position_embeddings)
         self.block_size = args.block_size
         batched = args.max_num_batched_tokens or (8192 if self.backend.name == "cuda" else 2048)
-        self.model, self.memory, self.workers, self.lora = load_model(
+        self.model, self.memory, self.workers, self.lora, self.draft_model = load_model(
             args, c, self.backend, ckpt.tensors, batched, self.max_model_len
         )
         num_blocks, num_cpu_blocks = self.memory.num_blocks, num_swap_blocks(args, self.memory.bytes_per_block)

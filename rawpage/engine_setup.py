@@ -13,12 +13,13 @@ from rawpage.decode_graphs import graph_shapes
 from rawpage.engine_args import EngineArgs, parse_kv_cache_scales
 from rawpage.kv_cache_scales import calibrate_kv_cache_scales
 from rawpage.lora.manager import LoRAManager
-from rawpage.memory import DEFAULT_CPU_KV_CACHE, GiB, MemoryPlan, plan_fixed, profile_gpu
+from rawpage.memory import DEFAULT_CPU_KV_CACHE, DraftMemory, GiB, MemoryPlan, plan_fixed, profile_gpu
 from rawpage.model_runner import ModelRunner, kv_bytes_per_block
 from rawpage.models.llama import LlamaModel
 from rawpage.models.registry import build_model, supports_cuda_graphs
 from rawpage.profile_run import profile_run
 from rawpage.quantization.select import apply_quantization_flag
+from rawpage.spec_decode.draft_model import load_draft_model
 
 logger = logging.getLogger("rawpage")
 
@@ -49,11 +50,13 @@ def plan_kv_cache(
     max_num_batched_tokens: int,
     max_model_len: int,
     lora: LoRAManager | None = None,
+    draft: LlamaModel | None = None,
 ) -> MemoryPlan:
     """How many KV blocks the pool gets: on the GPU, whatever --gpu-memory-utilization leaves
     after measuring a worst-case step; else --num-gpu-blocks-override or --kv-cache-memory.
-    LoRA slots (already allocated) count with the weights."""
-    plan = _plan_kv_cache(a, model, backend, max_num_batched_tokens, max_model_len, lora)
+    LoRA slots (already allocated) count with the weights; a draft model (already loaded)
+    with its weights, and with its own pool of as many blocks, in the same budget."""
+    plan = _plan_kv_cache(a, model, backend, max_num_batched_tokens, max_model_len, lora, draft)
     if lora is not None:
         plan.lora_bytes, plan.lora_text = lora.slot_bytes(), lora.describe()
     return plan
@@ -66,15 +69,21 @@ def _plan_kv_cache(
     max_num_batched_tokens: int,
     max_model_len: int,
     lora: LoRAManager | None,
+    draft: LlamaModel | None,
 ) -> MemoryPlan:
     fp8 = setup_fp8_kv_cache(a, model, backend)
-    per_block = kv_bytes_per_block(model.config, a.block_size, 1 if fp8 else backend.dtype.itemsize)
+    itemsize = 1 if fp8 else backend.dtype.itemsize  # the draft's cache takes the same dtype
+    per_block = kv_bytes_per_block(model.config, a.block_size, itemsize)
     weights = model.num_bytes() + (lora.slot_bytes() if lora is not None else 0)
-    extra = {"sliding_window": kv_cache_window(model.config), "kv_cache_dtype": "fp8" if fp8 else "auto"}
+    draft_mem = draft and DraftMemory(draft.num_bytes(), kv_bytes_per_block(draft.config, a.block_size, itemsize))
+    window, dtype = kv_cache_window(model.config), "fp8" if fp8 else "auto"
+    extra = {"sliding_window": window, "kv_cache_dtype": dtype, "draft": draft_mem}
     if backend.memory is not None and not a.num_gpu_blocks_override and not a.kv_cache_memory:
 
-        def worst_case() -> None:
-            profile_run(model, backend, max_num_batched_tokens, a.max_num_seqs, a.block_size)
+        def worst_case() -> None:  # the draft runs passes of the same size, one model at a time
+            for m in (model, draft):
+                if m is not None:
+                    profile_run(m, backend, max_num_batched_tokens, a.max_num_seqs, a.block_size)
 
         return profile_gpu(
             backend.memory,
@@ -87,7 +96,7 @@ def _plan_kv_cache(
             **extra,
         )
     if a.num_gpu_blocks_override:
-        budget = a.num_gpu_blocks_override * per_block
+        budget = a.num_gpu_blocks_override * (per_block + (draft_mem.bytes_per_block if draft_mem else 0))
         flag = "--num-gpu-blocks-override"
         return plan_fixed(budget, per_block, a.block_size, max_model_len, weights, 0, flag, **extra)
     budget = a.kv_cache_memory or DEFAULT_CPU_KV_CACHE
@@ -125,11 +134,12 @@ def num_swap_blocks(a: EngineArgs, bytes_per_block: int) -> int:
 
 def load_model(
     a: EngineArgs, config: Any, backend: Backend, tensors: Any, max_num_batched_tokens: int, max_model_len: int
-) -> tuple[Any, MemoryPlan, Any, LoRAManager | None]:
-    """The model on the backend, the plan of its KV pool, the tensor-parallel workers and
-    the LoRA slots. With --tensor-parallel-size P > 1 this process holds rank 0's shard,
-    P - 1 spawned workers hold the others (else None), and the pool is the smallest any
-    rank fits. With --enable-lora the adapter slots are allocated before the pool is sized."""
+) -> tuple[Any, MemoryPlan, Any, LoRAManager | None, Any]:
+    """The model on the backend, the plan of its KV pool, the tensor-parallel workers, the
+    LoRA slots and the draft model. With --tensor-parallel-size P > 1 this process holds
+    rank 0's shard, P - 1 spawned workers hold the others (else None), and the pool is the
+    smallest any rank fits. With --enable-lora the adapter slots, and with a draft model in
+    --speculative-config that model (whole, on this rank), are loaded before the pool is sized."""
     group = None
     if a.tensor_parallel_size > 1:
         from rawpage.distributed.executor import TensorParallelGroup
@@ -137,8 +147,10 @@ def load_model(
         group = TensorParallelGroup(a, backend.name, config, max_num_batched_tokens, max_model_len)
     model = build_model(config, backend, apply_quantization_flag(tensors, a.quantization), group and group.tp)
     lora = LoRAManager.from_args(a, model, backend)  # None without --enable-lora
-    plan = plan_kv_cache(a, model, backend, max_num_batched_tokens, max_model_len, lora)
-    return model, plan if group is None else group.agree_on_pool(plan), group, lora
+    spec = a.speculative_config
+    draft = load_draft_model(spec.model, backend, config.vocab_size, a.seed) if spec and spec.model else None
+    plan = plan_kv_cache(a, model, backend, max_num_batched_tokens, max_model_len, lora, draft)
+    return model, plan if group is None else group.agree_on_pool(plan), group, lora, draft
 
 
 def cuda_graph_shapes(a: EngineArgs, backend: Backend, config: ModelConfig) -> list[tuple[int, int]] | None:

@@ -12,6 +12,12 @@ peak activation memory, then give the KV cache everything left under
 `profile_gpu` does the measuring through the small DeviceMemory interface, so
 the arithmetic is tested with a fake device; `plan_gpu` is the formula.
 
+A draft model (speculative decoding) is loaded before the plan: its weights count with
+the target's, and it gets its own KV pool of as many blocks as the target's (every
+running sequence may need draft K/V for every token it holds), at its own bytes per
+block. Each target block thus costs bytes_per_block + draft bytes_per_block, and the
+KV budget is divided by that sum, as vLLM splits one budget over every layer.
+
 The decode CUDA graphs are captured after the KV cache is allocated, and their
 temporaries (one decode step of at most --max-num-seqs tokens, or a speculative
 verification step of at most 512, far smaller than the profiled prefill peak)
@@ -20,8 +26,8 @@ come out of the 1 - utilization headroom, as in vLLM; startup logs how much they
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 GiB = 1 << 30
@@ -32,7 +38,16 @@ class OutOfMemoryError(RuntimeError):
     """The KV cache cannot hold one sequence of --max-model-len; the message says what to change."""
 
 
-@dataclass
+@dataclasses.dataclass(frozen=True)
+class DraftMemory:
+    """The draft model's share of the plan: its weights, and its KV bytes per block
+    (2 x its layers x BS x its Hkv x its D x element bytes)."""
+
+    weights_bytes: int
+    bytes_per_block: int
+
+
+@dataclasses.dataclass
 class MemoryPlan:
     weights_bytes: int
     activation_bytes: int
@@ -50,6 +65,15 @@ class MemoryPlan:
     kv_cache_dtype: str = "auto"  # fp8: 1-byte elements (bytes_per_block counts them)
     lora_bytes: int = 0  # --enable-lora: the adapter slots, counted in weights_bytes
     lora_text: str = ""
+    draft: DraftMemory | None = None  # speculative decoding's draft model: a pool of num_blocks blocks too
+
+    @property
+    def draft_kv_bytes(self) -> int:
+        return self.num_blocks * self.draft.bytes_per_block if self.draft else 0
+
+    @property
+    def all_weights_bytes(self) -> int:
+        return self.weights_bytes + (self.draft.weights_bytes if self.draft else 0)
 
     @property
     def num_tokens(self) -> int:
@@ -91,6 +115,12 @@ class MemoryPlan:
                 f" (a sliding window of {self.sliding_window} tokens in every layer: each sequence holds "
                 f"at most {self.tokens_per_seq // self.block_size} blocks, older ones are released)"
             )
+        if self.draft:
+            lines.append(
+                f"draft model: {self.draft.weights_bytes / GiB:.3f} GiB weights, {self.draft_kv_bytes / GiB:.3f} GiB KV "
+                f"for {self.num_blocks} blocks ({self.draft.bytes_per_block / 2**10:.0f} KiB per block), "
+                "in the same budget"
+            )
         return "\n".join(lines + ([self.lora_text] if self.lora_text else []))
 
 
@@ -104,22 +134,22 @@ def plan_fixed(
     flag: str = "--kv-cache-memory",
     sliding_window: int | None = None,
     kv_cache_dtype: str = "auto",
+    draft: DraftMemory | None = None,
 ) -> MemoryPlan:
-    """A pool of a fixed byte budget (CPU)."""
-    num_blocks = kv_budget // bytes_per_block
-    plan = MemoryPlan(
+    """A pool of a fixed byte budget (CPU); a draft model's pool comes out of it too."""
+    unsized = MemoryPlan(
         weights_bytes,
         activation_bytes,
-        num_blocks * bytes_per_block,
+        0,
         bytes_per_block,
-        num_blocks,
+        0,
         block_size,
         max_model_len,
         sliding_window=sliding_window,
         kv_cache_dtype=kv_cache_dtype,
+        draft=draft,
     )
-    check_fits(plan, flag)
-    return plan
+    return size_pool(unsized, kv_budget, flag)
 
 
 def plan_gpu(
@@ -133,16 +163,16 @@ def plan_gpu(
     other_bytes: int = 0,
     sliding_window: int | None = None,
     kv_cache_dtype: str = "auto",
+    draft: DraftMemory | None = None,
 ) -> MemoryPlan:
-    """vLLM's rule: KV gets utilization * total - weights - peak activations - other."""
-    budget = int(total_bytes * utilization) - weights_bytes - activation_bytes - other_bytes
-    num_blocks = max(0, budget // bytes_per_block)
-    plan = MemoryPlan(
+    """vLLM's rule: KV gets utilization * total - weights - peak activations - other
+    (a draft model's weights are weights; its pool is KV)."""
+    unsized = MemoryPlan(
         weights_bytes,
         activation_bytes,
-        num_blocks * bytes_per_block,
+        0,
         bytes_per_block,
-        num_blocks,
+        0,
         block_size,
         max_model_len,
         total_bytes,
@@ -150,8 +180,19 @@ def plan_gpu(
         other_bytes,
         sliding_window,
         kv_cache_dtype,
+        draft=draft,
     )
-    check_fits(plan, "--gpu-memory-utilization")
+    budget = int(total_bytes * utilization) - unsized.all_weights_bytes - activation_bytes - other_bytes
+    return size_pool(unsized, budget, "--gpu-memory-utilization")
+
+
+def size_pool(plan: MemoryPlan, kv_budget: int, flag: str) -> MemoryPlan:
+    """`plan` with as many blocks as kv_budget buys, checked to hold one sequence. Each block
+    of the target's pool comes with one of the draft model's: the budget buys them in pairs."""
+    pair = plan.bytes_per_block + (plan.draft.bytes_per_block if plan.draft else 0)
+    num_blocks = max(0, kv_budget // pair)
+    plan = dataclasses.replace(plan, num_blocks=num_blocks, kv_bytes=num_blocks * plan.bytes_per_block)
+    check_fits(plan, flag)
     return plan
 
 
@@ -183,8 +224,9 @@ def profile_gpu(
     max_model_len: int,
     sliding_window: int | None = None,
     kv_cache_dtype: str = "auto",
+    draft: DraftMemory | None = None,
 ) -> MemoryPlan:
-    """Call once the weights are loaded. Runs the worst-case forward pass and sizes the KV cache.
+    """Call once the weights (a draft model's too) are loaded. Runs the worst-case forward pass and sizes the KV cache.
 
     The pool keeps every block it ever handed out, so after the pass it holds
     what it held before plus the pass's peak working set: that growth is the
@@ -198,7 +240,7 @@ def profile_gpu(
     memory.synchronize()
     activations = max(0, memory.pool_held_bytes() - held_before)
     free, total = memory.mem_get_info()
-    other = max(0, (total - free) - weights_bytes - activations)
+    other = max(0, (total - free) - weights_bytes - (draft.weights_bytes if draft else 0) - activations)
     # The peak is reserved in the plan; hand the cached blocks back so that the KV
     # cache's large arrays can be carved from them.
     memory.release_cached()
@@ -213,31 +255,33 @@ def profile_gpu(
         other,
         sliding_window,
         kv_cache_dtype,
+        draft,
     )
 
 
 def check_fits(plan: MemoryPlan, flag: str) -> None:
-    """Fail, saying which flag to change and to what, if one --max-model-len sequence cannot fit."""
+    """Fail, saying which flag to change and to what, if one --max-model-len sequence cannot fit
+    (with a draft model: its K/V for that sequence too)."""
     if plan.num_tokens >= plan.tokens_per_seq:
         return
     need_blocks = -(-plan.tokens_per_seq // plan.block_size)
-    need_kv = need_blocks * plan.bytes_per_block
+    need_kv = need_blocks * (plan.bytes_per_block + (plan.draft.bytes_per_block if plan.draft else 0))
     if flag == "--num-gpu-blocks-override":
         fix = f"raise {flag} to {need_blocks}"
     elif flag == "--kv-cache-memory":
         fix = f"raise {flag} to {-(-need_kv // 2**20)}MiB"
     else:
-        need = plan.weights_bytes + plan.activation_bytes + plan.other_bytes + need_kv
+        need = plan.all_weights_bytes + plan.activation_bytes + plan.other_bytes + need_kv
         want = -(-100 * need // (plan.total_bytes or 1)) / 100  # rounded up: enough, not almost
-        fix = (
-            f"raise {flag} to {want:.2f}"
-            if want <= 1
-            else "use a GPU with more memory (the model does not fit this GPU)"
-        )
+        too_big = "the model and its draft model do not" if plan.draft else "the model does not"
+        fix = f"raise {flag} to {want:.2f}" if want <= 1 else f"use a GPU with more memory ({too_big} fit this GPU)"
         if plan.num_tokens == 0:  # no KV room at all: a shorter --max-model-len cannot help
             fix += ", or lower --max-num-batched-tokens to shrink the activation peak"
+    if plan.draft:
+        fix += ", or use a smaller draft model in --speculative-config (or its ngram method: no draft pool)"
     shorter = f"Lower --max-model-len to {plan.num_tokens} or less, or " if plan.num_tokens else "To fix it, "
+    pool = f"{plan.num_blocks} blocks, each with a draft model block" if plan.draft else f"{plan.num_blocks} blocks"
     raise OutOfMemoryError(
-        f"the KV cache holds {plan.num_tokens:,} tokens ({plan.num_blocks} blocks), fewer than one sequence "
+        f"the KV cache holds {plan.num_tokens:,} tokens ({pool}), fewer than one sequence "
         f"of --max-model-len {plan.max_model_len}. {shorter}{fix}.\n{plan.describe()}"
     )

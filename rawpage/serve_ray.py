@@ -29,6 +29,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -47,6 +48,13 @@ logger = logging.getLogger("rawpage.server")
 
 ROUTING_PREFIX_CHARS = 1024  # about 256 tokens: the first 16 blocks of 16
 REPLICA_HEADER = "x-rawpage-replica"  # which replica answered (for logs and tests)
+
+# Ray starts its workers at nice 15 (its config worker_niceness, env RAY_worker_niceness)
+# so that the raylet and every other process come first. Serving, the workers are the
+# service: Ray's HTTP proxy, the ingress and the replicas are all workers, and at nice 15
+# any busy process at nice 0 on the host leaves them about 3% of a core. 0 runs them at
+# the priority `rawpage serve --ray` was started with, as `rawpage serve` runs.
+SERVING_WORKER_NICENESS = "0"
 
 
 def prompt_prefix_key(body: bytes) -> str | None:
@@ -225,6 +233,13 @@ def build_ray_app(
     return ingress.bind(replica.bind(engine_args, server_config or ServerConfig()))
 
 
+def serve_at_our_priority() -> None:
+    """Workers of a Ray that ray.init starts here run at SERVING_WORKER_NICENESS, unless
+    RAY_worker_niceness says otherwise. A cluster joined through RAY_ADDRESS keeps the
+    niceness its `ray start` was given (deploy/ray/cluster.yaml sets 0)."""
+    os.environ.setdefault("RAY_worker_niceness", SERVING_WORKER_NICENESS)
+
+
 def run_ray_server(args: argparse.Namespace) -> int:
     """`rawpage serve --ray`: start (or join, with RAY_ADDRESS) a Ray cluster, deploy, and
     serve until SIGINT or SIGTERM."""
@@ -234,6 +249,7 @@ def run_ray_server(args: argparse.Namespace) -> int:
     config = ServerConfig.from_cli_args(args)
     if args.num_replicas < 1:
         raise ValueError(f"--num-replicas {args.num_replicas}: must be >= 1")
+    serve_at_our_priority()
     ray.init(ignore_reinit_error=True)
     serve.start(http_options={"host": config.host, "port": config.port})
     app = build_ray_app(engine_args, config, args.num_replicas, args.max_replicas)

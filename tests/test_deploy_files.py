@@ -82,6 +82,8 @@ def test_ray_cluster_example_starts_a_head_and_workers():
     assert any("ray start --head" in c for c in cluster["head_start_ray_commands"])
     assert any("--address" in c for c in cluster["worker_start_ray_commands"])
     assert any("rawpage[ray" in c for c in cluster["setup_commands"])
+    starts = [c for key in ("head_start_ray_commands", "worker_start_ray_commands") for c in cluster[key]]
+    assert all("RAY_worker_niceness=0 ray start" in c for c in starts if "ray start" in c)  # docs/deploy.md
 
 
 def test_gpu_check_refuses_tensor_parallelism_on_fewer_gpus(tmp_path):

@@ -1,10 +1,13 @@
 """GPU memory sizing with a fake device: the profile measures the activation peak,
 the KV cache gets the rest of total x utilization, and a model that leaves no
-room for one --max-model-len sequence fails with a message naming the flags."""
+room for one --max-model-len sequence fails with a message naming the flags.
+A draft model's weights and its pool (as many blocks as the target's) share the budget."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from rawpage.memory import GiB, OutOfMemoryError, plan_gpu, profile_gpu
+from rawpage.memory import DraftMemory, GiB, OutOfMemoryError, plan_fixed, plan_gpu, profile_gpu
 
 MiB = 1 << 20
 
@@ -112,3 +115,97 @@ def test_plan_gpu_exact_arithmetic():
     plan = plan_gpu(100_000, 0.5, 20_000, 5_000, 1_000, 16, 100, other_bytes=4_500)
     assert plan.num_blocks == (50_000 - 20_000 - 5_000 - 4_500) // 1_000 == 20
     assert plan.num_tokens == 320
+
+
+@settings(deadline=None)
+@given(  # budgets that always hold one 256-token sequence: >= 10 - 4 - 1 - 2 GiB of KV room
+    total=st.integers(20 * GiB, 200 * GiB),
+    utilization=st.floats(0.5, 0.95),
+    weights=st.integers(0, 4 * GiB),
+    draft_weights=st.integers(0, GiB),
+    per_block=st.integers(16 * 2**10, 4 * MiB),
+    draft_per_block=st.integers(2**10, 4 * MiB),
+)
+def test_target_and_draft_pools_share_the_gpu_budget(
+    total, utilization, weights, draft_weights, per_block, draft_per_block
+):
+    """Weights of both, activations, other, the target's pool and the draft's pool (one
+    block each per block of the target) fit under total x utilization, and one more pair
+    would not; both pools hold the same number of tokens."""
+    draft = DraftMemory(draft_weights, draft_per_block)
+    plan = plan_gpu(total, utilization, weights, 2 * GiB, per_block, 16, 256, other_bytes=MiB, draft=draft)
+    used = weights + draft_weights + 2 * GiB + MiB + plan.kv_bytes + plan.draft_kv_bytes
+    budget = int(total * utilization)
+    assert used <= budget < used + per_block + draft_per_block
+    assert plan.kv_bytes == plan.num_blocks * per_block
+    assert plan.draft_kv_bytes == plan.num_blocks * draft_per_block  # the draft's token capacity = the target's
+    alone = plan_gpu(total, utilization, weights, 2 * GiB, per_block, 16, 256, other_bytes=MiB)
+    assert plan.num_blocks <= alone.num_blocks  # the target's pool shrinks to make room
+
+
+def test_fixed_budget_holds_both_pools_and_the_log_shows_the_draft_share():
+    draft = DraftMemory(300 * MiB, 256 * 2**10)
+    plan = plan_fixed(GiB, 768 * 2**10, 16, 1024, weights_bytes=2 * GiB, draft=draft)
+    assert plan.num_blocks == GiB // (1 * MiB) == 1024  # 768 KiB + 256 KiB a block pair
+    assert plan.kv_bytes + plan.draft_kv_bytes == GiB
+    assert plan.all_weights_bytes == 2 * GiB + 300 * MiB
+    text = plan.describe()
+    assert "KV cache: 1024 blocks x 16 tokens (768 KiB per block)" in text
+    assert "draft model: 0.293 GiB weights, 0.250 GiB KV for 1024 blocks (256 KiB per block)" in text
+    assert "draft model" not in plan_fixed(GiB, 768 * 2**10, 16, 1024).describe()
+
+
+def test_profile_counts_the_loaded_draft_as_weights_not_other():
+    dev = FakeDevice(total=80 * GiB, context=700 * MiB)
+    dev.alloc(16 * GiB)  # target weights
+    dev.alloc(GiB)  # draft weights
+    draft = DraftMemory(GiB, MiB)
+    plan = profile_gpu(dev, 16 * GiB, forward_pass(dev, 3 * GiB), 0.9, 2 * MiB, 16, 8192, draft=draft)
+    assert plan.other_bytes == 700 * MiB
+    assert plan.num_blocks == (int(80 * GiB * 0.9) - 17 * GiB - 3 * GiB - 700 * MiB) // (3 * MiB)
+
+
+def test_a_budget_that_holds_the_target_but_not_its_draft_says_what_to_change():
+    # 20.5 GiB budget - 15 - 4 = 1.5 GiB: 768 target blocks of 2 MiB alone (12,288 tokens);
+    # less the draft's 0.5 GiB of weights, 1 GiB buys 256 pairs of 2 + 2 MiB (4,096 tokens).
+    # 8192 tokens need 512 pairs = 2 GiB: (15 + 0.5 + 4 + 2) / 25.625 = 0.839, rounded up
+    draft = DraftMemory(GiB // 2, 2 * MiB)
+    plan_args = (int(20.5 * GiB / 0.8), 0.8, 15 * GiB, 4 * GiB, 2 * MiB, 16, 8192)
+    assert plan_gpu(*plan_args).num_tokens == 12288  # fits without the draft
+    with pytest.raises(OutOfMemoryError) as e:
+        plan_gpu(*plan_args, draft=draft)
+    msg = str(e.value)
+    assert "holds 4,096 tokens (256 blocks, each with a draft model block)" in msg
+    assert "Lower --max-model-len to 4096 or less, or raise --gpu-memory-utilization to 0.84" in msg
+    assert "or use a smaller draft model in --speculative-config" in msg
+    assert "draft model: 0.500 GiB weights, 0.500 GiB KV for 256 blocks" in msg
+    with pytest.raises(OutOfMemoryError, match="the model and its draft model do not fit this GPU"):
+        plan_gpu(16 * GiB, 0.9, 14 * GiB, GiB, MiB, 16, 4096, draft=DraftMemory(2 * GiB, MiB))
+    with pytest.raises(OutOfMemoryError, match="raise --kv-cache-memory to 128MiB"):  # 64 pairs of 2 MiB
+        plan_fixed(100 * MiB, MiB, 16, 1024, draft=DraftMemory(0, MiB))
+
+
+def test_gpu_path_profiles_the_draft_and_plans_its_pool(tiny_model_dir, monkeypatch):
+    """engine_setup on a (fake) GPU: the worst-case pass runs the target then the draft,
+    and the plan counts the loaded draft's weights and gives it as many blocks."""
+    from rawpage import engine_setup
+    from rawpage.backends import get_backend
+    from rawpage.engine_args import EngineArgs
+    from rawpage.model_runner import kv_bytes_per_block
+    from rawpage.spec_decode.draft_model import load_draft_model
+
+    backend = get_backend("cpu")
+    target = load_draft_model(tiny_model_dir, backend, 400)  # any checkpoint loads this way
+    draft = load_draft_model(tiny_model_dir, backend, 400)
+    dev = FakeDevice(total=GiB, context=100 * MiB)
+    dev.alloc(target.num_bytes() + draft.num_bytes())
+    monkeypatch.setattr(backend, "memory", dev)
+    profiled = []
+    monkeypatch.setattr(engine_setup, "profile_run", lambda m, *_: profiled.append(m))
+    a = EngineArgs(model=tiny_model_dir, gpu_memory_utilization=0.5)
+    plan = engine_setup.plan_kv_cache(a, target, backend, 2048, 1024, draft=draft)
+    assert profiled == [target, draft]
+    assert plan.other_bytes == 100 * MiB and plan.draft.weights_bytes == draft.num_bytes()
+    per_block = kv_bytes_per_block(target.config, 16, 4)
+    room = GiB // 2 - target.num_bytes() - draft.num_bytes() - 100 * MiB
+    assert plan.num_blocks == room // (2 * per_block)  # a draft of the same shape: pairs of equal blocks

@@ -4,12 +4,15 @@ replica. One Ray (ray.init(num_cpus=2)) for the whole module."""
 
 from __future__ import annotations
 
+import os
+
 import httpx
 import openai
 import pytest
 
 pytest.importorskip("ray.serve", reason="needs Ray Serve: pip install 'rawpage[ray]'")
 
+from rawpage.serve_ray import SERVING_WORKER_NICENESS, serve_at_our_priority  # noqa: E402
 from tests.server.harness import free_port  # noqa: E402
 from tests.server.test_openai_client import (  # noqa: E402, F401 - run here against the Ray replicas
     test_async_client_concurrent,
@@ -28,8 +31,12 @@ pytestmark = pytest.mark.timeout(600)
 
 # Ray Serve kills a proxy that is not ready within 5 s and fails health checks after 10 s:
 # on two busy cores (make test-under-load) that happens before anything is wrong. The
-# processes ray.init starts inherit these.
+# processes ray.init starts inherit these. Ray also starts its workers (Serve's proxy,
+# controller, ingress and replicas) at nice 15, where two spinning processes at nice 0
+# leave them about 3% of the CPU: worker niceness 0 runs them at the test's own priority,
+# as `rawpage serve --ray` does (SERVING_WORKER_NICENESS).
 PATIENT_RAY_SERVE = {
+    "RAY_worker_niceness": SERVING_WORKER_NICENESS,
     "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "120",
     "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "120",
     "RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S": "30",
@@ -65,6 +72,25 @@ def _ray_url():
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def test_ray_workers_run_at_the_tests_priority(ray_url):
+    import ray
+
+    @ray.remote(num_cpus=0)  # the replicas hold both CPUs of this Ray
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, 0)
+
+    assert ray.get(niceness.remote(), timeout=120) == os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def test_serve_ray_lowers_no_worker_unless_told(monkeypatch):
+    monkeypatch.delenv("RAY_worker_niceness", raising=False)
+    serve_at_our_priority()
+    assert os.environ["RAY_worker_niceness"] == "0"
+    monkeypatch.setenv("RAY_worker_niceness", "10")  # the operator's choice stands
+    serve_at_our_priority()
+    assert os.environ["RAY_worker_niceness"] == "10"
 
 
 @pytest.fixture(scope="module")

@@ -57,12 +57,16 @@ class CPUBackend(Backend):
     def prepare_linear(self, w: np.ndarray | QuantizedWeight) -> np.ndarray:
         if isinstance(w, QuantizedWeight):  # every format runs here, dequantized at load
             w = dequantize(w)
-        # (out, in) -> (in, out), contiguous: OpenBLAS then multiplies without transposing,
-        # about 20% faster for the skinny GEMMs of decoding (measured, M = 1 to 64).
-        return np.ascontiguousarray(w.T)
+        # Kept (out, in), as checkpoints store it: a tied LM head is the embedding table
+        # itself, with no transposed copy. See matmul for why this layout.
+        return np.ascontiguousarray(w)
 
     def matmul(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-        y = x @ w  # w is (in, out), from prepare_linear
+        # y = (W · xᵀ)ᵀ, W (out, in) C-contiguous: OpenBLAS walks W's rows once. For a few
+        # rows (speculative verification, small batches) this is 1.3-1.5x faster than
+        # x @ Wᵀ with W stored (in, out), whose packing dominates at M = 2..64 (measured,
+        # docs/benchmarks.md); at M = 1 both are one GEMV. y is a Fortran-order view.
+        y = (w @ x.T).T
         if bias is not None:
             y += bias
         return y

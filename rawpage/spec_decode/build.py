@@ -43,13 +43,13 @@ def build_spec_decoder(engine: Any) -> SpecDecoder | NoSpeculation:
         bm = engine.block_manager
         c = engine.model_config
         proposer = DraftModelProposer(
-            config.model,
+            engine.draft_model,  # loaded, and its pool planned, with the target (engine_setup.load_model)
             engine.backend,
             bm.block_size,
             bm.num_blocks,
             engine.max_model_len,
             c.vocab_size,
-            engine.args.seed,
+            engine.scheduler.config.max_num_batched_tokens,
         )
     logger.info(
         "speculative decoding: %s, %d tokens per step%s",

@@ -19,8 +19,8 @@ MAX_SPECULATIVE_TOKENS = 16
 class SpeculativeConfig:
     method: str  # "ngram" | "draft_model"
     num_speculative_tokens: int  # k: tokens drafted per sequence per step
-    prompt_lookup_min: int = 1  # ngram: shortest suffix looked up
-    prompt_lookup_max: int = 4  # ngram: longest suffix looked up (tried first)
+    prompt_lookup_min: int = 5  # ngram: shortest suffix looked up
+    prompt_lookup_max: int = 5  # ngram: longest suffix looked up (tried first)
     model: str | None = None  # draft_model: HF folder or .gguf of the draft
 
     @classmethod
@@ -53,7 +53,9 @@ class SpeculativeConfig:
             raise ValueError(
                 f"speculative_config: num_speculative_tokens must be an integer in 1..{MAX_SPECULATIVE_TOKENS}, got {k!r}"
             )
-        lo, hi = value.get("prompt_lookup_min", 1), value.get("prompt_lookup_max", 4)
+        # vLLM's defaults: 5 and 5 if neither is given, else the one given for both.
+        lo, hi = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
+        lo, hi = (5, 5) if lo is None and hi is None else (lo if lo is not None else hi, hi if hi is not None else lo)
         if method == "ngram" and not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
             raise ValueError(
                 f"speculative_config: need 1 <= prompt_lookup_min <= prompt_lookup_max, got {lo!r} and {hi!r}"

@@ -33,6 +33,7 @@ from rawpage.output_processor import OutputProcessor
 from rawpage.sampler import Sampler, plain_greedy
 from rawpage.scheduler import Scheduler, SchedulerOutput
 from rawpage.sequence import Sequence
+from rawpage.spec_decode.adaptive import DraftLengths
 from rawpage.spec_decode.config import SpeculativeConfig
 from rawpage.spec_decode.rejection import greedy_accept, rejection_sample
 
@@ -96,6 +97,7 @@ class SpecDecoder:
         self.sampler, self.output, self.max_model_len, self.on_error = sampler, output, max_model_len, on_error
         self.grammars: dict[int, list[Any]] = {}  # seq_id -> grammar states after 0..k drafts
         self.stats = SpecDecodeStats()
+        self.lengths = DraftLengths(config.num_speculative_tokens)
         self._beam_logged = False
 
     # --- before scheduling ----------------------------------------------------------------
@@ -104,6 +106,7 @@ class SpecDecoder:
         for seq in running:  # leftovers of a failed step
             self._drop_drafts(seq, 0)
         self.grammars = {}
+        self.lengths.keep_only({s.seq_id for s in running})
         seqs, ks = self._candidates(running)
         for seq, draft in zip(seqs, self.proposer.propose(seqs, ks)):
             if seq.grammar is not None:
@@ -113,8 +116,9 @@ class SpecDecoder:
         self.stats.draft_seconds += time.perf_counter() - t0
 
     def _candidates(self, running: list[Sequence]) -> tuple[list[Sequence], list[int]]:
-        """Decoding sequences and how many tokens each may draft: k, less near max_tokens or
-        the context limit, and only into free blocks (speculation never preempts anyone)."""
+        """Decoding sequences and how many tokens each may draft: its adaptive length
+        (adaptive.py), less near max_tokens or the context limit, and only into free blocks
+        (speculation never preempts anyone)."""
         bm = self.scheduler.block_manager
         # What is left once every running sequence has room for its next token.
         free = (
@@ -131,7 +135,7 @@ class SpecDecoder:
                 continue
             p = seq.request.params
             left = p.max_tokens - seq.num_output_tokens if p.max_tokens is not None else self.max_model_len
-            k = min(self.config.num_speculative_tokens, left - 1, self.max_model_len - seq.num_tokens - 1)
+            k = min(self.lengths.allowed(seq.seq_id), left - 1, self.max_model_len - seq.num_tokens - 1)
             extra = bm.blocks_for(seq.num_tokens + k) - bm.blocks_for(seq.num_tokens)
             if k <= 0 or extra > free:
                 continue
@@ -198,6 +202,7 @@ class SpecDecoder:
             self.stats.num_draft_tokens += len(d)
             self.stats.num_accepted_tokens += len(e) - 1
             self.stats.num_emitted_tokens += seq.num_tokens - n0
+            self.lengths.update(seq.seq_id, len(d), len(e) - 1)
             if seq.is_finished:
                 self.proposer.release(seq)
             else:

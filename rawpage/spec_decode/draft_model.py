@@ -1,9 +1,12 @@
 """Draft-model proposer: a small model of the same vocabulary drafts k tokens greedily.
 
 It keeps its own paged KV cache (its own BlockManager and ModelRunner, block tables of
-its own) for every sequence it drafts for. Each step it first catches up on the tokens
-the target accepted since its last draft (for a new sequence, the whole prompt), which
-also yields the first draft; then k - 1 one-token decode steps, all sequences batched.
+its own) for every sequence it drafts for: as many blocks as the target's pool, sized
+with it in the memory plan (rawpage/memory.py). Each step it first catches up on the
+tokens the target accepted since its last draft (for a new sequence, the whole prompt),
+which also yields the first draft; a long catch-up is split into passes of at most
+--max-num-batched-tokens, the size the memory plan profiled. Then k - 1 one-token decode
+steps, all sequences batched.
 Its K/V stays valid up to the longest common prefix of what it drafted and what the
 target kept, so rejected drafts cost nothing to roll back.
 
@@ -15,8 +18,6 @@ and top_p, with the sequence's own generator; q is kept for rejection sampling
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 
 from rawpage.backends.base import Backend
@@ -27,8 +28,6 @@ from rawpage.models.registry import build_model
 from rawpage.quantization.select import apply_quantization_flag
 from rawpage.sampler import Sampler
 from rawpage.sequence import Sequence, SequenceStatus
-
-logger = logging.getLogger("rawpage")
 
 
 class DraftSequence:
@@ -52,30 +51,38 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
     return int(diff[0]) if diff.size else n
 
 
+def load_draft_model(model_path: str, backend: Backend, vocab_size: int, seed: int = 0):
+    """The draft model on the backend. The engine loads it before sizing the KV cache, so
+    that its weights and its pool are in the memory plan (rawpage/memory.py)."""
+    ckpt = load_checkpoint(model_path, "auto", seed)
+    if ckpt.config.vocab_size != vocab_size:
+        raise ValueError(
+            f"speculative_config: the draft model {model_path} has a vocabulary of {ckpt.config.vocab_size} "
+            f"tokens, the target {vocab_size}; a draft model must share the target's tokenizer"
+        )
+    return build_model(ckpt.config, backend, apply_quantization_flag(ckpt.tensors, "auto"))
+
+
 class DraftModelProposer:
     def __init__(
         self,
-        model_path: str,
+        model,
         backend: Backend,
         block_size: int,
         num_blocks: int,
         max_model_len: int,
         vocab_size: int,
-        seed: int = 0,
+        max_num_batched_tokens: int,
     ) -> None:
-        ckpt = load_checkpoint(model_path, "auto", seed)
-        if ckpt.config.vocab_size != vocab_size:
-            raise ValueError(
-                f"speculative_config: the draft model {model_path} has a vocabulary of {ckpt.config.vocab_size} "
-                f"tokens, the target {vocab_size}; a draft model must share the target's tokenizer"
-            )
-        self.model = build_model(ckpt.config, backend, apply_quantization_flag(ckpt.tensors, "auto"))
+        """model: from load_draft_model; num_blocks: the target pool's (the plan sized both);
+        max_num_batched_tokens: the most tokens one catch-up pass runs (the profiled peak)."""
+        self.model = model
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
         self.runner = ModelRunner(self.model, backend, block_size, num_blocks, 0, None, max_model_len)
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.states: dict[int, DraftSequence] = {}  # target seq_id -> its draft record
         self.sampler = Sampler(vocab_size, [])  # q: the draft's distribution under each request's parameters
         self.draft_probs: dict[int, list[np.ndarray]] = {}  # seq_id -> q (V,) of each draft, sampled requests
-        logger.info("draft model %s: %d KV blocks of %d tokens", model_path, num_blocks, block_size)
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         """Up to ks[i] drafts for each sequence (its token_ids hold no drafts yet)."""
@@ -85,33 +92,50 @@ class DraftModelProposer:
         drafts: list[list[int]] = [[] for _ in seqs]
         active = list(range(len(seqs)))
         while active:
-            batch = []
-            for i in list(active):
-                st = states[i]
-                n = len(st.token_ids) - st.num_computed_tokens
-                if self.block_manager.append_slots(st, n):
-                    batch.append((i, n))
-                else:  # the draft pool is full: this sequence drafts no more this step
-                    active.remove(i)
+            batch = self._schedule(states, active)
             if not batch:
                 break
             logits = self.runner.execute([(states[i], n) for i, n in batch], [np.array([n - 1]) for _, n in batch])
-            for (i, n), tok in zip(batch, self._choose([seqs[i] for i, _ in batch], logits)):
+            caught_up = []  # (row, i): sequences whose last pass reached their newest token
+            for row, (i, n) in enumerate(batch):
                 states[i].num_computed_tokens += n
+                if states[i].num_computed_tokens == len(states[i].token_ids):
+                    caught_up.append((row, i))
+            if not caught_up:
+                continue
+            rows = np.array([row for row, _ in caught_up], dtype=np.int64)
+            for (_, i), tok in zip(caught_up, self._choose([seqs[i] for _, i in caught_up], logits, rows)):
                 states[i].token_ids.append(int(tok))
                 drafts[i].append(int(tok))
-            active = [i for i, _ in batch if len(drafts[i]) < ks[i]]
+            active = [i for i in active if len(drafts[i]) < ks[i]]
         return drafts
 
-    def _choose(self, seqs: list[Sequence], logits) -> np.ndarray:
-        """The next draft of each sequence from its row: argmax, or a draw from q."""
-        tokens = logits.argmax(np.arange(len(seqs)))
+    def _schedule(self, states: list[DraftSequence], active: list[int]) -> list[tuple[int, int]]:
+        """(i, n): run n tokens of sequence i in the next pass, at most max_num_batched_tokens
+        in all (the memory plan profiled that many), so a long catch-up spans passes. A
+        sequence the draft pool cannot hold leaves `active`: it drafts no more this step."""
+        batch, budget = [], self.max_num_batched_tokens
+        for i in list(active):
+            st = states[i]
+            n = min(len(st.token_ids) - st.num_computed_tokens, budget)
+            if n == 0:  # this pass is full; the rest run in the next
+                break
+            if self.block_manager.append_slots(st, n):
+                batch.append((i, n))
+                budget -= n
+            else:
+                active.remove(i)
+        return batch
+
+    def _choose(self, seqs: list[Sequence], logits, rows: np.ndarray) -> np.ndarray:
+        """The next draft of each sequence from its row of logits: argmax, or a draw from q."""
+        tokens = logits.argmax(rows)
         sampled = [j for j, s in enumerate(seqs) if s.seq_id in self.draft_probs]
         if sampled:
-            rows = [seqs[j] for j in sampled]
-            q = self.sampler.probs(logits[sampled][:, : self.sampler.vocab_size].copy(), rows)
+            picked = [seqs[j] for j in sampled]
+            q = self.sampler.probs(logits[rows[sampled]][:, : self.sampler.vocab_size].copy(), picked)
             q /= q.sum(axis=1, keepdims=True)
-            for j, s, qj in zip(sampled, rows, q):
+            for j, s, qj in zip(sampled, picked, q):
                 tokens[j] = min(
                     int(np.searchsorted(np.cumsum(qj), s.rng.random() * qj.sum(), side="right")), qj.size - 1
                 )
