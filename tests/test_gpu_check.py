@@ -14,7 +14,7 @@ import pytest
 
 from tests.tiny_models import tiny_config
 
-STEPS = ["env", "deps", "parity", "families", "quant", "microbench", "throughput", "breakdown", "summary"]
+STEPS = ["env", "deps", "parity", "families", "quant", "microbench", "throughput", "breakdown", "spec", "summary"]
 
 
 @pytest.mark.parametrize("script", ["tools/gpu_check.sh", "tools/gpu_wheels.sh"])
@@ -291,6 +291,7 @@ def test_a_record_always_has_every_key_even_when_nothing_ran():
         "breakdown_b1",
         "breakdown_b256",
         "lora",
+        "spec",
     ):
         assert key in record
     assert record["decode_b1"] is None and record["throughput"] is None
@@ -486,3 +487,56 @@ def test_lora_step_runs_on_the_cpu_and_reaches_the_table(tiny_config_file, tmp_p
     assert r["lora"]["lora_decode_tok_s"] > 0 and r["lora"]["base_decode_tok_s"] > 0
     (row,) = [x for x in rows(r, None, None) if x[0].startswith("multi-LoRA")]
     assert row[2] == ">= 0.8x no-LoRA decode" and row[3] in ("ok", "MISS")
+
+
+def test_spec_step_runs_on_the_cpu_and_reaches_the_table(tiny_config_file, tmp_path):
+    """tools/gpu_check/spec.py on a tiny dummy model on the CPU: both engines, the same greedy
+    tokens, the figures the table reads; and the table's row, and its row when the step did not run."""
+    from tools.gpu_check import spec
+    from tools.gpu_check.summary import failures, rows
+
+    out = tmp_path / "spec.json"
+    args = ["--device", "cpu", "--dtype", "float32", "--config", tiny_config_file, "--prompt-len", "16"]
+    r = spec.main(args + ["--output-len", "48", "--max-model-len", "256", "--result-file", str(out)])
+    assert r == json.loads(out.read_text())["spec"]
+    assert r["outputs_match"] and r["first_difference"] is None
+    assert r["plain_decode_tok_s"] > 0 and r["ngram_decode_tok_s"] > 0 and r["k"] == 4
+    assert r["speedup"] == pytest.approx(r["ngram_decode_tok_s"] / r["plain_decode_tok_s"])
+    # the random model's greedy output repeats itself, so lookup drafts and some drafts are accepted
+    assert r["drafted_tokens"] > 0 and 0 < r["acceptance_rate"] <= 1 and r["mean_accepted_length"] > 1
+    assert r["decode_step"]["steps"] > 0 and r["decode_step"]["gpu_ms"] is None  # no CUDA events on the CPU
+    assert sum(c["steps"] for c in r["verify_steps"].values()) > 0
+    assert r["verification_graphs_captured"] is None and r["graph_replays_ngram"] is None  # no graphs on the CPU
+    (row,) = [x for x in rows({"spec": r}, None, None) if x[0].startswith("n-gram speculation")]
+    assert "tokens identical" in row[1] and row[3] == "ok"
+    assert not [f for f in failures({"spec": r}) if f.startswith("spec")]
+    differ = {**r, "outputs_match": False, "first_difference": 7}
+    (row,) = [x for x in rows({"spec": differ}, None, None) if x[0].startswith("n-gram speculation")]
+    assert row[3] == "MISS" and "spec: greedy tokens differ from no speculation at output token 7" in failures(
+        {"spec": differ}
+    )
+    (row,) = [x for x in rows({}, None, None) if x[0].startswith("n-gram speculation")]
+    assert row[1] == "not measured"
+
+
+def test_spec_step_fails_loudly_when_the_tokens_differ(tiny_config_file, monkeypatch, capsys):
+    from tools.gpu_check import spec
+
+    real = spec.first_difference
+    monkeypatch.setattr(spec, "first_difference", lambda a, b: 3 if real(a, b) is None else real(a, b))
+    with pytest.raises(SystemExit) as e:
+        spec.main(
+            [
+                "--device",
+                "cpu",
+                "--dtype",
+                "float32",
+                "--config",
+                tiny_config_file,
+                "--output-len",
+                "8",
+                "--max-model-len",
+                "256",
+            ]
+        )
+    assert e.value.code == 1 and "differ at output token 3" in capsys.readouterr().err

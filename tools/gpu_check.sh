@@ -27,7 +27,10 @@
 #   microbench  decode/prefill attention and rms_norm against copy bandwidth and SDPA
 #   lora        multi-LoRA (issue 21): batch 64 mixing 8 rank-16 adapters against no LoRA,
 #               Llama-3-8B-shaped dummy model, decode tokens/s (tools/bench_lora.py)
-#   baseline    the same workload through transformers' generate, static batches of 64
+#   spec        n-gram speculative decoding (issue 19): batch 1, k = 4, Llama-3-8B-shaped dummy
+#               model, graphs on, a repetitive prompt; decode tokens/s against no speculation,
+#               acceptance rate, verification step cost against a decode step (tools/gpu_check/spec.py)
+#   baseline    the throughput workload through transformers' generate, static batches of 64
 #   memcheck    compute-sanitizer over a few small kernel tests, if it is installed
 # Writes under $OUT: gpu_check.log (all output), kernel_tests.log, memcheck.log,
 # results.json (every figure), summary.md (the table, printed last), and the
@@ -116,6 +119,8 @@ if step env 30 "$PY" -m tools.gpu_check.env --result-file "$PARTS/env.json"; the
   step lora 75 "$PY" -m tools.bench_lora --device cuda --model tools/configs/llama-3-8b/config.json \
     --load-format dummy --batch 64 --adapters 8 --rank 16 --prompt-len 128 --output-len 64 --repeats 1 \
     --result-file "$PARTS/lora.json"
+  step spec 60 "$PY" -m tools.gpu_check.spec --device cuda --config tools/configs/llama-3-8b/config.json \
+    --result-file "$PARTS/spec.json"
   step baseline 45 "$PY" -m tools.gpu_check.throughput --engine hf \
     --config tools/configs/llama-3-8b/config.json --result-file "$PARTS/throughput_hf.json"
   if [ -n "$sanitizer" ]; then

@@ -11,6 +11,7 @@ of the record needs under fixed keys, so that two runs compare key by key:
     throughput     rawpage and transformers' static batching, and their ratio
     decode_b1, decode_b256       wall_ms, gpu_ms, roofline_ms (graphs on), ...
     breakdown_b1, breakdown_b256 ncu's per-kernel-family times of one eager step
+    lora, spec     multi-LoRA decode; n-gram speculative decoding at batch 1
     table_md       the summary table, ready for docs/benchmarks.md
 
 A figure the run did not produce is null, never absent.
@@ -61,6 +62,7 @@ def build_record(merged: dict, date: str, gpu: str, commit: str, table_md: str) 
         "microbench": merged.get("microbench"),
         "throughput": throughput,
         "lora": merged.get("lora"),
+        "spec": merged.get("spec"),  # n-gram speculation at batch 1 (spec.py)
     }
     for batch in (1, 256):
         record[f"decode_b{batch}"] = _decode((ours or {}).get(f"decode_b{batch}"))

@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable
 
 from tools.gpu_check import families, quant
+from tools.gpu_check import spec as spec_step
 
 # Skips that are right on a GPU; any other skip in the kernel step is a failure.
 EXPECTED_SKIPS = ("a trap on a GPU poisons the CUDA context",)
@@ -199,6 +200,7 @@ def rows(r: dict, kernel: dict | None, memcheck: str | None) -> list[tuple[str, 
         )
         check = f"multi-LoRA B={lora['batch']}, {lora['adapters']} adapters of rank {lora['rank']}, 8B shape"
         out.append((check, fig, ">= 0.8x no-LoRA decode", verdict(lora["decode_ratio"] >= 0.8)))
+    out += spec_step.summary_rows(r.get("spec"))
     out += families.summary_rows(r.get("families")) + quant.summary_rows(r.get("quant"))
     for key in sorted((k for k in r if k.startswith("breakdown_b")), key=lambda k: int(k[11:])):
         b = r[key]
@@ -226,7 +228,7 @@ def failures(r: dict) -> list[str]:
     for dtype, p in (r.get("parity") or {}).items():
         if isinstance(p, dict) and not p.get("ok", True):
             out.append(f"parity {dtype}: over tolerance")
-    out += families.failed(r.get("families")) + quant.failed(r.get("quant"))
+    out += families.failed(r.get("families")) + quant.failed(r.get("quant")) + spec_step.failed(r.get("spec"))
     m = r.get("memcheck") or ""
     if re.match(r"[1-9]\d* errors", m):
         out.append(f"memcheck: {m}")
