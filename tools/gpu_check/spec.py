@@ -162,10 +162,9 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def free(llm) -> None:
-    """Drops an engine and, on cuda, gives its memory pool's free blocks back."""
-    device = llm.engine.backend.name
-    del llm
+def release_memory(device: str) -> None:
+    """After an engine is dropped: collect it and, on cuda, give the memory pool's free
+    blocks back to the device."""
     gc.collect()
     if device == "cuda":
         import cupy
@@ -174,29 +173,41 @@ def free(llm) -> None:
         cupy.get_default_memory_pool().free_all_blocks()
 
 
+def run_plain(args) -> tuple[list[int], list[int], dict]:
+    """The plain engine: draws P, generates G from it, measures on P + G. Returns P, G and
+    the measurement; the engine is dropped on return."""
+    llm = make_llm(args, None, 0.4)
+    vocab = llm.engine.model_config.vocab_size
+    p = np.random.default_rng(args.seed).integers(100, vocab, args.prompt_len).tolist()
+    g = run_request(llm.engine, _NoTimer(), p, args.output_len, "generate-G")["token_ids"]
+    return p, g, measure(llm, p + g, args, "plain")
+
+
+def run_ngram(args, prompt: list[int]) -> dict:
+    llm = make_llm(args, spec_config(args.k), 0.85)
+    on = measure(llm, prompt, args, "ngram")
+    graphs = llm.engine.runner.graphs  # query lengths q > 1 with graphs; None: eager
+    on["verification_graphs"] = sorted(q for q in graphs.sizes if q > 1) if graphs is not None else None
+    return on
+
+
 def run(args) -> dict:
     k = args.k
-    plain = make_llm(args, None, 0.4)
-    vocab = plain.engine.model_config.vocab_size
-    rng = np.random.default_rng(args.seed)
-    p = rng.integers(100, vocab, args.prompt_len).tolist()
-    g = run_request(plain.engine, _NoTimer(), p, args.output_len, "generate-G")["token_ids"]
+    p, g, off = run_plain(args)
+    release_memory(args.device)
     prompt = p + g
-    off = measure(plain, prompt, args, "plain")
-    free(plain)
-    ngram = make_llm(args, spec_config(k), 0.85)
-    stats = ngram.engine.spec.stats
-    on = measure(ngram, prompt, args, "ngram")
-    graphs = ngram.engine.runner.graphs
-    verify_graphs = sorted(q for q in graphs.sizes if q > 1) if graphs is not None else None
-    free(ngram)
+    on = run_ngram(args, prompt)
+    release_memory(args.device)
+    drafted = sum(s[1] for s in on["steps"])
+    accepted = sum(s[2] for s in on["steps"])
+    verified = sum(1 for s in on["steps"] if s[1])  # steps that verified at least one draft
+    tokens_per_step = 1 + accepted / max(1, verified)
     decode = step_cost(off["steps"], 0)
     by_drafts = {n: step_cost(on["steps"], n) for n in range(k + 1)}
     verify = by_drafts[k]
     ratio = verify["wall_ms"] / decode["wall_ms"] if verify["wall_ms"] and decode["wall_ms"] else None
     gpu_ratio = verify["gpu_ms"] / decode["gpu_ms"] if verify["gpu_ms"] and decode["gpu_ms"] else None
     diff = first_difference(off["token_ids"], on["token_ids"])
-    tokens_per_step = stats.mean_accepted_length
     return {
         "device": args.device,
         "dtype": args.dtype,
@@ -210,9 +221,9 @@ def run(args) -> dict:
         "plain_all_runs_tok_s": off["all_runs_tok_s"],
         "ngram_all_runs_tok_s": on["all_runs_tok_s"],
         "speedup": on["decode_tok_s"] / off["decode_tok_s"],
-        "acceptance_rate": stats.acceptance_rate,  # over the warm-up and the measured runs
-        "mean_accepted_length": tokens_per_step,
-        "drafted_tokens": stats.num_draft_tokens,
+        "acceptance_rate": accepted / max(1, drafted),  # over the measured runs
+        "mean_accepted_length": tokens_per_step,  # 1 + accepted, a verification step
+        "drafted_tokens": drafted,
         "decode_step": decode,
         "verify_step": verify,  # the steps that verified k drafts
         "verify_steps": {str(n): c for n, c in by_drafts.items() if c["steps"]},  # 0: no draft
@@ -221,7 +232,7 @@ def run(args) -> dict:
         "predicted_speedup": tokens_per_step / ratio if ratio else None,
         "graph_replays_plain": off["graph_replays"],
         "graph_replays_ngram": on["graph_replays"],
-        "verification_graphs_captured": verify_graphs,  # query lengths q > 1 with graphs; None: eager
+        "verification_graphs_captured": on["verification_graphs"],
         "lookup_hit_rate_output": lookup_hit_rate(prompt, on["token_ids"]),
         "outputs_match": diff is None,
         "first_difference": diff,
