@@ -540,3 +540,20 @@ def test_spec_step_fails_loudly_when_the_tokens_differ(tiny_config_file, monkeyp
             ]
         )
     assert e.value.code == 1 and "differ at output token 3" in capsys.readouterr().err
+
+
+def test_spec_step_raises_when_the_engine_fails_the_request(tiny_config_file):
+    """A request the engine fails (its step raised) stops the tool with the error, never a hang."""
+    import argparse
+
+    from tools.gpu_check import spec
+
+    args = argparse.Namespace(config=tiny_config_file, device="cpu", dtype="float32", max_model_len=64)
+    llm = spec.make_llm(args, spec.spec_config(4), 0.4)
+
+    def broken(*a, **k):
+        raise RuntimeError("injected")
+
+    llm.engine.runner.execute = broken
+    with pytest.raises(RuntimeError, match="request r failed in the engine: RuntimeError: injected"):
+        spec.run_request(llm.engine, spec.NoTimer(), [1, 2, 3], 8, "r")

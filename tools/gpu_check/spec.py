@@ -32,9 +32,9 @@ length adapts (rawpage/spec_decode/adaptive.py), so steps with fewer drafts are
 listed too (verify_steps, by drafts). The speedup
 is about tokens per step / (verification cost / decode cost).
 
-The greedy outputs of both engines must be identical (speculation changes the
-speed, never the tokens): if not, the result says where they first differ and
-the tool exits 1.
+The greedy outputs of every measured run of both engines must be identical
+(speculation changes the speed, never the tokens): if not, the result says where
+they first differ and the tool exits 1.
 
 Memory (cuda): the plain engine plans for --gpu-memory-utilization 0.4 of the
 device and is dropped before the n-gram engine starts, which plans for 0.85. The
@@ -84,12 +84,11 @@ def run_request(engine, timer, prompt: list[int], output_len: int, request_id: s
 
     spec = engine.spec.stats  # None without speculation
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
-    engine.add_request(request_id, {"prompt_token_ids": prompt}, params)
-    seq = engine.requests[request_id].seqs[0]
-    while seq.num_output_tokens == 0:
+    req = engine.add_request(request_id, {"prompt_token_ids": prompt}, params)
+    while req.seqs[0].num_output_tokens == 0 and req.error is None:
         engine.step()  # the prompt (chunked if long); the first token comes out here
     steps, token_ids = [], None
-    while token_ids is None:
+    while token_ids is None and req.error is None:
         before = (spec.num_draft_tokens, spec.num_accepted_tokens) if spec else (0, 0)
         timer.reset()
         t = time.perf_counter()
@@ -101,6 +100,8 @@ def run_request(engine, timer, prompt: list[int], output_len: int, request_id: s
         for out in outputs:
             if out.request_id == request_id and out.finished:
                 token_ids = list(out.outputs[0].token_ids)
+    if req.error is not None:
+        raise RuntimeError(f"spec: request {request_id} failed in the engine: {req.error}")
     decode_s = sum(s[0] for s in steps)
     return {"token_ids": token_ids, "decode_tok_s": (len(token_ids) - 1) / max(decode_s, 1e-9), "steps": steps}
 
@@ -117,7 +118,7 @@ def measure(llm, prompt: list[int], args, name: str) -> dict:
     return {
         "decode_tok_s": max(r["decode_tok_s"] for r in runs),
         "all_runs_tok_s": [r["decode_tok_s"] for r in runs],
-        "token_ids": runs[0]["token_ids"],
+        "token_ids": [r["token_ids"] for r in runs],  # each run's
         "steps": steps,
         "graph_replays": graph_replays(engine),
     }
@@ -179,7 +180,7 @@ def run_plain(args) -> tuple[list[int], list[int], dict]:
     llm = make_llm(args, None, 0.4)
     vocab = llm.engine.model_config.vocab_size
     p = np.random.default_rng(args.seed).integers(100, vocab, args.prompt_len).tolist()
-    g = run_request(llm.engine, _NoTimer(), p, args.output_len, "generate-G")["token_ids"]
+    g = run_request(llm.engine, NoTimer(), p, args.output_len, "generate-G")["token_ids"]
     return p, g, measure(llm, p + g, args, "plain")
 
 
@@ -207,7 +208,9 @@ def run(args) -> dict:
     verify = by_drafts[k]
     ratio = verify["wall_ms"] / decode["wall_ms"] if verify["wall_ms"] and decode["wall_ms"] else None
     gpu_ratio = verify["gpu_ms"] / decode["gpu_ms"] if verify["gpu_ms"] and decode["gpu_ms"] else None
-    diff = first_difference(off["token_ids"], on["token_ids"])
+    reference = off["token_ids"][0]  # every run of both engines must give these tokens
+    diffs = [first_difference(reference, t) for t in off["token_ids"] + on["token_ids"]]
+    diff = min((d for d in diffs if d is not None), default=None)
     return {
         "device": args.device,
         "dtype": args.dtype,
@@ -233,7 +236,7 @@ def run(args) -> dict:
         "graph_replays_plain": off["graph_replays"],
         "graph_replays_ngram": on["graph_replays"],
         "verification_graphs_captured": on["verification_graphs"],
-        "lookup_hit_rate_output": lookup_hit_rate(prompt, on["token_ids"]),
+        "lookup_hit_rate_output": lookup_hit_rate(prompt, reference),
         "outputs_match": diff is None,
         "first_difference": diff,
     }
@@ -268,7 +271,7 @@ def failed(r: dict | None) -> list[str]:
     return []
 
 
-class _NoTimer:
+class NoTimer:
     def reset(self) -> None:
         pass
 
@@ -289,6 +292,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--result-file")
     args = ap.parse_args(argv)
+    if args.output_len < 2:
+        ap.error("--output-len must be at least 2: the first token comes from the prefill, the rest are decoded")
     if args.prompt_len + 3 * args.output_len + args.k > args.max_model_len:
         ap.error("--max-model-len must hold --prompt-len + 3 x --output-len + --k (P + G + the output + drafts)")
     result = run(args)
