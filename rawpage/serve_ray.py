@@ -198,7 +198,9 @@ class OpenAIIngress:
                 yield chunk
 
         response = StreamingResponse(rest(), status_code=start["status"])
-        response.raw_headers = start["headers"]
+        # Ray's proxy adds its own x-request-id to every response (the client's, if it sent
+        # one): the replica's is dropped so that a response carries exactly one.
+        response.raw_headers = [(k, v) for k, v in start["headers"] if k.lower() != b"x-request-id"]
         return response
 
 

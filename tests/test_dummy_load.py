@@ -23,8 +23,7 @@ def config_file(tmp_path):
 
 
 def weights(model):
-    """Every weight, as loaded. Build the model on `sim`: its prepare_linear keeps the (out, in)
-    layout (the cpu backend re-lays Linear weights out as (in, out))."""
+    """Every weight, as loaded (every backend keeps Linear weights (out, in))."""
     out = {"embed": model.embed, "norm": model.norm, "lm_head": model.lm_head}
     for i, layer in enumerate(model.layers):
         out.update({f"{i}.{k}": v for k, v in vars(layer).items() if v is not None})

@@ -126,6 +126,18 @@ def test_a_shared_512_token_prefix_goes_to_one_replica(ray_url):
     assert len(homes) == 2
 
 
+def test_a_response_carries_one_request_id(ray_url):
+    """Ray's proxy sets x-request-id (the client's when given); the replica's is not added."""
+    body = {"model": "SmolLM2-135M-Instruct", "prompt": "Hello", "max_tokens": 1}
+    for sent in ({}, {"X-Request-Id": "my-request-7"}):
+        r = httpx.post(ray_url + "/v1/completions", json=body, headers=sent, timeout=120)
+        assert r.status_code == 200, r.text
+        ids = r.headers.get_list("x-request-id")
+        assert len(ids) == 1, ids
+        if sent:
+            assert ids == ["my-request-7"]
+
+
 def test_errors_keep_the_openai_shape_through_the_ingress(ray_url):
     r = httpx.post(ray_url + "/v1/completions", json={"model": "SmolLM2-135M-Instruct", "prompt": "x", "n": 0})
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"

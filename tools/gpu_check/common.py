@@ -97,9 +97,10 @@ def hf_state_dict(model) -> dict[str, Any]:
     q, kv, inter = c.q_size, c.kv_size, c.intermediate_size
 
     def linear(w: Any, out_features: int) -> Any:
-        """A Linear weight as HF stores it, (out, in): the cpu backend keeps (in, out)."""
+        """A Linear weight as HF stores it, (out, in), as every backend keeps it."""
         t = to_torch(w)
-        return t if t.shape[0] == out_features and model.backend.name != "cpu" else t.T.contiguous()
+        assert t.shape[0] == out_features, (t.shape, out_features)
+        return t
 
     sd = {"model.embed_tokens.weight": to_torch(model.embed), "model.norm.weight": to_torch(model.norm)}
     sd["lm_head.weight"] = linear(model.lm_head, c.vocab_size)
