@@ -8,8 +8,11 @@ rawpage chat                                   interactive chat with history
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
 import sys
+import threading
 import uuid
 
 from rawpage.engine_args import EngineArgs
@@ -119,22 +122,40 @@ def _params(args: argparse.Namespace):
     )
 
 
+@contextlib.contextmanager
+def _ctrl_c_flag():
+    """While a reply streams, Ctrl-C sets a flag instead of raising KeyboardInterrupt: the
+    step loop checks it between steps. Raised, the interrupt could land inside a library
+    call (the tokenizer, BLAS) that turns it into an ordinary error, which the engine then
+    reports as the request's failure rather than a stop. (Only the main thread can set a
+    signal handler; elsewhere Ctrl-C keeps its default.)"""
+    pressed = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield pressed
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: pressed.set())
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _stream(engine, prompt, params) -> str:
     """Run one request, printing text deltas as they arrive; Ctrl-C aborts just this reply."""
     rid = uuid.uuid4().hex
     engine.add_request(rid, prompt, params)
     text = []
-    try:
-        while engine.has_unfinished_requests():
+    with _ctrl_c_flag() as pressed:
+        while engine.has_unfinished_requests() and not pressed.is_set():
             for out in engine.step():
                 delta = out.outputs[0].delta_text if out.outputs else ""
                 print(delta, end="", flush=True)
                 text.append(delta)
-    except KeyboardInterrupt:
-        engine.abort_request(rid)
-        while engine.has_unfinished_requests():
-            engine.step()
-        print(" [stopped]", end="")
+        if pressed.is_set():
+            engine.abort_request(rid)
+            while engine.has_unfinished_requests():
+                engine.step()
+            print(" [stopped]", end="")
     print(flush=True)
     return "".join(text)
 

@@ -65,5 +65,6 @@ def test_ctrl_c_stops_a_reply_but_not_the_chat():
     proc.wait(300)
     reader.join(10)
     out = "".join(chars)
-    assert proc.returncode == 0, proc.stderr.read()
-    assert "[stopped]" in out and "Paris" in out.split("[stopped]", 1)[1]
+    err = proc.stderr.read()
+    assert proc.returncode == 0, err
+    assert "[stopped]" in out and "Paris" in out.split("[stopped]", 1)[1], (out, err)
