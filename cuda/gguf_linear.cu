@@ -32,21 +32,18 @@
 //                    which the caller hands to cuBLAS (or NumPy under sim).
 //                    Grid: (N). Block: threads stride over the row's chunks.
 #include "common.cuh"
+#include "gguf_blocks.cuh"
 
 using namespace rawpage;
 
-// Bytes: NVRTC has no <cstdint>.
-using u8 = unsigned char;
+// Bytes: NVRTC has no <cstdint> (u8 comes from gguf_blocks.cuh).
 using s8 = signed char;
 
-__device__ __forceinline__ float load_f16(const u8* p) {  // 2-byte aligned: every block size is even
-  return __half2float(*reinterpret_cast<const __half*>(p));
-}
 
 struct Q8_0 {
   static constexpr int kBlock = 32, kBytes = 34;
   __device__ static void dequant_chunk(const u8* b, int, float* y) {
-    const float d = load_f16(b);
+    const float d = f16_at(b);
     const s8* q = reinterpret_cast<const s8*>(b + 2);
 #pragma unroll
     for (int i = 0; i < 32; ++i) y[i] = d * float(q[i]);
@@ -56,7 +53,7 @@ struct Q8_0 {
 struct Q4_0 {
   static constexpr int kBlock = 32, kBytes = 18;
   __device__ static void dequant_chunk(const u8* b, int, float* y) {
-    const float d = load_f16(b);
+    const float d = f16_at(b);
     const u8* qs = b + 2;
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
@@ -69,7 +66,7 @@ struct Q4_0 {
 struct Q4_1 {
   static constexpr int kBlock = 32, kBytes = 20;
   __device__ static void dequant_chunk(const u8* b, int, float* y) {
-    const float d = load_f16(b), m = load_f16(b + 2);
+    const float d = f16_at(b), m = f16_at(b + 2);
     const u8* qs = b + 4;
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
@@ -79,22 +76,12 @@ struct Q4_1 {
   }
 };
 
-// The 6-bit scale and min of chunk j of a Q4_K / Q5_K superblock. Chunks 0-3 keep
-// them in the low 6 bits of bytes j and j+4; chunks 4-7 in the nibbles of byte j+4,
-// with their top 2 bits in the spare top bits of bytes j-4 (scale) and j (min).
-// Returns chunk j's  d * sc_j  and  dmin * m_j  for a superblock b = [d][dmin][scales]...
+// Chunk j's  d * sc_j  and  dmin * m_j  of a Q4_K / Q5_K superblock (gguf_blocks.cuh).
 __device__ __forceinline__ void k_chunk_scale(const u8* b, int j, float* d, float* dm) {
-  const u8* s = b + 4;
   int sc, m;
-  if (j < 4) {
-    sc = s[j] & 63;
-    m = s[j + 4] & 63;
-  } else {
-    sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-    m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-  *d = load_f16(b) * float(sc);
-  *dm = load_f16(b + 2) * float(m);
+  k_scale_min(b, j, &sc, &m);
+  *d = f16_at(b) * float(sc);
+  *dm = f16_at(b + 2) * float(m);
 }
 
 struct Q4_K {
@@ -129,7 +116,7 @@ struct Q6_K {
     const u8* ql = b + 64 * h + 32 * (r % 2);
     const u8* qh = b + 128 + 32 * h;
     const s8* sc = reinterpret_cast<const s8*>(b + 192) + 8 * h + 2 * r;
-    const float d = load_f16(b + 208);
+    const float d = f16_at(b + 208);
     const int lo_shift = 4 * (r / 2), hi_shift = 2 * r;
 #pragma unroll
     for (int l = 0; l < 32; ++l) {

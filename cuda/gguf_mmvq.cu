@@ -25,14 +25,11 @@
 //                 Lanes take the row's chunks in turn; the warp sums.
 //                 Grid: ceil(N / 8). Block: 8 warps x 32 threads.
 #include "common.cuh"
+#include "gguf_blocks.cuh"
 
 using namespace rawpage;
 
-using u8 = unsigned char;
-
 constexpr int kMaxTokens = 8;  // rawpage/ops/gguf_linear.py GEMV_MAX_TOKENS
-
-__device__ __forceinline__ float f16_at(const u8* p) { return __half2float(*reinterpret_cast<const __half*>(p)); }
 
 // 4 bytes at a 2-byte-aligned address (every GGUF block size and field offset is even).
 __device__ __forceinline__ int ld32(const u8* p) {
@@ -82,17 +79,10 @@ struct Q4_1 {
   }
 };
 
-// Chunk j's 6-bit scale and min of a Q4_K / Q5_K superblock (as gguf_linear.cu).
-__device__ __forceinline__ void k_scale_min(const u8* blk, int j, float* a, float* b) {
-  const u8* s = blk + 4;
+// Chunk j's a = d sc_j and b = -dmin m_j of a Q4_K / Q5_K superblock (gguf_blocks.cuh).
+__device__ __forceinline__ void k_affine(const u8* blk, int j, float* a, float* b) {
   int sc, m;
-  if (j < 4) {
-    sc = s[j] & 63;
-    m = s[j + 4] & 63;
-  } else {
-    sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-    m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
+  k_scale_min(blk, j, &sc, &m);
   a[0] = a[1] = f16_at(blk) * float(sc);
   b[0] = b[1] = -f16_at(blk + 2) * float(m);
 }
@@ -104,7 +94,7 @@ struct Q4_K {
     const int shift = 4 * (j % 2);
 #pragma unroll
     for (int w = 0; w < 8; ++w) q[w] = (ld32(qs + 4 * w) >> shift) & kNib;
-    k_scale_min(blk, j, a, b);
+    k_affine(blk, j, a, b);
   }
 };
 
@@ -116,7 +106,7 @@ struct Q5_K {
     const int shift = 4 * (j % 2);
 #pragma unroll
     for (int w = 0; w < 8; ++w) q[w] = ((ld32(qs + 4 * w) >> shift) & kNib) | (((ld32(qh + 4 * w) >> j) & 0x01010101) << 4);
-    k_scale_min(blk, j, a, b);
+    k_affine(blk, j, a, b);
   }
 };
 
