@@ -105,9 +105,11 @@ def test_greedy_is_exactly_plain_greedy_alone_batched_and_preempted(tiny_model_d
     assert [tokens(llm.generate(p, GREEDY, use_tqdm=False))[0] for p in prompts] == plain
     assert_no_draft_leaks(llm)
     s = llm.engine.spec.stats
-    # The random draft ("other_draft") is rarely right, and backs off (adaptive.py): its
-    # drafts exercise rejection and rollback; the other two, acceptance.
-    assert s.num_draft_tokens > 50 and (which == "other_draft" or s.num_accepted_tokens > 0)
+    assert s.num_draft_tokens > 50
+    if which == "other_draft":  # a random draft, rarely right (it backs off, adaptive.py): rejection and rollback
+        assert s.num_accepted_tokens < s.num_draft_tokens / 2
+    else:
+        assert s.num_accepted_tokens > 0
     # batch 16 in a pool of 12 blocks of 16 tokens: preemption (recompute, then swap)
     for mode in ("recompute", "swap"):
         small = LLM(
