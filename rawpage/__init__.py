@@ -1,6 +1,9 @@
 """rawpage: PagedAttention and continuous batching, on NumPy, CuPy and our own CUDA kernels."""
 
-from rawpage import _checkout  # noqa: F401  (first: makes rawpage.models importable from a checkout)
+from rawpage import (
+    _blas_env,  # noqa: F401  (first: before anything loads NumPy, and with it OpenBLAS)
+    _checkout,  # noqa: F401  (makes rawpage.models importable from a checkout)
+)
 from rawpage.engine_args import EngineArgs
 from rawpage.llm import LLM
 from rawpage.lora import LoRARequest

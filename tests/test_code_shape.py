@@ -17,7 +17,15 @@ FORMATS = ["rawpage.quantization.weight", "rawpage.quantization.fp8", "rawpage.q
 ALLOWED = {
     "rawpage.ops": ["rawpage.cuda", "rawpage.dtypes", "rawpage.errors", *FORMATS],
     "rawpage.sim": ["rawpage.ops", "rawpage.cuda", "rawpage.dtypes", "rawpage.errors"],
-    "rawpage.backends": ["rawpage.ops", "rawpage.sim", "rawpage.cuda", "rawpage.dtypes", "rawpage.errors", *FORMATS],
+    "rawpage.backends": [
+        "rawpage.ops",
+        "rawpage.sim",
+        "rawpage.cuda",
+        "rawpage.dtypes",
+        "rawpage.errors",
+        "rawpage._blas_env",  # a leaf that rawpage/__init__ runs before NumPy loads
+        *FORMATS,
+    ],
     "rawpage.models": [
         "rawpage.backends.base",
         "rawpage.ops",

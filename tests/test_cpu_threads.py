@@ -89,3 +89,32 @@ def test_the_policy_reaches_blas():
         assert "2 usable cores" in threads.describe()
     finally:
         threads.controller.limit(limits=usable_cores())
+
+
+@pytest.mark.parametrize(("value", "short"), [("20", True), ("4", True), ("28", False), (None, False), ("x", False)])
+def test_blas_spin_is_short_up_to_two_to_the_twentieth_cycles(value, short):
+    from rawpage._blas_env import is_short
+
+    assert is_short(value) is short
+
+
+@pytest.mark.parametrize(
+    ("code", "preset", "want"),
+    [
+        ("import rawpage", None, "20 True"),  # rawpage first: it sets the spin before OpenBLAS loads
+        ("import rawpage", "24", "24 False"),  # a user's value is kept
+        ("import numpy, rawpage", None, "None False"),  # too late: OpenBLAS already read its environment
+    ],
+)
+def test_rawpage_sets_openblas_spin_before_numpy_loads(code, preset, want):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if preset:
+        env["OPENBLAS_THREAD_TIMEOUT"] = preset
+    script = f"{code}, os; from rawpage._blas_env import spin_is_short; "
+    script += "print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'), spin_is_short())"
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == want, out.stderr

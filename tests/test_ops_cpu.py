@@ -1,9 +1,13 @@
 """The CPU backend's ops against their plain references and against first principles."""
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
-from rawpage.backends.cpu import CPUBackend
+import rawpage.backends.cpu as cpu_backend
+from rawpage.backends.cpu import CPUBackend, decode_attention
 from rawpage.ops.paged_attention import paged_attention_ref
 from rawpage.ops.rope import cos_sin_cache, rope_ref
 from rawpage.ops.write_kv import write_kv_ref
@@ -92,6 +96,53 @@ def test_cpu_batched_decode_matches_ref():
     got = CPUBackend().paged_attention(q, kc, vc, bt, sl, qsl, 0.2, int(np.diff(qsl).max()), int(sl.max()))
     want = paged_attention_ref(q, kc, vc, bt, sl, qsl, 0.2)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_decode_attention_on_two_threads_is_the_one_thread_result(monkeypatch):
+    """21 decoding sequences are 3 chunks of up to 8: dealt to this thread and a pool's,
+    each chunk is the same computation, so the result is bitwise the serial one."""
+    rng = np.random.default_rng(3)
+    ctx = rng.integers(1, 60, 21).tolist()
+    q, kc, vc, bt, sl, qsl = _random_paged_batch(rng, [1] * 21, ctx, 8, 2, 16, 4, 400)
+    serial = decode_attention(q, kc, vc, bt, sl, 0.25)
+    np.testing.assert_allclose(serial, paged_attention_ref(q, kc, vc, bt, sl, qsl, 0.25), rtol=1e-5, atol=1e-6)
+    ran_on, chunk = [], cpu_backend._decode_chunk
+
+    def recording(q, *args):
+        ran_on.append((threading.current_thread().name, len(q)))
+        return chunk(q, *args)
+
+    monkeypatch.setattr(cpu_backend, "_decode_chunk", recording)
+    with ThreadPoolExecutor(1, thread_name_prefix="pool") as pool:
+        got = decode_attention(q, kc, vc, bt, sl, 0.25, pool=pool, threads=2)
+        np.testing.assert_array_equal(got, serial)
+        assert sorted(ran_on) == [("MainThread", 5), ("MainThread", 8), ("pool_0", 8)]
+        ran_on.clear()
+        decode_attention(q[:8], kc, vc, bt[:8], sl[:8], 0.25, pool=pool, threads=2)
+        assert ran_on == [("MainThread", 8)]  # one chunk stays on one thread
+
+
+def test_cpu_backend_threads_decode_attention_only_while_blas_sleeps(monkeypatch, caplog):
+    if cpu_backend.CpuThreads().usable < 2:
+        pytest.skip("one usable core: attention has no second thread to use")
+    monkeypatch.setattr(cpu_backend, "spin_is_short", lambda: False)
+    with caplog.at_level("INFO", logger="rawpage"):
+        assert CPUBackend(cpu_threads=2).attention_pool is None
+    assert "decode attention: on one thread (OpenBLAS's workers spin" in caplog.text
+    monkeypatch.setattr(cpu_backend, "spin_is_short", lambda: True)
+    ran_on, chunk = set(), cpu_backend._decode_chunk
+    monkeypatch.setattr(
+        cpu_backend, "_decode_chunk", lambda *a: ran_on.add(threading.current_thread().name) or chunk(*a)
+    )
+    rng = np.random.default_rng(4)
+    q, kc, vc, bt, sl, qsl = _random_paged_batch(rng, [1] * 20, rng.integers(1, 40, 20).tolist(), 8, 2, 16, 4, 300)
+    want = paged_attention_ref(q, kc, vc, bt, sl, qsl, 0.25)
+    for flag, threads in ((2, {"MainThread", "rawpage-attention_0"}), (1, {"MainThread"})):
+        be, ran_on = CPUBackend(cpu_threads=flag), set()
+        be.embedding(np.zeros(20, np.int64), np.zeros((4, 2), np.float32))  # sets the pass's thread count
+        got = be.paged_attention(q, kc, vc, bt, sl, qsl, 0.25, 1, int(sl.max()))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        assert ran_on == threads
 
 
 def test_write_kv_skips_minus_one():

@@ -13,10 +13,12 @@ gathers each sequence's blocks.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from rawpage._blas_env import spin_is_short
 from rawpage.backends.base import Backend
 from rawpage.backends.cpu_threads import CpuThreads
 from rawpage.ops.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
@@ -37,7 +39,24 @@ class CPUBackend(Backend):
     def __init__(self, cpu_threads: int | None = None) -> None:
         self.dtype = np.dtype(np.float32)
         self.threads = CpuThreads(cpu_threads)
+        # Decode attention's chunks run on threads of our own: its GEMMs are too small for
+        # BLAS to thread, and a second core nearly halves the gather. Only while OpenBLAS's
+        # idle workers sleep soon after each call (rawpage/_blas_env.py): while they spin,
+        # they hold the cores these threads need.
+        self.attention_pool = (
+            ThreadPoolExecutor(self.threads.usable - 1, thread_name_prefix="rawpage-attention")
+            if self.threads.usable > 1 and spin_is_short()
+            else None
+        )
         logger.info("%s", self.threads.describe())
+        if self.threads.usable > 1:
+            logger.info(
+                "decode attention: %s",
+                "on as many threads as BLAS"
+                if self.attention_pool
+                else "on one thread (OpenBLAS's workers spin: NumPy was imported before rawpage, "
+                "or OPENBLAS_THREAD_TIMEOUT is above 20)",
+            )
 
     def asarray(self, x: np.ndarray, dtype: Any = None) -> np.ndarray:
         return np.ascontiguousarray(x, dtype=dtype or self.dtype)
@@ -128,6 +147,8 @@ class CPUBackend(Backend):
                 sliding_window,
                 soft_cap,
                 scales,
+                self.attention_pool if (self.threads.current or 1) > 1 else None,
+                self.threads.current or 1,
             )
         for i in np.flatnonzero(~decode):
             s, e, L = int(query_start_loc[i]), int(query_start_loc[i + 1]), int(seq_lens[i])
@@ -185,20 +206,35 @@ def decode_attention(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
     kv_scales: np.ndarray | None = None,
+    pool: ThreadPoolExecutor | None = None,
+    threads: int = 1,
 ) -> np.ndarray:
     """One query token per sequence. q: (B, H, D) -> (B, H, D). kv_scales: those
     of an FP8 (uint8) cache.
 
     Sequences are sorted by length and taken a few at a time, so that padding is
-    small and each chunk's gathered K/V stays in cache.
+    small and each chunk's gathered K/V stays in cache. With a pool, the chunks are
+    dealt round-robin to `threads` threads (this one and threads - 1 of the pool's):
+    NumPy lets go of the GIL in the gathers and GEMMs, which are most of the time.
     """
     out = np.empty_like(q)
     order = np.argsort(seq_lens, kind="stable")
-    for i in range(0, len(order), _DECODE_CHUNK):
-        idx = order[i : i + _DECODE_CHUNK]
-        out[idx] = _decode_chunk(
-            q[idx], k_cache, v_cache, block_tables[idx], seq_lens[idx], scale, sliding_window, soft_cap, kv_scales
-        )
+    chunks = [order[i : i + _DECODE_CHUNK] for i in range(0, len(order), _DECODE_CHUNK)]
+    # Up to 8 sequences stay on one thread: splitting them measured no faster (batch 8)
+    # or slower (batch 2 and 4), the handoff costing what the second core saves.
+    threads = min(threads, len(chunks)) if pool is not None else 1
+
+    def run(part: list[np.ndarray]) -> None:
+        for idx in part:
+            out[idx] = _decode_chunk(
+                q[idx], k_cache, v_cache, block_tables[idx], seq_lens[idx], scale, sliding_window, soft_cap, kv_scales
+            )
+
+    parts = [chunks[t::threads] for t in range(threads)]
+    others = [pool.submit(run, part) for part in parts[1:]]  # (none without a pool: threads is 1)
+    run(parts[0])
+    for f in others:
+        f.result()
     return out
 
 
