@@ -20,6 +20,9 @@ Reported: output tokens per second of the whole run and of its decode steps alon
 
 from __future__ import annotations
 
+import rawpage  # noqa: F401  (first: it sets how long OpenBLAS spins before NumPy loads it)
+
+# isort: split
 import argparse
 import gc
 import json

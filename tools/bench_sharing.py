@@ -12,6 +12,9 @@ prefix:   64 requests that share a 512-token system prompt, all arriving at once
 
 from __future__ import annotations
 
+import rawpage  # noqa: F401  (first: it sets how long OpenBLAS spins before NumPy loads it)
+
+# isort: split
 import argparse
 import json
 import time

@@ -15,6 +15,9 @@ build_batch + upload + rest is the host time a GPU step cannot hide.
 
 from __future__ import annotations
 
+import rawpage  # noqa: F401  (first: it sets how long OpenBLAS spins before NumPy loads it)
+
+# isort: split
 import argparse
 import json
 import os

@@ -14,6 +14,9 @@ the overhead a batch-1 step cannot hide.
 
 from __future__ import annotations
 
+import rawpage  # noqa: F401  (first: it sets how long OpenBLAS spins before NumPy loads it)
+
+# isort: split
 import argparse
 import functools
 import time

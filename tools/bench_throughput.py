@@ -15,6 +15,9 @@ the same way everywhere, so every backend sees the same prompts.
 
 from __future__ import annotations
 
+import rawpage  # noqa: F401  (first: it sets how long OpenBLAS spins before NumPy loads it)
+
+# isort: split
 import argparse
 import json
 import os

@@ -11,6 +11,9 @@ layer's experts received during those steps.
 
 from __future__ import annotations
 
+import rawpage  # noqa: F401  (first: it sets how long OpenBLAS spins before NumPy loads it)
+
+# isort: split
 import argparse
 import time
 from collections import defaultdict
