@@ -118,3 +118,25 @@ def test_rawpage_sets_openblas_spin_before_numpy_loads(code, preset, want):
     script += "print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'), spin_is_short())"
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == want, out.stderr
+
+
+def test_malloc_keeps_freed_memory_unless_the_environment_says_otherwise(monkeypatch):
+    from rawpage.backends import cpu_malloc
+
+    class FakeLibc:
+        def __init__(self, answer=1):
+            self.calls, self.answer = [], answer
+
+        def mallopt(self, param, value):
+            self.calls.append((param, value))
+            return self.answer
+
+    monkeypatch.setattr(cpu_malloc, "_applied", None)  # (restored afterwards: the process's own answer)
+    libc = FakeLibc()
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.setenv("MALLOC_TOP_PAD_", "0")  # the user's setting wins
+    assert cpu_malloc.keep_freed_memory(libc) is True
+    assert sorted(libc.calls) == [(-3, 64 << 20), (-1, 256 << 20)]  # mmap and trim thresholds; no top pad
+    assert cpu_malloc.keep_freed_memory(FakeLibc(answer=0)) is False  # a C library that refuses
+    assert cpu_malloc.keep_freed_memory(object()) is False  # one without mallopt (macOS)

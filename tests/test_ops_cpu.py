@@ -127,8 +127,8 @@ def test_cpu_backend_threads_decode_attention_only_while_blas_sleeps(monkeypatch
         pytest.skip("one usable core: attention has no second thread to use")
     monkeypatch.setattr(cpu_backend, "spin_is_short", lambda: False)
     with caplog.at_level("INFO", logger="rawpage"):
-        assert CPUBackend(cpu_threads=2).attention_pool is None
-    assert "decode attention: on one thread (OpenBLAS's workers spin" in caplog.text
+        assert CPUBackend(cpu_threads=2).pool is None
+    assert "decode attention and element-wise ops: on one thread (OpenBLAS's workers spin" in caplog.text
     monkeypatch.setattr(cpu_backend, "spin_is_short", lambda: True)
     ran_on, chunk = set(), cpu_backend._decode_chunk
     monkeypatch.setattr(
@@ -137,12 +137,47 @@ def test_cpu_backend_threads_decode_attention_only_while_blas_sleeps(monkeypatch
     rng = np.random.default_rng(4)
     q, kc, vc, bt, sl, qsl = _random_paged_batch(rng, [1] * 20, rng.integers(1, 40, 20).tolist(), 8, 2, 16, 4, 300)
     want = paged_attention_ref(q, kc, vc, bt, sl, qsl, 0.25)
-    for flag, threads in ((2, {"MainThread", "rawpage-attention_0"}), (1, {"MainThread"})):
+    for flag, threads in ((2, {"MainThread", "rawpage-cpu_0"}), (1, {"MainThread"})):
         be, ran_on = CPUBackend(cpu_threads=flag), set()
         be.embedding(np.zeros(20, np.int64), np.zeros((4, 2), np.float32))  # sets the pass's thread count
         got = be.paged_attention(q, kc, vc, bt, sl, qsl, 0.25, 1, int(sl.max()))
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         assert ran_on == threads
+
+
+def test_elementwise_ops_split_many_rows_over_the_threads(monkeypatch):
+    """600 rows (over the 512 that pay for a handoff) go half to a pool thread; the results
+    are bitwise the one-thread references, on matmul's Fortran-order outputs too."""
+    from rawpage.ops.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
+    from rawpage.ops.rms_norm import fused_add_rms_norm_ref
+    from rawpage.ops.rope import cos_sin_cache, rope_ref
+
+    if cpu_backend.CpuThreads().usable < 2:
+        pytest.skip("one usable core: nothing to split over")
+    monkeypatch.setattr(cpu_backend, "spin_is_short", lambda: True)
+    be, rng = CPUBackend(cpu_threads=2), np.random.default_rng(5)
+    threads, submit = set(), be.pool.submit
+    monkeypatch.setattr(be.pool, "submit", lambda fn, *a: submit(lambda *b: threads.add("pool") or fn(*b), *a))
+    for T, split in ((600, True), (100, False)):
+        threads.clear()
+        be.embedding(np.zeros(T, np.int64), np.zeros((4, 2), np.float32))
+        x = be.matmul(rng.standard_normal((T, 8), dtype=np.float32), rng.standard_normal((12, 8), dtype=np.float32))
+        res = rng.standard_normal((T, 12), dtype=np.float32)
+        for got, want in zip(
+            be.fused_add_rms_norm(x, res, np.full(12, 0.5, np.float32), 1e-6),
+            fused_add_rms_norm_ref(x, res, np.full(12, 0.5, np.float32), 1e-6),
+        ):
+            np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(be.silu_and_mul(x), silu_and_mul_ref(x))
+        np.testing.assert_array_equal(be.gelu_tanh_and_mul(x), gelu_tanh_and_mul_ref(x))
+        q, k = rng.standard_normal((T, 4, 8), dtype=np.float32), rng.standard_normal((T, 2, 8), dtype=np.float32)
+        q2, k2, pos = q.copy(), k.copy(), rng.integers(0, 100, T)
+        cs = cos_sin_cache(1.0 / 10000 ** (np.arange(0, 8, 2) / 8), 100)
+        be.rope(pos, q, k, cs, True)
+        rope_ref(pos, q2, k2, cs, True)
+        np.testing.assert_array_equal(q, q2)
+        np.testing.assert_array_equal(k, k2)
+        assert bool(threads) is split
 
 
 def test_write_kv_skips_minus_one():

@@ -20,6 +20,7 @@ import numpy as np
 
 from rawpage._blas_env import spin_is_short
 from rawpage.backends.base import Backend
+from rawpage.backends.cpu_malloc import keep_freed_memory
 from rawpage.backends.cpu_threads import CpuThreads
 from rawpage.ops.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
 from rawpage.ops.cache_ops import copy_blocks_ref, swap_blocks_ref
@@ -39,21 +40,23 @@ class CPUBackend(Backend):
     def __init__(self, cpu_threads: int | None = None) -> None:
         self.dtype = np.dtype(np.float32)
         self.threads = CpuThreads(cpu_threads)
-        # Decode attention's chunks run on threads of our own: its GEMMs are too small for
-        # BLAS to thread, and a second core nearly halves the gather. Only while OpenBLAS's
-        # idle workers sleep soon after each call (rawpage/_blas_env.py): while they spin,
-        # they hold the cores these threads need.
-        self.attention_pool = (
-            ThreadPoolExecutor(self.threads.usable - 1, thread_name_prefix="rawpage-attention")
+        keep_freed_memory()  # each layer's temporaries reuse the last layer's pages (cpu_malloc.py)
+        # What BLAS does not thread runs on threads of our own: decode attention's chunks
+        # (GEMMs too small for BLAS to split; a second core nearly halves the gather) and
+        # the element-wise ops of a pass with many rows. Only while OpenBLAS's idle workers
+        # sleep soon after each call (rawpage/_blas_env.py): while they spin, they hold the
+        # cores these threads need.
+        self.pool = (
+            ThreadPoolExecutor(self.threads.usable - 1, thread_name_prefix="rawpage-cpu")
             if self.threads.usable > 1 and spin_is_short()
             else None
         )
         logger.info("%s", self.threads.describe())
         if self.threads.usable > 1:
             logger.info(
-                "decode attention: %s",
+                "decode attention and element-wise ops: %s",
                 "on as many threads as BLAS"
-                if self.attention_pool
+                if self.pool
                 else "on one thread (OpenBLAS's workers spin: NumPy was imported before rawpage, "
                 "or OPENBLAS_THREAD_TIMEOUT is above 20)",
             )
@@ -90,14 +93,39 @@ class CPUBackend(Backend):
             y += bias
         return y
 
+    def row_parts(self, rows: int) -> list[slice]:
+        """The rows of an element-wise op, one part per thread of this pass, or one part
+        when there are too few rows to pay for handing half to another thread."""
+        n = self.threads.current or 1
+        if self.pool is None or n < 2 or rows < _ROWS_TO_SPLIT:
+            return [slice(0, rows)]
+        bounds = [rows * i // n for i in range(n + 1)]
+        return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+
+    def in_parts(self, parts: list[slice], fn: Any) -> None:
+        """fn(part) for each part: the first on this thread, the others on the pool's."""
+        others = [self.pool.submit(fn, part) for part in parts[1:]]
+        fn(parts[0])
+        for f in others:
+            f.result()
+
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
         return rms_norm_ref(x, weight, eps)
 
     def fused_add_rms_norm(self, x, residual, weight, eps):
-        return fused_add_rms_norm_ref(x, residual, weight, eps)
+        parts = self.row_parts(len(x))
+        if len(parts) == 1:
+            return fused_add_rms_norm_ref(x, residual, weight, eps)
+        normed, summed = np.empty_like(x), np.empty_like(x)
+
+        def part(s: slice) -> None:
+            normed[s], summed[s] = fused_add_rms_norm_ref(x[s], residual[s], weight, eps)
+
+        self.in_parts(parts, part)
+        return normed, summed
 
     def rope(self, positions, q, k, cos_sin, is_neox):
-        rope_ref(positions, q, k, cos_sin, is_neox)
+        self.in_parts(self.row_parts(len(q)), lambda s: rope_ref(positions[s], q[s], k[s], cos_sin, is_neox))
 
     def write_kv(self, k, v, k_cache, v_cache, slot_mapping):
         if k_cache.dtype == np.uint8:
@@ -106,10 +134,23 @@ class CPUBackend(Backend):
             write_kv_ref(k, v, k_cache, v_cache, slot_mapping)
 
     def silu_and_mul(self, x):
-        return silu_and_mul_ref(x)
+        return self._gated(silu_and_mul_ref, x)
 
     def gelu_tanh_and_mul(self, x):
-        return gelu_tanh_and_mul_ref(x)
+        return self._gated(gelu_tanh_and_mul_ref, x)
+
+    def _gated(self, ref: Any, x: np.ndarray) -> np.ndarray:
+        """x (T, 2I) -> ref(x) (T, I), its rows in parts."""
+        parts = self.row_parts(len(x))
+        if len(parts) == 1:
+            return ref(x)
+        out = np.empty_like(x[:, : x.shape[1] // 2])  # in x's layout (matmul's outputs are Fortran-order)
+
+        def part(s: slice) -> None:
+            out[s] = ref(x[s])
+
+        self.in_parts(parts, part)
+        return out
 
     def copy_blocks(self, k_caches, v_caches, block_mapping):
         copy_blocks_ref(k_caches, v_caches, block_mapping)
@@ -147,7 +188,7 @@ class CPUBackend(Backend):
                 sliding_window,
                 soft_cap,
                 scales,
-                self.attention_pool if (self.threads.current or 1) > 1 else None,
+                self.pool if (self.threads.current or 1) > 1 else None,
                 self.threads.current or 1,
             )
         for i in np.flatnonzero(~decode):
@@ -189,6 +230,11 @@ def prefill_attention(
     o = np.matmul(scores.reshape(Hkv, G * n, L), v.transpose(1, 0, 2))  # (Hkv, G*n, D)
     return o.reshape(Hkv, G, n, D).transpose(2, 0, 1, 3).reshape(n, H, D)
 
+
+# Rows below which an element-wise op stays on one thread: handing half of it to another
+# thread costs 0.1-0.2 ms, more than it saved below 512 rows on the 2-core development
+# machine (fused_add_rms_norm and rope on 576-wide rows; at 2048 rows 1.5-1.9x faster).
+_ROWS_TO_SPLIT = 512
 
 # Sequences per decode-attention chunk. Gathering the K/V of the whole batch at once
 # (tens of MB) runs out of cache; chunks of 8 similar-length sequences measured ~2.5x
