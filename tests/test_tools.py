@@ -136,3 +136,26 @@ def test_profile_step_shows_expert_load_of_a_moe_model(tmp_path, capsys):
     routed = 3 * cfg["num_experts_per_tok"] * cfg["num_hidden_layers"]  # per step
     gflop = 2 * routed * 3 * cfg["intermediate_size"] * cfg["hidden_size"] / 1e9
     assert f"expert GEMMs: {gflop:.3f} GFLOP per step" in out
+
+
+def test_profile_step_times_a_prefill(tiny_model_dir, capsys):
+    """--prefill: 6 prompts of 40 tokens in chunks of 64; the first step (64 tokens) is
+    untimed, so the rest, 176 prompt tokens, are, and the ops' shares are printed."""
+    from tools import profile_step
+
+    profile_step.main(
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--batch",
+            "6",
+            "--context",
+            "40",
+            "--prefill",
+            "--max-num-batched-tokens",
+            "64",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert "prefill: 176 prompt tokens in 3 steps" in out
+    assert "matmul" in out and "paged_attention" in out

@@ -4,7 +4,9 @@
 
 Fills the batch with `--batch` sequences of `--context` prompt tokens, prefills them,
 then times `--steps` decode steps, splitting each into the backend's ops, the
-sampler, the scheduler, building the batch, and everything else. For a
+sampler, the scheduler, building the batch, and everything else. With --prefill it
+times the prefill instead (`--batch 40 --context 160 --prefill`: 6,400 prompt tokens
+in chunks of --max-num-batched-tokens). For a
 mixture-of-experts model it also shows the expert load: how many tokens each
 layer's experts received during those steps.
 """
@@ -56,19 +58,33 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--speculative-config", default=None, help='JSON, e.g. {"method": "ngram", "num_speculative_tokens": 4}'
     )
+    ap.add_argument(
+        "--prefill",
+        action="store_true",
+        help="time the prefill of the --batch prompts instead (after one untimed step), in --max-num-batched-tokens chunks",
+    )
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     args = ap.parse_args(argv)
     from rawpage import LLM, SamplingParams
 
     t0 = time.perf_counter()
-    llm = LLM(args.model, device=args.device, max_num_seqs=args.batch, speculative_config=args.speculative_config)
+    llm = LLM(
+        args.model,
+        device=args.device,
+        max_num_seqs=args.batch,
+        speculative_config=args.speculative_config,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
     print(f"engine ready in {time.perf_counter() - t0:.2f} s (open the model, dequantize, build weights, KV pool)")
     eng = llm.engine
     rng = np.random.default_rng(0)
-    params = SamplingParams(temperature=0, max_tokens=args.steps + 2, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=1 if args.prefill else args.steps + 2, ignore_eos=True)
     high = min(30000, eng.model_config.vocab_size)  # (tiny test models have a few hundred tokens)
     for i in range(args.batch):
         eng.add_request(str(i), {"prompt_token_ids": rng.integers(high // 300, high, args.context).tolist()}, params)
-    while any(s.is_prefill for s in eng.scheduler.running + eng.scheduler.waiting):
+    prefilling = lambda: any(s.is_prefill for s in eng.scheduler.running + eng.scheduler.waiting)  # noqa: E731
+    eng.step()  # (untimed: the first step also warms up)
+    while not args.prefill and prefilling():
         eng.step()
     totals: dict[str, float] = defaultdict(float)
     for op in OPS:
@@ -79,27 +95,32 @@ def main(argv: list[str] | None = None) -> None:
     if eng.spec.stats is not None:  # speculative decoding: drafting, and acceptance + appending
         timed(eng.spec, "propose", totals)
         timed(eng.spec, "verify", totals)
-    generated = eng.stats.generation_tokens_total
+    generated, prompt = eng.stats.generation_tokens_total, eng.stats.prompt_tokens_total
     experts_before = getattr(eng.model, "expert_tokens", np.zeros(0)).copy()
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
+    t0, steps = time.perf_counter(), 0
+    while (steps < args.steps) if not args.prefill else prefilling():
         eng.step()
+        steps += 1
     total = time.perf_counter() - t0
     generated = eng.stats.generation_tokens_total - generated
-    per = {k: v / args.steps * 1000 for k, v in totals.items()}
-    print(
-        f"decode step at batch {args.batch}, context ~{args.context}: {total / args.steps * 1000:.1f} ms "
-        f"({generated / total:.1f} tok/s)"
-    )
+    per = {k: v / steps * 1000 for k, v in totals.items()}
+    if args.prefill:
+        prompt = eng.stats.prompt_tokens_total - prompt
+        print(f"prefill: {prompt} prompt tokens in {steps} steps, {total * 1000:.0f} ms ({prompt / total:.1f} tok/s)")
+    else:
+        print(
+            f"decode step at batch {args.batch}, context ~{args.context}: {total / steps * 1000:.1f} ms "
+            f"({generated / total:.1f} tok/s)"
+        )
     if eng.spec.stats is not None:
         sp = eng.spec.stats
         print(
             f"  speculative: acceptance rate {sp.acceptance_rate:.1%}, mean accepted length {sp.mean_accepted_length:.2f}"
         )
     for k, v in sorted(per.items(), key=lambda kv: -kv[1]):
-        print(f"  {k:20s} {v:8.2f} ms  {100 * v / (total / args.steps * 1000):5.1f}%")
-    rest = total / args.steps * 1000 - sum(per.values())
-    print(f"  {'other (Python)':20s} {rest:8.2f} ms  {100 * rest / (total / args.steps * 1000):5.1f}%")
+        print(f"  {k:20s} {v:8.2f} ms  {100 * v / (total / steps * 1000):5.1f}%")
+    rest = total / steps * 1000 - sum(per.values())
+    print(f"  {'other (Python)':20s} {rest:8.2f} ms  {100 * rest / (total / steps * 1000):5.1f}%")
     if eng.model_config.num_experts:
         load = eng.model.expert_tokens - experts_before  # (layers, E) tokens routed during the timed steps
         print(
@@ -110,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
             if row.any():
                 print(f"  layer {i:3d}: idle {int((row == 0).sum()):3d}  max {int(row.max()):6d}  {row.tolist()}")
         c = eng.model_config  # the grouped GEMMs multiply routed rows only: gate|up (2 I x dim), down (dim x I)
-        flops = 2 * int(load.sum()) * 3 * c.moe_intermediate_size * c.hidden_size / args.steps
+        flops = 2 * int(load.sum()) * 3 * c.moe_intermediate_size * c.hidden_size / steps
         print(f"expert GEMMs: {flops / 1e9:.3f} GFLOP per step (routed rows only, whatever the expert count)")
 
 
