@@ -11,6 +11,8 @@ import numpy as np
 
 from rawpage.quantization.int4 import AWQ_ORDER, pack_nibbles
 
+_F16_TINY = float(np.finfo(np.float16).tiny)  # the smallest normal float16, 6.1e-5
+
 
 def quantize_groups(w: np.ndarray, groups: np.ndarray, sym: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """w (N, K) float, groups (K,) the group of each input -> q (N, K) 0..15,
@@ -23,11 +25,13 @@ def quantize_groups(w: np.ndarray, groups: np.ndarray, sym: bool) -> tuple[np.nd
     for g in range(ng):
         cols = groups == g
         wg = w[:, cols]
+        # (the scales are stored as float16: an all-zero row's would round to 0 there, so
+        # they are kept at float16's smallest normal at least)
         if sym:
-            s, z = np.maximum(np.abs(wg).max(1), 1e-8) / 7, np.full(N, 8)
+            s, z = np.maximum(np.abs(wg).max(1) / 7, _F16_TINY), np.full(N, 8)
         else:
             lo, hi = np.minimum(wg.min(1), 0), np.maximum(wg.max(1), 0)
-            s = np.maximum(hi - lo, 1e-8) / 15
+            s = np.maximum((hi - lo) / 15, _F16_TINY)
             z = np.clip(np.round(-lo / s), 0, 15).astype(np.int32)
         s16 = s.astype(np.float16)
         q[:, cols] = np.clip(np.round(wg / s16[:, None].astype(np.float32)) + z[:, None], 0, 15)
