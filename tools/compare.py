@@ -126,8 +126,11 @@ def bench_serving(args: argparse.Namespace, engine: str, conc: int, out_dir: Pat
         "inf",
         "--max-concurrency",
         str(conc),
+        # Each concurrency gets prompts of its own: with one seed, c=32's first 32 prompts
+        # were c=16's 32, and both engines answered them from their prompt caches (a
+        # fresh server ran c=32 1.2-1.8x slower than the warmed one; docs/benchmarks.md).
         "--seed",
-        "0",
+        str(conc),
         "--result-file",
         str(result_file),
         *extra,
