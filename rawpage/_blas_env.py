@@ -23,8 +23,7 @@ import os
 import sys
 
 VARIABLE = "OPENBLAS_THREAD_TIMEOUT"
-SPIN_EXPONENT = 20  # 2**20 cycles
-_LONGEST_SHORT_SPIN = 20
+SPIN_EXPONENT = 20  # 2**20 cycles: what rawpage sets, and the longest spin it calls short
 
 if VARIABLE not in os.environ and "numpy" not in sys.modules:
     os.environ[VARIABLE] = str(SPIN_EXPONENT)
@@ -39,6 +38,6 @@ def spin_is_short() -> bool:
 
 def is_short(value: str | None) -> bool:
     try:
-        return value is not None and int(value) <= _LONGEST_SHORT_SPIN
+        return value is not None and int(value) <= SPIN_EXPONENT
     except ValueError:
         return False

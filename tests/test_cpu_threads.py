@@ -131,7 +131,6 @@ def test_malloc_keeps_freed_memory_unless_the_environment_says_otherwise(monkeyp
             self.calls.append((param, value))
             return self.answer
 
-    monkeypatch.setattr(cpu_malloc, "_applied", None)  # (restored afterwards: the process's own answer)
     libc = FakeLibc()
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)

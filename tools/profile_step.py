@@ -82,7 +82,10 @@ def main(argv: list[str] | None = None) -> None:
     high = min(30000, eng.model_config.vocab_size)  # (tiny test models have a few hundred tokens)
     for i in range(args.batch):
         eng.add_request(str(i), {"prompt_token_ids": rng.integers(high // 300, high, args.context).tolist()}, params)
-    prefilling = lambda: any(s.is_prefill for s in eng.scheduler.running + eng.scheduler.waiting)  # noqa: E731
+
+    def prefilling() -> bool:
+        return any(s.is_prefill for s in eng.scheduler.running + eng.scheduler.waiting)
+
     eng.step()  # (untimed: the first step also warms up)
     while not args.prefill and prefilling():
         eng.step()

@@ -103,11 +103,7 @@ class CPUBackend(Backend):
         return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
 
     def in_parts(self, parts: list[slice], fn: Any) -> None:
-        """fn(part) for each part: the first on this thread, the others on the pool's."""
-        others = [self.pool.submit(fn, part) for part in parts[1:]]
-        fn(parts[0])
-        for f in others:
-            f.result()
+        run_in_parts(self.pool, parts, fn)
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
         return rms_norm_ref(x, weight, eps)
@@ -188,7 +184,7 @@ class CPUBackend(Backend):
                 sliding_window,
                 soft_cap,
                 scales,
-                self.pool if (self.threads.current or 1) > 1 else None,
+                self.pool,
                 self.threads.current or 1,
             )
         for i in np.flatnonzero(~decode):
@@ -276,12 +272,17 @@ def decode_attention(
                 q[idx], k_cache, v_cache, block_tables[idx], seq_lens[idx], scale, sliding_window, soft_cap, kv_scales
             )
 
-    parts = [chunks[t::threads] for t in range(threads)]
-    others = [pool.submit(run, part) for part in parts[1:]]  # (none without a pool: threads is 1)
-    run(parts[0])
+    run_in_parts(pool, [chunks[t::threads] for t in range(threads)], run)
+    return out
+
+
+def run_in_parts(pool: ThreadPoolExecutor | None, parts: list[Any], fn: Any) -> None:
+    """fn(part) for each part: the first on this thread, the others on the pool's
+    (a pool is needed only for more than one part)."""
+    others = [pool.submit(fn, part) for part in parts[1:]]
+    fn(parts[0])
     for f in others:
         f.result()
-    return out
 
 
 def _decode_chunk(

@@ -10,8 +10,8 @@ prompts of 160 tokens measured 8-11% faster on the 2-core development machine
 (docs/benchmarks.md). The cost is memory the process keeps after a peak, at most
 TRIM_THRESHOLD + TOP_PAD above what it holds.
 
-Applied at runtime with mallopt(3), once per process, where the C library is glibc;
-elsewhere it is a no-op. MALLOC_*_ environment variables the user set win.
+Applied at runtime with mallopt(3) when a CPU backend starts, where the C library has
+it (glibc); elsewhere it is a no-op. MALLOC_*_ environment variables the user set win.
 """
 
 from __future__ import annotations
@@ -31,22 +31,15 @@ SETTINGS = {
     "MALLOC_TRIM_THRESHOLD_": (M_TRIM_THRESHOLD, TRIM_THRESHOLD),
     "MALLOC_TOP_PAD_": (M_TOP_PAD, TOP_PAD),
 }
-_applied: bool | None = None
 
 
 def keep_freed_memory(libc: object | None = None) -> bool:
     """Sets glibc's thresholds (those the environment does not set). True if they hold."""
-    global _applied
-    if _applied is not None and libc is None:
-        return _applied
     try:
-        libc = libc or ctypes.CDLL(None)
-        mallopt = libc.mallopt  # glibc, musl; absent on macOS
+        mallopt = (libc or ctypes.CDLL(None)).mallopt  # glibc, musl; absent on macOS
     except (OSError, AttributeError):
-        _applied = False
         return False
     ok = all(mallopt(param, value) == 1 for env, (param, value) in SETTINGS.items() if env not in os.environ)
     if not ok:
         logger.debug("mallopt refused a setting; freed memory goes back to the kernel as glibc decides")
-    _applied = ok
     return ok
