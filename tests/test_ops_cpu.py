@@ -180,6 +180,58 @@ def test_elementwise_ops_split_many_rows_over_the_threads(monkeypatch):
         assert bool(threads) is split
 
 
+@pytest.mark.parametrize(
+    ("rows", "w_bytes", "split"),
+    [
+        (2, 7 << 20, True),  # SmolLM2's gate_up at batch 2
+        (2, 2 << 20, False),  # its q/k/v: the handoff costs more than it saves
+        (3, 7 << 20, False),
+        (8, 113 << 20, True),  # its LM head at batch 8
+        (64, 113 << 20, True),
+        (1, 113 << 20, False),  # a GEMV: OpenBLAS threads it well
+        (65, 113 << 20, False),
+    ],
+)
+def test_which_gemms_matmul_splits_by_rows(rows, w_bytes, split):
+    assert cpu_backend.splits_by_rows(rows, w_bytes) is split
+
+
+def test_matmul_splits_big_gemms_of_few_rows_over_our_threads(monkeypatch):
+    """A GEMM that splits_by_rows picks: W's rows in chunks that this thread and the
+    pool's take in turn, BLAS on one thread meanwhile; the others stay OpenBLAS's, on
+    the pass's threads. Same products either way."""
+    from threadpoolctl import threadpool_info
+
+    if cpu_backend.CpuThreads().usable < 2:
+        pytest.skip("one usable core: nothing to split over")
+    monkeypatch.setattr(cpu_backend, "spin_is_short", lambda: True)
+    monkeypatch.setattr(cpu_backend, "splits_by_rows", lambda rows, w_bytes: rows == 2 and w_bytes > 100_000)
+    rng = np.random.default_rng(6)
+    w, bias = rng.standard_normal((3000, 64), dtype=np.float32), rng.standard_normal(3000, dtype=np.float32)
+    for flag, T, W, split in ((2, 2, w, True), (2, 2, w[:100], False), (2, 3, w, False), (1, 2, w, False)):
+        be = CPUBackend(cpu_threads=flag)
+        ran_on, submit = set(), be.pool.submit if be.pool else None
+        if be.pool:
+            monkeypatch.setattr(
+                be.pool, "submit", lambda fn, *a, s=submit, r=ran_on: s(lambda *b: r.add("pool") or fn(*b), *a)
+            )
+        blas, limit = [], be.threads.controller.limit
+        monkeypatch.setattr(
+            be.threads.controller, "limit", lambda limits, f=limit, b=blas: b.append(limits) or f(limits=limits)
+        )
+        try:
+            be.embedding(np.zeros(T, np.int64), np.zeros((4, 2), np.float32))
+            x = rng.standard_normal((T, 64), dtype=np.float32)
+            got = be.matmul(x, W, bias[: len(W)])
+            np.testing.assert_allclose(got, x @ W.T + bias[: len(W)], rtol=1e-5, atol=1e-5)
+            assert got.shape == (T, len(W)) and bool(ran_on) is split
+            assert blas == ([flag, 1] if split else [flag])  # the pass's count, then one for the split GEMM
+            if any(i["user_api"] == "blas" for i in threadpool_info()):
+                assert {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"} == {blas[-1]}
+        finally:
+            limit(limits=cpu_backend.CpuThreads().usable)
+
+
 def test_write_kv_skips_minus_one():
     rng = np.random.default_rng(2)
     k = rng.standard_normal((3, 2, 4)).astype(np.float32)

@@ -2,12 +2,19 @@
 
     python tools/bench_cpu_threads.py                       # batches 1 8 32 64, 1 and all usable cores
     python tools/bench_cpu_threads.py --busy 1 --json r.json
+    python tools/bench_cpu_threads.py --pairs 9 --batches 1  # the busy-core ratio
 
 Each cell is decode tokens per second over --steps steps after the prompts are
 prefilled (16-token prompts, greedy, ignore_eos). --busy N runs N spinning
 processes beside the measurement (tools/cpu_burner.py). The default thread policy
 (rawpage/backends/cpu_threads.py) is chosen from this table: run it on a machine
 no other job is loading, or the figures say more about the other jobs than about us.
+
+--pairs N measures issue 14's target instead: the default policy's decode speed
+with one core kept busy, as a share of its quiet speed. A VM's speed drifts by
+20% from minute to minute, so the quiet and busy runs alternate, N times, in one
+process, and the median of the N ratios is the figure. After the burner starts,
+the policy gets --settle seconds to see it (it reads the load once a second).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -46,6 +54,24 @@ def decode_tok_per_s(llm, batch: int, threads: int | None, steps: int) -> float:
     return done / elapsed
 
 
+def busy_ratio(llm, batch: int, steps: int, pairs: int, settle: float) -> dict:
+    """The policy's tokens per second with one core busy over its quiet speed, alternating."""
+    runs = []
+    for _ in range(pairs):
+        quiet = decode_tok_per_s(llm, batch, None, steps)
+        burner = multiprocessing.Process(target=spin, daemon=True)
+        burner.start()
+        try:
+            time.sleep(settle)
+            busy = decode_tok_per_s(llm, batch, None, steps)
+        finally:
+            burner.terminate()
+            burner.join()
+        time.sleep(settle)  # the policy sees the core free again
+        runs.append({"quiet": round(quiet, 1), "busy": round(busy, 1), "ratio": round(busy / quiet, 3)})
+    return {"batch": batch, "pairs": runs, "median_ratio": statistics.median(r["ratio"] for r in runs)}
+
+
 def main() -> int:
     from rawpage import LLM
     from rawpage.backends.cpu_threads import usable_cores
@@ -56,8 +82,20 @@ def main() -> int:
     p.add_argument("--threads", type=int, nargs="+", default=None, help="thread counts (default: 1 and all usable)")
     p.add_argument("--steps", type=int, default=32, help="timed decode steps per cell (default: 32)")
     p.add_argument("--busy", type=int, default=0, help="spinning processes beside the measurement (default: 0)")
+    p.add_argument("--pairs", type=int, default=0, help="alternate quiet and one-core-busy runs N times (policy only)")
+    p.add_argument("--settle", type=float, default=2.0, help="seconds between starting the burner and a busy run")
     p.add_argument("--json", help="write the table here")
     args = p.parse_args()
+    if args.pairs:
+        llm = LLM(args.model, device="cpu", max_num_seqs=max(args.batches), log_stats_interval=0)
+        result = {
+            "usable_cores": usable_cores(),
+            "busy_ratio": [busy_ratio(llm, b, args.steps, args.pairs, args.settle) for b in args.batches],
+        }
+        print(json.dumps(result, indent=2))
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        return 0
     threads = args.threads or sorted({1, usable_cores()})
     burners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.busy)]
     for b in burners:

@@ -88,10 +88,33 @@ class CPUBackend(Backend):
         # rows (speculative verification, small batches) this is 1.3-1.5x faster than
         # x @ Wᵀ with W stored (in, out), whose packing dominates at M = 2..64 (measured,
         # docs/benchmarks.md); at M = 1 both are one GEMV. y is a Fortran-order view.
-        y = (w @ x.T).T
+        n = self.threads.current or 1
+        if self.pool is not None and n > 1 and splits_by_rows(len(x), w.nbytes):
+            self.threads.limit_blas(1)
+            y = self._matmul_by_rows(x, w, n)
+        else:
+            self.threads.limit_blas(n)
+            y = (w @ x.T).T
         if bias is not None:
             y += bias
         return y
+
+    def _matmul_by_rows(self, x: np.ndarray, w: np.ndarray, n: int) -> np.ndarray:
+        """(W · xᵀ)ᵀ on n threads, W's rows cut in chunks of about 384, at most 4 per
+        thread: each thread takes the next chunk left (one BLAS thread each), so a thread
+        the OS slows down takes fewer."""
+        out = w.shape[0]
+        chunks = max(n, min(4 * n, out // 384))
+        bounds = [out * i // chunks for i in range(chunks + 1)]
+        yT = np.empty((out, len(x)), dtype=np.result_type(x, w))
+        left = iter(zip(bounds, bounds[1:]))  # shared: next() under the GIL hands each chunk out once
+
+        def take(_: Any) -> None:
+            for a, b in left:
+                np.matmul(w[a:b], x.T, out=yT[a:b])
+
+        run_in_parts(self.pool, [None] * n, take)
+        return yT.T
 
     def row_parts(self, rows: int) -> list[slice]:
         """The rows of an element-wise op, one part per thread of this pass, or one part
@@ -225,6 +248,22 @@ def prefill_attention(
     scores /= scores.sum(axis=-1, keepdims=True)
     o = np.matmul(scores.reshape(Hkv, G * n, L), v.transpose(1, 0, 2))  # (Hkv, G*n, D)
     return o.reshape(Hkv, G, n, D).transpose(2, 0, 1, 3).reshape(n, H, D)
+
+
+# The GEMMs that matmul splits by W's rows over the backend's threads instead of letting
+# OpenBLAS thread them: a few rows of x (2-64: small-batch decode, a speculative
+# verification) by a large W. There OpenBLAS's GEMM runs at half its GEMV's speed
+# though both read W once, and its threads gain little (tools/bench_gemm_split.py, on
+# the 2-core development machine: SmolLM2's 113 MB LM head at 2 rows 12.7 ms on
+# OpenBLAS's 2 threads, 9.4 ms by rows; at 8 rows 14.1 and 10.5). On a small W the
+# handoff to the other thread (0.1-0.2 ms) costs more than it saves.
+_BY_ROWS_W_BYTES = 24 << 20  # W this large, at 2-64 rows
+_BY_ROWS_W_BYTES_AT_2 = 4 << 20  # ... and from this size at exactly 2 rows
+
+
+def splits_by_rows(rows: int, w_bytes: int) -> bool:
+    """Whether matmul splits x (rows, in) by W (out, in) itself (see above)."""
+    return 2 <= rows <= 64 and (w_bytes >= _BY_ROWS_W_BYTES or (rows == 2 and w_bytes >= _BY_ROWS_W_BYTES_AT_2))
 
 
 # Rows below which an element-wise op stays on one thread: handing half of it to another

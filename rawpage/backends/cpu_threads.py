@@ -109,7 +109,8 @@ class CpuThreads:
         self.usable = usable or usable_cores()
         self.load = load if load is not None or cpu_threads is not None else CoreLoad(_affinity())
         self.controller = ThreadpoolController()  # finds the loaded BLAS / OpenMP libraries once
-        self.current: int | None = None
+        self.current: int | None = None  # this pass's threads
+        self.blas: int | None = None  # the limit last given to BLAS
 
     def describe(self) -> str:
         libs = ", ".join(sorted({i["internal_api"] for i in self.controller.info()})) or "no BLAS found"
@@ -121,10 +122,15 @@ class CpuThreads:
 
     def set_for(self, rows: int) -> int:
         """Before a forward pass over `rows` tokens (the count does not depend on them today:
-        more threads paid at every batch size measured)."""
+        more threads paid at every batch size measured). BLAS gets the same count."""
         others = self.load.update() if self.load is not None else None
-        n = threads_for(self.usable, self.cpu_threads, others)
-        if n != self.current:
-            self.controller.limit(limits=n)
-            self.current = n
+        self.current = n = threads_for(self.usable, self.cpu_threads, others)
+        self.limit_blas(n)
         return n
+
+    def limit_blas(self, n: int) -> None:
+        """BLAS's threads for the next calls (5 us when it changes): one while the backend
+        splits a GEMM over its own threads, the pass's count again after."""
+        if n != self.blas:
+            self.controller.limit(limits=n)
+            self.blas = n
