@@ -180,6 +180,44 @@ def test_elementwise_ops_split_many_rows_over_the_threads(monkeypatch):
         assert bool(threads) is split
 
 
+def test_deal_by_cost_balances_the_parts():
+    assert cpu_backend.deal_by_cost([], [], 2) == [[]]
+    assert cpu_backend.deal_by_cost(["a"], [5.0], 2) == [["a"]]  # never an empty part
+    parts = cpu_backend.deal_by_cost(list("abcde"), [9, 1, 4, 4, 2], 2)
+    assert sorted(map(sorted, parts)) == [["a", "b"], ["c", "d", "e"]]  # 10 against 10
+    assert cpu_backend.deal_by_cost(list("abc"), [1, 1, 1], 1) == [["a", "b", "c"]]
+
+
+def test_prefill_attention_of_several_sequences_runs_on_the_threads(monkeypatch):
+    """Prefill chunks (and a decode row among them) on two threads: the chunks dealt by
+    their query x key counts, BLAS on one thread meanwhile; the reference's result."""
+    if cpu_backend.CpuThreads().usable < 2:
+        pytest.skip("one usable core: nothing to split over")
+    monkeypatch.setattr(cpu_backend, "spin_is_short", lambda: True)
+    rng = np.random.default_rng(7)
+    q_lens, ctx = [40, 1, 25, 60, 7], [90, 33, 25, 70, 50]
+    q, kc, vc, bt, sl, qsl = _random_paged_batch(rng, q_lens, ctx, 8, 2, 16, 4, 200)
+    want = paged_attention_ref(q, kc, vc, bt, sl, qsl, 0.25)
+    ran_on, attend = [], cpu_backend.prefill_attention
+
+    def recording(q, *args):
+        ran_on.append((threading.current_thread().name, len(q)))
+        return attend(q, *args)
+
+    monkeypatch.setattr(cpu_backend, "prefill_attention", recording)
+    for flag, parts in ((2, {"MainThread": [60, 7], "rawpage-cpu_0": [40, 25]}), (1, {"MainThread": [60, 40, 25, 7]})):
+        be, ran_on[:] = CPUBackend(cpu_threads=flag), []
+        try:
+            be.embedding(np.zeros(len(q), np.int64), np.zeros((4, 2), np.float32))
+            got = be.paged_attention(q, kc, vc, bt, sl, qsl, 0.25, max(q_lens), max(ctx))
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+            by_thread = {name: sorted((n for t, n in ran_on if t == name), reverse=True) for name, _ in ran_on}
+            assert by_thread == parts  # costs 60 x 70 + 7 x 50 = 4550 against 40 x 90 + 25 x 25 = 4225
+            assert be.threads.blas == 1  # two threads: one each; one thread: --cpu-threads 1
+        finally:
+            be.threads.controller.limit(limits=cpu_backend.CpuThreads().usable)
+
+
 @pytest.mark.parametrize(
     ("rows", "w_bytes", "split"),
     [

@@ -41,11 +41,12 @@ class CPUBackend(Backend):
         self.dtype = np.dtype(np.float32)
         self.threads = CpuThreads(cpu_threads)
         keep_freed_memory()  # each layer's temporaries reuse the last layer's pages (cpu_malloc.py)
-        # What BLAS does not thread runs on threads of our own: decode attention's chunks
-        # (GEMMs too small for BLAS to split; a second core nearly halves the gather) and
-        # the element-wise ops of a pass with many rows. Only while OpenBLAS's idle workers
-        # sleep soon after each call (rawpage/_blas_env.py): while they spin, they hold the
-        # cores these threads need.
+        # What BLAS does not thread, or threads badly, runs on threads of our own: decode
+        # attention's chunks (GEMMs too small for BLAS to split; a second core nearly
+        # halves the gather), prefill attention's sequences, the element-wise ops of a
+        # pass with many rows, and GEMMs of a few rows by a big W. Only while OpenBLAS's
+        # idle workers sleep soon after each call (rawpage/_blas_env.py): while they
+        # spin, they hold the cores these threads need.
         self.pool = (
             ThreadPoolExecutor(self.threads.usable - 1, thread_name_prefix="rawpage-cpu")
             if self.threads.usable > 1 and spin_is_short()
@@ -210,13 +211,23 @@ class CPUBackend(Backend):
                 self.pool,
                 self.threads.current or 1,
             )
-        for i in np.flatnonzero(~decode):
-            s, e, L = int(query_start_loc[i]), int(query_start_loc[i + 1]), int(seq_lens[i])
-            # Keys older than the window of the chunk's first query are never seen: skip them.
-            first = max(0, L - (e - s) - sliding_window + 1) if sliding_window else 0
-            k = dequantize_kv(gather_kv(k_cache, block_tables[i], L, first), scales, 0)
-            v = dequantize_kv(gather_kv(v_cache, block_tables[i], L, first), scales, 1)
-            out[s:e] = prefill_attention(q[s:e], k, v, scale, sliding_window, soft_cap)
+
+        def prefill(seqs: list[int]) -> None:
+            for i in seqs:
+                s, e, L = int(query_start_loc[i]), int(query_start_loc[i + 1]), int(seq_lens[i])
+                # Keys older than the window of the chunk's first query are never seen: skip them.
+                first = max(0, L - (e - s) - sliding_window + 1) if sliding_window else 0
+                k = dequantize_kv(gather_kv(k_cache, block_tables[i], L, first), scales, 0)
+                v = dequantize_kv(gather_kv(v_cache, block_tables[i], L, first), scales, 1)
+                out[s:e] = prefill_attention(q[s:e], k, v, scale, sliding_window, soft_cap)
+
+        prefills = np.flatnonzero(~decode)
+        costs = (q_lens * seq_lens)[prefills]  # score entries: queries x keys
+        threads = (self.threads.current or 1) if self.pool is not None else 1
+        parts = deal_by_cost(prefills.tolist(), costs.tolist(), threads)
+        if len(parts) > 1:
+            self.threads.limit_blas(1)  # each thread's GEMMs on its own core (matmul sets it back)
+        run_in_parts(self.pool, parts, prefill)
         return out
 
 
@@ -313,6 +324,18 @@ def decode_attention(
 
     run_in_parts(pool, [chunks[t::threads] for t in range(threads)], run)
     return out
+
+
+def deal_by_cost(items: list[Any], costs: list[float], n: int) -> list[list[Any]]:
+    """items dealt to at most n parts of about equal cost, the costliest first, each to
+    the part with the least so far (no empty parts; [[]] for no items)."""
+    parts: list[list[Any]] = [[] for _ in range(max(1, min(n, len(items))))]
+    load = [0.0] * len(parts)
+    for cost, item in sorted(zip(costs, items), key=lambda ci: -ci[0]):
+        j = load.index(min(load))
+        parts[j].append(item)
+        load[j] += cost
+    return parts
 
 
 def run_in_parts(pool: ThreadPoolExecutor | None, parts: list[Any], fn: Any) -> None:
