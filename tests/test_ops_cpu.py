@@ -88,6 +88,18 @@ def test_sliding_window_and_soft_cap(window, cap):
     np.testing.assert_allclose(cpu, ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("window,cap", [(None, None), (5, None), (64, None), (None, 1.5), (6, 2.0)])
+@pytest.mark.parametrize("ctx", [1, 4, 23])
+def test_one_decoding_sequence_alone(window, cap, ctx):
+    """Batch-1 decode reads the sequence's own keys (no padded batch, no mask): the
+    reference's result, with windows inside the context, past it, and soft caps."""
+    rng = np.random.default_rng(ctx)
+    q, kc, vc, bt, sl, qsl = _random_paged_batch(rng, [1], [ctx], 8, 2, 16, 4, 20)
+    ref = paged_attention_ref(q, kc, vc, bt, sl, qsl, 0.25, window, cap)
+    got = CPUBackend().paged_attention(q, kc, vc, bt, sl, qsl, 0.25, 1, ctx, sliding_window=window, soft_cap=cap)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
 def test_cpu_batched_decode_matches_ref():
     rng = np.random.default_rng(1)
     q_lens = [1, 1, 7, 1, 1]
@@ -189,8 +201,9 @@ def test_deal_by_cost_balances_the_parts():
 
 
 def test_prefill_attention_of_several_sequences_runs_on_the_threads(monkeypatch):
-    """Prefill chunks (and a decode row among them) on two threads: the chunks dealt by
-    their query x key counts, BLAS on one thread meanwhile; the reference's result."""
+    """Prefill chunks on two threads, dealt by their query x key counts, BLAS on one
+    thread meanwhile; the one decoding sequence among them goes with them (a lone
+    decoding sequence needs no batched, padded GEMMs). The reference's result."""
     if cpu_backend.CpuThreads().usable < 2:
         pytest.skip("one usable core: nothing to split over")
     monkeypatch.setattr(cpu_backend, "spin_is_short", lambda: True)
@@ -205,14 +218,17 @@ def test_prefill_attention_of_several_sequences_runs_on_the_threads(monkeypatch)
         return attend(q, *args)
 
     monkeypatch.setattr(cpu_backend, "prefill_attention", recording)
-    for flag, parts in ((2, {"MainThread": [60, 7], "rawpage-cpu_0": [40, 25]}), (1, {"MainThread": [60, 40, 25, 7]})):
+    for flag, parts in (
+        (2, {"MainThread": [60, 7], "rawpage-cpu_0": [40, 25, 1]}),
+        (1, {"MainThread": [60, 40, 25, 7, 1]}),
+    ):
         be, ran_on[:] = CPUBackend(cpu_threads=flag), []
         try:
             be.embedding(np.zeros(len(q), np.int64), np.zeros((4, 2), np.float32))
             got = be.paged_attention(q, kc, vc, bt, sl, qsl, 0.25, max(q_lens), max(ctx))
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
             by_thread = {name: sorted((n for t, n in ran_on if t == name), reverse=True) for name, _ in ran_on}
-            assert by_thread == parts  # costs 60 x 70 + 7 x 50 = 4550 against 40 x 90 + 25 x 25 = 4225
+            assert by_thread == parts  # costs 60 x 70 + 7 x 50 = 4550 against 40 x 90 + 25 x 25 + 1 x 33 = 4258
             assert be.threads.blas == 1  # two threads: one each; one thread: --cpu-threads 1
         finally:
             be.threads.controller.limit(limits=cpu_backend.CpuThreads().usable)

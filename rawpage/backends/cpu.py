@@ -194,16 +194,20 @@ class CPUBackend(Backend):
     ):
         out = np.empty_like(q)
         q_lens = np.diff(query_start_loc)
-        decode = q_lens == 1
+        # Decoding sequences go through decode_attention's batched GEMMs, unless there is
+        # one: then, like a prefill chunk, it reads its own keys, with no padding to mask.
+        batched = q_lens == 1
+        if batched.sum() == 1:
+            batched[:] = False
         scales = self.fp8_scales() if k_cache.dtype == np.uint8 else None
-        if decode.any():
-            rows = query_start_loc[:-1][decode]
+        if batched.any():
+            rows = query_start_loc[:-1][batched]
             out[rows] = decode_attention(
                 q[rows],
                 k_cache,
                 v_cache,
-                block_tables[decode],
-                seq_lens[decode],
+                block_tables[batched],
+                seq_lens[batched],
                 scale,
                 sliding_window,
                 soft_cap,
@@ -212,7 +216,7 @@ class CPUBackend(Backend):
                 self.threads.current or 1,
             )
 
-        def prefill(seqs: list[int]) -> None:
+        def attend(seqs: list[int]) -> None:
             for i in seqs:
                 s, e, L = int(query_start_loc[i]), int(query_start_loc[i + 1]), int(seq_lens[i])
                 # Keys older than the window of the chunk's first query are never seen: skip them.
@@ -221,13 +225,13 @@ class CPUBackend(Backend):
                 v = dequantize_kv(gather_kv(v_cache, block_tables[i], L, first), scales, 1)
                 out[s:e] = prefill_attention(q[s:e], k, v, scale, sliding_window, soft_cap)
 
-        prefills = np.flatnonzero(~decode)
-        costs = (q_lens * seq_lens)[prefills]  # score entries: queries x keys
-        threads = (self.threads.current or 1) if self.pool is not None else 1
-        parts = deal_by_cost(prefills.tolist(), costs.tolist(), threads)
-        if len(parts) > 1:
+        own = np.flatnonzero(~batched).tolist()
+        if len(own) > 1 and self.pool is not None and (self.threads.current or 1) > 1:
+            costs = (q_lens * seq_lens)[own].tolist()  # score entries: queries x keys
             self.threads.limit_blas(1)  # each thread's GEMMs on its own core (matmul sets it back)
-        run_in_parts(self.pool, parts, prefill)
+            run_in_parts(self.pool, deal_by_cost(own, costs, self.threads.current), attend)
+        else:
+            attend(own)
         return out
 
 
@@ -249,11 +253,12 @@ def prefill_attention(
     scores = scores.reshape(Hkv, G, n, L)
     if soft_cap:
         scores = soft_cap * np.tanh(scores / soft_cap)
-    key, query = np.arange(L)[None, :], np.arange(L - n, L)[:, None]
-    hidden = key > query  # (n, L): key after query
-    if sliding_window:
-        hidden |= key <= query - sliding_window  # key older than the window
-    scores += np.where(hidden, -np.inf, 0.0).astype(np.float32)  # (adding a mask beats boolean assignment)
+    if n > 1 or sliding_window:  # (one query at the end of the context sees every key)
+        key, query = np.arange(L)[None, :], np.arange(L - n, L)[:, None]
+        hidden = key > query  # (n, L): key after query
+        if sliding_window:
+            hidden |= key <= query - sliding_window  # key older than the window
+        scores += np.where(hidden, -np.inf, 0.0).astype(np.float32)  # (adding a mask beats boolean assignment)
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
