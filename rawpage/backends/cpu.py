@@ -202,19 +202,8 @@ class CPUBackend(Backend):
         scales = self.fp8_scales() if k_cache.dtype == np.uint8 else None
         if batched.any():
             rows = query_start_loc[:-1][batched]
-            out[rows] = decode_attention(
-                q[rows],
-                k_cache,
-                v_cache,
-                block_tables[batched],
-                seq_lens[batched],
-                scale,
-                sliding_window,
-                soft_cap,
-                scales,
-                self.pool,
-                self.threads.current or 1,
-            )
+            options = (scale, sliding_window, soft_cap, scales, self.pool, self.threads.current or 1)
+            out[rows] = decode_attention(q[rows], k_cache, v_cache, block_tables[batched], seq_lens[batched], *options)
 
         def attend(seqs: list[int]) -> None:
             for i in seqs:

@@ -2,11 +2,13 @@
 which .ci/run installs) driven by Playwright, against `rawpage serve` on the default model.
 
 Every test fails on any console error or uncaught exception in the page. The burst test
-saves the README's screenshot, docs/img/web-page.png."""
+takes a screenshot; with RAWPAGE_SAVE_SCREENSHOT=1 it is the README's, docs/img/web-page.png
+(otherwise it goes to a temporary folder, and a test run leaves the checkout as it was)."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -210,7 +212,7 @@ def test_grid_draws_every_block_state(browser, web_server):
         p.close()
 
 
-def test_engine_view_follows_a_burst(page, web_server):
+def test_engine_view_follows_a_burst(page, web_server, tmp_path):
     """8 requests at once (two with n=2, all sharing a system prompt): the grid shows blocks
     in use, shared and cached, the running queue fills, and the pool drains to empty."""
     page.send("What is a KV cache? Answer in one sentence.", max_tokens=32)  # for the screenshot
@@ -252,8 +254,10 @@ def test_engine_view_follows_a_burst(page, web_server):
         t.start()
     page.page.wait_for_function("document.querySelectorAll('[data-testid=queue-running] li[data-seq]').length >= 6")
     page.page.wait_for_function("window.seenStates.has('shared')")
-    IMG.mkdir(parents=True, exist_ok=True)
-    page.page.screenshot(path=str(IMG / "web-page.png"))
+    img = IMG if os.environ.get("RAWPAGE_SAVE_SCREENSHOT") == "1" else tmp_path
+    img.mkdir(parents=True, exist_ok=True)
+    page.page.screenshot(path=str(img / "web-page.png"))
+    assert (img / "web-page.png").stat().st_size > 0
     for t in threads:
         t.join()
     page.page.wait_for_function(f"{BLOCK_STATES}.every(s => s === 'free' || s === 'cached')")
