@@ -211,10 +211,11 @@ def test_prefill_attention_of_several_sequences_runs_on_the_threads(monkeypatch)
     q_lens, ctx = [40, 1, 25, 60, 7], [90, 33, 25, 70, 50]
     q, kc, vc, bt, sl, qsl = _random_paged_batch(rng, q_lens, ctx, 8, 2, 16, 4, 200)
     want = paged_attention_ref(q, kc, vc, bt, sl, qsl, 0.25)
-    ran_on, attend = [], cpu_backend.prefill_attention
+    ran_on, attend, blas_then, backend = [], cpu_backend.prefill_attention, set(), {}
 
     def recording(q, *args):
         ran_on.append((threading.current_thread().name, len(q)))
+        blas_then.add(backend["be"].threads.blas)  # BLAS's threads while the sequences run
         return attend(q, *args)
 
     monkeypatch.setattr(cpu_backend, "prefill_attention", recording)
@@ -222,14 +223,17 @@ def test_prefill_attention_of_several_sequences_runs_on_the_threads(monkeypatch)
         (2, {"MainThread": [60, 7], "rawpage-cpu_0": [40, 25, 1]}),
         (1, {"MainThread": [60, 40, 25, 7, 1]}),
     ):
-        be, ran_on[:] = CPUBackend(cpu_threads=flag), []
+        be = backend["be"] = CPUBackend(cpu_threads=flag)
+        ran_on.clear()
+        blas_then.clear()
         try:
             be.embedding(np.zeros(len(q), np.int64), np.zeros((4, 2), np.float32))
             got = be.paged_attention(q, kc, vc, bt, sl, qsl, 0.25, max(q_lens), max(ctx))
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
             by_thread = {name: sorted((n for t, n in ran_on if t == name), reverse=True) for name, _ in ran_on}
             assert by_thread == parts  # costs 60 x 70 + 7 x 50 = 4550 against 40 x 90 + 25 x 25 + 1 x 33 = 4258
-            assert be.threads.blas == 1  # two threads: one each; one thread: --cpu-threads 1
+            assert blas_then == {1}  # two threads: one BLAS thread each; one thread: --cpu-threads 1
+            assert be.threads.blas == flag  # the pass's count again after
         finally:
             be.threads.controller.limit(limits=cpu_backend.CpuThreads().usable)
 
@@ -279,7 +283,7 @@ def test_matmul_splits_big_gemms_of_few_rows_over_our_threads(monkeypatch):
             got = be.matmul(x, W, bias[: len(W)])
             np.testing.assert_allclose(got, x @ W.T + bias[: len(W)], rtol=1e-5, atol=1e-5)
             assert got.shape == (T, len(W)) and bool(ran_on) is split
-            assert blas == ([flag, 1] if split else [flag])  # the pass's count, then one for the split GEMM
+            assert blas == ([flag, 1, flag] if split else [flag])  # the pass's count, one for the split GEMM, back
             if any(i["user_api"] == "blas" for i in threadpool_info()):
                 assert {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"} == {blas[-1]}
         finally:

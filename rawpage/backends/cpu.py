@@ -89,12 +89,11 @@ class CPUBackend(Backend):
         # rows (speculative verification, small batches) this is 1.3-1.5x faster than
         # x @ Wᵀ with W stored (in, out), whose packing dominates at M = 2..64 (measured,
         # docs/benchmarks.md); at M = 1 both are one GEMV. y is a Fortran-order view.
-        n = self.threads.current or 1
-        if self.pool is not None and n > 1 and splits_by_rows(len(x), w.nbytes):
-            self.threads.limit_blas(1)
-            y = self._matmul_by_rows(x, w, n)
+        n = self.own_threads()
+        if n > 1 and splits_by_rows(len(x), w.nbytes):
+            with self.threads.blas_on_one_thread():
+                y = self._matmul_by_rows(x, w, n)
         else:
-            self.threads.limit_blas(n)
             y = (w @ x.T).T
         if bias is not None:
             y += bias
@@ -117,11 +116,16 @@ class CPUBackend(Backend):
         run_in_parts(self.pool, [None] * n, take)
         return yT.T
 
+    def own_threads(self) -> int:
+        """The threads this pass may split rawpage's own work over: the pass's count,
+        or 1 without a pool (OpenBLAS's workers spin; see __init__)."""
+        return (self.threads.current or 1) if self.pool is not None else 1
+
     def row_parts(self, rows: int) -> list[slice]:
         """The rows of an element-wise op, one part per thread of this pass, or one part
         when there are too few rows to pay for handing half to another thread."""
-        n = self.threads.current or 1
-        if self.pool is None or n < 2 or rows < _ROWS_TO_SPLIT:
+        n = self.own_threads()
+        if n < 2 or rows < _ROWS_TO_SPLIT:
             return [slice(0, rows)]
         bounds = [rows * i // n for i in range(n + 1)]
         return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
@@ -202,7 +206,7 @@ class CPUBackend(Backend):
         scales = self.fp8_scales() if k_cache.dtype == np.uint8 else None
         if batched.any():
             rows = query_start_loc[:-1][batched]
-            options = (scale, sliding_window, soft_cap, scales, self.pool, self.threads.current or 1)
+            options = (scale, sliding_window, soft_cap, scales, self.pool, self.own_threads())
             out[rows] = decode_attention(q[rows], k_cache, v_cache, block_tables[batched], seq_lens[batched], *options)
 
         def attend(seqs: list[int]) -> None:
@@ -215,10 +219,11 @@ class CPUBackend(Backend):
                 out[s:e] = prefill_attention(q[s:e], k, v, scale, sliding_window, soft_cap)
 
         own = np.flatnonzero(~batched).tolist()
-        if len(own) > 1 and self.pool is not None and (self.threads.current or 1) > 1:
-            costs = (q_lens * seq_lens)[own].tolist()  # score entries: queries x keys
-            self.threads.limit_blas(1)  # each thread's GEMMs on its own core (matmul sets it back)
-            run_in_parts(self.pool, deal_by_cost(own, costs, self.threads.current), attend)
+        costs = (q_lens * seq_lens)[own].tolist()  # score entries: queries x keys
+        parts = deal_by_cost(own, costs, self.own_threads())
+        if len(parts) > 1:
+            with self.threads.blas_on_one_thread():
+                run_in_parts(self.pool, parts, attend)
         else:
             attend(own)
         return out

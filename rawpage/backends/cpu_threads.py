@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from threadpoolctl import ThreadpoolController
 
@@ -125,12 +126,20 @@ class CpuThreads:
         more threads paid at every batch size measured). BLAS gets the same count."""
         others = self.load.update() if self.load is not None else None
         self.current = n = threads_for(self.usable, self.cpu_threads, others)
-        self.limit_blas(n)
+        self._limit_blas(n)
         return n
 
-    def limit_blas(self, n: int) -> None:
-        """BLAS's threads for the next calls (5 us when it changes): one while the backend
-        splits a GEMM over its own threads, the pass's count again after."""
+    @contextmanager
+    def blas_on_one_thread(self) -> Iterator[None]:
+        """BLAS on one thread while the backend splits work over threads of its own (each
+        thread's BLAS calls on its own core), the pass's count again after (5 us a change)."""
+        self._limit_blas(1)
+        try:
+            yield
+        finally:
+            self._limit_blas(self.current or self.usable)
+
+    def _limit_blas(self, n: int) -> None:
         if n != self.blas:
             self.controller.limit(limits=n)
             self.blas = n
