@@ -17,20 +17,21 @@ messages point at the line in cuda/.
 
 Everything is cached under $RAWPAGE_SIM_CACHE, else $XDG_CACHE_HOME/rawpage/sim,
 else ~/.cache/rawpage/sim, keyed by a hash of the sources, the headers next to
-them, the simulator's headers and runtime, the flags and the compiler version.
+them, the simulator's headers and runtime, the flags and the compiler version
+(rawpage/compile_cache.py, shared with the CPU kernels' builds).
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import os
 import re
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from rawpage import compile_cache
+from rawpage.compile_cache import CompileError, digest, files_digest, publish
 
 SIM_DIR = Path(__file__).resolve().parent
 INCLUDE_DIR = SIM_DIR / "include"
@@ -65,7 +66,7 @@ GLOBAL_RE = re.compile(r'extern\s+"C"\s+__rp_global__\s+void\s+(\w+)\s*\(')
 SHARED_RE = re.compile(r"extern\s+__rp_shared__\s+([\w\s:<>,*]+?)\s*(\w+)\s*\[\s*\]")
 
 
-class SimCompileError(RuntimeError):
+class SimCompileError(CompileError):
     """g++ rejected a kernel source; the message is g++'s, with the file and line."""
 
 
@@ -76,13 +77,7 @@ class BuiltModule:
 
 
 def cache_dir() -> Path:
-    if os.environ.get("RAWPAGE_SIM_CACHE"):
-        root = Path(os.environ["RAWPAGE_SIM_CACHE"])
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        root = Path(xdg) / "rawpage" / "sim"
-    root.mkdir(parents=True, exist_ok=True)
-    return root
+    return compile_cache.cache_dir("sim", "RAWPAGE_SIM_CACHE")
 
 
 def compiler() -> str:
@@ -95,27 +90,13 @@ def cxxflags() -> list[str]:
     return CXXFLAGS + os.environ.get("RAWPAGE_SIM_CXXFLAGS", "").split()
 
 
-@functools.cache
 def compiler_version(cxx: str) -> str:
     try:
-        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError) as e:
+        return compile_cache.compiler_version(cxx)
+    except CompileError as e:
         raise SimCompileError(
             f"the simulator needs a C++17 compiler; {cxx!r} did not run ({e}). Install g++ or set RAWPAGE_SIM_CXX."
         ) from e
-    return out.stdout.splitlines()[0] if out.stdout else cxx
-
-
-def _digest(parts: list[bytes]) -> str:
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(len(p).to_bytes(8, "little"))
-        h.update(p)
-    return h.hexdigest()[:20]
-
-
-def _files_digest(files: list[Path]) -> list[bytes]:
-    return [f.name.encode() + b"\0" + f.read_bytes() for f in sorted(files)]
 
 
 def _sim_headers() -> list[Path]:
@@ -123,22 +104,17 @@ def _sim_headers() -> list[Path]:
 
 
 def _run(cmd: list[str], what: str) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SimCompileError(f"{what} failed:\n{proc.stderr.strip()}\n(command: {' '.join(cmd)})")
-    return proc.stdout
-
-
-def _publish(tmp: Path, final: Path) -> None:
-    """Atomic rename, so that concurrent builders never load a half-written file."""
-    os.replace(tmp, final)
+    try:
+        return compile_cache.run_compiler(cmd, what)
+    except CompileError as e:
+        raise SimCompileError(str(e)) from None
 
 
 def build_runtime() -> Path:
     cxx = compiler()
     sources = sorted(RUNTIME_DIR.glob("*.cpp"))
-    key = _digest(
-        _files_digest(sources + sorted(RUNTIME_DIR.glob("*.h")) + _sim_headers())
+    key = digest(
+        files_digest(sources + sorted(RUNTIME_DIR.glob("*.h")) + _sim_headers())
         + [" ".join(cxxflags()).encode(), compiler_version(cxx).encode()]
     )
     out = cache_dir() / f"librpsim-{key}.so"
@@ -156,7 +132,7 @@ def build_runtime() -> Path:
             str(tmp_out),
         ]
         _run(cmd, "building the simulator runtime")
-        _publish(tmp_out, out)
+        publish(tmp_out, out)
     return out
 
 
@@ -212,8 +188,8 @@ def build_module(
         for p in Path(d).iterdir()
         if p.suffix in (".cuh", ".h") and p.is_file()
     ]
-    key = _digest(
-        _files_digest([source, *neighbours, *_sim_headers()])
+    key = digest(
+        files_digest([source, *neighbours, *_sim_headers()])
         + [
             runtime.name.encode(),
             " ".join(cxxflags() + flags + (TRAFFIC_FLAGS if traffic else [])).encode(),
@@ -243,6 +219,6 @@ def build_module(
         _run(cmd, f"compiling {source.name} for the simulator")
         tmp_meta = Path(tmp) / meta.name
         tmp_meta.write_text(json.dumps({"source": str(source), "kernels": kernels}))
-        _publish(tmp_out, out)
-        _publish(tmp_meta, meta)
+        publish(tmp_out, out)
+        publish(tmp_meta, meta)
     return BuiltModule(out, tuple(kernels))

@@ -1,0 +1,70 @@
+"""Compile the CPU kernels (every *.c in this folder) into one shared library per
+instruction-set path, and cache it.
+
+    cc -O3 -march=native -DRP_ISA_LEVEL=<level> -shared -fPIC -pthread *.c -o librpcpu-<path>-<hash>.so
+
+The digest covers the sources and headers, the flags, the compiler's version and the
+CPU's feature flags (-march=native compiles for this CPU: a cache shared across
+machines must never load another CPU's build). Cached under $RAWPAGE_CPU_CACHE, else
+$XDG_CACHE_HOME/rawpage/cpu, else ~/.cache/rawpage/cpu. $RAWPAGE_CPU_CC names the
+compiler (default cc); $RAWPAGE_CPU_CFLAGS adds flags (e.g. "-O0 -g" to debug).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from rawpage import compile_cache
+from rawpage.compile_cache import digest, files_digest, publish, run_compiler
+from rawpage.native import isa
+
+NATIVE_DIR = Path(__file__).resolve().parent
+
+CFLAGS = [
+    "-std=gnu11",
+    "-O3",
+    "-march=native",
+    "-fPIC",
+    "-pthread",
+    "-fvisibility=hidden",  # only RP_EXPORT entry points are visible to ctypes
+    "-Wall",
+    "-Wno-unknown-pragmas",
+]
+
+
+def compiler() -> str:
+    return os.environ.get("RAWPAGE_CPU_CC", "cc")
+
+
+def cflags(path: str) -> list[str]:
+    return CFLAGS + [f"-DRP_ISA_LEVEL={isa.level(path)}"] + os.environ.get("RAWPAGE_CPU_CFLAGS", "").split()
+
+
+def sources() -> list[Path]:
+    return sorted(NATIVE_DIR.glob("*.c"))
+
+
+def build_library(path: str) -> Path:
+    """The shared library for one instruction-set path (isa.PATHS), built if not cached.
+    Raises compile_cache.CompileError with the compiler's message."""
+    cc, flags = compiler(), cflags(path)
+    key = digest(
+        files_digest(sources() + sorted(NATIVE_DIR.glob("*.h")))
+        + [
+            " ".join(flags).encode(),
+            compile_cache.compiler_version(cc).encode(),
+            " ".join(sorted(isa.cpu_flags())).encode(),
+        ]
+    )
+    root = compile_cache.cache_dir("cpu", "RAWPAGE_CPU_CACHE")
+    out = root / f"librpcpu-{path}-{key}.so"
+    if out.exists():
+        return out
+    with tempfile.TemporaryDirectory(dir=root) as tmp:
+        tmp_out = Path(tmp) / out.name
+        cmd = [cc, *flags, "-shared", *map(str, sources()), "-o", str(tmp_out), "-lm"]
+        run_compiler(cmd, f"compiling the CPU kernels ({path} path)")
+        publish(tmp_out, out)
+    return out

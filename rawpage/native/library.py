@@ -1,0 +1,71 @@
+"""Loads the CPU kernels' shared library and declares its entry points for ctypes.
+
+`native_kernels()` returns the loaded library for this process's path (isa.py), or
+None where it cannot be built (no compiler, a compiler error), after one log line
+that says why; the CPU backend then runs the NumPy path. Tests ask for a given path
+with `load_path(path)`.
+
+Entry points are declared by the module that wraps them (rawpage/native/*.py): each
+calls `lib.declare(name, restype, *argtypes)` once and then calls `lib.fn.<name>`.
+Arrays are passed by address (`ptr(a)`); ctypes releases the GIL for the call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from typing import Any
+
+import numpy as np
+
+from rawpage.compile_cache import CompileError
+from rawpage.native import isa
+from rawpage.native.build import build_library
+
+logger = logging.getLogger("rawpage")
+
+c_int, c_int64, c_float, c_void_p = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+
+
+class NativeLibrary:
+    """One loaded build: `path` is its instruction-set path, `fn` the ctypes library."""
+
+    def __init__(self, path: str, so_path: str) -> None:
+        self.path = path
+        self.so_path = so_path
+        self.fn = ctypes.CDLL(so_path)
+        self.declare("rp_pool_selftest", c_int64, c_int)
+
+    def declare(self, name: str, restype: Any, *argtypes: Any) -> None:
+        f = getattr(self.fn, name)
+        f.restype, f.argtypes = restype, list(argtypes)
+
+
+def ptr(a: np.ndarray | None) -> int | None:
+    """The address of a C-contiguous array's first element (None for None)."""
+    if a is None:
+        return None
+    assert a.flags.c_contiguous, "native kernels read C-contiguous arrays"
+    return a.ctypes.data
+
+
+@functools.cache
+def load_path(path: str) -> NativeLibrary:
+    """The library for one instruction-set path; raises CompileError if it does not build."""
+    return NativeLibrary(path, str(build_library(path)))
+
+
+@functools.cache
+def native_kernels() -> NativeLibrary | None:
+    """This process's kernels (the path isa.selected_path() names), or None after one
+    log line saying why not."""
+    path = isa.selected_path()
+    try:
+        lib = load_path(path)
+    except (CompileError, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        logger.warning("CPU kernels: could not build the native kernels (%s); running the NumPy path", first)
+        return None
+    logger.info("CPU kernels: native, %s path (%s)", path, lib.so_path)
+    return lib

@@ -1,0 +1,63 @@
+"""The CPU kernels' build: paths, the cache key, the pool, and the NumPy fallback."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from rawpage.compile_cache import CompileError
+from rawpage.native import build, isa, library
+
+
+def test_paths_are_ordered_and_scalar_always_runs():
+    paths = isa.runnable_paths()
+    assert paths[-1] == "scalar"
+    assert paths == [p for p in isa.PATHS if p in paths]
+    assert isa.runnable_paths(frozenset()) == ["scalar"]
+    # AVX-VNNI on its own (no AVX-512) still runs the 256-bit VNNI path
+    assert isa.runnable_paths(frozenset({"avx2", "fma", "f16c", "avx_vnni"})) == ["avxvnni", "avx2", "scalar"]
+
+
+def test_forcing_a_lower_path(monkeypatch):
+    monkeypatch.setenv("RAWPAGE_CPU_ISA", "scalar")
+    assert isa.selected_path() == "scalar"
+    monkeypatch.setenv("RAWPAGE_CPU_ISA", "sse9")
+    with pytest.raises(ValueError, match="choose one of"):
+        isa.selected_path()
+
+
+def test_a_path_above_the_cpu_is_refused(monkeypatch):
+    monkeypatch.setattr(isa, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))
+    monkeypatch.setenv("RAWPAGE_CPU_ISA", "avx512vnni")
+    with pytest.raises(ValueError, match="runs only avx2, scalar"):
+        isa.selected_path()
+
+
+def test_the_cache_key_holds_the_cpu_flags(monkeypatch, tmp_path):
+    monkeypatch.setenv("RAWPAGE_CPU_CACHE", str(tmp_path))
+    first = build.build_library("scalar")
+    monkeypatch.setattr(isa, "cpu_flags", lambda: frozenset({"another", "cpu"}))
+    second = build.build_library("scalar")
+    assert first != second and first.exists() and second.exists()
+
+
+@pytest.mark.parametrize("nth", [1, 2, 3, 7, 2, 1])
+def test_pool_runs_every_part_once(lib, nth):
+    assert lib.fn.rp_pool_selftest(nth) == nth * (nth + 1) // 2
+
+
+def test_without_a_compiler_the_numpy_path_runs_and_says_so(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("RAWPAGE_CPU_CACHE", str(tmp_path))
+    monkeypatch.setenv("RAWPAGE_CPU_CC", "/nonexistent/cc")
+    library.native_kernels.cache_clear()
+    library.load_path.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="rawpage"):
+            assert library.native_kernels() is None
+        assert "running the NumPy path" in caplog.text
+        with pytest.raises(CompileError):
+            build.build_library("scalar")
+    finally:
+        library.native_kernels.cache_clear()
+        library.load_path.cache_clear()
