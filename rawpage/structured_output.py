@@ -124,10 +124,11 @@ class GrammarState:
         if self.matcher is None:
             return False
         self.matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
-        if not out.any():
-            # The error state allows nothing. Let the sequence end (EOS) rather than sample
-            # NaN; `error` makes that end "length", never a valid-looking "stop".
-            self.error = self.error or self.matcher.get_error() or "the grammar allows no next token"
+        if self.matcher.is_error() or not out.any():
+            # A refused token left the matcher in its error state: it allows EOS at most. Let
+            # the sequence end there (never sample NaN); `error` makes that end "length",
+            # not a valid-looking "stop" (output_processor.py).
+            self.error = self.error or (self.matcher.get_error() or "the grammar allows no next token").splitlines()[0]
             for t in self.compiler.eos_token_ids:
                 out.view(np.uint8)[t >> 3] |= 1 << (t & 7)  # bit t of the little-endian row
         return True
