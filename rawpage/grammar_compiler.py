@@ -201,6 +201,9 @@ class GrammarCompiler:
             raise InvalidRequestError(f"structured_outputs: {error}", "structured_outputs")
         ll, t1 = self.ll_tokenizer, time.monotonic()
         matcher = LLMatcher(ll, grammar, log_level=0)
+        # The first mask builds the lexer's states (1 s for a 40,000-item choice), which every
+        # copy shares: here, not in the first step the grammar's sequence samples in.
+        matcher.compute_bitmask()
         with self._lock:
             self.num_compiles += 1
         logger.info(
