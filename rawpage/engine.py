@@ -35,6 +35,8 @@ from rawpage.engine_setup import (
 )
 from rawpage.errors import WorkerDiedError
 from rawpage.forking import Forker
+from rawpage.grammar_compiler import GrammarCompiler
+from rawpage.grammar_limits import GrammarLimits
 from rawpage.loader import load_checkpoint
 from rawpage.lora.manager import LoRARequest, resolve_lora
 from rawpage.output_processor import OutputProcessor
@@ -46,7 +48,7 @@ from rawpage.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from rawpage.sequence import Request, Sequence
 from rawpage.spec_decode.build import build_spec_decoder
 from rawpage.stats import EngineStats
-from rawpage.structured_output import GrammarCompiler, MaskPrefetcher
+from rawpage.structured_output import MaskPrefetcher
 
 logger = logging.getLogger("rawpage")
 
@@ -84,7 +86,7 @@ class LLMEngine:
         shapes = cuda_graph_shapes(args, self.backend, c)  # decode and verification steps replayed from graphs
         runner_args = (self.model, self.backend, args, num_blocks, num_cpu_blocks, shapes, self.max_model_len)
         self.runner = make_runner(self.workers, *runner_args, self.lora)
-        self.grammars = GrammarCompiler(self.tokenizer.hf, c.vocab_size, c.eos_token_ids)
+        self.grammars = GrammarCompiler(self.tokenizer.hf, c.vocab_size, c.eos_token_ids, GrammarLimits.from_args(args))
         self.masks = MaskPrefetcher(self.grammars.words)
         self.sampler = Sampler(c.vocab_size, c.eos_token_ids, self.masks)
         self._seq_ids = itertools.count()
@@ -142,7 +144,7 @@ class LLMEngine:
         req.seqs.append(Sequence(next(self._seq_ids), req, ids, 0, seed))
         if params.structured_outputs is not None:
             encode = functools.partial(self.tokenizer.encode, add_special_tokens=False)
-            req.seqs[0].grammar = self.grammars.new_state(params.structured_outputs, encode)
+            req.seqs[0].grammar = self.grammars.new_state(params.structured_outputs, encode, req)  # compiles meanwhile
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
         if params.use_beam_search:
@@ -155,7 +157,7 @@ class LLMEngine:
         """Raise InvalidRequestError, naming the field, if the request could not run to the end."""
         check_request(ids, params, self.max_model_len, self.model_config.vocab_size, self.args)
         if params.structured_outputs is not None:
-            self.grammars.compile(params.structured_outputs)  # a bad schema is a 400 now, not a failure later
+            self.grammars.check(params.structured_outputs)  # over a grammar limit: a 400 now, before compiling
 
     def abort_request(self, request_id: str | list[str]) -> None:
         """Stop requests now; their blocks are freed at once and a final output follows."""
@@ -192,6 +194,7 @@ class LLMEngine:
     def _step(self) -> list[RequestOutput]:
         sched = self._schedule()
         if sched.is_empty:
+            self.grammars.wait_pending(0.01)  # nothing to run but grammars compiling: do not spin
             return self._finish_step(0, 0)
         logits, ready, num_prompt_tokens = self._execute(sched)
         num_generated = self._sample(logits, ready)
@@ -200,6 +203,9 @@ class LLMEngine:
     def _schedule(self) -> SchedulerOutput:
         self._batch = None  # until the batch is known, a failure is everyone's (_recover)
         self.spec.propose(self.scheduler.running)  # drafted tokens join their sequences as extra query tokens
+        for req, e in self.grammars.take_failed():  # no server checked it first (LLMEngine used directly)
+            if not req.is_finished:
+                self._fail_request(req, e)
         sched = self.scheduler.schedule()
         self.spec.settle(sched)
         self._batch = {seq.request.request_id: seq.request for seq, _ in sched.scheduled}
@@ -212,14 +218,7 @@ class LLMEngine:
         (they sample next); and how many prompt (or recomputed) tokens were computed."""
         self.runner.copy_blocks(sched.block_copies)
         rows = [self._logits_rows(seq, n) for seq, n in sched.scheduled]
-        # Grammar masks of the constrained sequences about to sample, computed meanwhile.
-        self.masks.start(
-            [
-                s
-                for (s, n), r in zip(sched.scheduled, rows)
-                if s.grammar is not None and len(r) and s.num_computed_tokens + n == s.num_tokens
-            ]
-        )
+        self.masks.start(sched.scheduled, rows)  # grammar masks of those about to sample, computed meanwhile
         try:
             logits = self.runner.execute(sched.scheduled, rows)
         finally:

@@ -139,6 +139,23 @@ class EngineArgs:
         nargs="+",
         factory=list,
     )
+    # Structured-output grammars are gated before llguidance compiles them: it overflows its
+    # stack (killing the process) on long rule chains. Measured with llguidance 1.9.1 on an
+    # 8 MiB stack (the validator child's): a $defs chain linked by $refs through
+    # `properties` crashes between 900 and 950 refs, a chain of Lark rules between 2,500
+    # and 2,800 rules (about 8.5 KiB and 3 KiB of stack a link). The defaults leave 3.5x and
+    # 2.5x of that stack unused, and the parent compiles on 32 MiB threads. Real schemas and
+    # grammars sit far below (an OpenAPI tool's schema: tens of $refs; a SQL grammar: ~200
+    # rules). A 4,096-item choice compiles in ~0.05 s, a 50,000-item one in ~3.6 s.
+    max_grammar_bytes: int | str = flag(
+        "256KiB", "largest structured-output grammar (JSON schema, regex, choice or Lark text)", type=parse_bytes
+    )
+    max_grammar_rules: int = flag(1000, "most rule and terminal definitions in a Lark grammar")
+    max_grammar_refs: int = flag(256, "most $ref references in a JSON schema (its $defs chain is no longer)")
+    max_grammar_choices: int = flag(4096, "most items in a choice list, and enum / anyOf / oneOf items in a schema")
+    grammar_compile_timeout: float = flag(
+        10.0, "seconds a grammar may take to validate (in a child process) before it is refused as too complex"
+    )
     # vLLM's flags, accepted so that a vLLM command line runs (or says why it cannot).
     revision: str | None = flag(None, "hub model revision: branch, tag or commit", default_text="main")
     tokenizer: str | None = flag(None, "the tokenizer; rawpage reads it from the model", default_text="--model")
@@ -169,6 +186,7 @@ class EngineArgs:
     def __post_init__(self) -> None:
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_bytes(self.kv_cache_memory)
+        self.max_grammar_bytes = parse_bytes(self.max_grammar_bytes)
         if self.disable_log_stats:
             self.log_stats_interval = 0
         self._check_vllm_flags()
@@ -189,6 +207,7 @@ class EngineArgs:
             (0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "must be in (0, 1]"),
             (self.swap_space >= 0, "swap_space", "must be >= 0"),
             (self.max_logprobs >= 0, "max_logprobs", "must be >= 0"),
+            (self.grammar_compile_timeout > 0, "grammar_compile_timeout", "must be > 0"),
             (self.max_loras >= 1 and self.max_lora_rank >= 1, "max_loras", "and max_lora_rank must be >= 1"),
             (self.enable_lora or not self.lora_modules, "lora_modules", "needs --enable-lora"),
             (

@@ -10,6 +10,7 @@ with cumulative fields and this step's deltas.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from rawpage.sampler import SamplerOutput
 from rawpage.sequence import Logprob, Request, Sequence
 from rawpage.stop_checker import check_length, check_stop_string, check_stop_token, stop_string_holdback
 from rawpage.tokenizer import Tokenizer
+
+logger = logging.getLogger("rawpage")
 
 
 @dataclass
@@ -100,6 +103,8 @@ class OutputProcessor:
             st.text += delta
             cut = check_stop_string(seq, st.text, delta)
             st.text = st.text if cut is None else cut
+        if seq.grammar is not None and seq.grammar.error is not None:
+            _end_on_grammar_error(seq)
         if seq.finish_reason or check_length(seq, self.max_model_len):
             self.finish(seq)
 
@@ -129,6 +134,7 @@ class OutputProcessor:
                     delta_text=visible[st.num_emitted_chars :],
                     delta_token_ids=list(toks[st.num_emitted_tokens :]),
                     delta_logprobs=lps[st.num_emitted_tokens :] if lps is not None else None,
+                    grammar_error=getattr(seq.grammar, "error", None),
                 )
             )
             st.num_emitted_chars, st.num_emitted_tokens = len(visible), len(toks)
@@ -203,3 +209,13 @@ class OutputProcessor:
             req.num_cached_tokens,
             req.error,
         )
+
+
+def _end_on_grammar_error(seq: Sequence) -> None:
+    """The grammar reached its error state (GrammarState.fill_mask allowed only EOS): the
+    output is cut short here. It ends "length", flagged in CompletionOutput.grammar_error,
+    never "stop", which would pass a broken output off as one the grammar accepted."""
+    logger.warning(
+        "request %s: its grammar allows no next token (%s); ending it", seq.request.request_id, seq.grammar.error
+    )
+    seq.finish_reason, seq.stop_reason = "length", None

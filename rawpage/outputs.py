@@ -23,6 +23,9 @@ class CompletionOutput:
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
     delta_logprobs: list[dict[int, Logprob]] | None = None
+    # Why the grammar reached its error state (it allowed no token), if it did: the output
+    # was cut short there, so finish_reason is "length", never a valid-looking "stop".
+    grammar_error: str | None = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -137,7 +137,8 @@ class Scheduler:
             seq = self.waiting[i]
             if len(self.running) + self._seats(seq) > self.config.max_num_seqs:
                 break
-            if not lora_fits(seq, self.running, self.config.max_loras):  # over --max-loras: let others by
+            # Over --max-loras, or its grammar still compiling (vLLM's WAITING_FOR_FSM): let others by.
+            if not lora_fits(seq, self.running, self.config.max_loras) or (seq.grammar and not seq.grammar.ready):
                 i += 1
                 continue
             cached = bm.match_prefix(seq) if seq.request.params.prompt_logprobs is None else []

@@ -1,8 +1,9 @@
 """Structured outputs: grammars that decide which tokens a sequence may sample next.
 
 A request's constraint (a JSON schema, `json_object`, a regex, a choice of strings,
-or a Lark grammar) is compiled by llguidance into a matcher bound to our tokenizer.
-Each constrained sequence owns one matcher, advanced by every token it appends, so
+or a Lark grammar) is compiled by llguidance into a matcher bound to our tokenizer, off
+the engine thread and once per grammar (grammar_compiler.py, behind the limits of
+grammar_limits.py). Each constrained sequence owns a copy of that matcher, advanced by every token it appends, so
 its state follows the sequence through forks (n > 1, beam search), preemption
 (recompute or swap: the matcher depends only on the tokens, never on the KV cache)
 and prefix caching.
@@ -16,9 +17,8 @@ without a constraint never touch any of this.
 from __future__ import annotations
 
 import json
-import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -58,15 +58,21 @@ class StructuredOutputsParams:
         ):
             raise InvalidRequestError("structured_outputs.choice must be a non-empty list of strings", "choice")
 
-    def to_grammar(self) -> str:
-        """The llguidance grammar text for this constraint."""
+    # (GrammarLimits, grammar text) once GrammarCompiler.check passed it: prompts sharing it pay once
+    _checked: tuple[Any, str] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def schema(self) -> Any:
+        """The JSON schema, parsed (None for the other kinds)."""
+        if self.json_object:
+            return {"type": "object"}
+        return json.loads(self.json) if isinstance(self.json, str) else self.json
+
+    def to_grammar(self, schema: Any = None) -> str:
+        """The llguidance grammar text for this constraint (`schema`: self.schema(), if known)."""
         from llguidance import LLMatcher
 
-        if self.json is not None:
-            schema = json.loads(self.json) if isinstance(self.json, str) else self.json
-            return LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
-        if self.json_object:
-            return LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
+        if self.json is not None or self.json_object:
+            return LLMatcher.grammar_from_json_schema(schema or self.schema(), defaults=_JSON_OPTIONS)
         if self.regex is not None:
             return LLMatcher.grammar_from_regex(self.regex)
         if self.choice is not None:
@@ -76,27 +82,40 @@ class StructuredOutputsParams:
 
 class GrammarState:
     """One sequence's position in its grammar. `accept` is called with every token the
-    sequence appends; `matcher` is None until the `after` text has been generated."""
+    sequence appends. `compiled` is the Future[CompiledGrammar] from GrammarCompiler:
+    the scheduler admits the sequence only once it is `ready`. `matcher` is None until
+    the `after` text has been generated; then it is a copy of the compiled matcher."""
 
-    def __init__(self, compiler: GrammarCompiler, grammar: str, after_ids: list[int] | None) -> None:
-        self.compiler, self.grammar = compiler, grammar
+    def __init__(self, compiler: Any, compiled: Future, after_ids: list[int] | None) -> None:
+        self.compiler, self.compiled = compiler, compiled
         self.after_ids = after_ids  # token ids that open the constraint; None: open from the start
         self.tail: list[int] = []  # the last len(after_ids) tokens, while waiting for them
-        self.matcher = compiler.matcher(grammar) if after_ids is None else None
+        self.open = after_ids is None
+        self._matcher: Any = None
+        self.error: str | None = None  # why the matcher reached its error state mid-output, if it did
+
+    @property
+    def ready(self) -> bool:
+        """Compiled without error (a failed compile is the engine's to report, not to run)."""
+        return self.compiled.done() and self.compiled.exception() is None
+
+    @property
+    def matcher(self) -> Any:
+        if self._matcher is None and self.open:
+            self._matcher = self.compiled.result().fresh()  # a copy of the cached matcher, never a compile
+        return self._matcher
 
     def accept(self, token_id: int) -> None:
-        if self.matcher is not None:
+        if self.open:
             self.matcher.consume_token(token_id)  # a refused token leaves it in its error state: only EOS
             return
         self.tail = (self.tail + [token_id])[-len(self.after_ids) :]
-        if self.tail == self.after_ids:
-            self.matcher = self.compiler.matcher(self.grammar)
+        self.open = self.tail == self.after_ids
 
     def fork(self) -> GrammarState:
-        child = GrammarState.__new__(GrammarState)
-        child.compiler, child.grammar, child.after_ids = self.compiler, self.grammar, self.after_ids
-        child.tail = list(self.tail)
-        child.matcher = self.matcher.deep_copy() if self.matcher is not None else None
+        child = GrammarState(self.compiler, self.compiled, self.after_ids)
+        child.tail, child.open, child.error = list(self.tail), self.open, self.error
+        child._matcher = self._matcher.deep_copy() if self._matcher is not None else None
         return child
 
     def fill_mask(self, out: np.ndarray) -> bool:
@@ -105,56 +124,14 @@ class GrammarState:
         if self.matcher is None:
             return False
         self.matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
-        if not out.any():  # an error state allows nothing: let the sequence end instead of sampling NaN
+        if self.matcher.is_error() or not out.any():
+            # A refused token left the matcher in its error state: it allows EOS at most. Let
+            # the sequence end there (never sample NaN); `error` makes that end "length",
+            # not a valid-looking "stop" (output_processor.py).
+            self.error = self.error or (self.matcher.get_error() or "the grammar allows no next token").splitlines()[0]
             for t in self.compiler.eos_token_ids:
                 out.view(np.uint8)[t >> 3] |= 1 << (t & 7)  # bit t of the little-endian row
         return True
-
-
-class GrammarCompiler:
-    """Builds matchers for one tokenizer. The llguidance tokenizer costs ~0.4 s to build,
-    so it is made on the first constrained request, not at startup."""
-
-    def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
-        self.hf, self.vocab_size, self.eos_token_ids = hf_tokenizer, vocab_size, eos_token_ids
-        self.words = (vocab_size + 31) // 32  # int32 words in one bitmask row
-        self._ll = None
-        self._lock = threading.Lock()
-        self._valid: dict[str, str] = {}  # grammar text -> error ("" when valid)
-
-    @property
-    def ll_tokenizer(self):
-        with self._lock:
-            if self._ll is None:
-                from llguidance import LLTokenizer
-
-                self._ll = LLTokenizer(self.hf.to_str(), n_vocab=self.vocab_size, eos_token=self.eos_token_ids)
-            return self._ll
-
-    def compile(self, params: StructuredOutputsParams) -> str:
-        """Grammar text, checked against the tokenizer; a 400 naming the field if invalid."""
-        from llguidance import LLMatcher
-
-        try:
-            grammar = params.to_grammar()
-        except (ValueError, TypeError) as e:
-            raise InvalidRequestError(f"structured_outputs: {e}", "structured_outputs") from None
-        if grammar not in self._valid:
-            if len(self._valid) > 256:
-                self._valid.clear()
-            self._valid[grammar] = LLMatcher.validate_grammar(grammar, self.ll_tokenizer)
-        if self._valid[grammar]:
-            raise InvalidRequestError(f"structured_outputs: {self._valid[grammar]}", "structured_outputs")
-        return grammar
-
-    def matcher(self, grammar: str):
-        from llguidance import LLMatcher
-
-        return LLMatcher(self.ll_tokenizer, grammar, log_level=0)
-
-    def new_state(self, params: StructuredOutputsParams, encode) -> GrammarState:
-        after = encode(params.after) if params.after else None
-        return GrammarState(self, self.compile(params), after)
 
 
 class MaskPrefetcher:
@@ -168,9 +145,16 @@ class MaskPrefetcher:
         self._job: Future | None = None
         self._masks: dict[tuple[int, int], np.ndarray | None] = {}
 
-    def start(self, seqs: list) -> None:
-        """seqs: the constrained sequences that will sample this step."""
+    def start(self, scheduled: list, rows: list) -> None:
+        """scheduled: the step's (sequence, new tokens); rows: each one's logits rows. The
+        constrained sequences that sample this step are those whose chunk completes their
+        known tokens."""
         self.wait()
+        seqs = [
+            s
+            for (s, n), r in zip(scheduled, rows)
+            if s.grammar is not None and len(r) and s.num_computed_tokens + n == s.num_tokens
+        ]
         self._masks = {}
         if not seqs:
             return

@@ -212,3 +212,29 @@ def test_swap_out_and_back_in():
     for s in seqs[1:]:
         sched.finish(s)
     assert bm.num_free_blocks == 6
+
+
+class _Grammar:
+    """What the scheduler reads of a GrammarState: is its compiled matcher ready?"""
+
+    def __init__(self) -> None:
+        self.ready = False
+
+    def accept(self, token_id: int) -> None:
+        pass
+
+
+def test_a_sequence_whose_grammar_compiles_waits_and_others_go_by():
+    """vLLM's WAITING_FOR_FSM: the grammar compiles off the engine thread meanwhile."""
+    sched, _ = make(budget=1000)
+    constrained, free = make_seq(5, 1.0), make_seq(5, 2.0)
+    constrained.grammar = _Grammar()
+    sched.add(constrained)
+    sched.add(free)
+    out = fake_step(sched)
+    assert [s for s, _ in out.scheduled] == [free]
+    assert sched.waiting == [constrained] and constrained.num_computed_tokens == 0
+    assert constrained not in [s for s, _ in fake_step(sched).scheduled]
+    constrained.grammar.ready = True
+    assert [s for s, _ in fake_step(sched).scheduled] == [free, constrained]
+    assert constrained.status == SequenceStatus.RUNNING

@@ -166,12 +166,15 @@ class ServerState:
         return priority
 
     async def compile_grammar(self, params: SamplingParams) -> None:
-        """Check a structured-output grammar off the event loop: the first one also builds
-        llguidance's tokenizer (about 0.4 s). validate_prompt then finds it cached."""
+        """Compile a structured-output grammar before the request is queued, so that a bad
+        one is a 400 before streaming starts: gated, validated in a child process and built
+        on the compiler's own threads (rawpage/grammar_compiler.py), never on the event loop
+        nor on the template and tokenization threads. The engine's add_request then finds
+        it cached."""
         if params.structured_outputs is None:
             return
         try:
-            await self.off_loop(self.llm.grammars.compile, params.structured_outputs)
+            await asyncio.wrap_future(self.llm.grammars.submit(params.structured_outputs))
         except ValueError as e:
             raise APIError(str(e), param=getattr(e, "param", None)) from None
 

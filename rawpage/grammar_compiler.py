@@ -1,0 +1,242 @@
+"""GrammarCompiler: a constraint in, a compiled llguidance matcher out, off the engine thread, once.
+
+    submit(so) ──► gate (grammar_limits) ──► child validates (grammar_validator) ──► build LLMatcher
+        │            a 400 naming the flag      a crash or timeout: a 400             on a big-stack thread
+        └─► Future[CompiledGrammar], cached per grammar text (MatcherCache)
+
+Compiling a 50,000-item choice takes seconds; on the engine thread it stalled every
+stream, once per prompt. Here it runs on a few threads of its own (not the server's
+template and tokenization threads), once per grammar text: each request gets a
+deep_copy() of the cached, never-advanced matcher. The scheduler leaves a sequence
+waiting until its grammar's future is done (vLLM's WAITING_FOR_FSM).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from rawpage.errors import InvalidRequestError
+from rawpage.grammar_limits import GrammarLimits, check_grammar_limits
+from rawpage.grammar_validator import COMPILE_STACK_BYTES, GrammarTooComplexError, GrammarValidator
+from rawpage.structured_output import GrammarState, StructuredOutputsParams
+
+logger = logging.getLogger("rawpage")
+
+COMPILE_THREADS = 2  # grammars compiling at once; each has its own validator child
+CACHED_GRAMMARS = 64  # compiled matchers kept (and refusals remembered), least recently used out
+
+
+class CompiledGrammar:
+    """A compiled, never-advanced matcher; every sequence starts from a copy of it."""
+
+    def __init__(self, matcher: Any) -> None:
+        self._matcher = matcher
+        self._lock = threading.Lock()  # copies are taken from the engine and mask threads
+
+    def fresh(self) -> Any:
+        with self._lock:
+            return self._matcher.deep_copy()
+
+
+class MatcherCache:
+    """A locked LRU: grammar text -> Future[CompiledGrammar], at most `capacity` entries.
+    A future that failed stays too, so a refused grammar sent again is refused at once."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._entries: OrderedDict[str, Future] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get_or_add(self, key: str) -> tuple[Future, bool]:
+        """The key's future, and True when it was just added (the caller must fill it)."""
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return self._entries[key], False
+            fut: Future = Future()
+            self._entries[key] = fut
+            while len(self._entries) > self.capacity:
+                self._entries.popitem(last=False)
+            return fut, True
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+
+class CompileThreads:
+    """A few daemon threads with COMPILE_STACK_BYTES of stack, started on the first job.
+    (ThreadPoolExecutor starts threads lazily, under whatever stack size is set then.)"""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._started = False
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run fn(*args) on a compile thread; fn handles its own errors."""
+        with self._lock:
+            if not self._started:
+                old = threading.stack_size(COMPILE_STACK_BYTES)
+                try:
+                    for i in range(self.n):
+                        threading.Thread(target=self._work, name=f"rawpage-compile-{i}", daemon=True).start()
+                finally:
+                    threading.stack_size(old)
+                self._started = True
+        self._jobs.put((fn, args))
+
+    def _work(self) -> None:
+        while True:
+            fn, args = self._jobs.get()
+            fn(*args)
+
+
+class GrammarCompiler:
+    """Compiles constraints for one tokenizer. The llguidance tokenizer costs ~0.4 s to
+    build, so it is made (here and in each validator child) on the first grammar."""
+
+    def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: list[int], limits: GrammarLimits) -> None:
+        self.hf, self.vocab_size, self.eos_token_ids, self.limits = hf_tokenizer, vocab_size, eos_token_ids, limits
+        self.words = (vocab_size + 31) // 32  # int32 words in one bitmask row
+        self.cache = MatcherCache(CACHED_GRAMMARS)
+        self.threads = CompileThreads(COMPILE_THREADS)
+        self.num_compiles = 0  # matchers built (cache misses that passed validation)
+        self._ll = None
+        self._lock = threading.Lock()
+        self._validators: queue.SimpleQueue | None = None
+        self._pending: list[tuple[Future, Any]] = []  # (future, owner) of states still compiling
+
+    @property
+    def ll_tokenizer(self):
+        with self._lock:
+            if self._ll is None:
+                from llguidance import LLTokenizer
+
+                self._ll = LLTokenizer(self.hf.to_str(), n_vocab=self.vocab_size, eos_token=self.eos_token_ids)
+            return self._ll
+
+    def check(self, so: StructuredOutputsParams) -> str:
+        """The grammar text, within the limits; InvalidRequestError naming the limit and
+        its flag otherwise. Remembered on `so`: 128 prompts sharing one constraint pay once."""
+        if so._checked is not None and so._checked[0] == self.limits:
+            return so._checked[1]
+        try:
+            schema = so.schema()
+            grammar = so.to_grammar(schema)
+        except (ValueError, TypeError, RecursionError) as e:
+            raise InvalidRequestError(f"structured_outputs: {e}", "structured_outputs") from None
+        check_grammar_limits(so, schema, grammar, self.limits)
+        so._checked = (self.limits, grammar)
+        return grammar
+
+    def submit(self, so: StructuredOutputsParams) -> Future:
+        """Future[CompiledGrammar]: done at once when the grammar is cached; otherwise the
+        gate, the child's validation and the build run on a compile thread. A refusal is
+        the future's InvalidRequestError."""
+        if so._checked is not None and so._checked[0] == self.limits:
+            fut, added = self.cache.get_or_add(so._checked[1])
+            if added:
+                self.threads.submit(self._compile, so._checked[1], fut)
+            return fut
+        out: Future = Future()
+        self.threads.submit(self._check_and_compile, so, out)
+        return out
+
+    def new_state(self, so: StructuredOutputsParams, encode: Callable[[str], list[int]], owner: Any = None):
+        """A sequence's GrammarState; its matcher arrives when the compile is done.
+        `owner` (the request) is handed back by take_failed if the compile fails."""
+        after = encode(so.after) if so.after else None
+        state = GrammarState(self, self.submit(so), after)
+        if not state.compiled.done():
+            self._pending.append((state.compiled, owner))
+        return state
+
+    def take_failed(self) -> list[tuple[Any, BaseException]]:
+        """(owner, error) of the states whose compile failed since the last call; the
+        engine thread calls it before each schedule."""
+        failed = [(owner, f.exception()) for f, owner in self._pending if f.done() and f.exception() is not None]
+        self._pending = [(f, owner) for f, owner in self._pending if not f.done()]
+        return failed
+
+    def wait_pending(self, timeout: float) -> None:
+        """Sleep until a pending compile finishes (at most `timeout` s): an engine with
+        nothing to run but compiling grammars does not spin."""
+        if self._pending:
+            concurrent.futures.wait([f for f, _ in self._pending], timeout, concurrent.futures.FIRST_COMPLETED)
+
+    # --- on the compile threads -----------------------------------------------------------
+    def _check_and_compile(self, so: StructuredOutputsParams, out: Future) -> None:
+        try:
+            fut, added = self.cache.get_or_add(self.check(so))
+            if added:
+                self._compile(so._checked[1], fut)
+            out.set_result(fut.result())  # another thread may be compiling it: wait for that one
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
+            out.set_exception(e)
+
+    def _compile(self, grammar: str, fut: Future) -> None:
+        """Validate in a child, then build here; the outcome goes into `fut`."""
+        try:
+            fut.set_result(self._build(grammar))
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
+            fut.set_exception(e)
+
+    def _build(self, grammar: str) -> CompiledGrammar:
+        from llguidance import LLMatcher
+
+        t0 = time.monotonic()
+        error = self._validate(grammar)
+        if error:
+            raise InvalidRequestError(f"structured_outputs: {error}", "structured_outputs")
+        ll, t1 = self.ll_tokenizer, time.monotonic()
+        matcher = LLMatcher(ll, grammar, log_level=0)
+        # The first mask builds the lexer's states (1 s for a 40,000-item choice), which every
+        # copy shares: here, not in the first step the grammar's sequence samples in.
+        matcher.compute_bitmask()
+        with self._lock:
+            self.num_compiles += 1
+        logger.info(
+            "grammar compiled: %d bytes, validated in %.2f s, built in %.2f s",
+            len(grammar),
+            t1 - t0,
+            time.monotonic() - t1,
+        )
+        return CompiledGrammar(matcher)
+
+    def _validate(self, grammar: str) -> str:
+        """The child's verdict; a crash or timeout is a refusal naming the limits."""
+        validators = self._validator_pool()
+        validator = validators.get()
+        try:
+            return validator.validate(grammar)
+        except GrammarTooComplexError as e:
+            logger.warning("a grammar of %d bytes was refused: %s", len(grammar), e)
+            raise InvalidRequestError(
+                f"structured_outputs: the grammar is too complex for the grammar compiler ({e}); "
+                f"keep it within the limits: {self.limits.describe()}",
+                "structured_outputs",
+            ) from None
+        finally:
+            validators.put(validator)
+
+    def _validator_pool(self) -> queue.SimpleQueue:
+        with self._lock:
+            if self._validators is None:
+                setup = {"tokenizer": self.hf.to_str(), "vocab_size": self.vocab_size}
+                setup["eos_token_ids"] = self.eos_token_ids
+                frame = json.dumps(setup).encode()
+                self._validators = queue.SimpleQueue()
+                for _ in range(COMPILE_THREADS):
+                    self._validators.put(GrammarValidator(frame, self.limits.timeout))
+            return self._validators
