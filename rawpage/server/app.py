@@ -42,6 +42,7 @@ from rawpage.server.engine_view import EngineView
 from rawpage.server.lora_routes import adapter_models, load_lora_adapter, unload_lora_adapter
 from rawpage.server.metrics import ServerMetrics
 from rawpage.server.protocol import APIError
+from rawpage.server.request_guard import RequestGuard
 from rawpage.server.state import ServerState
 from rawpage.server.streaming import ClientDisconnected
 from rawpage.server.web import engine_events, index, page_info, static_file
@@ -80,7 +81,8 @@ def build_app(engine_args: EngineArgs, config: ServerConfig | None = None) -> St
         log_requests=not config.disable_log_requests,
     )
     state = ServerState(engine, name, metrics, config)
-    middleware = []
+    # The guard is outermost: a request for another Host, or a foreign page's POST, reaches nothing.
+    middleware = [Middleware(RequestGuard, config=config)]
     if config.allowed_origins:  # CORS is off unless the operator names origins
         cors = dict(allow_methods=config.allowed_methods, allow_headers=config.allowed_headers)
         middleware.append(Middleware(CORSMiddleware, allow_origins=config.allowed_origins, **cors))

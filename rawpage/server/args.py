@@ -38,6 +38,13 @@ class ServerConfig:
         factory=list,
         default_text="CORS off",
     )
+    allowed_hosts: list[str] = flag(
+        help="Host names served besides 127.0.0.1, localhost, [::1] and --host, comma-separated, or '*' for any; "
+        "other Host headers get a 421 (DNS rebinding; see SECURITY.md)",
+        type=_list,
+        factory=list,
+        default_text="none; any Host with --host 0.0.0.0",
+    )
     allowed_methods: list[str] = flag(
         help="CORS: allowed methods", type=_list, factory=lambda: ["*"], default_text="all"
     )

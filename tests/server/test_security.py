@@ -201,9 +201,30 @@ def test_deep_json_and_lone_surrogates_are_400s(server):
 def test_no_paths_or_host_header_in_responses(server):
     model = httpx.get(server.url + "/v1/models").json()["data"][0]
     assert "/" not in model["root"] and model["root"] == model["id"]
+    r = httpx.get(server.url + "/v1/models/", follow_redirects=False)
+    assert r.status_code == 404 and "location" not in r.headers
     r = httpx.get(server.url + "/v1/models/", headers={"Host": "evil.example"}, follow_redirects=False)
-    assert "evil.example" not in r.headers.get("location", "")
-    assert r.status_code == 404
+    assert r.status_code == 421 and "location" not in r.headers  # not a name this server answers to
+
+
+# --- issue 29, item 6: a web page elsewhere cannot use the API, key or no key ----------------------
+
+
+def test_browser_requests_from_elsewhere_are_refused(server):
+    """No --api-key: a text/plain body (a CORS "simple request", no preflight) is a 415, a
+    request for another Host name (DNS rebinding) a 421, a POST from a foreign page a 403."""
+    body = json.dumps({"prompt": "hi", "max_tokens": 1}).encode()
+    r = httpx.post(server.url + CMPL, content=body, headers={"content-type": "text/plain"})
+    assert_error(r, 415, match="application/json")
+    assert_error(httpx.get(server.url + "/v1/models", headers={"Host": "rebound.example:8000"}), 421)
+    assert_error(httpx.post(server.url + CMPL, content=body, headers={"Host": "rebound.example"}), 421)
+    r = httpx.post(
+        server.url + CMPL, json={"prompt": "hi", "max_tokens": 1}, headers={"Origin": "https://evil.example"}
+    )
+    assert_error(r, 403, match="--allowed-origins")
+    same = {"Origin": server.url, "content-type": "application/json; charset=utf-8"}  # the built-in page
+    assert httpx.post(server.url + CMPL, content=body, headers=same).status_code == 200
+    assert httpx.get(server.url + "/v1/models", headers={"Host": "localhost"}).status_code == 200
 
 
 # --- C9: backpressure -----------------------------------------------------------------------------
