@@ -70,6 +70,17 @@ class ServerConfig:
         "on SIGTERM or Ctrl-C, seconds to let running streams finish before they are ended with finish_reason 'abort'",
     )
     max_event_streams_per_key: int = flag(4, "open /v1/engine/events streams one API key may hold; beyond, 429")
+    allow_runtime_lora_updating: bool = flag(
+        False,
+        "serve /v1/load_lora_adapter and /v1/unload_lora_adapter (also $VLLM_ALLOW_RUNTIME_LORA_UPDATING=1); "
+        "loads read only inside --lora-dir, which this needs",
+    )
+    lora_dir: str | None = flag(
+        None,
+        "the folder runtime LoRA loads may read: a lora_path must resolve (links followed) inside it; "
+        "a relative one is taken from it",
+        default_text="none",
+    )
     disable_log_requests: bool = flag(False, "no log line per request")
     preprocess_threads: int = 2  # chat templates and tokenization run here, off the event loop
     web: bool = flag(True, "serve the built-in web page at / (chat playground and live KV-cache view)")
@@ -91,12 +102,21 @@ class ServerConfig:
     )
     log_level: str = flag("info", "log level", choices=["debug", "info", "warning", "error"])
 
+    def __post_init__(self) -> None:
+        if self.allow_runtime_lora_updating and not self.lora_dir:
+            raise ValueError(
+                "--allow-runtime-lora-updating (or $VLLM_ALLOW_RUNTIME_LORA_UPDATING) needs --lora-dir, "
+                "the folder that runtime loads may read adapters from"
+            )
+
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerConfig:
         given = given_flags(cls, args)
         keys = [k for arg in (getattr(args, "api_key", None) or []) for k in arg.split(",") if k]
         env_key = os.environ.get("RAWPAGE_API_KEY")
         given["api_keys"] = keys + ([env_key] if env_key and not keys else [])
+        if os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").strip().lower() in ("1", "true"):
+            given.setdefault("allow_runtime_lora_updating", True)  # vLLM's switch
         given["admin_api_key"] = getattr(args, "admin_api_key", None) or os.environ.get("RAWPAGE_ADMIN_API_KEY") or None
         return cls(**given)
 
