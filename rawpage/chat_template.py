@@ -9,19 +9,24 @@ render in jinja2's immutable sandbox, with the environment Hugging Face uses
   a file (`ChatTemplate.from_arg`), so no request can make the server read one;
 - rendering stops after `timeout` seconds: a trace function checks the clock on
   every line the compiled template runs, so a loop that prints nothing is caught;
-- output, `str * n` and `x ** n` are bounded by `max_chars`, so one expression
-  cannot allocate gigabytes before any check runs.
+- no single expression can outgrow the budget, since no clock can stop one C call:
+  `*`, `**`, `+`, `%`, `~`, the growing str methods (center, ljust, format, replace,
+  join...) and filters (center, indent, wordwrap, format, join...) estimate their
+  result from their inputs and refuse one over `max_chars` (integers: 4096 bits)
+  before they run (rawpage/template_budget.py). The output as a whole is bounded by
+  `max_chars` too.
 """
 
 from __future__ import annotations
 
 import json
-import operator
 import os
 import sys
 import time
 from datetime import datetime
 from typing import Any
+
+from rawpage import template_budget as budget
 
 DEFAULT_MAX_CHARS = 4 << 20  # characters of rendered prompt; more cannot fit a context anyway
 DEFAULT_TIMEOUT = 2.0  # seconds of rendering; real templates take about a millisecond
@@ -36,6 +41,7 @@ def _raise_exception(message: str) -> None:
 
 
 def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, **kw: Any) -> str:
+    budget.check_json_indent(indent)
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, sort_keys=kw.get("sort_keys", False))
 
 
@@ -44,26 +50,40 @@ def _strftime_now(fmt: str) -> str:
 
 
 def _sandbox(max_chars: int):
-    """An immutable sandbox whose `*` and `**` refuse results larger than max_chars."""
+    """An immutable sandbox in which no single operation can build a value past the budget
+    (rawpage/template_budget.py): `*`, `**`, `+`, `%`, `~`, the growing str methods and filters."""
+    from jinja2.compiler import CodeGenerator
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+    class BoundedCodeGenerator(CodeGenerator):
+        def visit_Concat(self, node: Any, frame: Any) -> None:
+            # `a ~ b` compiles to str_join((a, b)); this checks the size first.
+            self.write("environment.concat_bounded((")
+            for arg in node.nodes:
+                self.visit(arg, frame)
+                self.write(", ")
+            self.write("))")
+
     class BoundedSandbox(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset({"*", "**"})
+        intercepted_binops = frozenset({"*", "**", "+", "%"})
+        code_generator_class = BoundedCodeGenerator
 
         def call_binop(self, context: Any, op: str, left: Any, right: Any) -> Any:
-            if op == "*":
-                for seq, times in ((left, right), (right, left)):
-                    if isinstance(seq, (str, list, tuple)) and isinstance(times, int):
-                        if len(seq) * times > max_chars:
-                            raise ChatTemplateError(f"the template builds a value over {max_chars} long")
-                return operator.mul(left, right)
-            if op == "**":
-                if isinstance(right, (int, float)) and abs(right) > 64:
-                    raise ChatTemplateError("the template raises a number to a power over 64")
-                return operator.pow(left, right)
+            budget.check_binop(op, left, right, max_chars)
             return super().call_binop(context, op, left, right)
 
-    return BoundedSandbox(trim_blocks=True, lstrip_blocks=True)
+        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+            args = budget.check_call(__obj, args, kwargs, max_chars)
+            return super().call(__context, __obj, *args, **kwargs)
+
+        def concat_bounded(self, values: tuple[Any, ...]) -> str:
+            strings = tuple(map(str, values))
+            budget.check_concat(strings, max_chars)
+            return "".join(strings)
+
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(budget.bounded_filters(env, max_chars))
+    return env
 
 
 class ChatTemplate:
@@ -113,6 +133,8 @@ class ChatTemplate:
                     pieces.append(piece)
         except ChatTemplateError:
             raise
+        except budget.TemplateBudgetError as e:
+            raise ChatTemplateError(str(e)) from None
         except Exception as e:  # a template bug or a message shape it did not expect
             raise ChatTemplateError(f"chat template failed to render: {type(e).__name__}: {e}") from None
         return "".join(pieces)

@@ -134,6 +134,12 @@ class EngineArgs:
     enable_lora: bool = flag(False, "serve LoRA adapters (PEFT format) on top of the model, many in one batch")
     max_loras: int = flag(1, "LoRA adapters resident on the device at once (slots); more wait their turn")
     max_lora_rank: int = flag(16, "largest LoRA rank an adapter may have (every slot is this size)")
+    max_cpu_loras: int | None = flag(
+        None,
+        "LoRA adapters kept in host memory (known by name); loading one more forgets the least recently used "
+        "one that no request is using",
+        default_text="max(8, --max-loras)",
+    )
     lora_modules: list[str] = flag(
         help="LoRA adapters to load at startup, as name=path pairs (PEFT folders); needs --enable-lora",
         nargs="+",
@@ -210,6 +216,11 @@ class EngineArgs:
             (self.grammar_compile_timeout > 0, "grammar_compile_timeout", "must be > 0"),
             (self.max_loras >= 1 and self.max_lora_rank >= 1, "max_loras", "and max_lora_rank must be >= 1"),
             (self.enable_lora or not self.lora_modules, "lora_modules", "needs --enable-lora"),
+            (
+                self.max_cpu_loras is None or self.max_cpu_loras >= max(self.max_loras, len(self.lora_modules)),
+                "max_cpu_loras",
+                "must be at least --max-loras and the number of --lora-modules",
+            ),
             (
                 not (self.enable_lora and self.tensor_parallel_size > 1),
                 "enable_lora",

@@ -54,3 +54,51 @@ def test_normal_templates_render_and_restore_the_tracer():
     t = ChatTemplate("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{{ 2 ** 10 }}{{ 'ab' * 2 }}")
     assert t.render(MSGS) == "<user>hi1024abab"
     assert sys.gettrace() is before
+
+
+# One expression is one C call that the clock between lines cannot stop (issue 29, item 5):
+# each of these froze the server or allocated gigabytes before the output's size was checked.
+# They are refused from their inputs, before they run, and quickly.
+ONE_EXPRESSION_BOMBS = [
+    "{{ (((10**64)**64)**64)**64 > 1 }}",
+    "{{ 2**4096 * 2**4096 > 1 }}",
+    "{{ '%0400000000d' % 1 }}",
+    "{{ '%.400000000f' % 1.0 }}",
+    "{{ '%*d' % (400000000, 1) }}",
+    "{{ '%0400000000d'|format(1) }}",
+    "{{ '{:0400000000d}'.format(1) }}",
+    "{{ '{:{w}}'.format(1, w=400000000) }}",
+    "{{ 'x'|center(400000000) }}",
+    "{{ 'x'.center(400000000) }}",
+    "{{ 'x'.ljust(400000000) }}",
+    "{{ 'x'.rjust(400000000) }}",
+    "{{ 'x'.zfill(400000000) }}",
+    "{{ 'a\nb'|indent(400000000) }}",
+    "{{ 'a b'|wordwrap(400000000) }}",
+    "{{ ['a']|map('center', 400000000)|join }}",
+    "{{ ('a' * 1000000).replace('a', 'aaaaaaaa') }}",
+    "{{ (['a' * 1000000] * 8)|join }}",
+    "{{ ('a' * 1000000).join(['b'] * 1000000) }}",
+    "{{ [1]|batch(400000000, 0)|list }}",
+    "{{ messages|tojson(indent=100000) }}",
+    "{% set ns = namespace(s='a' * 1000000) %}{% for i in range(12) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+    "{% set ns = namespace(s='a' * 1000000) %}{% for i in range(12) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+]
+
+
+@pytest.mark.parametrize("source", ONE_EXPRESSION_BOMBS)
+def test_one_expression_cannot_outgrow_the_budget(source):
+    t0 = time.monotonic()
+    with pytest.raises(ChatTemplateError, match="limit is"):
+        ChatTemplate(source).render(MSGS)
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_the_bounded_operations_still_work_at_ordinary_sizes():
+    source = (
+        "{{ 3 ** 5 }} {{ '%05d' % 7 }} {{ '{:>4}'.format('a') }} {{ 'x'|center(5) }} {{ 'x\ny'|indent(2) }} "
+        "{{ ['a', 'b']|join('-') }} {{ [{'n': 1}, {'n': 2}]|join(',', attribute='n') }} {{ 'a' ~ 'b' }} "
+        "{{ 'abc'|replace('b', 'B') }} {{ 'ab'.replace('a', 'z') }} {{ '%s=%d'|format('k', 2) }} {{ [1, 2] + [3] }}"
+    )
+    want = "243 00007    a   x   x\n  y a-b 1,2 ab aBc zb k=2 [1, 2, 3]"
+    assert ChatTemplate(source).render(MSGS) == want

@@ -139,3 +139,43 @@ def test_a_new_watcher_gets_the_current_state_within_the_budget(tiny_model_dir):
     assert view.latest.id == 2 and view.is_current  # the idle step's snapshot
     view.refresh(engine)
     assert view.latest.id == 2
+
+
+def test_a_tenant_sees_only_its_own_sequences(tiny_model_dir):
+    """Issue 29, item 4: requests r0 and r1 are tenant a's, the rest b's. a's view lists only
+    its sequences and steps; b's blocks are anonymous (OTHER_TENANT), never "shared"; no
+    reference counts or prefix-cache totals, which would tell a whether its guess of b's
+    prompt was right. The full view (admin, or no keys) is unchanged."""
+    from rawpage.server.engine_view import OTHER_TENANT
+
+    prefix = random_prompts(1, 40, 41, seed=5)[0]["prompt_token_ids"]
+    prompts = [{"prompt_token_ids": prefix + p["prompt_token_ids"]} for p in random_prompts(4, 5, 30, seed=6)]
+    llm = LLM(tiny_model_dir, num_gpu_blocks_override=64, max_num_batched_tokens=64)
+    engine = llm.engine
+    view = EngineView(
+        min_interval=0, max_overhead=float("inf"), owner_of=lambda rid: "a" if rid in ("r0", "r1") else "b"
+    )
+    view.watchers = 1
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    seen_other = False
+    while engine.has_unfinished_requests():
+        view.on_step(engine, engine.step())
+        full, a = json.loads(view.latest.data), json.loads(view.latest.for_tenant("a"))
+        check_snapshot(engine, full)
+        mine = {
+            s.seq_id
+            for s in engine.scheduler.running + engine.scheduler.waiting
+            if s.request.request_id in ("r0", "r1")
+        }
+        listed = {q["id"] for entries in a["queues"].values() for q in entries}
+        assert listed == mine and sum(a["counts"].values()) == len(mine)
+        assert {q["request"] for entries in a["queues"].values() for q in entries} <= {"r0", "r1"}
+        owners = set(expand(a["owner"]))
+        assert owners <= mine | {-1, OTHER_TENANT}
+        seen_other |= OTHER_TENANT in owners
+        assert SHARED not in expand(a["state"]) and "refs" not in a
+        assert a["totals"] == {"steps": full["totals"]["steps"]} and "prefix_hits" in full["totals"]
+        assert len(expand(a["state"])) == len(expand(full["state"]))  # the occupancy itself is all there
+    assert seen_other
+    assert json.loads(view.latest.for_tenant("nobody"))["queues"] == {"running": [], "waiting": [], "swapped": []}

@@ -171,3 +171,52 @@ def test_prefix_cache_keys_on_the_adapters_content(lora_setup, llm):
 
     assert len({root(None), root(a), root(b)}) == 3
     assert root(a) == root(a) and a.digest != b.digest
+
+
+# --- issue 29, item 7 --------------------------------------------------------------------------
+
+
+def test_names_and_shapes_are_checked_from_the_header_before_any_data_is_read(lora_setup, tmp_path, monkeypatch):
+    from safetensors.numpy import save_file
+
+    from rawpage.config import ModelConfig
+    from rawpage.loader.safetensors_file import SafetensorsFile
+    from rawpage.lora.adapter import load_adapter
+
+    config = ModelConfig.from_hf(CFG)
+    folder = write_adapter(str(tmp_path / "bad"), CFG, 4, ["q_proj"], 8, seed=1)
+    big = np.zeros((256, 256), np.float32)
+    save_file({"model.embed_tokens.weight": big}, os.path.join(folder, "adapter_model.safetensors"))
+
+    def no_data(self, name):
+        raise AssertionError(f"tensor data read: {name}")
+
+    monkeypatch.setattr(SafetensorsFile, "tensor", no_data)
+    with pytest.raises(LoRAError, match="'model.embed_tokens.weight' is not a LoRA A/B"):
+        load_adapter(LoRARequest("bad", 1, folder), config, 16)
+    p = "base_model.model.model.layers.0.self_attn.q_proj."
+    save_file({p + "lora_A.weight": big, p + "lora_B.weight": big}, os.path.join(folder, "adapter_model.safetensors"))
+    with pytest.raises(LoRAError, match="this model needs A"):
+        load_adapter(LoRARequest("bad", 1, folder), config, 16)
+
+
+def test_max_cpu_loras_forgets_the_least_recently_used_idle_adapter(lora_setup):
+    model, _, paths, _ = lora_setup
+    small = LLM(model, device="cpu", enable_lora=True, max_loras=1, max_lora_rank=16, max_cpu_loras=2)
+    lora = small.engine.lora
+    reqs = _requests(paths)
+    lora.add(reqs["all8"])
+    lora.add(reqs["qv4"])
+    lora.add(reqs["all8"])  # used again: qv4 is now the least recently used
+    lora.add(reqs["mlp16"])
+    assert set(lora.adapters) == {"all8", "mlp16"}
+    from rawpage.lora.adapter import load_adapter
+
+    qv4 = load_adapter(reqs["qv4"], lora.config, lora.max_rank)
+    lora.register(qv4, in_use={"all8"})  # all8 is in use: mlp16 goes, though used later
+    assert set(lora.adapters) == {"all8", "qv4"}
+    again = load_adapter(reqs["mlp16"], lora.config, lora.max_rank)
+    with pytest.raises(LoRAError, match="--max-cpu-loras"):
+        lora.register(again, in_use={"all8", "qv4"})
+    with pytest.raises(ValueError, match="max_cpu_loras"):
+        LLM(model, device="cpu", enable_lora=True, max_loras=2, max_cpu_loras=1)

@@ -26,7 +26,7 @@ from rawpage.block_manager import BlockManager
 from rawpage.sampling_params import SamplingParams
 from rawpage.scheduler import Scheduler, SchedulerConfig
 from rawpage.sequence import Request, Sequence
-from rawpage.server.engine_view import EngineView, step_split
+from rawpage.server.engine_view import EngineView, step_record
 from rawpage.stats import EngineStats
 
 
@@ -72,7 +72,7 @@ def main() -> None:
     snapshot = median_seconds(lambda: view.take(engine), a.repeats)
     # CPU time of this thread: what the snapshot itself costs when other processes share the cores
     snapshot_cpu = median_seconds(lambda: view.take(engine), a.repeats, time.thread_time)
-    hook = median_seconds(lambda: step_split(engine), a.repeats)
+    hook = median_seconds(lambda: step_record(engine, lambda request_id: None), a.repeats)
     bm = engine.block_manager
     print(
         f"pool: {bm.num_blocks} blocks, {bm.num_used_blocks} in use, {len(engine.scheduler.running)} running sequences"

@@ -77,6 +77,10 @@ class SafetensorsFile:
     def dtype_name(self, name: str) -> str:
         return self._entries[name]["dtype"]
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """From the header: no tensor data is read."""
+        return tuple(self._entries[name]["shape"])
+
     def tensor(self, name: str) -> np.ndarray:
         e = self._entries[name]
         begin, end = e["data_offsets"]

@@ -26,7 +26,7 @@ import numpy as np
 
 from rawpage.config import ModelConfig
 from rawpage.errors import ModelLoadError
-from rawpage.loader.safetensors_file import SafetensorsFile
+from rawpage.loader.safetensors_file import SafetensorsFile, bf16_to_f32
 
 # PEFT module name -> (the fused Linear it is part of, which part)
 TARGETS = {
@@ -38,6 +38,7 @@ TARGETS = {
     "up_proj": ("gate_up", 1),
     "down_proj": ("down", 0),
 }
+FLOAT_DTYPES = ("F32", "F16", "BF16")
 _KEY = re.compile(r"(?:base_model\.model\.)?model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight")
 
 
@@ -79,8 +80,13 @@ def read_adapter_config(path: str) -> dict:
     cfg_path = os.path.join(path, "adapter_config.json")
     if not os.path.isfile(cfg_path):
         raise LoRAError(f"no LoRA adapter at {path!r}: adapter_config.json not found")
-    with open(cfg_path) as f:
-        cfg = json.load(f)
+    try:
+        with open(cfg_path, "rb") as f:
+            cfg = json.loads(f.read(1 << 20))  # a config is a few hundred bytes
+    except (OSError, ValueError, RecursionError) as e:
+        raise LoRAError(f"LoRA adapter {path!r}: adapter_config.json is not readable JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise LoRAError(f"LoRA adapter {path!r}: adapter_config.json must hold a JSON object")
     refused = {
         "use_dora": "DoRA adapters",
         "modules_to_save": "adapters that also train whole modules (modules_to_save)",
@@ -94,60 +100,84 @@ def read_adapter_config(path: str) -> dict:
             raise LoRAError(f"LoRA adapter {path!r}: {what} are not supported")
     if cfg.get("bias", "none") != "none":
         raise LoRAError(f"LoRA adapter {path!r}: bias={cfg['bias']!r} is not supported (only 'none')")
+    check_config_types(cfg, path)
     return cfg
 
 
+def check_config_types(cfg: dict, path: str) -> None:
+    """r a positive integer, lora_alpha a finite number (JSON allows NaN and Infinity),
+    use_rslora a boolean: anything else would reach the arithmetic as garbage."""
+    r, alpha = cfg.get("r"), cfg.get("lora_alpha", cfg.get("r"))
+    if not isinstance(r, int) or isinstance(r, bool) or r < 1:
+        raise LoRAError(f"LoRA adapter {path!r}: 'r' must be a positive integer, got {r!r}")
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
+        raise LoRAError(f"LoRA adapter {path!r}: 'lora_alpha' must be a finite number, got {alpha!r}")
+    if not isinstance(cfg.get("use_rslora", False), bool):
+        raise LoRAError(f"LoRA adapter {path!r}: 'use_rslora' must be true or false")
+
+
 def load_adapter(request: LoRARequest, config: ModelConfig, max_rank: int) -> LoRAAdapter:
-    """Read and check an adapter against the base model's shapes and --max-lora-rank."""
-    path = request.lora_path
+    """Read and check an adapter against the base model's shapes and --max-lora-rank. Every
+    tensor's name, dtype and shape is checked from the safetensors header before any data
+    is read. Touches no engine state, so it may run in any thread."""
+    path, name = request.lora_path, request.lora_name
     cfg = read_adapter_config(path)
-    r, alpha = int(cfg["r"]), float(cfg.get("lora_alpha", cfg["r"]))
+    r, alpha = cfg["r"], float(cfg.get("lora_alpha", cfg["r"]))
     if not 1 <= r <= max_rank:
-        raise LoRAError(f"LoRA adapter {request.lora_name!r} has rank {r}; --max-lora-rank is {max_rank}")
+        raise LoRAError(f"LoRA adapter {name!r} has rank {r}; --max-lora-rank is {max_rank}")
     scale = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
     file = os.path.join(path, "adapter_model.safetensors")
     if not os.path.isfile(file):
         raise LoRAError(f"no adapter_model.safetensors in {path!r} (only safetensors adapters are read)")
     try:
         st = SafetensorsFile(file)
-        tensors = {k: np.asarray(st.tensor(k), np.float32) for k in st.keys()}
-    except (OSError, ValueError, ModelLoadError) as e:
-        raise LoRAError(f"cannot read {file!r}: {e}") from e
-    weights = _pair_up(tensors, config, r, scale, request.lora_name)
+        plan = _plan(st, config, r, name)
+        weights = {key: (_read(st, a), _read(st, b) * np.float32(scale)) for key, (a, b) in plan.items()}
+    except LoRAError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, ModelLoadError) as e:  # a corrupt file's header or data
+        raise LoRAError(f"cannot read {file!r}: {e}") from None
     h = hashlib.sha256(json.dumps([r, scale], sort_keys=True).encode())
     for key in sorted(weights):
         a, b = weights[key]
         h.update(repr(key).encode() + a.tobytes() + b.tobytes())
-    return LoRAAdapter(request.lora_name, request.lora_int_id, path, r, scale, weights, h.hexdigest())
+    return LoRAAdapter(name, request.lora_int_id, path, r, scale, weights, h.hexdigest())
 
 
-def _pair_up(
-    tensors: dict[str, np.ndarray], config: ModelConfig, r: int, scale: float, name: str
-) -> dict[tuple[int, str], tuple[np.ndarray, np.ndarray]]:
-    """{(layer, module): (A, B·scale)}, every shape checked against the base model."""
-    found: dict[tuple[int, str], dict[str, np.ndarray]] = {}
-    for key, t in tensors.items():
+def _read(st: SafetensorsFile, key: str) -> np.ndarray:
+    t = st.tensor(key)
+    return bf16_to_f32(t) if st.dtype_name(key) == "BF16" else np.asarray(t, np.float32)
+
+
+def _plan(st: SafetensorsFile, config: ModelConfig, r: int, name: str) -> dict[tuple[int, str], tuple[str, str]]:
+    """{(layer, module): (A's key, B's key)}, every name, dtype and shape checked against
+    the base model from the header alone."""
+    found: dict[tuple[int, str], dict[str, str]] = {}
+    for key in st.keys():
         m = _KEY.fullmatch(key)
         if m is None or m.group(2) not in TARGETS or int(m.group(1)) >= config.num_layers:
             raise LoRAError(
-                f"LoRA adapter {name!r}: tensor {key!r} is not a LoRA A/B of a q/k/v/o/gate/up/down projection "
-                f"of this {config.num_layers}-layer model"
+                f"LoRA adapter {name!r}: tensor {key[:200]!r} is not a LoRA A/B of a q/k/v/o/gate/up/down "
+                f"projection of this {config.num_layers}-layer model"
             )
-        found.setdefault((int(m.group(1)), m.group(2)), {})[m.group(3)] = t
+        if st.dtype_name(key) not in FLOAT_DTYPES:
+            raise LoRAError(f"LoRA adapter {name!r}: tensor {key!r} is {st.dtype_name(key)}, not F32, F16 or BF16")
+        found.setdefault((int(m.group(1)), m.group(2)), {})[m.group(3)] = key
     if not found:
         raise LoRAError(f"LoRA adapter {name!r} holds no LoRA weights")
-    weights = {}
+    plan = {}
     for (layer, module), ab in sorted(found.items()):
         if set(ab) != {"A", "B"}:
             raise LoRAError(f"LoRA adapter {name!r}: layer {layer} {module} lacks its lora_A or lora_B")
         n_in, n_out = projection_shape(config, module)
-        if ab["A"].shape != (r, n_in) or ab["B"].shape != (n_out, r):
+        a, b = st.shape(ab["A"]), st.shape(ab["B"])
+        if a != (r, n_in) or b != (n_out, r):
             raise LoRAError(
-                f"LoRA adapter {name!r}: layer {layer} {module} has A {ab['A'].shape} and B {ab['B'].shape}; "
+                f"LoRA adapter {name!r}: layer {layer} {module} has A {a} and B {b}; "
                 f"this model needs A ({r}, {n_in}) and B ({n_out}, {r})"
             )
-        weights[(layer, module)] = (ab["A"], ab["B"] * np.float32(scale))
-    return weights
+        plan[(layer, module)] = (ab["A"], ab["B"])
+    return plan
 
 
 def projection_shape(config: ModelConfig, module: str) -> tuple[int, int]:

@@ -10,13 +10,16 @@ adapters of the running sequences to at most --max-loras, so a step always fits.
 Adapters are known by name (the server's `"model"`) and by id (LoRARequest's
 lora_int_id). Unloading forgets the name at once; sequences already running
 with the adapter finish with it (they hold the LoRAAdapter) before its slot
-is reused.
+is reused. At most --max-cpu-loras adapters are known (their arrays are host
+memory): one more forgets the least recently used one that no request is using.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import OrderedDict
+from collections.abc import Collection
 from collections.abc import Sequence as Seq
 
 import numpy as np
@@ -36,9 +39,12 @@ FUSED["down"] = ("down_proj",)
 
 
 class LoRAManager:
-    def __init__(self, model, backend: Backend, max_loras: int, max_rank: int) -> None:
+    def __init__(
+        self, model, backend: Backend, max_loras: int, max_rank: int, max_cpu_loras: int | None = None
+    ) -> None:
         if max_loras < 1 or max_rank < 1:
             raise ValueError(f"--max-loras and --max-lora-rank must be >= 1, got {max_loras} and {max_rank}")
+        self.max_cpu_loras = max_cpu_loras if max_cpu_loras is not None else max(8, max_loras)
         self.config: ModelConfig = model.config
         self.backend, self.max_loras, self.max_rank = backend, max_loras, max_rank
         self.batch = LoRABatch()
@@ -57,13 +63,15 @@ class LoRAManager:
         self.adapters: dict[str, LoRAAdapter] = {}  # known by name: --lora-modules, loaded, or requested
         self.resident: OrderedDict[int, LoRAAdapter | None] = OrderedDict((s, None) for s in range(max_loras))
         self.num_loads = self.num_evictions = 0
+        self._last_used: dict[str, int] = {}  # name -> a use counter's value (LRU of known adapters)
+        self._uses = itertools.count()
 
     @classmethod
     def from_args(cls, args, model, backend: Backend) -> LoRAManager | None:
         """The engine's manager under --enable-lora, with --lora-modules read; else None."""
         if not args.enable_lora:
             return None
-        manager = cls(model, backend, args.max_loras, args.max_lora_rank)
+        manager = cls(model, backend, args.max_loras, args.max_lora_rank, args.max_cpu_loras)
         for i, (name, path) in enumerate(parse_lora_modules(args.lora_modules)):
             manager.add(LoRARequest(name, i + 1, path))
         logger.info("%s", manager.describe())
@@ -90,24 +98,49 @@ class LoRAManager:
             if known.int_id != request.lora_int_id or known.path != request.lora_path:
                 raise LoRAError(
                     f"LoRA adapter {request.lora_name!r} is already loaded with id {known.int_id} from "
-                    f"{known.path!r}; unload it first"
+                    "another folder; unload it first"
                 )
+            self._last_used[known.name] = next(self._uses)
             return known
         if any(a.int_id == request.lora_int_id for a in self.adapters.values()):
             raise LoRAError(f"LoRA id {request.lora_int_id} is already used by another adapter")
-        adapter = load_adapter(request, self.config, self.max_rank)
+        return self.register(load_adapter(request, self.config, self.max_rank))
+
+    def register(self, adapter: LoRAAdapter, in_use: Collection[str] = ()) -> LoRAAdapter:
+        """Engine thread: know an adapter read elsewhere (load_adapter, in a worker thread).
+        Its id is renumbered if another took it meanwhile. Past --max-cpu-loras, the least
+        recently used adapter not named in `in_use` is forgotten."""
+        if adapter.name in self.adapters:
+            raise LoRAError(f"the LoRA adapter {adapter.name!r} is already loaded")
         for layer, part in adapter.weights:
             if (layer, TARGETS[part][0]) not in self.slots:
                 raise LoRAError(f"LoRA adapter {adapter.name!r} adapts {part} of layer {layer}, an MoE layer's experts")
+        if any(a.int_id == adapter.int_id for a in self.adapters.values()):
+            adapter.int_id = self.next_id()
+        if len(self.adapters) >= self.max_cpu_loras:
+            self._evict_idle(in_use)
         self.adapters[adapter.name] = adapter
+        self._last_used[adapter.name] = next(self._uses)
         logger.info(
             "LoRA adapter %r (id %d, rank %d) loaded from %s", adapter.name, adapter.int_id, adapter.rank, adapter.path
         )
         return adapter
 
+    def _evict_idle(self, in_use: Collection[str]) -> None:
+        idle = [name for name in self.adapters if name not in in_use]
+        if not idle:
+            raise LoRAError(
+                f"all {self.max_cpu_loras} LoRA adapters in host memory are in use by requests; "
+                "unload one, wait, or raise --max-cpu-loras"
+            )
+        oldest = min(idle, key=lambda name: self._last_used.get(name, -1))
+        logger.info("LoRA adapter %r forgotten: --max-cpu-loras %d are loaded", oldest, self.max_cpu_loras)
+        self.remove(oldest)
+
     def remove(self, name: str) -> None:
         if self.adapters.pop(name, None) is None:
             raise KeyError(name)
+        self._last_used.pop(name, None)
         logger.info("LoRA adapter %r unloaded", name)
 
     def next_id(self) -> int:

@@ -42,6 +42,7 @@ from rawpage.server.engine_view import EngineView
 from rawpage.server.lora_routes import adapter_models, load_lora_adapter, unload_lora_adapter
 from rawpage.server.metrics import ServerMetrics
 from rawpage.server.protocol import APIError
+from rawpage.server.request_guard import RequestGuard
 from rawpage.server.state import ServerState
 from rawpage.server.streaming import ClientDisconnected
 from rawpage.server.web import engine_events, index, page_info, static_file
@@ -64,7 +65,7 @@ def build_app(engine_args: EngineArgs, config: ServerConfig | None = None) -> St
     config = config or ServerConfig()
     name = config.served_model_name or engine_args.served_model_name or default_served_name(engine_args.model)
     metrics = ServerMetrics(name)
-    view = EngineView()
+    view = EngineView()  # its owner_of is the AsyncEngine's, below
 
     def on_step(engine: LLMEngine, outputs: list[RequestOutput]) -> None:
         metrics.on_step(engine, outputs)
@@ -79,8 +80,10 @@ def build_app(engine_args: EngineArgs, config: ServerConfig | None = None) -> St
         max_unread_tokens=config.max_unread_tokens,
         log_requests=not config.disable_log_requests,
     )
+    view.owner_of = engine.owner_of  # which tenant each request is: the engine view shows each its own
     state = ServerState(engine, name, metrics, config)
-    middleware = []
+    # The guard is outermost: a request for another Host, or a foreign page's POST, reaches nothing.
+    middleware = [Middleware(RequestGuard, config=config)]
     if config.allowed_origins:  # CORS is off unless the operator names origins
         cors = dict(allow_methods=config.allowed_methods, allow_headers=config.allowed_headers)
         middleware.append(Middleware(CORSMiddleware, allow_origins=config.allowed_origins, **cors))
@@ -97,8 +100,8 @@ def _routes(state: ServerState, view: EngineView) -> list[Route]:
     """The route table. Every route but /health (and the web page's static files) needs the API key."""
     config = state.config
 
-    def api(handler: Handler, auth: bool = True) -> Callable[[Request], Awaitable[Response]]:
-        return _endpoint(handler, state, auth)
+    def api(handler: Handler, auth: bool = True, admin: bool = False) -> Callable[[Request], Awaitable[Response]]:
+        return _endpoint(handler, state, auth, admin)
 
     routes = [
         Route("/v1/chat/completions", api(create_chat_completion), methods=["POST"]),
@@ -110,7 +113,8 @@ def _routes(state: ServerState, view: EngineView) -> list[Route]:
         Route("/detokenize", api(detokenize), methods=["POST"]),
         Route("/health", api(health, auth=False), methods=["GET"]),
         Route("/version", api(version), methods=["GET"]),
-        Route("/metrics", api(metrics_endpoint, auth=not config.metrics_public), methods=["GET"]),
+        # /metrics counts every tenant's traffic (and prefix-cache hits): the admin's, if there is one.
+        Route("/metrics", api(metrics_endpoint, auth=not config.metrics_public, admin=True), methods=["GET"]),
         Route("/v1/engine/events", api(engine_events(view)), methods=["GET"]),
     ]
     if config.web:  # static files holding no data: no key needed (the page asks for one)
@@ -122,13 +126,16 @@ def _routes(state: ServerState, view: EngineView) -> list[Route]:
     return routes
 
 
-def _endpoint(handler: Handler, state: ServerState, auth: bool) -> Callable[[Request], Awaitable[Response]]:
-    """Wrap a handler: the API key (if `auth`), and every failure as an OpenAI error object."""
+def _endpoint(
+    handler: Handler, state: ServerState, auth: bool, admin: bool = False
+) -> Callable[[Request], Awaitable[Response]]:
+    """Wrap a handler: the API key (if `auth`; the admin key too if `admin` and there is
+    one), and every failure as an OpenAI error object."""
 
     async def endpoint(request: Request) -> Response:
         try:
             if auth:
-                state.check_auth(request)
+                _check_access(state, request, admin)
             return await handler(request, state)
         except APIError as e:
             return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
@@ -145,6 +152,15 @@ def _endpoint(handler: Handler, state: ServerState, auth: bool) -> Callable[[Req
             return JSONResponse(err.body(), status_code=500)
 
     return endpoint
+
+
+def _check_access(state: ServerState, request: Request, admin: bool) -> None:
+    """The API key; on an `admin` route the --admin-api-key, when the operator set one."""
+    caller = state.check_auth(request)
+    if admin and state.config.admin_api_key and not caller.admin:
+        raise APIError(
+            f"{request.url.path} needs the --admin-api-key", 403, type="permission_error", code="admin_key_required"
+        )
 
 
 def _lifespan(state: ServerState) -> Callable:

@@ -22,6 +22,7 @@ class ServerConfig:
     port: int = flag(8000, "port to listen on")
     served_model_name: str | None = None  # an engine flag (EngineArgs)
     api_keys: list[str] = field(default_factory=list)  # any one of them opens every route but /health (--api-key)
+    admin_api_key: str | None = None  # sees every tenant in the engine view and /metrics (--admin-api-key)
     metrics_public: bool = flag(False, "serve /metrics without the API key")
     max_request_bytes: int = flag(4 << 20, "reject request bodies larger than this")
     trust_request_chat_template: bool = flag(
@@ -37,6 +38,13 @@ class ServerConfig:
         type=_list,
         factory=list,
         default_text="CORS off",
+    )
+    allowed_hosts: list[str] = flag(
+        help="Host names served besides 127.0.0.1, localhost, [::1] and --host, comma-separated, or '*' for any; "
+        "other Host headers get a 421 (DNS rebinding; see SECURITY.md)",
+        type=_list,
+        factory=list,
+        default_text="none; any Host with --host 0.0.0.0",
     )
     allowed_methods: list[str] = flag(
         help="CORS: allowed methods", type=_list, factory=lambda: ["*"], default_text="all"
@@ -61,6 +69,18 @@ class ServerConfig:
         10.0,
         "on SIGTERM or Ctrl-C, seconds to let running streams finish before they are ended with finish_reason 'abort'",
     )
+    max_event_streams_per_key: int = flag(4, "open /v1/engine/events streams one API key may hold; beyond, 429")
+    allow_runtime_lora_updating: bool = flag(
+        False,
+        "serve /v1/load_lora_adapter and /v1/unload_lora_adapter (also $VLLM_ALLOW_RUNTIME_LORA_UPDATING=1); "
+        "loads read only inside --lora-dir, which this needs",
+    )
+    lora_dir: str | None = flag(
+        None,
+        "the folder runtime LoRA loads may read: a lora_path must resolve (links followed) inside it; "
+        "a relative one is taken from it",
+        default_text="none",
+    )
     disable_log_requests: bool = flag(False, "no log line per request")
     preprocess_threads: int = 2  # chat templates and tokenization run here, off the event loop
     web: bool = flag(True, "serve the built-in web page at / (chat playground and live KV-cache view)")
@@ -82,12 +102,22 @@ class ServerConfig:
     )
     log_level: str = flag("info", "log level", choices=["debug", "info", "warning", "error"])
 
+    def __post_init__(self) -> None:
+        if self.allow_runtime_lora_updating and not self.lora_dir:
+            raise ValueError(
+                "--allow-runtime-lora-updating (or $VLLM_ALLOW_RUNTIME_LORA_UPDATING) needs --lora-dir, "
+                "the folder that runtime loads may read adapters from"
+            )
+
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerConfig:
         given = given_flags(cls, args)
         keys = [k for arg in (getattr(args, "api_key", None) or []) for k in arg.split(",") if k]
         env_key = os.environ.get("RAWPAGE_API_KEY")
         given["api_keys"] = keys + ([env_key] if env_key and not keys else [])
+        if os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").strip().lower() in ("1", "true"):
+            given.setdefault("allow_runtime_lora_updating", True)  # vLLM's switch
+        given["admin_api_key"] = getattr(args, "admin_api_key", None) or os.environ.get("RAWPAGE_ADMIN_API_KEY") or None
         return cls(**given)
 
 
@@ -100,4 +130,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         help="require 'Authorization: Bearer <key>' on every route but /health and the web page's static files "
         "(the page asks for the key); repeat the flag "
         "(or separate with commas) for several keys (default: $RAWPAGE_API_KEY if set)",
+    )
+    g.add_argument(
+        "--admin-api-key",
+        help="a key that also sees every tenant's requests in /v1/engine/events and is the only one "
+        "that opens /metrics; other keys see only their own requests (default: $RAWPAGE_ADMIN_API_KEY if set)",
     )

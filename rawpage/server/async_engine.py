@@ -53,6 +53,7 @@ class _Stream:
         self.ready = asyncio.Event()
         self._lock = threading.Lock()
         self._pending: RequestOutput | BaseException | None = None
+        self.owner: str | None = None  # the key_id of the API key that sent it (engine view)
 
     def put(self, item: RequestOutput | BaseException) -> bool:
         """Engine thread. False if the reader fell too far behind (the caller aborts it)."""
@@ -188,9 +189,11 @@ class AsyncEngine:
         params: SamplingParams,
         priority: int = 0,
         lora_request: LoRARequest | None = None,
+        owner: str | None = None,
     ) -> RequestStream:
         """Queue a request now and return the stream of its outputs. Leaving the stream
-        early (closing it, or dropping it unread) aborts the request."""
+        early (closing it, or dropping it unread) aborts the request. `owner` names the
+        tenant (an API key's key_id) that the engine view shows it to."""
         if self.error is not None:
             raise EngineDeadError("the engine has stopped; see the server log")
         if self.log_requests:
@@ -202,10 +205,16 @@ class AsyncEngine:
                 params.n,
             )
         stream = _Stream(asyncio.get_running_loop(), self.max_unread_tokens)
+        stream.owner = owner
         self._streams[request_id] = stream
         self._adds_sent += 1  # counted at once, so a burst cannot slip past check_capacity
         self._inbox.put(("add", request_id, prompt, params, priority, time.time(), lora_request))
         return RequestStream(self, request_id, stream)
+
+    def owner_of(self, request_id: str) -> str | None:
+        """Any thread: the tenant of a request still streaming, else None (shown to no tenant)."""
+        stream = self._streams.get(request_id)
+        return stream.owner if stream is not None else None
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))

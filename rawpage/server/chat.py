@@ -95,7 +95,7 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
     rid = state.request_id(request, "chatcmpl")
     prompt = {"prompt_token_ids": ids, "cache_salt": salt}
     state.engine.check_capacity(1)
-    gen = state.engine.generate(f"{rid}#{uuid.uuid4().hex[:8]}", prompt, params, priority, lora)
+    gen = state.engine.generate(f"{rid}#{uuid.uuid4().hex[:8]}", prompt, params, priority, lora, state.owner(request))
     fmt = _ChatFormatter(state, rid, top or 0)
     fmt.model = lora.lora_name if lora else state.model_name
     if stream:

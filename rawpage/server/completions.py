@@ -74,8 +74,9 @@ async def create_completion(request: Request, state: ServerState) -> Response:
     rid = state.request_id(request, "cmpl")
     tag = uuid.uuid4().hex[:8]
     state.engine.check_capacity(len(prompts))
+    args = (params, priority, lora, state.owner(request))  # the same for every prompt
     streams = [
-        state.engine.generate(f"{rid}#{i}#{tag}", {"prompt_token_ids": ids, "cache_salt": salt}, params, priority, lora)
+        state.engine.generate(f"{rid}#{i}#{tag}", {"prompt_token_ids": ids, "cache_salt": salt}, *args)
         for i, (_, ids) in enumerate(prompts)
     ]
     fmt = _Formatter(state, rid, params.n, echo, prompts)

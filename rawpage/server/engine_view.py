@@ -19,8 +19,9 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections import deque
-from dataclasses import dataclass
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,15 +33,42 @@ from rawpage.sequence import Sequence
 FORMAT_VERSION = 1
 # Block states in the "state" run-length list (docs/engine-events.md).
 FREE, USED, SHARED, CACHED = 0, 1, 2, 3
+OTHER_TENANT = -2  # in a tenant's "owner" runs: a block another tenant's sequence holds
+# What a tenant's view keeps of "totals": the engine's pace, nothing that moves with other
+# tenants' prompts (prefix hits would tell a key whether its guess of someone's prompt was right).
+TENANT_TOTALS = ("steps",)
 MAX_QUEUE_ENTRIES = 64  # sequences listed per queue; "counts" has the full lengths
 MAX_STEPS = 64  # steps kept between two snapshots
+
+
+OwnerOf = Callable[[str], "str | None"]  # a request id -> its tenant's key_id (None: nobody's)
+
+
+@dataclass
+class Ownership:
+    """Whose is what in one snapshot: what a tenant's view is cut from. Never sent."""
+
+    block_owner: np.ndarray  # (NB,) the sequence id holding each block, -1 for none
+    cpu_owner: np.ndarray  # (NCB,) the same over the swap pool
+    queue_owners: dict[str, list[tuple[int, str | None]]]  # queue -> (seq id, tenant) of each entry
+    steps: list[Any]  # the tagged steps (step_record)
 
 
 @dataclass
 class Snapshot:
     id: int
-    data: bytes  # the JSON text, encoded once for every watcher
+    data: bytes  # the whole view's JSON text, encoded once for every watcher who may see it all
     cost: float  # seconds it took, JSON included
+    full: dict[str, Any] = field(default_factory=dict, repr=False)
+    ownership: Ownership | None = field(default=None, repr=False)
+    _tenant_views: dict[str, bytes] = field(default_factory=dict, repr=False)
+
+    def for_tenant(self, key_id: str | None) -> bytes:
+        """Event loop: the view a non-admin key gets, cut once per snapshot and key."""
+        if key_id not in self._tenant_views and self.ownership is not None:
+            view = tenant_view(self.full, self.ownership, key_id)
+            self._tenant_views[key_id] = json.dumps(view, separators=(",", ":")).encode()
+        return self._tenant_views.get(key_id, b"{}")
 
 
 def run_lengths(values: np.ndarray) -> list[int]:
@@ -91,15 +119,19 @@ def describe_seq(seq: Sequence, queue: str) -> dict[str, Any]:
     }
 
 
-def take_snapshot(engine: LLMEngine, snapshot_id: int, steps: list[list[Any]], last_cost: float) -> dict[str, Any]:
-    """The whole view of one moment, as a JSON-ready dict (docs/engine-events.md)."""
-    bm, sc, st = engine.block_manager, engine.scheduler, engine.stats
+def take_snapshot(
+    engine: LLMEngine, snapshot_id: int, steps: list[Any], last_cost: float, owner_of: OwnerOf
+) -> tuple[dict[str, Any], Ownership]:
+    """The whole view of one moment, as a JSON-ready dict (docs/engine-events.md), and whose
+    each sequence, block and step is, for the tenants' views."""
+    bm, sc = engine.block_manager, engine.scheduler
     refs = np.fromiter(bm.ref_counts, np.int64, bm.num_blocks)
     hashed = np.zeros(bm.num_blocks, dtype=bool)
     cached = bm.cached_block_ids()
     hashed[np.fromiter(cached, np.int64, len(cached))] = True
     queues = {"running": sc.running, "waiting": sc.waiting, "swapped": sc.swapped}
-    return {
+    owner, cpu_owner = block_owners(bm.num_blocks, sc.running), block_owners(bm.num_cpu_blocks, sc.swapped, cpu=True)
+    full = {
         "v": FORMAT_VERSION,
         "id": snapshot_id,
         "time": time.time(),
@@ -111,38 +143,72 @@ def take_snapshot(engine: LLMEngine, snapshot_id: int, steps: list[list[Any]], l
             "max_num_seqs": sc.config.max_num_seqs,
         },
         "state": run_lengths(block_states(refs, hashed)),
-        "owner": run_lengths(block_owners(bm.num_blocks, sc.running)),
+        "owner": run_lengths(owner),
         "refs": run_lengths(refs),
-        "cpu_owner": run_lengths(block_owners(bm.num_cpu_blocks, sc.swapped, cpu=True)),
+        "cpu_owner": run_lengths(cpu_owner),
         "counts": {name: len(q) for name, q in queues.items()},
         "queues": {name: [describe_seq(s, name) for s in q[:MAX_QUEUE_ENTRIES]] for name, q in queues.items()},
-        "steps": steps,
-        "totals": {
-            "steps": st.steps_total,
-            "prompt_tokens": st.prompt_tokens_total,
-            "generation_tokens": st.generation_tokens_total,
-            "requests_finished": st.requests_finished_total,
-            "preemptions": sc.num_preemptions,
-            "swap_outs": sc.num_swap_outs,
-            "swap_ins": sc.num_swap_ins,
-            "cow_copies": bm.num_cow_copies,
-            "evictions": bm.num_evictions,
-            "prefix_queries": bm.prefix_queries,
-            "prefix_hits": bm.prefix_hits,
-        },
+        "steps": [[n, [c for c, _ in chunks], len(decodes)] for n, chunks, decodes in steps],
+        "totals": engine_totals(engine),
         "cost_ms": round(last_cost * 1000, 3),
+    }
+    owners = {name: [(s.seq_id, owner_of(s.request.request_id)) for s in q] for name, q in queues.items()}
+    return full, Ownership(owner, cpu_owner, owners, steps)
+
+
+def engine_totals(engine: LLMEngine) -> dict[str, int]:
+    bm, sc, st = engine.block_manager, engine.scheduler, engine.stats
+    return {
+        "steps": st.steps_total,
+        "prompt_tokens": st.prompt_tokens_total,
+        "generation_tokens": st.generation_tokens_total,
+        "requests_finished": st.requests_finished_total,
+        "preemptions": sc.num_preemptions,
+        "swap_outs": sc.num_swap_outs,
+        "swap_ins": sc.num_swap_ins,
+        "cow_copies": bm.num_cow_copies,
+        "evictions": bm.num_evictions,
+        "prefix_queries": bm.prefix_queries,
+        "prefix_hits": bm.prefix_hits,
     }
 
 
-def step_split(engine: LLMEngine) -> list[Any]:
-    """The last step's token budget: [step number, [prefill chunk sizes], decode tokens]. A
-    one-token chunk past the prompt is a decode (it computes the K/V of a sampled token)."""
-    chunks, decodes = [], 0
+def tenant_view(full: dict[str, Any], own: Ownership, key_id: str | None) -> dict[str, Any]:
+    """What one non-admin key may see of a snapshot: its own sequences (ids, lengths, steps)
+    in full; other tenants' blocks as anonymous occupancy (owner OTHER_TENANT, never
+    "shared", no reference counts, which would say whose prompt matches whose); of the
+    totals only the step count."""
+    mine = {sid for entries in own.queue_owners.values() for sid, k in entries if k == key_id and k is not None}
+    ids = np.fromiter(mine, np.int64, len(mine))
+
+    def anonymous(owner: np.ndarray) -> list[int]:
+        return run_lengths(np.where((owner < 0) | np.isin(owner, ids), owner, OTHER_TENANT))
+
+    states = np.repeat(full["state"][::2], full["state"][1::2]) if full["state"] else np.zeros(0, np.int64)
+    return {
+        **{k: full[k] for k in ("v", "id", "time", "pool", "cost_ms")},
+        "state": run_lengths(np.where(states == SHARED, USED, states)),
+        "owner": anonymous(own.block_owner),
+        "cpu_owner": anonymous(own.cpu_owner),
+        "counts": {name: sum(1 for sid, _ in entries if sid in mine) for name, entries in own.queue_owners.items()},
+        "queues": {name: [e for e in entries if e["id"] in mine] for name, entries in full["queues"].items()},
+        "steps": [
+            [n, [c for c, k in chunks if k == key_id], decodes.count(key_id)] for n, chunks, decodes in own.steps
+        ],
+        "totals": {k: full["totals"][k] for k in TENANT_TOTALS},
+    }
+
+
+def step_record(engine: LLMEngine, owner_of: OwnerOf) -> list[Any]:
+    """The last step's token budget: [step number, [(prefill chunk size, tenant)], [tenant of each
+    decode]]. A one-token chunk past the prompt is a decode (it computes the K/V of a sampled token)."""
+    chunks, decodes = [], []
     for seq, n in engine.scheduler.last_scheduled:
+        tenant = owner_of(seq.request.request_id)
         if n == 1 and seq.num_computed_tokens > seq.num_prompt_tokens:
-            decodes += 1
+            decodes.append(tenant)
         else:
-            chunks.append(n)
+            chunks.append((n, tenant))
     return [engine.stats.steps_total, chunks, decodes]
 
 
@@ -150,10 +216,12 @@ class EngineView:
     """Holds the newest snapshot for the event stream. The engine thread writes it; the
     event loop reads `latest` (one reference, replaced whole) and counts `watchers`."""
 
-    def __init__(self, min_interval: float = 0.1, max_overhead: float = 0.01) -> None:
+    def __init__(self, min_interval: float = 0.1, max_overhead: float = 0.01, owner_of: OwnerOf | None = None) -> None:
         self.min_interval = min_interval
         self.max_overhead = max_overhead
+        self.owner_of: OwnerOf = owner_of or (lambda request_id: None)
         self.watchers = 0  # open event streams (event loop writes)
+        self.watchers_by_key: Counter[str | None] = Counter()  # the same, per API key_id
         self.latest: Snapshot | None = None
         self._steps: deque[list[Any]] = deque(maxlen=MAX_STEPS)
         self._next_time = 0.0
@@ -165,7 +233,7 @@ class EngineView:
         self.is_current = False
         if not self.watchers:
             return
-        self._steps.append(step_split(engine))
+        self._steps.append(step_record(engine, self.owner_of))
         if time.perf_counter() >= self._next_time or not engine.has_unfinished_requests():
             self.take(engine)
 
@@ -183,10 +251,10 @@ class EngineView:
         t0 = time.perf_counter()
         last_cost = self.latest.cost if self.latest is not None else 0.0
         self._count += 1
-        data = take_snapshot(engine, self._count, list(self._steps), last_cost)
+        data, ownership = take_snapshot(engine, self._count, list(self._steps), last_cost, self.owner_of)
         self._steps.clear()
         encoded = json.dumps(data, separators=(",", ":")).encode()
         cost = time.perf_counter() - t0
-        self.latest = Snapshot(self._count, encoded, cost)
+        self.latest = Snapshot(self._count, encoded, cost, data, ownership)
         self.is_current = True
         self._next_time = t0 + max(self.min_interval, cost / self.max_overhead)

@@ -1,16 +1,20 @@
-"""LoRA adapters at run time, as vLLM serves them (behind the API key):
+"""LoRA adapters at run time, as vLLM serves them (behind the API key, and only with
+--allow-runtime-lora-updating or vLLM's $VLLM_ALLOW_RUNTIME_LORA_UPDATING):
 
-    POST /v1/load_lora_adapter    {"lora_name": "sql", "lora_path": "/adapters/sql"}
+    POST /v1/load_lora_adapter    {"lora_name": "sql", "lora_path": "sql"}
     POST /v1/unload_lora_adapter  {"lora_name": "sql"}
 
 A loaded adapter is a model name: requests with `"model": "sql"` run with it, and
-GET /v1/models lists it with the base model as its parent. Loading reads the PEFT
-folder in the engine thread between two steps; unloading forgets the name at once,
-while requests already running with the adapter finish with it.
+GET /v1/models lists it with the base model as its parent (never its path). A
+lora_path must resolve, links followed, inside --lora-dir; a relative one is taken
+from there. The folder is read and checked in a worker thread; the engine thread
+only takes in the finished arrays, between two steps. Unloading forgets the name at
+once, while requests already running with the adapter finish with it.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from starlette.requests import Request
@@ -18,9 +22,38 @@ from starlette.responses import PlainTextResponse, Response
 
 from rawpage.engine import LLMEngine
 from rawpage.lora import LoRAError, LoRARequest
+from rawpage.lora.adapter import load_adapter
 from rawpage.lora.manager import LoRAManager
 from rawpage.server.protocol import APIError
 from rawpage.server.state import ServerState
+
+
+def _check_runtime_updating(state: ServerState) -> None:
+    if not state.config.allow_runtime_lora_updating:
+        raise APIError(
+            "loading and unloading LoRA adapters at run time is off; the operator can allow it with "
+            "--allow-runtime-lora-updating (or VLLM_ALLOW_RUNTIME_LORA_UPDATING=1) and --lora-dir",
+            403,
+            type="permission_error",
+        )
+
+
+def inside_lora_dir(path: str, lora_dir: str) -> str:
+    """The real path of `path` (relative ones from --lora-dir), refused unless it lies inside --lora-dir."""
+    try:
+        root = os.path.realpath(lora_dir)
+        real = os.path.realpath(os.path.join(root, path))
+        inside = os.path.commonpath([root, real]) == root
+    except ValueError:  # a NUL byte, or paths on different drives
+        inside = False
+    if not inside:
+        raise APIError("'lora_path' must name a folder inside the server's --lora-dir", param="lora_path")
+    return real
+
+
+def _in_use(engine: LLMEngine) -> set[str]:
+    """Engine thread: the adapters that requests in the engine run with."""
+    return {r.lora.name for r in engine.requests.values() if r.lora is not None}
 
 
 def _manager(state: ServerState) -> LoRAManager:
@@ -34,32 +67,36 @@ def _name(body: Any, state: ServerState) -> str:
     name = body.str("lora_name")
     if not name:
         raise APIError("'lora_name' is required", param="lora_name")
+    if len(name) > 128 or not name.isprintable():
+        raise APIError("'lora_name' must be at most 128 printable characters", param="lora_name")
     if name == state.model_name:
         raise APIError(f"'{name}' is the base model's name", param="lora_name")
     return name
 
 
 async def load_lora_adapter(request: Request, state: ServerState) -> Response:
+    _check_runtime_updating(state)
     body = await state.read_body(request)
     lora = _manager(state)
-    name, path = _name(body, state), body.str("lora_path")
-    if not path:
+    name, given = _name(body, state), body.str("lora_path")
+    if not given:
         raise APIError("'lora_path' is required", param="lora_path")
     body.reject_unread()
     if name in lora.adapters:
         raise APIError(f"the LoRA adapter '{name}' is already loaded", param="lora_name")
-
-    def add(engine: LLMEngine) -> None:
-        engine.lora.add(LoRARequest(name, engine.lora.next_id(), path))
-
-    try:
-        await state.engine.run_in_engine_thread(add)
-    except LoRAError as e:
-        raise APIError(str(e), param="lora_path") from None
+    path = inside_lora_dir(given, state.config.lora_dir or "")
+    try:  # the files in a worker thread; the engine thread only takes in the result
+        adapter = await state.off_loop(
+            load_adapter, LoRARequest(name, lora.next_id(), path), lora.config, lora.max_rank
+        )
+        await state.engine.run_in_engine_thread(lambda engine: engine.lora.register(adapter, _in_use(engine)))
+    except LoRAError as e:  # said with the client's own path, not where --lora-dir lies
+        raise APIError(str(e).replace(path, given), param="lora_path") from None
     return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
 
 async def unload_lora_adapter(request: Request, state: ServerState) -> Response:
+    _check_runtime_updating(state)
     body = await state.read_body(request)
     lora = _manager(state)
     name = _name(body, state)
@@ -82,7 +119,7 @@ async def unload_lora_adapter(request: Request, state: ServerState) -> Response:
 
 
 def adapter_models(state: ServerState, created: int, max_model_len: int) -> list[dict[str, Any]]:
-    """/v1/models entries of the loaded adapters: root = their folder, parent = the base model."""
+    """/v1/models entries of the loaded adapters: parent = the base model; no paths (root is the name)."""
     lora = state.llm.lora
     if lora is None:
         return []
@@ -92,7 +129,7 @@ def adapter_models(state: ServerState, created: int, max_model_len: int) -> list
             "object": "model",
             "created": created,
             "owned_by": "rawpage",
-            "root": a.path,
+            "root": a.name,
             "parent": state.model_name,
             "max_model_len": max_model_len,
         }

@@ -4,6 +4,7 @@ the work a handler must not do on the event loop (templates, tokenization)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 import time
@@ -26,6 +27,17 @@ from rawpage.server.protocol import APIError, Body, check_json
 from rawpage.server.tools import template_for_tools
 
 T = TypeVar("T")
+
+
+def key_id(key: str) -> str:
+    """A short name for an API key that does not reveal it: what tenants are told apart by."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Caller:
+    key_id: str | None  # key_id() of the key that opened the request; None on a server without keys
+    admin: bool  # sees every tenant: the --admin-api-key, or anyone on a server without keys
 
 
 @dataclass
@@ -57,15 +69,30 @@ class ServerState:
         self._preprocess.shutdown(wait=False, cancel_futures=True)
 
     # --- access -------------------------------------------------------------------------
-    def check_auth(self, request: Request) -> None:
-        if not self.config.api_keys:
-            return
-        header = request.headers.get("authorization", "")
-        given = (header[7:] if header.lower().startswith("bearer ") else "").encode()
-        # Compare against every key, always, in constant time: no timing hint of which one nearly matched.
-        ok = [hmac.compare_digest(given, k.encode()) for k in self.config.api_keys]
-        if not any(ok):
-            raise APIError("missing or invalid API key", 401, type="authentication_error", code="invalid_api_key")
+    def check_auth(self, request: Request) -> Caller:
+        """Who is calling, from 'Authorization: Bearer <key>' (a 401 if no key matches). It is
+        kept on the request (request.state.caller) for the routes that show tenants apart."""
+        keys = self.config.api_keys + ([self.config.admin_api_key] if self.config.admin_api_key else [])
+        if not keys:
+            caller = Caller(None, admin=True)  # no keys: a single user, who sees everything
+        else:
+            header = request.headers.get("authorization", "")
+            given = (header[7:] if header.lower().startswith("bearer ") else "").encode()
+            # Compare against every key, always, in constant time: no timing hint of which one nearly matched.
+            ok = [hmac.compare_digest(given, k.encode()) for k in keys]
+            if not any(ok):
+                raise APIError("missing or invalid API key", 401, type="authentication_error", code="invalid_api_key")
+            caller = Caller(key_id(given.decode()), admin=bool(self.config.admin_api_key) and ok[-1])
+        request.state.caller = caller
+        return caller
+
+    @staticmethod
+    def caller(request: Request) -> Caller:
+        """The caller check_auth found (routes without auth: a keyless caller who sees nothing private)."""
+        return getattr(request.state, "caller", Caller(None, admin=False))
+
+    def owner(self, request: Request) -> str | None:
+        return self.caller(request).key_id
 
     def check_model(self, body: Body) -> LoRARequest | None:
         """The body's "model": the base model (None), or a LoRA adapter's name (its request)."""

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from rawpage.server.engine_view import EngineView
 from rawpage.server.protocol import APIError
-from rawpage.server.state import ServerState
+from rawpage.server.state import Caller, ServerState
 
 PAGE_FILES = {
     "index.html": "text/html",
@@ -59,23 +59,31 @@ async def static_file(request: Request, state: ServerState) -> Response:
 
 async def page_info(request: Request, state: ServerState) -> Response:
     """What the page needs before it can call the API: whether to ask for a key."""
-    return JSONResponse({"api_key_required": bool(state.config.api_keys)}, headers=PAGE_HEADERS)
+    return JSONResponse(
+        {"api_key_required": bool(state.config.api_keys or state.config.admin_api_key)}, headers=PAGE_HEADERS
+    )
 
 
 def engine_events(view: EngineView) -> Callable[[Request, ServerState], Awaitable[Response]]:
     async def endpoint(request: Request, state: ServerState) -> Response:
         """Server-sent events: `event: snapshot` with one JSON snapshot each time the engine
-        thread takes a new one (docs/engine-events.md)."""
+        thread takes a new one (docs/engine-events.md). A key that is not the admin's sees
+        only its own requests."""
         _ = state.llm  # 503 while the model loads
-        if view.watchers >= MAX_WATCHERS:
+        caller = state.caller(request)
+        per_key = state.config.max_event_streams_per_key
+        if view.watchers >= MAX_WATCHERS or view.watchers_by_key[caller.key_id] >= per_key:
+            mine = view.watchers_by_key[caller.key_id] >= per_key
             raise APIError(
-                f"too many open engine event streams (limit {MAX_WATCHERS})",
+                f"too many open engine event streams for this API key (limit {per_key}, --max-event-streams-per-key)"
+                if mine
+                else f"too many open engine event streams (limit {MAX_WATCHERS})",
                 429,
                 type="rate_limit_error",
                 headers={"Retry-After": "5"},
             )
         return StreamingResponse(
-            _events(view, state),
+            _events(view, state, caller),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -83,8 +91,9 @@ def engine_events(view: EngineView) -> Callable[[Request, ServerState], Awaitabl
     return endpoint
 
 
-async def _events(view: EngineView, state: ServerState) -> AsyncIterator[bytes]:
+async def _events(view: EngineView, state: ServerState, caller: Caller) -> AsyncIterator[bytes]:
     view.watchers += 1
+    view.watchers_by_key[caller.key_id] += 1
     try:
         # The current state first: `latest` if no step ran since it was taken, else the one
         # the engine thread takes for us.
@@ -93,7 +102,8 @@ async def _events(view: EngineView, state: ServerState) -> AsyncIterator[bytes]:
         while True:
             snap = view.latest
             if snap is not None and snap is not sent:
-                yield b"event: snapshot\ndata: " + snap.data + b"\n\n"
+                data = snap.data if caller.admin else snap.for_tenant(caller.key_id)
+                yield b"event: snapshot\ndata: " + data + b"\n\n"
                 sent, quiet_since = snap, time.monotonic()
             elif time.monotonic() - quiet_since > KEEPALIVE:
                 yield b": keepalive\n\n"
@@ -101,3 +111,4 @@ async def _events(view: EngineView, state: ServerState) -> AsyncIterator[bytes]:
             await asyncio.sleep(POLL_INTERVAL)
     finally:
         view.watchers -= 1
+        view.watchers_by_key[caller.key_id] -= 1
