@@ -16,8 +16,7 @@ import threading
 import uuid
 
 from rawpage.engine_args import EngineArgs
-from rawpage.errors import CudaUnusableError, ModelLoadError
-from rawpage.memory import OutOfMemoryError
+from rawpage.errors import CONFIG_ERRORS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "generate":
             return _generate(args)
         return _chat(args)
-    except (ModelLoadError, OutOfMemoryError, CudaUnusableError, ValueError) as e:
+    except CONFIG_ERRORS as e:
         print(f"rawpage: error: {e}", file=sys.stderr)
         return 2
 

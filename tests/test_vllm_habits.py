@@ -166,7 +166,7 @@ def test_a_hub_id_that_cannot_be_downloaded_says_so(tmp_path, monkeypatch):
         resolve_model_path("org/absent", revision="v2")
     assert str(e.value) == (
         f"model 'org/absent' (revision v2) is not in the local Hugging Face cache ({tmp_path}) and could not be "
-        "downloaded (OSError); check the id and the network, or pass a local folder or .gguf file"
+        "downloaded (OSError: no network); check the id and the network, or pass a local folder or .gguf file"
     )
 
 

@@ -60,5 +60,12 @@ def resolve_hub_id(model: str, revision: str | None = None) -> str:
     except Exception as e:  # noqa: BLE001 - offline, unknown repository, gated model...
         raise ModelLoadError(
             f"model {where} is not in the local Hugging Face cache ({hub_cache_dir()}) and could not be "
-            f"downloaded ({type(e).__name__}); check the id and the network, or pass a local folder or .gguf file"
+            f"downloaded ({_cause(e)}); check the id and the network, or pass a local folder or .gguf file"
         ) from None
+
+
+def _cause(e: Exception) -> str:
+    """The hub's reason in one line: its first line names it (offline, 401 gated, 404 no such repository)."""
+    lines = str(e).strip().splitlines()
+    first = lines[0].strip() if lines else ""
+    return f"{type(e).__name__}: {first[:300]}" if first else type(e).__name__

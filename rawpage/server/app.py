@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -30,7 +31,7 @@ from starlette.routing import Route
 from rawpage import __version__
 from rawpage.engine import LLMEngine
 from rawpage.engine_args import EngineArgs
-from rawpage.errors import WorkerDiedError
+from rawpage.errors import CONFIG_ERRORS, WorkerDiedError
 from rawpage.loader import resolve_model_path
 from rawpage.loader.hub import looks_like_hub_id
 from rawpage.outputs import RequestOutput
@@ -278,16 +279,23 @@ def run_server(args: argparse.Namespace) -> int:
 
 
 def check_port_free(host: str, port: int) -> None:
-    """Fail in a second, not after loading the model, if the port is taken."""
-    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    """Fail in a second, not after loading the model, if --port or --host cannot be listened on."""
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port {port}: a port is a number from 0 to 65535 (0 picks a free one)")
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as e:
+        raise ValueError(
+            f"--host {host}: not an address or host name this machine can resolve ({e}); "
+            "pass an address of this machine, 127.0.0.1, or 0.0.0.0 for every interface"
+        ) from None
     with socket.socket(family, kind, proto) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is not "in use"
         try:
             s.bind(addr)
         except OSError as e:
-            raise ValueError(
-                f"cannot listen on {host}:{port}: {e.strerror}; stop whatever holds the port or pass --port"
-            ) from None
+            hint = "stop whatever holds the port or pass --port" if e.errno == errno.EADDRINUSE else "pass --host"
+            raise ValueError(f"cannot listen on {host}:{port}: {e.strerror}; {hint}") from None
 
 
 class _DrainingServer(uvicorn.Server):
@@ -302,11 +310,17 @@ class _DrainingServer(uvicorn.Server):
         self.exit_code = 0
 
     async def on_tick(self, counter: int) -> bool:
-        """A lost tensor-parallel worker cannot be recovered in this process: stop serving
-        (exit code 1), so that a supervisor restarts the whole server."""
-        if isinstance(self.engine.error, WorkerDiedError):
+        """An engine that could not start (its one line is logged), or a lost tensor-parallel
+        worker, cannot be recovered in this process: stop serving, so that the user sees the
+        failure at once and a supervisor restarts the whole server. Exit status 2 for a
+        setting the user can change (as for a bad flag), 1 otherwise."""
+        error = self.engine.error
+        if self.engine.failed_to_start:
+            self.exit_code = self.exit_code or (2 if isinstance(error, CONFIG_ERRORS) else 1)
+            return True
+        if isinstance(error, WorkerDiedError):
             if not self.exit_code:
-                logger.error("exiting: %s", self.engine.error)
+                logger.error("exiting: %s", error)
                 self.exit_code = 1
             return True
         return await super().on_tick(counter)
