@@ -55,7 +55,7 @@ def test_positional_model_and_every_vllm_flag_parse():
 
 def test_help_lists_every_vllm_flag():
     out = subprocess.run([sys.executable, "-m", "rawpage.cli", "serve", "--help"], capture_output=True, text=True)
-    assert out.returncode == 0 and "usage: rawpage serve [-h] [--host HOST]" in out.stdout
+    assert out.returncode == 0 and "usage: rawpage serve [-h] [--model MODEL] [--host HOST]" in out.stdout
     for option in VLLM_FLAGS[::1]:
         if option.startswith("--"):
             assert option in out.stdout, option

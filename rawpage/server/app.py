@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -61,9 +62,16 @@ def default_served_name(model: str | None) -> str:
     return name.split(".")[0] if name.endswith(".gguf") else name
 
 
+def served_names(engine_args: EngineArgs, config: ServerConfig) -> list[str]:
+    """--served-model-name's names (vLLM takes several: the first is reported, all are accepted)."""
+    names = config.served_model_name or engine_args.served_model_name or default_served_name(engine_args.model)
+    return [names] if isinstance(names, str) else list(names)
+
+
 def build_app(engine_args: EngineArgs, config: ServerConfig | None = None) -> Starlette:
     config = config or ServerConfig()
-    name = config.served_model_name or engine_args.served_model_name or default_served_name(engine_args.model)
+    name, *aliases = served_names(engine_args, config)
+    config = dataclasses.replace(config, model_aliases=[*config.model_aliases, *aliases])
     metrics = ServerMetrics(name)
     view = EngineView()
 
@@ -249,15 +257,13 @@ def run_server(args: argparse.Namespace) -> int:
     use, is reported before the model starts loading."""
     engine_args = EngineArgs.from_cli_args(args)
     config = ServerConfig.from_cli_args(args)
-    check_port_free(config.host, config.port)
+    if config.uds is None:
+        check_port_free(config.host, config.port)
     app = build_app(engine_args, config)
     name = app.state.rawpage.model_name
+    where = f"unix:{config.uds}" if config.uds else f"http://{config.host}:{config.port}{config.root_path}/v1"
     logger.info(
-        "rawpage %s: serving %s at http://%s:%d/v1 (loading the model now; /health is 503 until ready)",
-        __version__,
-        name,
-        config.host,
-        config.port,
+        "rawpage %s: serving %s at %s (loading the model now; /health is 503 until ready)", __version__, name, where
     )
     # uvicorn handles SIGINT/SIGTERM itself and afterwards re-raises the signal to the handler
     # found before it started. That handler is this no-op, so a graceful shutdown exits with 0.
@@ -269,7 +275,9 @@ def run_server(args: argparse.Namespace) -> int:
         app,
         host=config.host,
         port=config.port,
-        log_level=config.log_level,
+        uds=config.uds,
+        root_path=config.root_path,
+        log_level=config.uvicorn_log_level or config.log_level,
         timeout_graceful_shutdown=config.shutdown_timeout + 5,
         log_config=None,
     )
