@@ -315,6 +315,7 @@ class _DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.engine, self.drain_timeout = engine, drain_timeout
         self._timer: threading.Timer | None = None
+        self._hurried = False  # a second signal came: streams were ended at once
         self.exit_code = 0
 
     async def on_tick(self, counter: int) -> bool:
@@ -334,9 +335,17 @@ class _DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
+        """The first signal starts the drain; a second (an impatient Ctrl-C) ends the open
+        streams now, each still with its final chunk and [DONE]; only a third cuts them off."""
         if self._timer is None:
             logger.info("shutting down: no new requests; streams have %g s to finish", self.drain_timeout)
             self._timer = threading.Timer(self.drain_timeout, self.engine.abort_all)
             self._timer.daemon = True
             self._timer.start()
+        elif not self._hurried:
+            self._hurried = True
+            logger.info("ending the open streams now (a third signal exits without waiting for them)")
+            self._timer.cancel()
+            self.engine.abort_all()
+            return
         super().handle_exit(sig, frame)
