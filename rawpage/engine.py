@@ -105,9 +105,8 @@ class LLMEngine:
         self._rng = np.random.default_rng(args.seed)
         self.stats = EngineStats(args.log_stats_interval, spec=self.spec.stats)
         self.startup_seconds = time.monotonic() - t0
-        # The served name, else the file's: a GGUF's general.name is whatever its converter wrote.
-        name, device = args.served_model_name or os.path.basename(ckpt.path), self.backend.name
-        logger.info("loaded %s (%s) on %s in %.1f s", name, c.architecture, device, self.startup_seconds)
+        name = args.served_model_name or os.path.basename(ckpt.path)  # not a GGUF's general.name: any text
+        logger.info("loaded %s (%s) on %s in %.1f s", name, c.architecture, self.backend.name, self.startup_seconds)
         logger.info("%s", self.memory.describe())
 
     # --- requests ----------------------------------------------------------------------
