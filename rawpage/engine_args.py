@@ -7,14 +7,18 @@ import dataclasses
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rawpage.flags import add_flags, flag, given_flags
+from rawpage.flags import add_flags, flag, given_flags, log_inert_flags
 from rawpage.loader.gguf_file import SUPPORTED_TENSOR_TYPES
+from rawpage.loader.hub import looks_like_hub_id
 from rawpage.quantization.select import QUANTIZATION_FLAG_CHOICES
 from rawpage.spec_decode.config import SpeculativeConfig
+
+if TYPE_CHECKING:
+    from rawpage.backends.base import Backend
 
 logger = logging.getLogger("rawpage")
 
@@ -72,7 +76,12 @@ class EngineArgs:
     model: str | None = flag(
         None, "Hugging Face model folder or .gguf file", default_text="the embedded SmolLM2-135M-Instruct"
     )
-    served_model_name: str | None = flag(None, "model name reported by the API", default_text="derived from --model")
+    served_model_name: str | list[str] | None = flag(
+        None,
+        "model name reported by the API; several names: the first is reported, every one is accepted as 'model'",
+        default_text="derived from --model",
+        nargs="+",
+    )
     device: str = flag(
         "auto",
         "cpu: NumPy; sim: our CUDA kernels run on the CPU (slow, for testing); cuda: CuPy "
@@ -179,6 +188,19 @@ class EngineArgs:
         1,
         "split each layer's heads and FFN columns over this many ranks, one process (and on cuda one GPU) each; "
         "llama and qwen2 families",
+        aliases=("-tp",),
+    )
+    pipeline_parallel_size: int = flag(1, "only 1: rawpage splits a model by tensor parallelism", aliases=("-pp",))
+    enable_chunked_prefill: bool | None = flag(
+        None, "accepted for vLLM compatibility: always on (prompts over --max-num-batched-tokens prefill in chunks)"
+    )
+    download_dir: str | None = flag(
+        None, "where hub ids are downloaded and looked up", default_text="the Hugging Face cache"
+    )
+    generation_config: str = flag(
+        "vllm",
+        "vllm: requests' sampling defaults are the API's; rawpage does not apply a model's generation_config.json "
+        "(vLLM's 'auto')",
     )
     disable_log_stats: bool = flag(False, "no periodic stats line in the log")
     speculative_config: dict | str | None = flag(
@@ -188,6 +210,8 @@ class EngineArgs:
         default_text="off",
     )
     log_stats_interval: float = 5.0  # seconds between stats lines while busy; 0 = off
+    # The flags the user gave (from_cli_args): a flag with no effect here is logged only if given.
+    given: frozenset[str] = dataclasses.field(default=frozenset(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.kv_cache_memory is not None:
@@ -249,18 +273,51 @@ class EngineArgs:
             )
         if self.trust_remote_code:
             logger.info("--trust-remote-code: accepted; rawpage never runs code from a model repository")
+        if self.pipeline_parallel_size != 1:
+            raise ValueError(
+                f"--pipeline-parallel-size {self.pipeline_parallel_size}: rawpage has no pipeline parallelism; "
+                "leave it at 1 and split the model with --tensor-parallel-size"
+            )
+        if isinstance(self.served_model_name, list) and len(self.served_model_name) == 1:
+            self.served_model_name = self.served_model_name[0]
+
+    def log_inert_flags(self, backend: Backend) -> None:
+        """One line for each flag the user set that cannot apply on `backend` or beside the other flags."""
+        on_gpu = backend.memory is not None
+        rules = {
+            "gpu_memory_utilization": (not on_gpu and f"on {backend.name} the KV cache pool is --kv-cache-memory")
+            or (self.kv_cache_memory is not None and "--kv-cache-memory sets the KV cache pool"),
+            "enforce_eager": not backend.supports_graphs and f"the {backend.name} backend captures no CUDA graphs",
+            "swap_space": self.preemption_mode != "swap"
+            and "preempted sequences are recomputed, not swapped (--preemption-mode swap uses it)",
+            "max_loras": not self.enable_lora and "LoRA is off (--enable-lora)",
+            "max_lora_rank": not self.enable_lora and "LoRA is off (--enable-lora)",
+            "kv_cache_scales": self.kv_cache_dtype == "auto" and "the KV cache is not fp8 (--kv-cache-dtype fp8)",
+            "revision": not (self.model and looks_like_hub_id(self.model)) and "the model is local, not a hub id",
+            "download_dir": not (self.model and looks_like_hub_id(self.model)) and "the model is not a hub id",
+            "enable_chunked_prefill": "chunked prefill is always on",
+            "generation_config": self.generation_config != "vllm"
+            and "rawpage does not apply a model's generation_config.json; requests use the API's defaults",
+        }
+        log_inert_flags(self.given | self._changed(), rules)
+
+    def _changed(self) -> set[str]:
+        """Fields set away from their defaults (LLM(...) keywords, where nothing records what was given)."""
+        fields = [f for f in dataclasses.fields(self) if "help" in f.metadata and f.default is not dataclasses.MISSING]
+        return {f.name for f in fields if getattr(self, f.name) != f.default}
 
     @classmethod
     def field_names(cls) -> set[str]:
         return {f.name for f in dataclasses.fields(cls)}
 
     @staticmethod
-    def add_cli_args(parser: argparse.ArgumentParser) -> None:
-        add_flags(parser.add_argument_group("engine"), EngineArgs)
+    def add_cli_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+        add_flags(parser.add_argument_group("engine"), EngineArgs, skip)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
-        return cls(**given_flags(cls, args))
+        given = given_flags(cls, args)
+        return cls(**given, given=frozenset(given))
 
     def replace(self, **kw: Any) -> EngineArgs:
         return dataclasses.replace(self, **kw)

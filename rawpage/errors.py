@@ -1,5 +1,7 @@
 """The errors rawpage raises on purpose. Each message says what was wrong and what to change."""
 
+from rawpage.memory import OutOfMemoryError
+
 
 class ModelLoadError(ValueError):
     """The model could not be loaded: a missing, truncated or corrupt file."""
@@ -23,3 +25,8 @@ class CudaUnusableError(RuntimeError):
 
 class WorkerDiedError(RuntimeError):
     """A tensor-parallel worker process is gone: no later step can run, so the engine stops."""
+
+
+# What a user's settings cause at startup (a missing model, a flag the model or machine cannot
+# honour, a pool too small): reported as one line without a traceback, exit status 2.
+CONFIG_ERRORS: tuple[type[Exception], ...] = (ValueError, OutOfMemoryError, CudaUnusableError)

@@ -34,6 +34,12 @@ GiB = 1 << 30
 DEFAULT_CPU_KV_CACHE = 2 * GiB
 
 
+def size_text(n: float) -> str:
+    """Bytes as the log shows them: GiB, or MiB below 0.1 GiB, where three decimals of GiB
+    say little or nothing (a tiny test model's weights would read 0.000 GiB)."""
+    return f"{n / GiB:.3f} GiB" if n >= GiB / 10 else f"{n / 2**20:.1f} MiB"
+
+
 class OutOfMemoryError(RuntimeError):
     """The KV cache cannot hold one sequence of --max-model-len; the message says what to change."""
 
@@ -98,12 +104,12 @@ class MemoryPlan:
                 f"device memory {self.total_bytes / GiB:.2f} GiB x utilization {self.utilization:.2f} "
                 f"= {self.total_bytes * self.utilization / GiB:.2f} GiB budget"
             )
-        other = f", other {self.other_bytes / GiB:.3f} GiB (CUDA context, cuBLAS, kernels)" if self.other_bytes else ""
+        other = f", other {size_text(self.other_bytes)} (CUDA context, cuBLAS, kernels)" if self.other_bytes else ""
         # Activations are measured only on the GPU; a fixed budget (CPU) has no figure to show.
-        peak = f"peak activations {self.activation_bytes / GiB:.3f} GiB, " if self.activation_bytes else ""
-        lora = f" (LoRA slots {self.lora_bytes / GiB:.3f} GiB of it)" if self.lora_bytes else ""
+        peak = f"peak activations {size_text(self.activation_bytes)}, " if self.activation_bytes else ""
+        lora = f" (LoRA slots {size_text(self.lora_bytes)} of it)" if self.lora_bytes else ""
         lines += [
-            f"weights {self.weights_bytes / GiB:.3f} GiB{lora}, {peak}KV cache {self.kv_bytes / GiB:.3f} GiB{other}",
+            f"weights {size_text(self.weights_bytes)}{lora}, {peak}KV cache {size_text(self.kv_bytes)}{other}",
             f"KV cache: {self.num_blocks} blocks x {self.block_size} tokens "
             f"({self.bytes_per_block / 2**10:.0f} KiB per block) = {self.num_tokens:,} tokens; "
             f"{self.max_full_length_seqs:.1f} sequences of --max-model-len {self.max_model_len} fit",
@@ -117,7 +123,7 @@ class MemoryPlan:
             )
         if self.draft:
             lines.append(
-                f"draft model: {self.draft.weights_bytes / GiB:.3f} GiB weights, {self.draft_kv_bytes / GiB:.3f} GiB KV "
+                f"draft model: {size_text(self.draft.weights_bytes)} weights, {size_text(self.draft_kv_bytes)} KV "
                 f"for {self.num_blocks} blocks ({self.draft.bytes_per_block / 2**10:.0f} KiB per block), "
                 "in the same budget"
             )

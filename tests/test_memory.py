@@ -209,3 +209,9 @@ def test_gpu_path_profiles_the_draft_and_plans_its_pool(tiny_model_dir, monkeypa
     per_block = kv_bytes_per_block(target.config, 16, 4)
     room = GiB // 2 - target.num_bytes() - draft.num_bytes() - 100 * MiB
     assert plan.num_blocks == room // (2 * per_block)  # a draft of the same shape: pairs of equal blocks
+
+
+def test_small_sizes_are_shown_in_mib():
+    from rawpage.memory import size_text
+
+    assert (size_text(85 * MiB), size_text(0 * MiB), size_text(3 * GiB)) == ("85.0 MiB", "0.0 MiB", "3.000 GiB")

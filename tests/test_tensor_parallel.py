@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 from multiprocessing import Pipe
 
@@ -254,3 +256,16 @@ def test_each_rank_sizes_its_pool_for_its_own_kv_heads(tiny_model_dir):
         assert engine.runner.kv_caches[0][0].shape[2] == 1  # (NB, BS, Hkv / P, D)
     finally:
         engine.workers.close()
+
+
+def test_a_script_without_a_main_guard_is_told_what_to_do(tmp_path, tiny_model_dir):
+    script = tmp_path / "no_guard.py"
+    script.write_text(
+        "from rawpage import LLM\n"
+        f"LLM({str(tiny_model_dir)!r}, device='cpu', tensor_parallel_size=2, kv_cache_memory='64MiB', "
+        "max_model_len=256)\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode != 0
+    assert 'put the code that creates LLM(...) under `if __name__ == "__main__":`' in out.stderr, out.stderr
+    assert "bootstrapping phase" not in out.stderr, out.stderr

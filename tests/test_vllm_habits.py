@@ -55,7 +55,7 @@ def test_positional_model_and_every_vllm_flag_parse():
 
 def test_help_lists_every_vllm_flag():
     out = subprocess.run([sys.executable, "-m", "rawpage.cli", "serve", "--help"], capture_output=True, text=True)
-    assert out.returncode == 0 and "usage: rawpage serve [-h] [--host HOST]" in out.stdout
+    assert out.returncode == 0 and "usage: rawpage serve [-h] [--model MODEL] [--host HOST]" in out.stdout
     for option in VLLM_FLAGS[::1]:
         if option.startswith("--"):
             assert option in out.stdout, option
@@ -166,7 +166,7 @@ def test_a_hub_id_that_cannot_be_downloaded_says_so(tmp_path, monkeypatch):
         resolve_model_path("org/absent", revision="v2")
     assert str(e.value) == (
         f"model 'org/absent' (revision v2) is not in the local Hugging Face cache ({tmp_path}) and could not be "
-        "downloaded (OSError); check the id and the network, or pass a local folder or .gguf file"
+        "downloaded (OSError: no network); check the id and the network, or pass a local folder or .gguf file"
     )
 
 

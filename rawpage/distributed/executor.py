@@ -35,11 +35,19 @@ from rawpage.models.sharding import ShardLayout, TensorParallel, check_shardable
 
 logger = logging.getLogger("rawpage")
 
+# A worker's exit status when the user's script, imported again in it, tried to start the engine.
+NO_MAIN_GUARD_EXIT = 3
+
 
 class TensorParallelGroup:
     """Spawns the workers and talks to them. `tp` is rank 0's share, for the driver's model."""
 
     def __init__(self, args: EngineArgs, device: str, config: ModelConfig, batched: int, max_model_len: int) -> None:
+        if getattr(mp.current_process(), "_inheriting", False):
+            # A spawned worker re-running the user's script, which has no `if __name__ ==
+            # "__main__":` guard, reached LLM(...) again: starting workers from here would end in
+            # multiprocessing's bootstrapping traceback. Exit quietly; rank 0 says what to do.
+            raise SystemExit(NO_MAIN_GUARD_EXIT)
         size = args.tensor_parallel_size
         check_shardable(config, size)
         if device == "cuda":
@@ -121,6 +129,12 @@ class TensorParallelGroup:
         proc = self.procs[rank - 1]
         proc.join(timeout=1.0)
         code = proc.exitcode
+        if code == NO_MAIN_GUARD_EXIT:
+            return WorkerDiedError(
+                "tensor-parallel workers are spawned processes that import your script again, and it started "
+                "the engine again at import time: put the code that creates LLM(...) under "
+                '`if __name__ == "__main__":` (as vLLM asks too)'
+            )
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
         return WorkerDiedError(
             f"tensor-parallel worker rank {rank} (pid {proc.pid}) {how}; the engine cannot go on without it "

@@ -30,12 +30,12 @@ class Checkpoint:
     generation_config: dict[str, Any] = field(default_factory=dict)
 
 
-def resolve_model_path(model: str | None, revision: str | None = None) -> str:
+def resolve_model_path(model: str | None, revision: str | None = None, download_dir: str | None = None) -> str:
     """A local path for --model: the embedded default, a folder or .gguf file, or a hub id (org/name)."""
     if model is None:
         return default_model_path()
     if looks_like_hub_id(model):
-        return resolve_hub_id(model, revision)
+        return resolve_hub_id(model, revision, download_dir)
     path = os.path.expanduser(model)
     if not os.path.exists(path):
         raise ModelLoadError(
@@ -45,13 +45,17 @@ def resolve_model_path(model: str | None, revision: str | None = None) -> str:
 
 
 def load_checkpoint(
-    model: str | None = None, load_format: str = "auto", seed: int = 0, revision: str | None = None
+    model: str | None = None,
+    load_format: str = "auto",
+    seed: int = 0,
+    revision: str | None = None,
+    download_dir: str | None = None,
 ) -> Checkpoint:
     """load_format "dummy": `model` is a config.json (or a folder with one); the weights
     are random, drawn from `seed` when the model is built."""
     if load_format == "dummy":
         return _load_dummy(model, seed)
-    path = resolve_model_path(model, revision)
+    path = resolve_model_path(model, revision, download_dir)
     if os.path.isdir(path):
         return _load_hf_folder(path)
     with open(path, "rb") as f:

@@ -22,17 +22,20 @@ def looks_like_hub_id(model: str) -> bool:
     return bool(_HUB_ID.fullmatch(model)) and not os.path.exists(os.path.expanduser(model))
 
 
-def hub_cache_dir() -> str:
-    """Where huggingface_hub keeps models: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."""
+def hub_cache_dir(download_dir: str | None = None) -> str:
+    """Where huggingface_hub keeps models: --download-dir, else $HF_HUB_CACHE, else $HF_HOME/hub,
+    else ~/.cache/huggingface/hub."""
+    if download_dir:
+        return os.path.expanduser(download_dir)
     if os.environ.get("HF_HUB_CACHE"):
         return os.environ["HF_HUB_CACHE"]
     home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
     return os.path.join(home, "hub")
 
 
-def cached_snapshot(model: str, revision: str | None = None) -> str | None:
+def cached_snapshot(model: str, revision: str | None = None, download_dir: str | None = None) -> str | None:
     """The cached snapshot folder of `model` at `revision` (a branch, tag or commit), if any."""
-    repo = os.path.join(hub_cache_dir(), "models--" + model.replace("/", "--"))
+    repo = os.path.join(hub_cache_dir(download_dir), "models--" + model.replace("/", "--"))
     rev = revision or "main"
     ref = os.path.join(repo, "refs", rev)
     if os.path.isfile(ref):
@@ -42,9 +45,9 @@ def cached_snapshot(model: str, revision: str | None = None) -> str | None:
     return folder if os.path.isdir(folder) else None
 
 
-def resolve_hub_id(model: str, revision: str | None = None) -> str:
+def resolve_hub_id(model: str, revision: str | None = None, download_dir: str | None = None) -> str:
     """A local folder for the hub id: from the cache, else downloaded; else a clear error."""
-    folder = cached_snapshot(model, revision)
+    folder = cached_snapshot(model, revision, download_dir)
     if folder is not None:
         return folder
     where = f"{model!r} (revision {revision or 'main'})"
@@ -52,13 +55,20 @@ def resolve_hub_id(model: str, revision: str | None = None) -> str:
         from huggingface_hub import snapshot_download
     except ImportError:
         raise ModelLoadError(
-            f"model {where} is not in the local Hugging Face cache ({hub_cache_dir()}); to download it, "
+            f"model {where} is not in the local Hugging Face cache ({hub_cache_dir(download_dir)}); to download it, "
             "install the hub extra (pip install 'rawpage[hub]'), or pass a local folder or .gguf file"
         ) from None
     try:
-        return snapshot_download(model, revision=revision, allow_patterns=_PATTERNS)
+        return snapshot_download(model, revision=revision, cache_dir=download_dir, allow_patterns=_PATTERNS)
     except Exception as e:  # noqa: BLE001 - offline, unknown repository, gated model...
         raise ModelLoadError(
-            f"model {where} is not in the local Hugging Face cache ({hub_cache_dir()}) and could not be "
-            f"downloaded ({type(e).__name__}); check the id and the network, or pass a local folder or .gguf file"
+            f"model {where} is not in the local Hugging Face cache ({hub_cache_dir(download_dir)}) and could not be "
+            f"downloaded ({_cause(e)}); check the id and the network, or pass a local folder or .gguf file"
         ) from None
+
+
+def _cause(e: Exception) -> str:
+    """The hub's reason in one line: its first line names it (offline, 401 gated, 404 no such repository)."""
+    lines = str(e).strip().splitlines()
+    first = lines[0].strip() if lines else ""
+    return f"{type(e).__name__}: {first[:300]}" if first else type(e).__name__

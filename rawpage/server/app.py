@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import errno
 import logging
 import os
 import signal
@@ -30,7 +32,7 @@ from starlette.routing import Route
 from rawpage import __version__
 from rawpage.engine import LLMEngine
 from rawpage.engine_args import EngineArgs
-from rawpage.errors import WorkerDiedError
+from rawpage.errors import CONFIG_ERRORS, WorkerDiedError
 from rawpage.loader import resolve_model_path
 from rawpage.loader.hub import looks_like_hub_id
 from rawpage.outputs import RequestOutput
@@ -61,9 +63,16 @@ def default_served_name(model: str | None) -> str:
     return name.split(".")[0] if name.endswith(".gguf") else name
 
 
+def served_names(engine_args: EngineArgs, config: ServerConfig) -> list[str]:
+    """--served-model-name's names (vLLM takes several: the first is reported, all are accepted)."""
+    names = config.served_model_name or engine_args.served_model_name or default_served_name(engine_args.model)
+    return [names] if isinstance(names, str) else list(names)
+
+
 def build_app(engine_args: EngineArgs, config: ServerConfig | None = None) -> Starlette:
     config = config or ServerConfig()
-    name = config.served_model_name or engine_args.served_model_name or default_served_name(engine_args.model)
+    name, *aliases = served_names(engine_args, config)
+    config = dataclasses.replace(config, model_aliases=[*config.model_aliases, *aliases])
     metrics = ServerMetrics(name)
     view = EngineView()  # its owner_of is the AsyncEngine's, below
 
@@ -264,15 +273,13 @@ def run_server(args: argparse.Namespace) -> int:
     use, is reported before the model starts loading."""
     engine_args = EngineArgs.from_cli_args(args)
     config = ServerConfig.from_cli_args(args)
-    check_port_free(config.host, config.port)
+    if config.uds is None:
+        check_port_free(config.host, config.port)
     app = build_app(engine_args, config)
     name = app.state.rawpage.model_name
+    where = f"unix:{config.uds}" if config.uds else f"http://{config.host}:{config.port}{config.root_path}/v1"
     logger.info(
-        "rawpage %s: serving %s at http://%s:%d/v1 (loading the model now; /health is 503 until ready)",
-        __version__,
-        name,
-        config.host,
-        config.port,
+        "rawpage %s: serving %s at %s (loading the model now; /health is 503 until ready)", __version__, name, where
     )
     # uvicorn handles SIGINT/SIGTERM itself and afterwards re-raises the signal to the handler
     # found before it started. That handler is this no-op, so a graceful shutdown exits with 0.
@@ -284,7 +291,9 @@ def run_server(args: argparse.Namespace) -> int:
         app,
         host=config.host,
         port=config.port,
-        log_level=config.log_level,
+        uds=config.uds,
+        root_path=config.root_path,
+        log_level=config.uvicorn_log_level or config.log_level,
         timeout_graceful_shutdown=config.shutdown_timeout + 5,
         log_config=None,
     )
@@ -294,16 +303,23 @@ def run_server(args: argparse.Namespace) -> int:
 
 
 def check_port_free(host: str, port: int) -> None:
-    """Fail in a second, not after loading the model, if the port is taken."""
-    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    """Fail in a second, not after loading the model, if --port or --host cannot be listened on."""
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port {port}: a port is a number from 0 to 65535 (0 picks a free one)")
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as e:
+        raise ValueError(
+            f"--host {host}: not an address or host name this machine can resolve ({e}); "
+            "pass an address of this machine, 127.0.0.1, or 0.0.0.0 for every interface"
+        ) from None
     with socket.socket(family, kind, proto) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is not "in use"
         try:
             s.bind(addr)
         except OSError as e:
-            raise ValueError(
-                f"cannot listen on {host}:{port}: {e.strerror}; stop whatever holds the port or pass --port"
-            ) from None
+            hint = "stop whatever holds the port or pass --port" if e.errno == errno.EADDRINUSE else "pass --host"
+            raise ValueError(f"cannot listen on {host}:{port}: {e.strerror}; {hint}") from None
 
 
 class _DrainingServer(uvicorn.Server):
@@ -315,22 +331,37 @@ class _DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.engine, self.drain_timeout = engine, drain_timeout
         self._timer: threading.Timer | None = None
+        self._hurried = False  # a second signal came: streams were ended at once
         self.exit_code = 0
 
     async def on_tick(self, counter: int) -> bool:
-        """A lost tensor-parallel worker cannot be recovered in this process: stop serving
-        (exit code 1), so that a supervisor restarts the whole server."""
-        if isinstance(self.engine.error, WorkerDiedError):
+        """An engine that could not start (its one line is logged), or a lost tensor-parallel
+        worker, cannot be recovered in this process: stop serving, so that the user sees the
+        failure at once and a supervisor restarts the whole server. Exit status 2 for a
+        setting the user can change (as for a bad flag), 1 otherwise."""
+        error = self.engine.error
+        if self.engine.failed_to_start:
+            self.exit_code = self.exit_code or (2 if isinstance(error, CONFIG_ERRORS) else 1)
+            return True
+        if isinstance(error, WorkerDiedError):
             if not self.exit_code:
-                logger.error("exiting: %s", self.engine.error)
+                logger.error("exiting: %s", error)
                 self.exit_code = 1
             return True
         return await super().on_tick(counter)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
+        """The first signal starts the drain; a second (an impatient Ctrl-C) ends the open
+        streams now, each still with its final chunk and [DONE]; only a third cuts them off."""
         if self._timer is None:
             logger.info("shutting down: no new requests; streams have %g s to finish", self.drain_timeout)
             self._timer = threading.Timer(self.drain_timeout, self.engine.abort_all)
             self._timer.daemon = True
             self._timer.start()
+        elif not self._hurried:
+            self._hurried = True
+            logger.info("ending the open streams now (a third signal exits without waiting for them)")
+            self._timer.cancel()
+            self.engine.abort_all()
+            return
         super().handle_exit(sig, frame)

@@ -4,13 +4,24 @@ the one place their defaults live. Each limit here is documented in the README."
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from dataclasses import dataclass, field
 
-from rawpage.flags import add_flags, flag, given_flags
+from rawpage.engine_args import parse_bytes
+from rawpage.flags import add_flag, add_flags, flag, given_flags
 
 
 def _list(text: str) -> list[str]:
+    """'a, b' or vLLM's JSON form '["a", "b"]'."""
+    if text.lstrip().startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise argparse.ArgumentTypeError(f"not a JSON list of strings: {text!r} ({e})") from None
+        if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
+            raise argparse.ArgumentTypeError(f"not a JSON list of strings: {text!r}")
+        return items
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
@@ -20,11 +31,16 @@ class ServerConfig:
 
     host: str = flag("127.0.0.1", "address to bind; 0.0.0.0 exposes the server to the network")
     port: int = flag(8000, "port to listen on")
+    uds: str | None = flag(None, "listen on this unix domain socket instead of --host and --port")
+    root_path: str = flag("", "the path prefix a proxy serves this server under (ASGI root_path), e.g. /llm")
     served_model_name: str | None = None  # an engine flag (EngineArgs)
+    model_aliases: list[str] = field(default_factory=list)  # --served-model-name's names after the first
     api_keys: list[str] = field(default_factory=list)  # any one of them opens every route but /health (--api-key)
     admin_api_key: str | None = None  # sees every tenant in the engine view and /metrics (--admin-api-key)
     metrics_public: bool = flag(False, "serve /metrics without the API key")
-    max_request_bytes: int = flag(4 << 20, "reject request bodies larger than this")
+    max_request_bytes: int = flag(
+        4 << 20, "reject request bodies larger than this, e.g. 8MiB", type=parse_bytes, default_text="4MiB"
+    )
     trust_request_chat_template: bool = flag(
         False, "accept a 'chat_template' in requests (it is Jinja code, run in a sandbox with limits)"
     )
@@ -34,7 +50,7 @@ class ServerConfig:
         "a client which prefixes other requests cached; see SECURITY.md)",
     )
     allowed_origins: list[str] = flag(
-        help="CORS: comma-separated origins allowed, e.g. https://app.example or '*'",
+        help="CORS: origins allowed, comma-separated or a JSON list, e.g. https://app.example or '*'",
         type=_list,
         factory=list,
         default_text="CORS off",
@@ -100,7 +116,14 @@ class ServerConfig:
         choices=["qwen3", "deepseek_r1"],
         default_text="none",
     )
+    enable_force_include_usage: bool = flag(False, "every stream ends with a usage chunk, as if include_usage")
     log_level: str = flag("info", "log level", choices=["debug", "info", "warning", "error"])
+    uvicorn_log_level: str | None = flag(
+        None,
+        "uvicorn's log level",
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+        default_text="--log-level",
+    )
 
     def __post_init__(self) -> None:
         if self.allow_runtime_lora_updating and not self.lora_dir:
@@ -121,9 +144,20 @@ class ServerConfig:
         return cls(**given)
 
 
-def add_server_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("server")
-    add_flags(g, ServerConfig)
+# The flags most people need, first in --help (with --model: see cli.py).
+FIRST_FLAGS = ("host", "port")
+
+
+def add_server_args(parser: argparse.ArgumentParser, first: argparse._ArgumentGroup | None = None) -> None:
+    """The server's flags; --host, --port and --api-key go in `first` (a group listed before the rest)."""
+    first = first or parser.add_argument_group("server")
+    for name in FIRST_FLAGS:
+        add_flag(first, ServerConfig, name)
+    _add_api_key(first)
+    add_flags(parser.add_argument_group("server"), ServerConfig, skip=FIRST_FLAGS)
+
+
+def _add_api_key(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--api-key",
         action="append",

@@ -21,6 +21,7 @@ from typing import TypeVar
 
 from rawpage.engine import LLMEngine, PromptType
 from rawpage.engine_args import EngineArgs
+from rawpage.errors import CONFIG_ERRORS
 from rawpage.lora import LoRARequest
 from rawpage.outputs import RequestOutput
 from rawpage.sampling_params import SamplingParams
@@ -170,6 +171,10 @@ class AsyncEngine:
     def is_loading(self) -> bool:
         return self.engine is None and self.error is None
 
+    @property
+    def failed_to_start(self) -> bool:
+        return self.engine is None and self.error is not None
+
     # --- called from the event loop ------------------------------------------------------
     def check_capacity(self, count: int = 1) -> None:
         """Refuse early (429) when the queue already holds --max-waiting-requests."""
@@ -246,9 +251,12 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             self.engine = LLMEngine(self.args)
-        except BaseException as e:  # noqa: BLE001 - reported through /health and the log
+        except BaseException as e:  # noqa: BLE001 - the server exits on it (rawpage serve)
             self.error = e
-            logger.error("engine failed to start: %s", e)
+            if isinstance(e, CONFIG_ERRORS):  # the user's setting: its message says what to change
+                logger.error("the engine could not start: %s", e)
+            else:  # a bug: its traceback
+                logger.error("the engine could not start\n%s", traceback.format_exc())
             return
         try:
             while not self._stop.is_set():

@@ -85,7 +85,7 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
     )
     stream = body.bool("stream", False)
     stream_options = body.obj("stream_options")
-    include_usage = stream_options.bool("include_usage", False)
+    include_usage = stream_options.bool("include_usage", False) or state.config.enable_force_include_usage
     ids = await state.render_chat(body, messages, tools=tools.template_tools() if tools else None)
     stream_options.reject_unread()
     priority, salt = state.priority(body), state.cache_salt(body)

@@ -64,7 +64,7 @@ async def create_completion(request: Request, state: ServerState) -> Response:
         raise APIError("'best_of' other than n is not supported", param="best_of")
     stream = body.bool("stream", False)
     stream_options = body.obj("stream_options")
-    include_usage = stream_options.bool("include_usage", False)
+    include_usage = stream_options.bool("include_usage", False) or state.config.enable_force_include_usage
     priority, salt = state.priority(body), state.cache_salt(body)
     stream_options.reject_unread()
     body.reject_unread(NO_EFFECT_FIELDS)

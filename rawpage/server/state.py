@@ -101,7 +101,7 @@ class ServerState:
         adapter = lora.adapters.get(name) if lora is not None and name is not None else None
         if adapter is not None:
             return LoRARequest(adapter.name, adapter.int_id, adapter.path)
-        if name is not None and name != self.model_name:
+        if name is not None and name not in (self.model_name, *self.config.model_aliases):
             raise APIError(
                 f"the model '{name}' does not exist; this server serves '{self.model_name}'"
                 + (f" and the LoRA adapters {sorted(lora.adapters)}" if lora is not None else ""),

@@ -68,7 +68,8 @@ async function send() {
   try {
     content = await streamReply(reply, controller.signal);
   } catch (e) {
-    if (e.name !== "AbortError") reply.append(errorNote(e.message));
+    if (e.name === "AbortError") reply.append(stoppedNote());
+    else reply.append(errorNote(e.message));
   } finally {
     content = content || reply.dataset.text || "";
     if (content) conversation.push({ role: "assistant", content });
@@ -135,6 +136,15 @@ function showStats(start, firstToken, end, tokens) {
   const ttft = (firstToken - start) / 1000;
   const rate = tokens > 1 ? (tokens - 1) / ((end - firstToken) / 1000) : 0;
   $("chat-stats").textContent = `time to first token ${ttft.toFixed(2)} s · ${rate.toFixed(1)} tokens/s · ${tokens} tokens`;
+}
+
+// The reply was cut short by Stop: say so, or it reads as the model's whole answer.
+function stoppedNote() {
+  const note = document.createElement("div");
+  note.className = "stopped";
+  note.dataset.testid = "stopped";
+  note.textContent = "[stopped]";
+  return note;
 }
 
 function errorNote(message) {

@@ -19,11 +19,11 @@ export async function startEngineView() {
       if (response.ok) {
         delay = 1000;
         await readEvents(response, (name, data) => {
-          if (name === "snapshot") render(JSON.parse(data));
+          if (name === "snapshot") renderOrSay(JSON.parse(data));
         });
       }
     } catch {
-      // the server went away; try again below
+      // the server went away (a drawing error never gets here: renderOrSay shows it); try again below
     }
     $("pool-info").textContent = "(reconnecting)";
     await new Promise((resolve) => setTimeout(resolve, delay));
@@ -39,6 +39,17 @@ function expand(runs) {
 
 export function seqColour(id) {
   return `hsl(${(id * 137.508) % 360} 65% 52%)`;
+}
+
+// A snapshot the page cannot draw is a bug in the page: say so, on the page and in the
+// console, rather than let it read as a lost connection.
+function renderOrSay(snap) {
+  try {
+    render(snap);
+  } catch (e) {
+    $("pool-info").textContent = `(cannot draw this snapshot: ${e.message})`;
+    console.error("rawpage: drawing the engine view failed", e);
+  }
 }
 
 function render(snap) {
@@ -84,7 +95,11 @@ function cellsFor(grid, cells, count, pool) {
       cell.dataset.pool = pool;
       cells.push(cell);
     }
-    grid.replaceChildren(...cells);
+    // One fragment, not replaceChildren(...cells): a 2 GiB pool of a tiny model is 262,144
+    // blocks, past the most arguments a call may take in Chromium.
+    const fragment = document.createDocumentFragment();
+    for (const cell of cells) fragment.append(cell);
+    grid.replaceChildren(fragment);
   }
   return cells;
 }

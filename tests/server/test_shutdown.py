@@ -46,3 +46,26 @@ def test_sigterm_during_four_streams_ends_each_with_done_and_exits_0(tiny_model_
         last = json.loads(r["lines"][-2])
         reasons.append(last["choices"][0]["finish_reason"])
     assert "abort" in reasons and set(reasons) <= {"abort", "length"}, reasons
+
+
+def test_a_second_ctrl_c_ends_streams_at_once_with_done_and_no_traceback(tiny_model_dir):
+    server = ServerProcess("--model", str(tiny_model_dir), "--shutdown-timeout", "60")
+    results = [{} for _ in range(2)]
+    events = [threading.Event() for _ in results]
+    threads = [threading.Thread(target=read_stream, args=(server.url, e, r)) for e, r in zip(events, results)]
+    for t in threads:
+        t.start()
+    assert all(e.wait(120) for e in events), server.output()
+    server.proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    sent = time.monotonic()
+    server.proc.send_signal(signal.SIGINT)  # impatient: not 60 s
+    for t in threads:
+        t.join(30)
+    code = server.proc.wait(timeout=30)
+    server.stop()
+    output = server.output()
+    assert code == 0 and "Traceback" not in output, output
+    for r in results:
+        assert r["lines"][-1] == "[DONE]" and r["end"] - sent < 10, (r["lines"][-3:], output)
+        assert json.loads(r["lines"][-2])["choices"][0]["finish_reason"] == "abort"

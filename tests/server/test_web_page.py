@@ -280,3 +280,41 @@ def test_event_stream_sends_a_snapshot_at_once(web_server):
         snap = json.loads(next(lines).removeprefix("data: "))
     assert snap["v"] == 1 and snap["pool"]["block_size"] == 16
     assert sum(snap["state"][1::2]) == snap["pool"]["num_blocks"]
+
+
+def test_a_pool_of_262144_blocks_draws(browser, web_server):
+    """A tiny model's default 2 GiB pool: one replaceChildren(...cells) call would overflow
+    Chromium's argument limit (and the error used to read as "the server went away")."""
+    n = 262_144
+    snap = {
+        "v": 1,
+        "id": 1,
+        "time": 0,
+        "cost_ms": 0.1,
+        "steps": [[1, [], 1]],
+        "pool": {
+            "num_blocks": n,
+            "block_size": 16,
+            "num_cpu_blocks": 0,
+            "max_num_batched_tokens": 64,
+            "max_num_seqs": 4,
+        },
+        "state": [1, 3, 0, n - 3],
+        "owner": [7, 3, -1, n - 3],
+        "refs": [1, 3, 0, n - 3],
+        "cpu_owner": [],
+        "counts": {"running": 0, "waiting": 0, "swapped": 0},
+        "queues": {"running": [], "waiting": [], "swapped": []},
+        "totals": dict.fromkeys(
+            ["generation_tokens", "prefix_queries", "prefix_hits", "cow_copies", "evictions", "preemptions"], 0
+        )
+        | {"swap_outs": 0, "swap_ins": 0},
+    }
+    p = Page(browser, web_server, route=("**/v1/engine/events", f"event: snapshot\ndata: {json.dumps(snap)}\n\n"))
+    try:
+        count = "document.querySelectorAll('[data-testid=block-grid] [data-testid=block]').length"
+        assert p.page.evaluate(count) == n
+        assert "cannot draw" not in p.page.get_by_test_id("pool-info").inner_text()
+        assert p.page.locator("[data-testid=block-grid] [data-state=used]").count() == 3
+    finally:
+        p.close()

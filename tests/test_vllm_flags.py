@@ -1,0 +1,165 @@
+"""Issue 31, items 3-5: the vLLM flags people paste work (or are explicit no-ops that say so),
+flags that cannot apply log one line each, and the command line's polish."""
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from rawpage import cli
+from rawpage.engine_args import EngineArgs
+from rawpage.server import app as server_app
+from rawpage.server.args import ServerConfig
+
+CPU = SimpleNamespace(name="cpu", memory=None, supports_graphs=False)
+
+
+def parsed(*argv: str) -> tuple[EngineArgs, ServerConfig]:
+    args = cli.parse_args(["serve", *argv])
+    return EngineArgs.from_cli_args(args), ServerConfig.from_cli_args(args)
+
+
+def test_the_vllm_flags_people_paste_parse():
+    e, s = parsed(
+        *["-tp", "1", "--pipeline-parallel-size", "1", "--enable-chunked-prefill", "--download-dir", "/d"],
+        *["--generation-config", "vllm", "--uvicorn-log-level", "debug", "--root-path", "/llm"],
+        *["--served-model-name", "a", "b", "--allowed-origins", '["http://app.example"]', "--max_model_len", "64"],
+        *["--uds", "/tmp/x.sock", "--enable-force-include-usage", "--max-num-seqs=3"],
+    )
+    assert (e.tensor_parallel_size, e.pipeline_parallel_size, e.enable_chunked_prefill) == (1, 1, True)
+    assert (e.download_dir, e.served_model_name, e.max_model_len, e.max_num_seqs) == ("/d", ["a", "b"], 64, 3)
+    assert (s.uvicorn_log_level, s.root_path, s.uds, s.enable_force_include_usage) == (
+        "debug",
+        "/llm",
+        "/tmp/x.sock",
+        True,
+    )
+    assert s.allowed_origins == ["http://app.example"]
+    assert parsed("--allowed-origins", "a, b")[1].allowed_origins == ["a", "b"]
+
+
+def test_pipeline_parallelism_is_refused_with_what_to_do(monkeypatch, capsys):
+    monkeypatch.setattr(server_app, "build_app", lambda *a, **kw: pytest.fail("the model started loading"))
+    assert cli.main(["serve", "-pp", "2"]) == 2
+    assert capsys.readouterr().err == (
+        "rawpage: error: --pipeline-parallel-size 2: rawpage has no pipeline parallelism; "
+        "leave it at 1 and split the model with --tensor-parallel-size\n"
+    )
+
+
+def test_several_served_names_first_is_reported_all_are_accepted():
+    app = server_app.build_app(EngineArgs(served_model_name=["a", "b"]), ServerConfig())
+    state = app.state.rawpage
+    assert (state.model_name, state.config.model_aliases) == ("a", ["b"])
+
+
+INERT = {
+    "--gpu-memory-utilization 0.5": "--gpu-memory-utilization has no effect: on cpu the KV cache pool is "
+    "--kv-cache-memory",
+    "--enforce-eager": "--enforce-eager has no effect: the cpu backend captures no CUDA graphs",
+    "--swap-space 8": "--swap-space has no effect: preempted sequences are recomputed, not swapped",
+    "--max-loras 2": "--max-loras has no effect: LoRA is off (--enable-lora)",
+    "--max-lora-rank 8": "--max-lora-rank has no effect: LoRA is off (--enable-lora)",
+    "--kv-cache-scales 1.0": "--kv-cache-scales has no effect: the KV cache is not fp8 (--kv-cache-dtype fp8)",
+    "--revision v2": "--revision has no effect: the model is local, not a hub id",
+    "--enable-chunked-prefill": "--enable-chunked-prefill has no effect: chunked prefill is always on",
+    "--generation-config auto": "--generation-config has no effect: rawpage does not apply a model's "
+    "generation_config.json",
+}
+
+
+@pytest.mark.parametrize("flags", list(INERT))
+def test_a_flag_that_cannot_apply_logs_one_line(caplog, flags):
+    e, _ = parsed(*flags.split())
+    with caplog.at_level(logging.WARNING, "rawpage"):
+        e.log_inert_flags(CPU)
+    assert [r.getMessage() for r in caplog.records if "has no effect" in r.getMessage()] == [
+        caplog.records[0].getMessage()
+    ]
+    assert caplog.records[0].getMessage().startswith(INERT[flags])
+
+
+def test_flags_not_given_log_nothing(caplog):
+    e, _ = parsed()
+    with caplog.at_level(logging.WARNING, "rawpage"):
+        e.log_inert_flags(CPU)
+        cli._log_inert_ray_flags(cli.parse_args(["serve"]))
+    assert not caplog.records
+
+
+def test_num_replicas_without_ray_logs_one_line(caplog):
+    with caplog.at_level(logging.WARNING, "rawpage"):
+        cli._log_inert_ray_flags(cli.parse_args(["serve", "--num-replicas", "2"]))
+    assert [r.getMessage() for r in caplog.records] == [
+        "--num-replicas has no effect: without --ray, one server runs in this process"
+    ]
+
+
+def run_cli(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rawpage.cli", *argv], capture_output=True, text=True, timeout=60)
+
+
+def test_version():
+    from rawpage import __version__
+
+    out = run_cli("--version")
+    assert out.returncode == 0 and out.stdout == f"rawpage {__version__}\n"
+
+
+def test_help_puts_model_host_port_and_api_key_first():
+    text = run_cli("serve", "--help").stdout
+    options = text[text.index("model and address:") :]
+    firsts = [options.index(f) for f in ("--model MODEL", "--host HOST", "--port PORT", "--api-key API_KEY")]
+    assert firsts == sorted(firsts) and firsts[-1] < options.index("--allowed-origins")
+    assert firsts[-1] < options.index("--max-stop-strings")
+
+
+def test_generate_and_chat_do_not_list_serve_only_flags():
+    for command in ("generate", "chat"):
+        text = run_cli(command, "--help").stdout
+        assert "--max-model-len" in text
+        for flag in ("--served-model-name", "--enable-lora", "--lora-modules", "--host", "--api-key"):
+            assert flag not in text, (command, flag)
+
+
+def test_max_request_bytes_takes_units():
+    assert parsed("--max-request-bytes", "8MiB")[1].max_request_bytes == 8 << 20
+    assert parsed("--max-request-bytes", "1000")[1].max_request_bytes == 1000
+
+
+def test_uds_root_path_aliases_and_forced_usage_live(tmp_path):
+    sock = str(tmp_path / "rawpage.sock")
+    cmd = [sys.executable, "-m", "rawpage.cli", "serve", "--uds", sock, "--root-path", "/llm"]
+    cmd += ["--served-model-name", "first", "second", "--enable-force-include-usage", "--max-model-len", "256"]
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    client = httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://rawpage", timeout=60)
+    try:
+        deadline = time.monotonic() + 180
+        while not (os.path.exists(sock) and _healthy(client)):
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.2)
+        models = client.get("/v1/models").json()["data"]
+        assert models[0]["id"] == "first"
+        body = {"model": "second", "prompt": "Hi", "max_tokens": 2, "stream": True}
+        lines = [x for x in client.post("/v1/completions", json=body).text.splitlines() if x.startswith("data: {")]
+        assert json.loads(lines[-1][6:])["usage"]["completion_tokens"] == 2
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+        log.close()
+    assert "at unix:" in (tmp_path / "serve.log").read_text()
+
+
+def _healthy(client: httpx.Client) -> bool:
+    try:
+        return client.get("/health").status_code == 200
+    except httpx.HTTPError:
+        return False
