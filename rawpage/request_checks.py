@@ -21,6 +21,7 @@ def check_request(
         ("prompt", ids),
         ("stop_token_ids", params.stop_token_ids),
         ("logit_bias", list(params.logit_bias or ())),
+        ("logprob_token_ids", params.logprob_token_ids or []),
     ):
         bad = [t for t in given if not 0 <= t < V]
         if bad:

@@ -66,7 +66,8 @@ class Sampler:
             ranks[i] = int((raw[j] > picked[i]).sum()) + 1
             k = seqs[i].request.params.logprobs
             if k is not None:  # k may be 0: just the sampled token's own logprob
-                top_ids[i] = top_k_ids(raw[j], k)
+                chosen = seqs[i].request.params.logprob_token_ids  # fixed ids (vLLM) instead of the top k
+                top_ids[i] = np.asarray(chosen, dtype=np.int64) if chosen else top_k_ids(raw[j], k)
                 top_lps[i] = raw[j, top_ids[i]]
         return SamplerOutput(tokens, picked, top_ids, top_lps, ranks)
 

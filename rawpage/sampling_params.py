@@ -28,6 +28,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # top-N logprobs per generated token (plus the sampled one)
     prompt_logprobs: int | None = None  # top-N logprobs per prompt token
+    # vLLM's logprob_token_ids: report these tokens' logprobs at each step instead of the top-N
+    logprob_token_ids: list[int] | None = None
     logit_bias: dict[int, float] | None = None  # added to the logits before sampling
     skip_special_tokens: bool = True
     # beam search (vLLM's offline API): n is the beam width

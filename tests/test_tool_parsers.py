@@ -126,7 +126,7 @@ def test_required_and_named_choices_bring_a_grammar():
         Body({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
         ServerConfig(),
     )
-    assert named.constraint().json == {"type": "object"}
+    assert named.constraint().json == {"type": "object", "additionalProperties": False}  # closed (issue 31)
     content, calls = named.extract('{"city": "Paris"}')
     assert content == "" and calls[0].name == "get_weather" and json.loads(calls[0].arguments) == {"city": "Paris"}
 

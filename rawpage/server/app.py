@@ -1,8 +1,10 @@
 """The Starlette app: routes, authentication, errors in OpenAI's shape, and `rawpage serve`.
 
-POST /v1/chat/completions   POST /v1/completions   GET /v1/models
+POST /v1/chat/completions   POST /v1/completions   GET /v1/models   GET /v1/models/{id}
 POST /tokenize   POST /detokenize   GET /health   GET /version   GET /metrics
 GET /v1/engine/events   GET / (the web page, unless --no-web)
+vLLM's own: POST /v1/chat/completions/batch   POST /invocations   GET /load
+GET /tokenizer_info (under --enable-tokenizer-info-endpoint); see vllm_routes.py
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import dataclasses
 import errno
 import logging
 import os
+import re
 import signal
 import socket
 import threading
@@ -39,6 +42,7 @@ from rawpage.outputs import RequestOutput
 from rawpage.server.args import ServerConfig
 from rawpage.server.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
 from rawpage.server.chat import create_chat_completion, parse_messages
+from rawpage.server.chat_batch import create_batch_chat_completion
 from rawpage.server.completions import create_completion
 from rawpage.server.engine_view import EngineView
 from rawpage.server.lora_routes import adapter_models, load_lora_adapter, unload_lora_adapter
@@ -47,6 +51,7 @@ from rawpage.server.protocol import APIError
 from rawpage.server.request_guard import RequestGuard
 from rawpage.server.state import ServerState
 from rawpage.server.streaming import ClientDisconnected
+from rawpage.server.vllm_routes import ServerLoad, invocations, tokenizer_info
 from rawpage.server.web import engine_events, index, page_info, static_file
 
 logger = logging.getLogger("rawpage.server")
@@ -112,10 +117,18 @@ def _routes(state: ServerState, view: EngineView) -> list[Route]:
     def api(handler: Handler, auth: bool = True, admin: bool = False) -> Callable[[Request], Awaitable[Response]]:
         return _endpoint(handler, state, auth, admin)
 
+    load = ServerLoad(config.enable_server_load_tracking)
+    chat, completion = load.aware(create_chat_completion), load.aware(create_completion)
     routes = [
-        Route("/v1/chat/completions", api(create_chat_completion), methods=["POST"]),
-        Route("/v1/completions", api(create_completion), methods=["POST"]),
+        Route("/v1/chat/completions", api(chat), methods=["POST"]),
+        Route("/v1/chat/completions/batch", api(load.aware(create_batch_chat_completion)), methods=["POST"]),
+        Route("/v1/completions", api(completion), methods=["POST"]),
+        Route(
+            "/invocations", api(load.aware(invocations(create_chat_completion, create_completion))), methods=["POST"]
+        ),
+        Route("/load", api(load.endpoint), methods=["GET"]),
         Route("/v1/models", api(list_models), methods=["GET"]),
+        Route("/v1/models/{model_id:path}", api(retrieve_model), methods=["GET"]),
         Route("/v1/load_lora_adapter", api(load_lora_adapter), methods=["POST"]),
         Route("/v1/unload_lora_adapter", api(unload_lora_adapter), methods=["POST"]),
         Route("/tokenize", api(tokenize), methods=["POST"]),
@@ -126,6 +139,8 @@ def _routes(state: ServerState, view: EngineView) -> list[Route]:
         Route("/metrics", api(metrics_endpoint, auth=not config.metrics_public, admin=True), methods=["GET"]),
         Route("/v1/engine/events", api(engine_events(view)), methods=["GET"]),
     ]
+    if config.enable_tokenizer_info_endpoint:
+        routes.append(Route("/tokenizer_info", api(tokenizer_info), methods=["GET"]))
     if config.web:  # static files holding no data: no key needed (the page asks for one)
         routes += [
             Route("/", api(index, auth=False), methods=["GET"]),
@@ -200,13 +215,21 @@ async def _watch_event_loop(state: ServerState, period: float = 0.1) -> None:
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
+    """404 and 405 in OpenAI's shape; a 404 under /v1 (an OpenAI route this server lacks,
+    such as /v1/embeddings) names the routes it does serve."""
     status = getattr(exc, "status_code", 404)
-    err = APIError(
-        f"{request.method} {request.url.path}: {getattr(exc, 'detail', 'not found')}",
-        status,
-        type="not_found_error" if status == 404 else "invalid_request_error",
-    )
+    message = f"{request.method} {request.url.path}: {getattr(exc, 'detail', 'not found')}"
+    if status == 404 and request.url.path.startswith("/v1/"):
+        served = [_route_name(r) for r in request.app.routes if isinstance(r, Route) and r.path.startswith("/v1/")]
+        message += "; this server serves " + ", ".join(served)
+    err = APIError(message, status, type="not_found_error" if status == 404 else "invalid_request_error")
     return JSONResponse(err.body(), status_code=status)
+
+
+def _route_name(route: Route) -> str:
+    """'GET /v1/models/{model_id}': methods and path, without the path's converter names."""
+    path = re.sub(r":\w+}", "}", route.path)
+    return f"{'/'.join(sorted(route.methods - {'HEAD'}))} {path}"
 
 
 async def health(request: Request, state: ServerState) -> Response:
@@ -221,7 +244,8 @@ async def version(request: Request, state: ServerState) -> Response:
     return JSONResponse({"version": __version__})
 
 
-async def list_models(request: Request, state: ServerState) -> Response:
+def _models(state: ServerState) -> list[dict[str, Any]]:
+    """The base model, then the LoRA adapters (--enable-lora), as model objects."""
     llm = state.llm
     model = {
         "id": state.model_name,
@@ -231,8 +255,27 @@ async def list_models(request: Request, state: ServerState) -> Response:
         "root": state.model_name,
         "max_model_len": llm.max_model_len,
     }
-    adapters = adapter_models(state, state.created, llm.max_model_len)  # --enable-lora
-    return JSONResponse({"object": "list", "data": [model, *adapters]})
+    return [model, *adapter_models(state, state.created, llm.max_model_len)]
+
+
+async def list_models(request: Request, state: ServerState) -> Response:
+    return JSONResponse({"object": "list", "data": _models(state)})
+
+
+async def retrieve_model(request: Request, state: ServerState) -> Response:
+    """GET /v1/models/{id}: one model object, or a 404 in OpenAI's shape naming those served."""
+    model_id = request.path_params["model_id"]
+    models = _models(state)
+    for m in models:
+        if m["id"] == model_id:
+            return JSONResponse(m)
+    raise APIError(
+        f"the model '{model_id[:128]}' does not exist; this server serves {[m['id'] for m in models]}",
+        404,
+        param="model",
+        type="not_found_error",
+        code="model_not_found",
+    )
 
 
 async def tokenize(request: Request, state: ServerState) -> Response:
@@ -247,8 +290,8 @@ async def tokenize(request: Request, state: ServerState) -> Response:
         if prompt is None:
             raise APIError("give 'prompt' (a string) or 'messages'", param="prompt")
         (ids,) = await state.encode([prompt], add_special_tokens=body.bool("add_special_tokens", True))
-    out = {"count": len(ids), "max_model_len": state.llm.max_model_len, "tokens": ids}
-    if body.bool("return_token_strs", False):
+    out = {"count": len(ids), "max_model_len": state.llm.max_model_len, "tokens": ids, "token_strs": None}
+    if body.bool("return_token_strs", False):  # vLLM always sends the key: null unless asked
         out["token_strs"] = [tok.id_to_token(i) for i in ids]
     return JSONResponse(out)
 

@@ -108,7 +108,16 @@ class ServerConfig:
         default_text="none",
     )
     enable_auto_tool_choice: bool = flag(
-        False, "accept tool_choice 'auto' and parse calls with --tool-call-parser (without it, 'auto' is a 400)"
+        False,
+        "accept tool_choice 'auto' and parse calls with --tool-call-parser (without either flag, 'auto' works "
+        "when the chat template's tool format is known, e.g. rawpage's ChatML tools template; otherwise a 400)",
+    )
+    return_tokens_as_token_ids: bool = flag(
+        False, "name tokens in logprobs 'token_id:N' (a request's return_tokens_as_token_ids overrides it)"
+    )
+    enable_server_load_tracking: bool = flag(False, "count requests in flight, for GET /load")
+    enable_tokenizer_info_endpoint: bool = flag(
+        False, "serve GET /tokenizer_info (it shows the chat template and special tokens)"
     )
     reasoning_parser: str | None = flag(
         None,
@@ -136,7 +145,8 @@ class ServerConfig:
     def from_cli_args(cls, args: argparse.Namespace) -> ServerConfig:
         given = given_flags(cls, args)
         keys = [k for arg in (getattr(args, "api_key", None) or []) for k in arg.split(",") if k]
-        env_key = os.environ.get("RAWPAGE_API_KEY")
+        # vLLM's VLLM_API_KEY too: an operator moving from vLLM must not end up unprotected.
+        env_key = os.environ.get("RAWPAGE_API_KEY") or os.environ.get("VLLM_API_KEY")
         given["api_keys"] = keys + ([env_key] if env_key and not keys else [])
         if os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").strip().lower() in ("1", "true"):
             given.setdefault("allow_runtime_lora_updating", True)  # vLLM's switch
@@ -163,7 +173,7 @@ def _add_api_key(g: argparse._ArgumentGroup) -> None:
         action="append",
         help="require 'Authorization: Bearer <key>' on every route but /health and the web page's static files "
         "(the page asks for the key); repeat the flag "
-        "(or separate with commas) for several keys (default: $RAWPAGE_API_KEY if set)",
+        "(or separate with commas) for several keys (default: $RAWPAGE_API_KEY, else $VLLM_API_KEY, if set)",
     )
     g.add_argument(
         "--admin-api-key",

@@ -12,17 +12,26 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from rawpage.outputs import CompletionOutput, RequestOutput
+from rawpage.sampling_params import SamplingParams
 from rawpage.server.chat_reply import ReplyParser, ReplyStream
 from rawpage.server.guided import structured_outputs_from
-from rawpage.server.protocol import APIError, Body, sampling_params, usage
+from rawpage.server.protocol import (
+    APIError,
+    Body,
+    OutputOptions,
+    check_prompt_logprobs,
+    logprob_token_ids,
+    logprobs_count,
+    output_options,
+    prompt_logprobs_json,
+    sampling_params,
+    usage,
+)
 from rawpage.server.reasoning import PARSERS as REASONING_PARSERS
 from rawpage.server.state import ServerState
 from rawpage.server.streaming import final_outputs, merge, sse, sse_response, unless_disconnected
 from rawpage.server.tools import ToolRequest, prepare_tool_messages, tool_request_from
 from rawpage.structured_output import StructuredOutputsParams
-
-ROLES = ("system", "user", "assistant", "tool", "developer")
-
 
 # Fields both OpenAI and vLLM accept that change nothing here (README "Request fields").
 NO_EFFECT_FIELDS = frozenset({"user", "safety_identifier"})
@@ -31,17 +40,13 @@ NO_EFFECT_FIELDS = frozenset({"user", "safety_identifier"})
 def parse_messages(body: Body) -> list[dict[str, Any]]:
     body.mark_read("messages")
     msgs = body.data.get("messages")
+    # Any role reaches the template, as in vLLM: a template may know roles OpenAI does not.
     if not isinstance(msgs, list) or not msgs:
         raise APIError("'messages' must be a non-empty list", param="messages")
     out = []
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise APIError(f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]")
-        if m["role"] not in ROLES:
-            raise APIError(
-                f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m['role'][:32]!r}",
-                param=f"messages[{i}].role",
-            )
         content = m.get("content")
         if isinstance(content, list):  # content parts: we take text
             texts = []
@@ -68,53 +73,99 @@ def parse_messages(body: Body) -> list[dict[str, Any]]:
 async def create_chat_completion(request: Request, state: ServerState) -> Response:
     body = await state.read_body(request)
     lora = state.check_model(body)
-    llm = state.llm
     messages = parse_messages(body)
-    want_logprobs = body.bool("logprobs", False)
-    top = body.int("top_logprobs", None, 0, llm.args.max_logprobs)
-    if top is not None and not want_logprobs:
-        raise APIError("'top_logprobs' requires 'logprobs': true", param="top_logprobs")
-    max_tokens = body.int("max_completion_tokens", None, 1)
-    legacy_max_tokens = body.int("max_tokens", state.config.max_tokens_default, 1)
-    max_tokens = legacy_max_tokens if max_tokens is None else max_tokens
-    tools = tool_request_from(body, state.config)
-    reply = ReplyParser(tools, REASONING_PARSERS.get(state.config.reasoning_parser or ""))
-    constraint = output_constraint(body, tools, reply)
-    params = sampling_params(
-        body, max_tokens, (top or 0) if want_logprobs else None, config=state.config, structured_outputs=constraint
-    )
-    stream = body.bool("stream", False)
-    stream_options = body.obj("stream_options")
-    include_usage = stream_options.bool("include_usage", False) or state.config.enable_force_include_usage
+    tools = tool_request_from(body, state.config, state.llm.chat_template or state.llm.tokenizer.chat_template)
+    reasoning = REASONING_PARSERS.get(state.config.reasoning_parser or "")
+    reply = ReplyParser(tools, reasoning, body.bool("include_reasoning", True))
+    out = output_options(body, state.config)
+    params = chat_sampling_params(body, state, out, output_constraint(body, tools, reply))
+    fmt = ChatFormatter(state, "", out, params)
+    fmt.role, fmt.echo = role_and_echo(body, messages)
     ids = await state.render_chat(body, messages, tools=tools.template_tools() if tools else None)
-    stream_options.reject_unread()
     priority, salt = state.priority(body), state.cache_salt(body)
     body.reject_unread(NO_EFFECT_FIELDS)
     await state.compile_grammar(params)
     state.validate_prompt(ids, params, "messages")
-    rid = state.request_id(request, "chatcmpl")
-    prompt = {"prompt_token_ids": ids, "cache_salt": salt}
-    state.engine.check_capacity(1)
-    gen = state.engine.generate(f"{rid}#{uuid.uuid4().hex[:8]}", prompt, params, priority, lora, state.owner(request))
-    fmt = _ChatFormatter(state, rid, top or 0)
+    fmt.rid = rid = state.request_id(request, "chatcmpl")
     fmt.model = lora.lora_name if lora else state.model_name
-    if stream:
-        return sse_response(_stream(fmt, gen, include_usage, reply), rid)
+    state.engine.check_capacity(1)
+    gen = state.engine.generate(
+        f"{rid}#{uuid.uuid4().hex[:8]}",
+        {"prompt_token_ids": ids, "cache_salt": salt},
+        params,
+        priority,
+        lora,
+        state.owner(request),
+    )
+    if out.stream:
+        return sse_response(_stream(fmt, gen, reply), rid)
     (final,) = await unless_disconnected(request, final_outputs([gen]))
-    choices = [_choice(fmt, reply, o) for o in final.outputs]
-    return JSONResponse(fmt.envelope(choices, fmt.usage(final), "chat.completion"), headers={"X-Request-Id": rid})
+    return JSONResponse(fmt.response(final, reply), headers={"X-Request-Id": rid})
 
 
-def _choice(fmt: _ChatFormatter, reply: ReplyParser, o: CompletionOutput) -> dict:
+def chat_sampling_params(
+    body: Body, state: ServerState, out: OutputOptions, constraint: StructuredOutputsParams | None
+) -> SamplingParams:
+    """The chat request's sampling fields: logprobs (top_logprobs -1 is the whole vocabulary,
+    as in vLLM), vLLM's prompt_logprobs and logprob_token_ids, and max_completion_tokens."""
+    llm = state.llm
+    limit, vocab = llm.args.max_logprobs, llm.model_config.vocab_size
+    want_logprobs = bool(body.bool("logprobs", False))
+    top = logprobs_count(body, "top_logprobs", limit, vocab)
+    if top and not want_logprobs:
+        raise APIError("'top_logprobs' requires 'logprobs': true", param="top_logprobs")
+    chosen = logprob_token_ids(body, want_logprobs)
+    prompt_logprobs = logprobs_count(body, "prompt_logprobs", limit, vocab)
+    check_prompt_logprobs(prompt_logprobs, out.stream)
+    if prompt_logprobs is None and body.bool("echo", False) and not out.stream:
+        prompt_logprobs = top or 0  # vLLM: an echoed chat brings the prompt's logprobs
+    max_tokens = body.int("max_completion_tokens", None, 1)
+    legacy_max_tokens = body.int("max_tokens", state.config.max_tokens_default, 1)
+    max_tokens = legacy_max_tokens if max_tokens is None else max_tokens
+    logprobs = (len(chosen) if chosen else top or 0) if want_logprobs else None
+    return sampling_params(
+        body,
+        max_tokens,
+        logprobs,
+        prompt_logprobs=prompt_logprobs,
+        config=state.config,
+        structured_outputs=constraint,
+        logprob_token_ids=chosen,
+    )
+
+
+def role_and_echo(body: Body, messages: list[dict[str, Any]]) -> tuple[str, str]:
+    """The reply's role and what `echo` prepends, as vLLM decides them: the role is
+    "assistant" after a generation prompt, else the last message's; echo repeats the last
+    message's content when that message has the reply's role. With continue_final_message
+    the template leaves that message open, so the model continues it."""
+    generation_prompt = body.bool("add_generation_prompt", True)
+    continue_final = body.bool("continue_final_message", False)
+    if generation_prompt and continue_final:
+        raise APIError(
+            "'continue_final_message' needs 'add_generation_prompt': false (the template cannot both "
+            "open a new message and leave the last one open)",
+            param="continue_final_message",
+        )
+    role = "assistant" if generation_prompt else messages[-1]["role"]
+    echo = messages[-1]["content"] if body.bool("echo", False) and messages[-1]["role"] == role else ""
+    return role, echo
+
+
+def chat_choice(fmt: ChatFormatter, reply: ReplyParser, o: CompletionOutput) -> dict:
     """One finished choice of a non-streamed reply: its message (with tool calls and
     reasoning split out), logprobs and why it stopped."""
     message, finish = reply.message(o.text, o.finish_reason)
+    message["role"] = fmt.role
+    if fmt.echo:
+        message["content"] = fmt.echo + (message["content"] or "")
     return {
         "index": o.index,
         "message": message,
         "logprobs": fmt.logprobs(o.token_ids, o.logprobs) if o.logprobs is not None else None,
         "finish_reason": finish,
         "stop_reason": o.stop_reason,
+        "token_ids": list(o.token_ids) if fmt.out.return_token_ids else None,
     }
 
 
@@ -134,7 +185,7 @@ def output_constraint(body: Body, tools: ToolRequest | None, reply: ReplyParser)
     return constraint
 
 
-async def _stream(fmt: _ChatFormatter, gen: AsyncIterator[RequestOutput], include_usage: bool, reply: ReplyParser):
+async def _stream(fmt: ChatFormatter, gen: AsyncIterator[RequestOutput], reply: ReplyParser):
     final = None
     streams: dict[int, ReplyStream] = {}
     finished: set[int] = set()
@@ -145,7 +196,8 @@ async def _stream(fmt: _ChatFormatter, gen: AsyncIterator[RequestOutput], includ
                     continue
                 if o.index not in streams:  # the role comes first, on its own, as OpenAI does
                     streams[o.index] = reply.stream()
-                    yield sse(fmt.chunk(o.index, {"role": "assistant", "content": ""}, None, None))
+                    for chunk in fmt.opening(o.index, out):
+                        yield sse(chunk)
                 delta = streams[o.index].feed(o.delta_text)
                 finish = None
                 if o.finish_reason:
@@ -153,11 +205,11 @@ async def _stream(fmt: _ChatFormatter, gen: AsyncIterator[RequestOutput], includ
                     delta = _join(delta, last)
                 lp = fmt.logprobs(o.delta_token_ids, o.delta_logprobs) if o.delta_logprobs else None
                 if delta or lp or o.finish_reason:  # text held back (a tag, a call) sends nothing yet
-                    yield sse(fmt.chunk(o.index, delta or {"content": ""}, lp, o, finish))
+                    yield sse(fmt.chunk(o.index, delta or {"content": ""}, lp, out, o, finish))
                 if o.finish_reason:
                     finished.add(o.index)
             final = out
-    if include_usage and final is not None:
+    if fmt.out.include_usage and final is not None:
         yield sse(fmt.envelope([], fmt.usage(final), "chat.completion.chunk"))
     yield sse("[DONE]")
 
@@ -170,36 +222,60 @@ def _join(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class _ChatFormatter:
-    def __init__(self, state: ServerState, rid: str, top_logprobs: int) -> None:
-        self.state, self.rid, self.created = state, rid, int(time.time())
-        self.top_logprobs = top_logprobs
+class ChatFormatter:
+    """Builds chat completion objects and stream chunks, with vLLM's extras (OutputOptions)."""
+
+    def __init__(self, state: ServerState, rid: str, out: OutputOptions, params: SamplingParams) -> None:
+        self.state, self.rid, self.out, self.created = state, rid, out, int(time.time())
+        chosen = params.logprob_token_ids
+        self.top_logprobs = len(chosen) if chosen else params.logprobs or 0
         self.model = state.model_name  # or the LoRA adapter the request named
+        self.role, self.echo = "assistant", ""  # see role_and_echo
 
     def envelope(self, choices: list[dict], usage_: dict | None, obj: str) -> dict[str, Any]:
-        out = {
-            "id": self.rid,
-            "object": obj,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
+        out = {"id": self.rid, "object": obj, "created": self.created, "model": self.model, "choices": choices}
         if usage_ is not None:
             out["usage"] = usage_
         return out
 
+    def response(self, final: RequestOutput, reply: ReplyParser) -> dict[str, Any]:
+        """The whole reply; vLLM's prompt_logprobs and prompt_token_ids are always there (null unless asked)."""
+        out = self.envelope([chat_choice(self, reply, o) for o in final.outputs], self.usage(final), "chat.completion")
+        out["prompt_logprobs"] = prompt_logprobs_json(final.prompt_logprobs, self.state.token_text)
+        out["prompt_token_ids"] = list(final.prompt_token_ids) if self.out.return_token_ids else None
+        return out
+
+    def opening(self, index: int, out: RequestOutput) -> list[dict[str, Any]]:
+        """A choice's first chunks: its role (and, as vLLM, prompt_token_ids), then what echo repeats."""
+        first = self.chunk(index, {"role": self.role, "content": ""}, None, out)
+        if self.out.return_token_ids:
+            first["prompt_token_ids"] = list(out.prompt_token_ids)
+        return [first, self.chunk(index, {"content": self.echo}, None, out)] if self.echo else [first]
+
     def chunk(
-        self, index: int, delta: dict, logprobs: dict | None, o: CompletionOutput | None, finish: str | None = None
+        self,
+        index: int,
+        delta: dict,
+        logprobs: dict | None,
+        out: RequestOutput,
+        o: CompletionOutput | None = None,
+        finish: str | None = None,
     ) -> dict[str, Any]:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         if finish:
             choice["stop_reason"] = o.stop_reason
-        return self.envelope([choice], None, "chat.completion.chunk")
+        if self.out.return_token_ids:
+            choice["token_ids"] = list(o.delta_token_ids) if o is not None else []
+        usage_ = self.usage(out) if self.out.continuous_usage else None
+        return self.envelope([choice], usage_, "chat.completion.chunk")
+
+    def token(self, token_id: int) -> str:
+        return f"token_id:{token_id}" if self.out.tokens_as_ids else self.state.token_text(token_id)
 
     def logprobs(self, token_ids: list[int], entries: list) -> dict[str, Any]:
         def item(tok: int, lp: float) -> dict[str, Any]:
-            text = self.state.token_text(tok)
-            return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+            text = self.token(tok)
+            return {"token": text, "logprob": max(lp, -9999.0), "bytes": list(text.encode("utf-8"))}
 
         content = []
         for tok, e in zip(token_ids, entries):

@@ -15,14 +15,17 @@ from rawpage.server.tools import ToolRequest
 
 
 class ReplyParser:
-    def __init__(self, tools: ToolRequest | None, reasoning: ReasoningParser | None) -> None:
+    def __init__(
+        self, tools: ToolRequest | None, reasoning: ReasoningParser | None, include_reasoning: bool = True
+    ) -> None:
         self.tools, self.reasoning = tools, reasoning
+        self.include_reasoning = include_reasoning  # vLLM's include_reasoning: false drops reasoning_content
 
     def message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
         reasoning, content = self.reasoning.split(text) if self.reasoning else (None, text)
         content, calls = self.tools.extract(content) if self.tools else (content, [])
         msg: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
-        if self.reasoning is not None:
+        if self.reasoning is not None and self.include_reasoning:
             msg["reasoning_content"] = reasoning
         if calls:
             msg["tool_calls"] = [c.to_openai() for c in calls]
@@ -45,7 +48,7 @@ class ReplyStream:
         self.content += content
         tools = self.parser.tools
         end = tools.hold_from(self.content) if tools else len(self.content)
-        return self._delta(reasoning, self._take(max(end, self.sent)))
+        return self._delta(reasoning if self.parser.include_reasoning else "", self._take(max(end, self.sent)))
 
     def finish(self, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
         """The last delta (everything held, and the calls) and the finish reason."""
@@ -54,7 +57,7 @@ class ReplyStream:
         tools = self.parser.tools
         text, calls = tools.extract(self.content) if tools else (self.content, [])
         rest = text[self.sent :] if text.startswith(self.content[: self.sent]) else ""
-        delta = self._delta(reasoning, rest)
+        delta = self._delta(reasoning if self.parser.include_reasoning else "", rest)
         if calls:
             delta["tool_calls"] = [c.to_openai(i) for i, c in enumerate(calls)]
         return delta, _finish(finish_reason, bool(calls))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from rawpage.errors import InvalidRequestError
+from rawpage.server.json_schema import close_objects
 from rawpage.server.protocol import APIError, Body
 from rawpage.structured_output import StructuredOutputsParams
 
@@ -62,7 +63,7 @@ def _response_format(body: Body) -> dict[str, Any] | None:
         js = rf.obj("json_schema")
         js.str("name")
         js.str("description")
-        js.bool("strict", None)  # we always enforce the schema, strict or not
+        strict = js.bool("strict", None)  # the schema is enforced either way; strict also closes its objects
         schema = js.dict("schema")
         if not schema:
             raise APIError(
@@ -70,7 +71,7 @@ def _response_format(body: Body) -> dict[str, Any] | None:
                 param="response_format.json_schema.schema",
             )
         js.reject_unread()
-        out = {"json": schema}
+        out = {"json": close_objects(schema) if strict else schema}
     else:
         raise APIError(
             f"'response_format.type' must be text, json_object or json_schema, got {kind!r}"[:200],

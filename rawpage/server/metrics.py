@@ -1,12 +1,18 @@
-"""Prometheus metrics with vLLM's names under a `rawpage:` prefix, for /metrics.
+"""Prometheus metrics with vLLM's names under a `rawpage:` prefix, for /metrics; those
+vLLM exports are exported under its own `vllm:` names too (same `model_name` label), so
+vLLM's dashboards and autoscalers read rawpage unchanged.
 
 Gauges and counters are updated in the engine thread after every step (the
 `on_step` hook of AsyncEngine); latencies are observed as tokens arrive.
+
+The ORCA load report (`endpoint-load-metrics` response header) is built here too.
 """
 
 from __future__ import annotations
 
+import json
 import time
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -37,19 +43,78 @@ _LATENCY_BUCKETS = (
 )
 
 
+# vLLM's buckets for vllm:iteration_tokens_total (tokens computed per engine step).
+_ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+# The metrics vLLM exports under the same name (without our prefix): these get a vllm: twin.
+VLLM_NAMES = frozenset(
+    {
+        "num_requests_running",
+        "num_requests_waiting",
+        "kv_cache_usage_perc",
+        "prompt_tokens",
+        "generation_tokens",
+        "num_preemptions",
+        "prefix_cache_queries",
+        "prefix_cache_hits",
+        "request_success",
+        "spec_decode_num_drafts",
+        "spec_decode_num_draft_tokens",
+        "spec_decode_num_accepted_tokens",
+        "time_to_first_token_seconds",
+        "inter_token_latency_seconds",
+        "e2e_request_latency_seconds",
+    }
+)
+
+
+class _Twins:
+    """One value under two names, rawpage:x and vllm:x: each update goes to both."""
+
+    def __init__(self, *children: Any) -> None:
+        self.children = children
+
+    def set(self, value: float) -> None:
+        for c in self.children:
+            c.set(value)
+
+    def inc(self, amount: float = 1.0) -> None:
+        for c in self.children:
+            c.inc(amount)
+
+    def observe(self, value: float) -> None:
+        for c in self.children:
+            c.observe(value)
+
+
+def _iteration_tokens(registry: CollectorRegistry, labels: list[str]) -> Histogram:
+    """vLLM's vllm:iteration_tokens_total (no rawpage: twin: ours is the two token counters)."""
+    return Histogram(
+        "vllm:iteration_tokens_total",
+        "Tokens computed per engine step",
+        labels,
+        buckets=_ITERATION_BUCKETS,
+        registry=registry,
+    )
+
+
 class ServerMetrics:
     def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry()
         r, labels = self.registry, ["model_name"]
 
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(f"rawpage:{name}", doc, labels, registry=r).labels(model_name)
+        def make(kind: type, name: str, doc: str, **kw: Any) -> _Twins:
+            prefixes = ("rawpage", "vllm") if name in VLLM_NAMES else ("rawpage",)
+            return _Twins(*(kind(f"{p}:{name}", doc, labels, registry=r, **kw).labels(model_name) for p in prefixes))
 
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(f"rawpage:{name}", doc, labels, registry=r).labels(model_name)
+        def gauge(name: str, doc: str) -> _Twins:
+            return make(Gauge, name, doc)
 
-        def histogram(name: str, doc: str) -> Histogram:
-            return Histogram(f"rawpage:{name}", doc, labels, buckets=_LATENCY_BUCKETS, registry=r).labels(model_name)
+        def counter(name: str, doc: str) -> _Twins:
+            return make(Counter, name, doc)
+
+        def histogram(name: str, doc: str) -> _Twins:
+            return make(Histogram, name, doc, buckets=_LATENCY_BUCKETS)
 
         self.running = gauge("num_requests_running", "Sequences in the running batch")
         self.waiting = gauge("num_requests_waiting", "Sequences waiting to be scheduled")
@@ -73,10 +138,25 @@ class ServerMetrics:
         self.ttft = histogram("time_to_first_token_seconds", "Time from arrival to the first token")
         self.itl = histogram("inter_token_latency_seconds", "Time between tokens of one sequence")
         self.e2e = histogram("e2e_request_latency_seconds", "Time from arrival to the last token")
+        self.iteration_tokens = _iteration_tokens(r, labels).labels(model_name)
+        self.orca = {"kv_cache_usage_perc": 0.0, "num_requests_waiting": 0.0}  # the ORCA report's values
         self._seen = dict.fromkeys(
             ["steps", "prompt", "gen", "preempt", "pq", "ph", "so", "si", "sd", "sdt", "sa", "st", "wr"], 0
         )  # counters' last values
         self._last_token: dict[str, float] = {}
+
+    def orca_header(self, fmt: str) -> dict[str, str]:
+        """vLLM's ORCA load report, for a request with `endpoint-load-metrics-format: text`
+        (or json): {"endpoint-load-metrics": "TEXT named_metrics.kv_cache_usage_perc=0.1, ..."}.
+        Any other format gets no header, as in vLLM."""
+        kind = fmt.strip().lower()
+        if kind == "text":
+            return {
+                "endpoint-load-metrics": "TEXT " + ", ".join(f"named_metrics.{k}={v}" for k, v in self.orca.items())
+            }
+        if kind == "json":
+            return {"endpoint-load-metrics": "JSON " + json.dumps({"named_metrics": self.orca})}
+        return {}
 
     def _add_spec_metrics(self, counter, gauge) -> None:
         """Speculative decoding (zero while it is off): acceptance rate = accepted / draft tokens."""
@@ -102,6 +182,12 @@ class ServerMetrics:
             self.waiting.set(st.last.num_waiting)
             self.swapped.set(st.last.num_swapped)
             self.kv_usage.set(st.last.kv_usage)
+            self.orca = {
+                "kv_cache_usage_perc": float(st.last.kv_usage),
+                "num_requests_waiting": float(st.last.num_waiting),
+            }
+            if st.steps_total > self._seen["steps"]:  # a step that ran a forward pass
+                self.iteration_tokens.observe(st.last.num_prompt_tokens + st.last.num_generation_tokens)
         self._count("steps", self.steps, st.steps_total)
         self._count("prompt", self.prompt_tokens, st.prompt_tokens_total)
         self._count("gen", self.generation_tokens, st.generation_tokens_total)
@@ -137,7 +223,7 @@ class ServerMetrics:
         self.spec_rate.set(sp.acceptance_rate)
         self.spec_length.set(sp.mean_accepted_length)
 
-    def _count(self, key: str, counter: Counter, total: float) -> None:
+    def _count(self, key: str, counter: _Twins, total: float) -> None:
         if total > self._seen[key]:
             counter.inc(total - self._seen[key])
             self._seen[key] = total

@@ -7,6 +7,7 @@ becomes a 400 that names the parameter, never an exception deep in the engine.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from rawpage.sampling_params import SamplingParams
@@ -48,6 +49,11 @@ class APIError(Exception):
 
 
 _MISSING = object()
+# pydantic's lax bool: the strings and numbers it reads as booleans (vLLM's requests are pydantic).
+_LAX_BOOLS: dict = {
+    **dict.fromkeys(("1", "on", "t", "true", "y", "yes", 1), True),
+    **dict.fromkeys(("0", "off", "f", "false", "n", "no", 0), False),
+}
 MAX_JSON_DEPTH = 32  # an OpenAI request nests about 6 deep (tools schemas a little more)
 
 
@@ -115,10 +121,14 @@ class Body:
         return default if v is _MISSING or v is None else v
 
     def bool(self, name: str, default: bool | None = False) -> bool | None:
+        """A boolean, coerced as pydantic's lax mode (and so vLLM) does: "true", "no", 1, 0.0..."""
         v = self._get(name, default)
-        if v is not default and not isinstance(v, bool):
-            raise APIError(f"'{name}' must be a boolean", param=name)
-        return v
+        if v is default or isinstance(v, bool):
+            return v
+        key = v.strip().lower() if isinstance(v, str) else v
+        if isinstance(key, (str, int, float)) and key in _LAX_BOOLS:
+            return _LAX_BOOLS[key]
+        raise APIError(f"'{self.path}{name}' must be a boolean, got {str(v)[:32]!r}", param=self.path + name)
 
     def int(self, name: str, default: int | None = None, lo: int | None = None, hi: int | None = None) -> int | None:
         v = self._get(name, default)
@@ -190,16 +200,11 @@ def sampling_params(
     prompt_logprobs: int | None = None,
     config: ServerConfig | None = None,
     structured_outputs: StructuredOutputsParams | None = None,
+    logprob_token_ids: list[int] | None = None,
 ) -> SamplingParams:
     """The sampling fields shared by both endpoints, including vLLM's extras."""
     config = config or ServerConfig()
-    bias = body.dict("logit_bias")
-    try:
-        bias = {int(k): float(v) for k, v in bias.items()}
-    except (TypeError, ValueError):
-        raise APIError("'logit_bias' must map token ids to numbers", param="logit_bias") from None
-    if any(not -100 <= v <= 100 for v in bias.values()):
-        raise APIError("'logit_bias' values must be between -100 and 100", param="logit_bias")
+    bias = logit_bias(body.dict("logit_bias"))
     n = body.int("n", 1, 1, 128)
     beam = body.bool("use_beam_search", False)
     kwargs = dict(
@@ -220,6 +225,7 @@ def sampling_params(
         ignore_eos=body.bool("ignore_eos", False),
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
+        logprob_token_ids=logprob_token_ids,
         logit_bias=bias or None,
         skip_special_tokens=body.bool("skip_special_tokens", True),
         use_beam_search=beam,
@@ -233,6 +239,108 @@ def sampling_params(
         return SamplingParams(**kwargs)
     except ValueError as e:  # cross-field rules (min_tokens <= max_tokens, top_p > 0, ...)
         raise APIError(str(e), param=str(e).split(" ", 1)[0]) from None
+
+
+def logprobs_count(body: Body, name: str, max_logprobs: int, vocab_size: int) -> int | None:
+    """`top_logprobs`, `logprobs` (completions) or `prompt_logprobs`: a count ≥ 0, or -1 for
+    the whole vocabulary as in vLLM; either way within --max-logprobs (vLLM errors too)."""
+    v = body.int(name, None)
+    if v is None:
+        return None
+    if v < -1:
+        raise APIError(f"'{name}' must be ≥ 0, or -1 for the whole vocabulary; got {v}", param=name)
+    count = vocab_size if v == -1 else v
+    if count > max_logprobs:
+        asked = f"-1 (the whole vocabulary, {vocab_size} tokens)" if v == -1 else str(v)
+        raise APIError(f"'{name}' is {asked}, more than --max-logprobs {max_logprobs}", param=name)
+    return count
+
+
+def logprob_token_ids(body: Body, logprobs: bool) -> list[int] | None:
+    """vLLM's `logprob_token_ids`: the tokens whose logprobs each step reports (with the sampled one)."""
+    given = body.data.get("logprob_token_ids") is not None
+    ids = body.int_list("logprob_token_ids")
+    if not given:
+        return None
+    if not ids:
+        raise APIError("'logprob_token_ids' must not be an empty list", param="logprob_token_ids")
+    if not logprobs:
+        raise APIError("'logprob_token_ids' needs 'logprobs': true", param="logprob_token_ids")
+    return ids
+
+
+@dataclass
+class OutputOptions:
+    """What a response carries beyond OpenAI's fields: vLLM's request extras."""
+
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with usage
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on every chunk
+    return_token_ids: bool = False  # token_ids on choices, prompt_token_ids beside them
+    tokens_as_ids: bool = False  # return_tokens_as_token_ids: logprobs name tokens "token_id:N"
+
+
+def output_options(body: Body, config: ServerConfig) -> OutputOptions:
+    stream, include_usage, continuous = stream_options(body)
+    as_ids = body.bool("return_tokens_as_token_ids", None)
+    return OutputOptions(
+        stream=stream,
+        include_usage=include_usage or (stream and config.enable_force_include_usage),
+        continuous_usage=continuous,
+        return_token_ids=bool(body.bool("return_token_ids", False)),
+        tokens_as_ids=config.return_tokens_as_token_ids if as_ids is None else as_ids,
+    )
+
+
+def check_prompt_logprobs(prompt_logprobs: int | None, stream: bool) -> None:
+    if prompt_logprobs is not None and stream:
+        raise APIError("'prompt_logprobs' are not available with 'stream': true", param="prompt_logprobs")
+
+
+def prompt_logprobs_json(entries: list | None, token_text) -> list[dict[str, Any] | None] | None:
+    """vLLM's prompt_logprobs: per prompt token None (the first) or {"id": {"logprob", "rank",
+    "decoded_token"}}; -inf becomes -9999.0 as in vLLM, since JSON has no infinity."""
+    if entries is None:
+        return None
+    return [
+        None
+        if e is None
+        else {
+            str(t): {"logprob": max(v.logprob, -9999.0), "rank": v.rank, "decoded_token": token_text(t)}
+            for t, v in e.items()
+        }
+        for e in entries
+    ]
+
+
+def stream_options(body: Body) -> tuple[bool, bool, bool]:
+    """(stream, usage at the end, usage on every chunk): `stream`, `stream_options.include_usage`
+    and vLLM's `stream_options.continuous_usage_stats` (it needs include_usage, as in vLLM).
+    Like vLLM, stream_options without `stream: true` is a 400."""
+    stream = body.bool("stream", False)
+    opts = body.obj("stream_options")
+    if opts.data and not stream:
+        raise APIError("'stream_options' can only be given with 'stream': true", param="stream_options")
+    include_usage = opts.bool("include_usage", False)
+    continuous = opts.bool("continuous_usage_stats", False)
+    opts.reject_unread()
+    return stream, include_usage, include_usage and continuous
+
+
+def logit_bias(given: dict[str, Any]) -> dict[int, float]:
+    """{"token id": bias}, each bias in [-100, 100]; an error names the key that broke it."""
+    out = {}
+    for k, v in given.items():
+        try:
+            token = int(k)
+        except ValueError:
+            raise APIError(f"'logit_bias' key {k[:32]!r} is not a token id", param="logit_bias") from None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise APIError(f"'logit_bias'[{k!r}] must be a number, got {str(v)[:32]!r}", param="logit_bias")
+        if not -100 <= v <= 100:
+            raise APIError(f"'logit_bias'[{k!r}] must be between -100 and 100, got {v}", param="logit_bias")
+        out[token] = float(v)
+    return out
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:

@@ -113,6 +113,9 @@ class ServerState:
         return None
 
     async def read_body(self, request: Request) -> Body:
+        given = getattr(request.state, "rawpage_body", None)  # already read (by /invocations)
+        if given is not None:
+            return Body(given)
         limit = self.config.max_request_bytes
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > limit:
@@ -160,6 +163,7 @@ class ServerState:
             )
         kwargs = body.dict("chat_template_kwargs")
         add_generation_prompt = body.bool("add_generation_prompt", True)
+        continue_final = body.bool("continue_final_message", False)
         add_special = body.bool("add_special_tokens", False)
 
         def work() -> list[int]:
@@ -170,6 +174,7 @@ class ServerState:
             text = llm.tokenizer.apply_chat_template(
                 messages, add_generation_prompt, chat_template=chosen, **kwargs, **extra
             )
+            text = open_final_message(text, messages[-1]) if continue_final else text
             return llm.tokenizer.encode(text, add_special_tokens=add_special)
 
         try:
@@ -213,3 +218,17 @@ class ServerState:
 
     def token_text(self, token_id: int) -> str:
         return self.llm.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def open_final_message(text: str, last: dict[str, Any]) -> str:
+    """vLLM's continue_final_message (as transformers does it): cut the rendered prompt right
+    after the last message's content, so the template's end-of-turn is gone and the model
+    continues that message."""
+    content = (last.get("content") or "").strip()
+    at = text.rfind(content) if content else -1
+    if at < 0:
+        raise APIError(
+            "continue_final_message: the last message's content does not appear in the rendered prompt",
+            param="continue_final_message",
+        )
+    return text[: at + len(content)]

@@ -12,6 +12,7 @@ conversation's earlier calls and results on their way to the chat template.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -19,10 +20,12 @@ from typing import Any
 
 from rawpage.chat_template import ChatTemplate
 from rawpage.server.args import ServerConfig
+from rawpage.server.json_schema import close_objects, rebase_refs
 from rawpage.server.protocol import APIError, Body
 from rawpage.server.tool_parsers import TOOL_PARSERS, ToolCall, call_from_json
 from rawpage.structured_output import StructuredOutputsParams
 
+logger = logging.getLogger("rawpage.server")
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 CHATML_TOOLS_TEMPLATE = os.path.join(os.path.dirname(__file__), "templates", "chatml_tools.jinja")
 
@@ -43,7 +46,8 @@ class ToolRequest:
         return self.tools if self.tools and self.choice != "none" else None
 
     def constraint(self) -> StructuredOutputsParams | None:
-        """The grammar for "required" and named choices (None otherwise)."""
+        """The grammar for "required" and named choices (None otherwise). Each function's
+        parameters sit in the array's items; their local refs are rebased to that place."""
         if self.choice == "named":
             return StructuredOutputsParams(json=_parameters(self.functions[self.named]))
         if self.choice != "required":
@@ -51,11 +55,14 @@ class ToolRequest:
         calls = [
             {
                 "type": "object",
-                "properties": {"name": {"const": name}, "arguments": _parameters(fn)},
+                "properties": {
+                    "name": {"const": name},
+                    "arguments": rebase_refs(_parameters(fn), f"/items/anyOf/{i}/properties/arguments"),
+                },
                 "required": ["name", "arguments"],
                 "additionalProperties": False,
             }
-            for name, fn in self.functions.items()
+            for i, (name, fn) in enumerate(self.functions.items())
         ]
         schema = {"type": "array", "items": {"anyOf": calls}, "minItems": 1}
         if not self.parallel:
@@ -72,16 +79,18 @@ class ToolRequest:
 
     def extract(self, text: str) -> tuple[str, list[ToolCall]]:
         """A reply's content -> (content without the calls, calls). Unparsable: (text, [])."""
+        # Under a forced choice the text is the grammar's JSON; cut short (max_tokens) it is
+        # no call and no content either: vLLM answers content "" and finish_reason "length".
         if self.choice == "named":
             call = _json_call(text, lambda obj: call_from_json({"name": self.named, "arguments": obj}))
-            return ("", [call]) if call else (text, [])
+            return "", [call] if call else []
         if self.choice == "required":
             try:
                 items = json.loads(text)
             except json.JSONDecodeError:
-                return text, []
+                return "", []
             calls = [call_from_json(x) for x in items] if isinstance(items, list) else [None]
-            return ("", calls) if calls and all(calls) else (text, [])
+            return "", calls if calls and all(calls) else []
         if self.choice == "auto":
             content, calls = self.parser.parse(text)
             return content, calls if self.parallel else calls[:1]
@@ -89,7 +98,9 @@ class ToolRequest:
 
 
 def _parameters(fn: dict[str, Any]) -> dict[str, Any]:
-    return fn.get("parameters") or {"type": "object", "properties": {}}
+    """The arguments' schema, closed: no keys the tool did not declare (OpenAI's strict
+    mode, which vLLM enforces for tool calls)."""
+    return close_objects(fn.get("parameters") or {"type": "object", "properties": {}})
 
 
 def _json_call(text: str, make) -> ToolCall | None:
@@ -99,8 +110,9 @@ def _json_call(text: str, make) -> ToolCall | None:
         return None
 
 
-def tool_request_from(body: Body, config: ServerConfig) -> ToolRequest | None:
-    """The request's tool fields, checked; None when it offers no tools."""
+def tool_request_from(body: Body, config: ServerConfig, template: ChatTemplate | None = None) -> ToolRequest | None:
+    """The request's tool fields, checked; None when it offers no tools. `template` is the
+    model's chat template, which may tell the parser for "auto" (auto_tool_parser)."""
     tools = body.value("tools")
     choice = body.value("tool_choice")
     parallel = body.bool("parallel_tool_calls", True)
@@ -127,17 +139,47 @@ def tool_request_from(body: Body, config: ServerConfig) -> ToolRequest | None:
         choice = "named"
     elif choice not in ("none", "auto", "required"):
         raise APIError("'tool_choice' must be none, auto, required or a named function", param="tool_choice")
-    parser = None
-    if choice == "auto":
-        if not config.enable_auto_tool_choice or not config.tool_call_parser:
-            raise APIError(
-                'tool_choice "auto" (the default when tools are given) needs a server started with '
-                '--enable-auto-tool-choice and --tool-call-parser; or send tool_choice "required" '
-                "or a named function",
-                param="tool_choice",
-            )
-        parser = TOOL_PARSERS[config.tool_call_parser]()
+    parser = TOOL_PARSERS[auto_tool_parser(config, template)]() if choice == "auto" else None
     return ToolRequest(tools, choice, named, parallel, parser)
+
+
+def auto_tool_parser(config: ServerConfig, template: ChatTemplate | None) -> str:
+    """The parser for tool_choice "auto": --tool-call-parser under --enable-auto-tool-choice.
+    With neither flag, the one the tools template's format names: <tool_call> blocks (rawpage's
+    ChatML tools template, Qwen's) are hermes. A server given only one of the flags keeps
+    vLLM's rule, as does a template of unknown format: a 400."""
+    if config.enable_auto_tool_choice and config.tool_call_parser:
+        return config.tool_call_parser
+    found = None
+    if not config.enable_auto_tool_choice and not config.tool_call_parser:
+        found = _template_tool_format(template)
+    if found is None:
+        raise APIError(
+            'tool_choice "auto" (the default when tools are given) needs a server started with '
+            '--enable-auto-tool-choice and --tool-call-parser; or send tool_choice "required" '
+            "or a named function",
+            param="tool_choice",
+        )
+    if found not in _LOGGED_AUTO:
+        _LOGGED_AUTO.add(found)
+        logger.info(
+            'tool_choice "auto": the chat template writes tool calls in the %s format, so replies are '
+            "parsed with --tool-call-parser %s (pass --enable-auto-tool-choice --tool-call-parser to choose)",
+            found,
+            found,
+        )
+    return found
+
+
+_LOGGED_AUTO: set[str] = set()
+
+
+def _template_tool_format(template: ChatTemplate | None) -> str | None:
+    try:
+        source = template_for_tools(template).source
+    except APIError:
+        return None
+    return "hermes" if "<tool_call>" in source else None
 
 
 def _check_tool(tool: Any, i: int) -> str:

@@ -10,3 +10,12 @@ def server():
     s = ServerProcess("--max-num-seqs", "64", "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
     yield s
     assert s.stop() == 0, s.output()
+
+
+@pytest.fixture(scope="package")
+def plain_server():
+    """A server with no tool flags (tools work from the template, issue 31 item 10), with
+    vLLM's load tracking and /tokenizer_info on."""
+    s = ServerProcess("--max-num-seqs", "16", "--enable-server-load-tracking", "--enable-tokenizer-info-endpoint")
+    yield s
+    assert s.stop() == 0, s.output()

@@ -31,7 +31,7 @@ MSGS = [{"role": "user", "content": "hi"}]
         (CHAT, {"messages": MSGS, "temperature": -1}, "temperature"),
         (CHAT, {"messages": MSGS, "top_p": 0}, "top_p"),
         (CHAT, {"messages": MSGS, "n": 0}, "n"),
-        (CHAT, {"messages": MSGS, "stream": "yes"}, "stream"),
+        (CHAT, {"messages": MSGS, "stream": "maybe"}, "stream"),  # "yes" is true, as pydantic (vLLM) reads it
         (CHAT, {"messages": MSGS, "stop": 5}, "stop"),
         (CHAT, {"messages": MSGS, "logit_bias": {"x": 1}}, "logit_bias"),
         (CHAT, {"messages": MSGS, "top_logprobs": 3}, "top_logprobs"),

@@ -175,7 +175,7 @@ def test_cors_only_for_allowed_origins(server, trusting):
 @pytest.mark.parametrize(
     "path,body,param",
     [
-        (CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+        (CHAT, {"messages": [{"role": 5, "content": "hi"}]}, "messages[0]"),  # any string role passes (vLLM, issue 31)
         (CMPL, {"prompt": ["a"] * 1000}, "prompt"),
         (CMPL, {"prompt": "hi", "stop": ["x"] * 17}, "stop"),
         (CMPL, {"prompt": "hi", "stop": ["x" * 300]}, "stop"),

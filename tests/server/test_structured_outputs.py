@@ -256,7 +256,7 @@ def test_every_request_field_is_used_or_refused_by_name(server, endpoint, fields
 def test_unsupported_nested_fields_and_conflicts_are_refused(server):
     for body, param in [
         (
-            {"stream_options": {"include_usage": True, "include_obfuscation": True}},
+            {"stream": True, "stream_options": {"include_usage": True, "include_obfuscation": True}},
             "stream_options.include_obfuscation",
         ),
         (

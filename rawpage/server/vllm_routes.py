@@ -1,0 +1,107 @@
+"""Routes vLLM serves beside OpenAI's, and its per-request load reporting.
+
+POST /invocations       SageMaker's one route: a body with "messages" is a chat
+                        completion, one with "prompt" a completion (vLLM tries its
+                        request types in that order)
+GET  /load              {"server_load": requests in flight}, counted under
+                        --enable-server-load-tracking (else 0), as vLLM does
+GET  /tokenizer_info    the tokenizer's settings and chat template, only under
+                        --enable-tokenizer-info-endpoint (it shows the template)
+endpoint-load-metrics   the ORCA load report as a response header, when a request
+                        asks for it with `endpoint-load-metrics-format: text|json`
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from rawpage.server.protocol import APIError
+from rawpage.server.state import ServerState
+
+Handler = Callable[[Request, ServerState], Awaitable[Response]]
+
+
+class ServerLoad:
+    """vLLM's server_load_metrics: generating requests that have arrived and not yet
+    finished sending their response (a stream counts until its last event)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled, self.count = enabled, 0
+
+    def aware(self, handler: Handler) -> Handler:
+        """The handler, counted while it runs; and its JSON reply with the ORCA header if asked."""
+
+        async def counted(request: Request, state: ServerState) -> Response:
+            done = self._arrived()
+            try:
+                response = await handler(request, state)
+            except BaseException:
+                done()
+                raise
+            if isinstance(response, StreamingResponse):  # counted until its last event is sent
+                response.background = BackgroundTask(done)
+                return response
+            done()
+            fmt = request.headers.get("endpoint-load-metrics-format")
+            if fmt and response.status_code == 200:
+                response.headers.update(state.metrics.orca_header(fmt))
+            return response
+
+        return counted
+
+    def _arrived(self) -> Callable[[], None]:
+        """Count one request; the function returned uncounts it, once however often it is called."""
+        if not self.enabled:
+            return lambda: None
+        self.count += 1
+        left = False
+
+        def done() -> None:
+            nonlocal left
+            if not left:
+                left = True
+                self.count -= 1
+
+        return done
+
+    async def endpoint(self, request: Request, state: ServerState) -> Response:
+        return JSONResponse({"server_load": self.count})
+
+
+def invocations(chat: Handler, completion: Handler) -> Handler:
+    """SageMaker's /invocations: the body's shape picks the handler, as in vLLM."""
+
+    async def dispatch(request: Request, state: ServerState) -> Response:
+        body = await state.read_body(request)
+        request.state.rawpage_body = body.data  # a body is read once: the handler's read_body reuses it
+        if "messages" in body.data:
+            return await chat(request, state)
+        if "prompt" in body.data:
+            return await completion(request, state)
+        raise APIError(
+            "/invocations could not tell the request's type: give 'messages' (a chat completion) "
+            "or 'prompt' (a completion)"
+        )
+
+    return dispatch
+
+
+async def tokenizer_info(request: Request, state: ServerState) -> Response:
+    """vLLM's /tokenizer_info: the tokenizer's class and settings, with its chat template."""
+    llm = state.llm
+    tok = llm.tokenizer
+    template = llm.chat_template or tok.chat_template
+    return JSONResponse(
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",  # tokenizer.json, as transformers names it
+            "bos_token": tok.bos_token,
+            "eos_token": tok.eos_token,
+            "model_max_length": llm.max_model_len,
+            "vocab_size": tok.vocab_size,
+            "chat_template": template.source if template is not None else None,
+        }
+    )
