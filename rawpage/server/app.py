@@ -1,6 +1,6 @@
 """The Starlette app: routes, authentication, errors in OpenAI's shape, and `rawpage serve`.
 
-POST /v1/chat/completions   POST /v1/completions   GET /v1/models
+POST /v1/chat/completions   POST /v1/completions   POST /v1/embeddings   GET /v1/models
 POST /tokenize   POST /detokenize   GET /health   GET /version   GET /metrics
 GET /v1/engine/events   GET / (the web page, unless --no-web)
 """
@@ -38,6 +38,7 @@ from rawpage.server.args import ServerConfig
 from rawpage.server.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
 from rawpage.server.chat import create_chat_completion, parse_messages
 from rawpage.server.completions import create_completion
+from rawpage.server.embeddings import create_embedding, generate_only
 from rawpage.server.engine_view import EngineView
 from rawpage.server.lora_routes import adapter_models, load_lora_adapter, unload_lora_adapter
 from rawpage.server.metrics import ServerMetrics
@@ -101,8 +102,9 @@ def _routes(state: ServerState, view: EngineView) -> list[Route]:
         return _endpoint(handler, state, auth)
 
     routes = [
-        Route("/v1/chat/completions", api(create_chat_completion), methods=["POST"]),
-        Route("/v1/completions", api(create_completion), methods=["POST"]),
+        Route("/v1/chat/completions", api(generate_only(create_chat_completion)), methods=["POST"]),
+        Route("/v1/completions", api(generate_only(create_completion)), methods=["POST"]),
+        Route("/v1/embeddings", api(create_embedding), methods=["POST"]),  # --runner pooling
         Route("/v1/models", api(list_models), methods=["GET"]),
         Route("/v1/load_lora_adapter", api(load_lora_adapter), methods=["POST"]),
         Route("/v1/unload_lora_adapter", api(unload_lora_adapter), methods=["POST"]),
@@ -205,6 +207,7 @@ async def list_models(request: Request, state: ServerState) -> Response:
         "owned_by": "rawpage",
         "root": state.model_name,
         "max_model_len": llm.max_model_len,
+        "runner": llm.args.runner,  # rawpage's: "generate" (chat, completions) or "pooling" (embeddings)
     }
     adapters = adapter_models(state, state.created, llm.max_model_len)  # --enable-lora
     return JSONResponse({"object": "list", "data": [model, *adapters]})

@@ -23,6 +23,8 @@ from rawpage.engine import LLMEngine, PromptType
 from rawpage.engine_args import EngineArgs
 from rawpage.lora import LoRARequest
 from rawpage.outputs import RequestOutput
+from rawpage.pooler import PoolingParams
+from rawpage.pooling_engine import new_engine
 from rawpage.sampling_params import SamplingParams
 from rawpage.server.protocol import APIError
 
@@ -201,6 +203,25 @@ class AsyncEngine:
                 params.temperature,
                 params.n,
             )
+        return self._submit(request_id, prompt, params, priority, lora_request)
+
+    def encode(self, request_id: str, prompt: PromptType, params: PoolingParams, priority: int = 0) -> RequestStream:
+        """vLLM's name: queue one input to pool (a --runner pooling engine); its stream ends
+        with one EmbeddingRequestOutput."""
+        if self.error is not None:
+            raise EngineDeadError("the engine has stopped; see the server log")
+        if self.log_requests:
+            logger.info("request %s: embedding, dimensions %s", request_id, params.dimensions)
+        return self._submit(request_id, prompt, params, priority, None)
+
+    def _submit(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | PoolingParams,
+        priority: int,
+        lora_request: LoRARequest | None,
+    ) -> RequestStream:
         stream = _Stream(asyncio.get_running_loop(), self.max_unread_tokens)
         self._streams[request_id] = stream
         self._adds_sent += 1  # counted at once, so a burst cannot slip past check_capacity
@@ -236,7 +257,7 @@ class AsyncEngine:
     # --- the engine thread --------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            self.engine = LLMEngine(self.args)
+            self.engine = new_engine(self.args)  # --runner pooling: a PoolingEngine
         except BaseException as e:  # noqa: BLE001 - reported through /health and the log
             self.error = e
             logger.error("engine failed to start: %s", e)
