@@ -227,3 +227,15 @@ def test_pooling_type_auto_reads_the_sentence_transformers_config(tmp_path, fold
     with pytest.raises(UnsupportedModelError, match="--pooling-type"):
         checkpoint_pooling_type(str(tmp_path))
     assert LLM(folder, runner="pooling", pooling_type="LAST", **KW).engine.pooler.pooling_type == "last"
+
+
+def test_a_checkpoint_saved_without_the_model_prefix_loads(tmp_path, engines):
+    """The Qwen3-Embedding checkpoints are saved from Qwen3Model: embed_tokens.weight,
+    layers.0..., norm.weight, no lm_head."""
+    from tests.tiny_models import train_tokenizer, write_hf_folder
+
+    cfg = family_config("qwen3")
+    tensors = {k.removeprefix("model."): v for k, v in hub_tensors(cfg).items()}
+    bare = write_hf_folder(str(tmp_path / "bare"), cfg, tensors, train_tokenizer())
+    got = LLM(bare, runner="pooling", **KW).embed(TEXTS, use_tqdm=False)
+    np.testing.assert_allclose(vectors(got), vectors(engines["last"].embed(TEXTS, use_tqdm=False)), atol=1e-6)
