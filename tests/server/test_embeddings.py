@@ -153,3 +153,12 @@ def test_a_generating_server_says_how_to_embed(folder):
         assert httpx.get(s.url + "/v1/models").json()["data"][0]["runner"] == "generate"
     finally:
         assert s.stop() == 0, s.output()
+
+
+def test_the_benchmark_runs(server):
+    from tools.bench_embeddings import make_texts, measure
+
+    headers = {"Authorization": f"Bearer {KEY}"}
+    texts = make_texts(server.url, headers, 4, 16)
+    result = measure(server.url, headers, texts, 1)
+    assert result["inputs_per_s"] > 0 and 4 * 12 <= result["prompt_tokens"] <= 4 * 20, result
