@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from rawpage.dtypes import to_float32
 from rawpage.engine import LLMEngine, PromptType
 from rawpage.engine_args import EngineArgs
 from rawpage.errors import InvalidRequestError
@@ -150,7 +151,7 @@ class PoolingEngine(LLMEngine):
         runner = self.runner
         batch = runner.buffer.upload(runner.build_batch(scheduled, rows))
         hidden = self.model.forward(batch, runner.kv_caches)  # (N, dim)
-        return self.backend.to_numpy(hidden).astype(np.float32, copy=False)
+        return to_float32(self.backend.to_numpy(hidden))
 
     def _output(self, req: PoolingRequest) -> EmbeddingRequestOutput:
         """The request's vector once its last chunk ran (empty until then, or if it failed)."""

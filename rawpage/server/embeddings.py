@@ -58,7 +58,9 @@ def generate_only(handler: Handler) -> Handler:
 
 async def _inputs(body: Body, state: ServerState) -> list[list[int]]:
     """'input': a string, a list of strings, a list of token ids, or a list of token-id
-    lists; at most --max-prompts-per-request of them. Tokenization runs off the event loop."""
+    lists; at most --max-prompts-per-request of them. Tokenization runs off the event loop,
+    with the tokenizer's special tokens (Qwen3-Embedding's closing EOS) unless vLLM's
+    add_special_tokens is false."""
     body.mark_read("input")
     x = body.data.get("input")
     limit = state.config.max_prompts_per_request
@@ -72,7 +74,7 @@ async def _inputs(body: Body, state: ServerState) -> list[list[int]]:
     if isinstance(x, list) and x and all(isinstance(s, str) for s in x):
         if not all(x):
             raise APIError("'input' must not contain an empty string", param="input")
-        return await state.encode(x)
+        return await state.encode(x, add_special_tokens=body.bool("add_special_tokens", True))
     if isinstance(x, list) and x and all(isinstance(t, list) and _token_ids(t) for t in x):
         return x
     raise APIError(

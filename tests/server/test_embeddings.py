@@ -82,6 +82,8 @@ def test_token_ids_and_vllm_extras(server, offline):
         r = post(server, {**body, "encoding_format": "float", "user": "u1"})
         assert r.status_code == 200, r.text
         np.testing.assert_allclose(r.json()["data"][0]["embedding"], want, atol=1e-6)
+    plain = post(server, {"input": "hello", "add_special_tokens": False}).json()["usage"]["prompt_tokens"]
+    assert plain == len(offline.get_tokenizer().encode("hello", add_special_tokens=False))
     raw = post(server, {"input": ids, "normalize": False, "encoding_format": "float"}).json()
     assert abs(np.linalg.norm(raw["data"][0]["embedding"]) - 1) > 1e-3
     long = list(range(3, 3 + MAX_LEN + 20))
@@ -151,6 +153,7 @@ def test_a_generating_server_says_how_to_embed(folder):
         r = httpx.post(s.url + "/v1/embeddings", json={"input": "hi"})
         assert r.status_code == 400 and "--runner pooling" in r.json()["error"]["message"], r.text
         assert httpx.get(s.url + "/v1/models").json()["data"][0]["runner"] == "generate"
+        assert httpx.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
     finally:
         assert s.stop() == 0, s.output()
 
