@@ -156,10 +156,10 @@ class PoolingEngine(LLMEngine):
     def _output(self, req: PoolingRequest) -> EmbeddingRequestOutput:
         """The request's vector once its last chunk ran (empty until then, or if it failed)."""
         done = req.is_finished and req.error is None and req.seqs[0].finish_reason == "stop"
-        vector = self.pooler.vector(req) if done else []
-        finished = req.is_finished
-        out = EmbeddingOutput(vector)
-        return EmbeddingRequestOutput(req.request_id, out, req.prompt_token_ids, finished, req.metrics, req.error)
+        out = EmbeddingOutput(self.pooler.vector(req) if done else [])
+        return EmbeddingRequestOutput(
+            req.request_id, out, req.prompt_token_ids, req.is_finished, req.metrics, req.error
+        )
 
 
 def embed(
