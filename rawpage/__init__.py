@@ -7,7 +7,8 @@ from rawpage import (
 from rawpage.engine_args import EngineArgs
 from rawpage.llm import LLM
 from rawpage.lora import LoRARequest
-from rawpage.outputs import CompletionOutput, RequestOutput
+from rawpage.outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from rawpage.pooler import PoolingParams
 from rawpage.sampling_params import SamplingParams
 from rawpage.structured_output import StructuredOutputsParams
 
@@ -20,5 +21,8 @@ __all__ = [
     "LoRARequest",
     "RequestOutput",
     "CompletionOutput",
+    "PoolingParams",
+    "EmbeddingRequestOutput",
+    "EmbeddingOutput",
     "__version__",
 ]

@@ -29,6 +29,8 @@ BLOCK_SIZES = [8, 16, 32]
 PREEMPTION_MODES = ["recompute", "swap"]
 SCHEDULING_POLICIES = ["fcfs", "priority"]
 KV_CACHE_DTYPES = ["auto", "fp8", "fp8_e4m3"]
+RUNNERS = ["generate", "pooling"]
+POOLING_TYPES = ["auto", "last", "mean", "cls"]
 
 _UNITS = {
     "": 1,
@@ -209,6 +211,18 @@ class EngineArgs:
         '"prompt_lookup_max": 4} or {"model": PATH, "num_speculative_tokens": 4}',
         default_text="off",
     )
+    runner: str = flag(
+        "generate",
+        "generate: text out (chat, completions); pooling: one vector per input (embeddings), prefill only",
+        choices=RUNNERS,
+    )
+    pooling_type: str = flag(
+        "auto",
+        "--runner pooling: how the last layer's hidden states become one vector (last, mean or cls); auto = "
+        "the checkpoint's sentence-transformers pooling config (1_Pooling/config.json), else last",
+        choices=POOLING_TYPES,
+        type=str.lower,
+    )
     log_stats_interval: float = 5.0  # seconds between stats lines while busy; 0 = off
     # The flags the user gave (from_cli_args): a flag with no effect here is logged only if given.
     given: frozenset[str] = dataclasses.field(default=frozenset(), compare=False, repr=False)
@@ -220,6 +234,7 @@ class EngineArgs:
         if self.disable_log_stats:
             self.log_stats_interval = 0
         self._check_vllm_flags()
+        self.pooling_type = self.pooling_type.lower()  # vLLM spells them LAST, MEAN, CLS
         parse_kv_cache_scales(self.kv_cache_scales)  # a bad value fails here, before anything loads
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         for f in dataclasses.fields(self):

@@ -12,10 +12,11 @@ import itertools
 import time
 from typing import Any
 
-from rawpage.engine import LLMEngine, PromptType
+from rawpage.engine import PromptType
 from rawpage.engine_args import EngineArgs
 from rawpage.lora.adapter import LoRARequest
-from rawpage.outputs import RequestOutput
+from rawpage.outputs import EmbeddingRequestOutput, RequestOutput
+from rawpage.pooling_engine import embed, new_engine
 from rawpage.request_checks import check_messages, check_params_type
 from rawpage.sampling_params import SamplingParams
 
@@ -30,7 +31,7 @@ class LLM:
         if unknown:
             raise TypeError(f"LLM() got unknown keyword(s) {sorted(unknown)}; see EngineArgs for the list")
         kwargs.setdefault("log_stats_interval", 0)
-        self.engine = LLMEngine(EngineArgs(model=model, **kwargs))
+        self.engine = new_engine(EngineArgs(model=model, **kwargs))  # runner="pooling": an embedding engine
         self._ids = itertools.count()
 
     def get_tokenizer(self):
@@ -90,6 +91,10 @@ class LLM:
             for c in convs
         ]
         return self.generate(prompts, sampling_params, use_tqdm)
+
+    def embed(self, prompts: PromptType | list[PromptType], **kwargs: Any) -> list[EmbeddingRequestOutput]:
+        """One vector per prompt, in order (runner="pooling"); kwargs: pooling_params, use_tqdm, truncate_prompt_tokens"""
+        return embed(self.engine, self._ids, prompts, **kwargs)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}

@@ -42,3 +42,27 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     error: str | None = None  # set when the engine failed this request (its outputs end with "abort")
+
+
+@dataclass
+class EmbeddingOutput:
+    """vLLM's EmbeddingOutput: one input's pooled vector."""
+
+    embedding: list[float]  # (dim,), or (dimensions,) when truncated
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """What a pooling engine (--runner pooling) hands back for one input, as vLLM's
+    EmbeddingRequestOutput: the vector arrives once, with finished=True."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool
+    metrics: RequestMetrics | None = None
+    error: str | None = None  # set when the engine failed this request (outputs.embedding is empty)

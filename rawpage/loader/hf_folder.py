@@ -40,6 +40,9 @@ def open_safetensors(folder: str) -> TensorSource:
             readers[name] = lambda st=st, name=name, bf16=bf16: (
                 bf16_to_f32(st.tensor(name)) if bf16 else st.tensor(name)
             )
+    if "embed_tokens.weight" in readers and "model.embed_tokens.weight" not in readers:
+        # Saved from the bare *Model, as the Qwen3-Embedding checkpoints are: no "model." prefix (and no LM head).
+        readers = {n if n.startswith("lm_head.") else "model." + n: r for n, r in readers.items()}
     return TensorSource(readers)
 
 

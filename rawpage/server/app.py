@@ -1,6 +1,7 @@
 """The Starlette app: routes, authentication, errors in OpenAI's shape, and `rawpage serve`.
 
-POST /v1/chat/completions   POST /v1/completions   GET /v1/models   GET /v1/models/{id}
+POST /v1/chat/completions   POST /v1/completions   POST /v1/embeddings
+GET /v1/models   GET /v1/models/{id}
 POST /tokenize   POST /detokenize   GET /health   GET /version   GET /metrics
 GET /v1/engine/events   GET / (the web page, unless --no-web)
 vLLM's own: POST /v1/chat/completions/batch   POST /invocations   GET /load
@@ -44,6 +45,7 @@ from rawpage.server.async_engine import AsyncEngine, EngineDeadError, RequestFai
 from rawpage.server.chat import create_chat_completion, parse_messages
 from rawpage.server.chat_batch import create_batch_chat_completion
 from rawpage.server.completions import create_completion
+from rawpage.server.embeddings import create_embedding, generate_only
 from rawpage.server.engine_view import EngineView
 from rawpage.server.lora_routes import adapter_models, load_lora_adapter, unload_lora_adapter
 from rawpage.server.metrics import ServerMetrics
@@ -118,14 +120,16 @@ def _routes(state: ServerState, view: EngineView) -> list[Route]:
         return _endpoint(handler, state, auth, admin)
 
     load = ServerLoad(config.enable_server_load_tracking)
-    chat, completion = load.aware(create_chat_completion), load.aware(create_completion)
+    chat_only, completion_only = generate_only(create_chat_completion), generate_only(create_completion)
+    chat, completion = load.aware(chat_only), load.aware(completion_only)
     routes = [
         Route("/v1/chat/completions", api(chat), methods=["POST"]),
-        Route("/v1/chat/completions/batch", api(load.aware(create_batch_chat_completion)), methods=["POST"]),
-        Route("/v1/completions", api(completion), methods=["POST"]),
         Route(
-            "/invocations", api(load.aware(invocations(create_chat_completion, create_completion))), methods=["POST"]
+            "/v1/chat/completions/batch", api(load.aware(generate_only(create_batch_chat_completion))), methods=["POST"]
         ),
+        Route("/v1/completions", api(completion), methods=["POST"]),
+        Route("/v1/embeddings", api(load.aware(create_embedding)), methods=["POST"]),  # --runner pooling
+        Route("/invocations", api(load.aware(invocations(chat_only, completion_only))), methods=["POST"]),
         Route("/load", api(load.endpoint), methods=["GET"]),
         Route("/v1/models", api(list_models), methods=["GET"]),
         Route("/v1/models/{model_id:path}", api(retrieve_model), methods=["GET"]),
@@ -254,6 +258,7 @@ def _models(state: ServerState) -> list[dict[str, Any]]:
         "owned_by": "rawpage",
         "root": state.model_name,
         "max_model_len": llm.max_model_len,
+        "runner": llm.args.runner,  # rawpage's: "generate" (chat, completions) or "pooling" (embeddings)
     }
     return [model, *adapter_models(state, state.created, llm.max_model_len)]
 

@@ -24,6 +24,8 @@ from rawpage.engine_args import EngineArgs
 from rawpage.errors import CONFIG_ERRORS
 from rawpage.lora import LoRARequest
 from rawpage.outputs import RequestOutput
+from rawpage.pooler import PoolingParams
+from rawpage.pooling_engine import new_engine
 from rawpage.sampling_params import SamplingParams
 from rawpage.server.protocol import APIError
 
@@ -209,6 +211,28 @@ class AsyncEngine:
                 params.temperature,
                 params.n,
             )
+        return self._submit(request_id, prompt, params, priority, lora_request, owner)
+
+    def encode(
+        self, request_id: str, prompt: PromptType, params: PoolingParams, priority: int = 0, owner: str | None = None
+    ) -> RequestStream:
+        """vLLM's name: queue one input to pool (a --runner pooling engine); its stream ends
+        with one EmbeddingRequestOutput."""
+        if self.error is not None:
+            raise EngineDeadError("the engine has stopped; see the server log")
+        if self.log_requests:
+            logger.info("request %s: embedding, dimensions %s", request_id, params.dimensions)
+        return self._submit(request_id, prompt, params, priority, None, owner)
+
+    def _submit(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | PoolingParams,
+        priority: int,
+        lora_request: LoRARequest | None,
+        owner: str | None,
+    ) -> RequestStream:
         stream = _Stream(asyncio.get_running_loop(), self.max_unread_tokens)
         stream.owner = owner
         self._streams[request_id] = stream
@@ -250,7 +274,7 @@ class AsyncEngine:
     # --- the engine thread --------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            self.engine = LLMEngine(self.args)
+            self.engine = new_engine(self.args)  # --runner pooling: a PoolingEngine
         except BaseException as e:  # noqa: BLE001 - the server exits on it (rawpage serve)
             self.error = e
             if isinstance(e, CONFIG_ERRORS):  # the user's setting: its message says what to change

@@ -202,7 +202,7 @@ class ServerMetrics:
         now = time.monotonic()
         for out in outputs:
             rid, m = out.request_id, out.metrics
-            if any(o.delta_token_ids for o in out.outputs):
+            if isinstance(out, RequestOutput) and any(o.delta_token_ids for o in out.outputs):  # not embeddings
                 last = self._last_token.get(rid)
                 if last is None and m is not None and m.first_token_time is not None:
                     self.ttft.observe(m.first_token_time - m.arrival_time)
