@@ -24,7 +24,7 @@ LOAD_FORMATS = ["auto", "dummy"]
 BLOCK_SIZES = [8, 16, 32]
 PREEMPTION_MODES = ["recompute", "swap"]
 SCHEDULING_POLICIES = ["fcfs", "priority"]
-KV_CACHE_DTYPES = ["auto", "fp8", "fp8_e4m3"]
+KV_CACHE_DTYPES = ["auto", "fp8", "fp8_e4m3", "float16"]
 
 _UNITS = {
     "": 1,
@@ -102,7 +102,8 @@ class EngineArgs:
     kv_cache_dtype: str = flag(
         "auto",
         "KV cache element type: auto = the model dtype; fp8 (or fp8_e4m3) = e4m3 with per-tensor scales, "
-        "1 byte an element, so about twice the blocks of a 16-bit cache fit",
+        "1 byte an element, so about twice the blocks of a 16-bit cache fit; float16 = 2 bytes an element "
+        "(--device cpu only: twice the blocks of its float32 cache)",
         choices=KV_CACHE_DTYPES,
     )
     kv_cache_scales: str = flag(

@@ -145,6 +145,9 @@ class Backend:
     # (k_scale, v_scale) of an FP8 KV cache (--kv-cache-dtype fp8; see
     # rawpage/ops/kv_cache_fp8.py), in this backend's array module once set.
     kv_scales: Array | None = None
+    # The KV cache's element type where it is not the model's (--kv-cache-dtype float16
+    # on the CPU); None: the model dtype, or uint8 with kv_scales.
+    kv_cache_dtype: Any = None
 
     def set_kv_scales(self, kv_scales: np.ndarray) -> None:
         self.kv_scales = np.asarray(kv_scales, np.float32)
