@@ -25,6 +25,7 @@ BLOCK_SIZES = [8, 16, 32]
 PREEMPTION_MODES = ["recompute", "swap"]
 SCHEDULING_POLICIES = ["fcfs", "priority"]
 KV_CACHE_DTYPES = ["auto", "fp8", "fp8_e4m3", "float16"]
+CPU_KERNELS = ["auto", "native", "numpy"]
 
 _UNITS = {
     "": 1,
@@ -131,6 +132,13 @@ class EngineArgs:
         None,
         "cpu: BLAS threads per forward pass, at most the cores this process may use",
         default_text="the usable cores other processes leave idle, measured each second",
+    )
+    cpu_kernels: str = flag(
+        "auto",
+        "cpu: native = our C kernels (GGUF blocks kept quantized with int8 dot products, paged attention read "
+        "in place, the small ops fused; built at first use with the system compiler); numpy = the float32 "
+        "NumPy reference path; auto = native where it builds, else numpy (the log says which runs)",
+        choices=CPU_KERNELS,
     )
     enable_lora: bool = flag(False, "serve LoRA adapters (PEFT format) on top of the model, many in one batch")
     max_loras: int = flag(1, "LoRA adapters resident on the device at once (slots); more wait their turn")

@@ -42,6 +42,9 @@ class Backend:
     # QuantizedWeight kinds whose kernels this backend has: such weights stay packed on
     # the device and linear() reads them as stored. Others are dequantized at load.
     keeps_quantized: frozenset[str] = frozenset()
+    # Whether embedding() reads a packed table (a QuantizedWeight) by its rows, so that a
+    # quantized embedding, and the LM head tied to it, stay packed (the native CPU backend).
+    reads_packed_embedding: bool = False
 
     # --- arrays -----------------------------------------------------------
     def asarray(self, x: np.ndarray, dtype: Any = None) -> Array:
@@ -78,7 +81,7 @@ class Backend:
 
     # --- ops (see rawpage/ops/* for the math) -------------------------------
     def embedding(self, ids: Array, table: Array) -> Array:
-        """ids: (T,) -> (T, dim)."""
+        """ids: (T,) -> (T, dim). table: (V, dim), or packed where reads_packed_embedding."""
         raise NotImplementedError
 
     def prepare_linear(self, w: Array | QuantizedWeight) -> Array | QuantizedWeight:
