@@ -166,7 +166,7 @@ class LlamaModel:
     def compute_logits(self, hidden: Array) -> Array | None:
         """(N, dim) -> (N, V) float32 logits; under tensor parallelism, on rank 0 only
         (each rank computes its vocabulary rows, rank 0 gathers them), None elsewhere."""
-        logits = self.backend.linear(hidden, self.lm_head)
+        logits = self.backend.logits(hidden, self.lm_head)
         return logits if self.tp is None else self.tp.gather_logits(logits)
 
 

@@ -105,6 +105,12 @@ class Backend:
             raise NotImplementedError(f"the {self.name} backend has no kernel for {w.kind} weights")
         return self.matmul(x, w, bias)
 
+    def logits(self, x: Array, lm_head: Array | QuantizedWeight) -> Array:
+        """The LM head: x (N, dim) -> (N, V) float32 logits, for lm_head from prepare_linear.
+        A seam of its own, because its rounding lands in the logits directly: a backend
+        may keep its activations exact where other layers round them (cpu_native.py)."""
+        return self.linear(x, lm_head)
+
     def add_lora(self, y: Array, x: Array, w: LoRALinear) -> None:
         """y (T, out) += (x·A[s]ᵀ)·B[s] in place, s = the adapter slot of each token's
         sequence (rawpage/ops/lora.py). Here: tokens grouped by adapter, two GEMMs each."""

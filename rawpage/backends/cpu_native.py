@@ -1,10 +1,13 @@
 """The CPU backend on our own C kernels (rawpage/native): what a forward pass runs on
 the CPU wherever a C compiler works (--cpu-kernels auto or native).
 
-    linear       GGUF blocks kept as stored, activations quantized to int8 once per
-                 matmul, integer dot products per block (native/gguf_matmul.c); dense
-                 weights (float checkpoints, formats without a kernel) go to BLAS as in
-                 the NumPy backend
+    linear       GGUF blocks kept as stored, the activations quantized to int8 per 32
+                 values once per matmul, integer dot products per block, for decode and
+                 prefill alike (native/gguf_matmul.c; at 8-512 rows 2-13x faster than
+                 dequantized tiles into BLAS, docs/benchmarks.md). Each row's rounding
+                 is its own, so a sequence computes the same whatever its batch. Dense
+                 weights (float checkpoints, other formats) go to BLAS as on NumPy
+    logits       a Q8_0 LM head with float activations (native/gguf_lm_head.c)
     embedding    a packed table's rows dequantized as they are looked up, so a tied
                  embedding / LM head is held once, in its stored format
     attention    read in place through the block table, online softmax, each K/V row
@@ -29,6 +32,7 @@ from rawpage.backends.cpu import CPUBackend
 from rawpage.native import attention, layer_ops
 from rawpage.native.gguf import NATIVE_GGUF, gguf_matmul, gguf_rows
 from rawpage.native.library import NativeLibrary
+from rawpage.native.lm_head import lm_head_q8_0
 from rawpage.ops.lora import LoRALinear
 from rawpage.quantization.weight import QuantizedWeight
 
@@ -61,6 +65,13 @@ class NativeCPUBackend(CPUBackend):
         if isinstance(w, LoRALinear):
             return super().linear(x, w, bias)  # base weight through self.linear, then the delta
         return self.matmul(x, w, bias)
+
+    def logits(self, x: np.ndarray, lm_head: Any) -> np.ndarray:
+        """A Q8_0 LM head (SmolLM2's tied embedding) read with float activations
+        (native/gguf_lm_head.c says why); other heads as any linear layer."""
+        if isinstance(lm_head, QuantizedWeight) and lm_head.qtype == "Q8_0":
+            return lm_head_q8_0(self.lib, x, lm_head.data, lm_head.shape, self.kernel_threads)
+        return self.linear(x, lm_head)
 
     def embedding(self, ids: np.ndarray, table: np.ndarray | QuantizedWeight) -> np.ndarray:
         if not isinstance(table, QuantizedWeight):
