@@ -235,7 +235,7 @@ class DecoderModel:
 
     def compute_logits(self, hidden: Array) -> Array:
         """(N, dim) -> (N, V) logits; Gemma 2 soft-caps them: cap * tanh(logits / cap)."""
-        logits = self.backend.linear(hidden, self.lm_head)
+        logits = self.backend.logits(hidden, self.lm_head)
         cap = self.config.final_logit_softcapping
         if cap:  # (np.tanh is a ufunc: on CuPy arrays it runs on the GPU)
             logits = from_float32(cap * np.tanh(to_float32(logits) / np.float32(cap)), self.backend.dtype)

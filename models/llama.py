@@ -60,13 +60,18 @@ class LlamaModel:
         else:
             self._weights = tensors if isinstance(tensors, WeightSource) else _CheckpointWeights(tensors)
         V = c.vocab_size if tp is None else tp.layout.vocab_rows  # a rank's rows: Vp
-        self.embed = self._load(("model.embed_tokens.weight", (V, c.hidden_size)))  # (V, dim)
+        embed = ("model.embed_tokens.weight", (V, c.hidden_size))
+        packed = self._packed([embed])  # the table as the checkpoint packs it, if the backend reads that
+        if packed is not None and b.reads_packed_embedding:
+            self.embed = b.prepare_linear(packed)  # (V, dim) as stored blocks, its rows read on lookup
+        else:
+            self.embed = self._load(embed)  # (V, dim)
         self.layers = [self._load_layer(i) for i in _progress(range(c.num_layers), "loading weights")]
         self.norm = self._load(("model.norm.weight", (c.hidden_size,)))  # (dim,)
         if c.tie_word_embeddings or not self._weights.has("lm_head.weight"):
-            packed = self._packed([("model.embed_tokens.weight", (V, c.hidden_size))])
-            # tied to the embedding: the same array, a re-laid copy, or the packed blocks
-            self.lm_head = b.prepare_linear(packed if packed is not None else self.embed)
+            # tied to the embedding: the same array (dense or packed), a re-laid copy, or the packed blocks
+            same = packed is not None and b.reads_packed_embedding
+            self.lm_head = self.embed if same else b.prepare_linear(packed if packed is not None else self.embed)
         else:
             self.lm_head = self._linear(("lm_head.weight", (V, c.hidden_size)))
         freq_factors = tensors["rope_freqs"] if self._weights.has("rope_freqs") else None
@@ -161,7 +166,7 @@ class LlamaModel:
     def compute_logits(self, hidden: Array) -> Array | None:
         """(N, dim) -> (N, V) float32 logits; under tensor parallelism, on rank 0 only
         (each rank computes its vocabulary rows, rank 0 gathers them), None elsewhere."""
-        logits = self.backend.linear(hidden, self.lm_head)
+        logits = self.backend.logits(hidden, self.lm_head)
         return logits if self.tp is None else self.tp.gather_logits(logits)
 
 

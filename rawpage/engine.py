@@ -69,7 +69,8 @@ class LLMEngine:
         self.model_config = c = ckpt.config
         self.tokenizer, self.generation_config = ckpt.tokenizer, ckpt.generation_config
         self.chat_template = ChatTemplate.from_arg(args.chat_template) if args.chat_template else None
-        self.backend = get_backend(args.device, resolve_dtype(args.dtype, args.device, c.torch_dtype), args.cpu_threads)
+        dtype = resolve_dtype(args.dtype, args.device, c.torch_dtype)
+        self.backend = get_backend(args.device, dtype, args.cpu_threads, args.cpu_kernels)
         args.log_inert_flags(self.backend)
         self.max_model_len = resolve_max_model_len(args.max_model_len, c.max_position_embeddings)
         self.block_size = args.block_size

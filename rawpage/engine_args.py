@@ -28,7 +28,8 @@ LOAD_FORMATS = ["auto", "dummy"]
 BLOCK_SIZES = [8, 16, 32]
 PREEMPTION_MODES = ["recompute", "swap"]
 SCHEDULING_POLICIES = ["fcfs", "priority"]
-KV_CACHE_DTYPES = ["auto", "fp8", "fp8_e4m3"]
+KV_CACHE_DTYPES = ["auto", "fp8", "fp8_e4m3", "float16"]
+CPU_KERNELS = ["auto", "native", "numpy"]
 RUNNERS = ["generate", "pooling"]
 POOLING_TYPES = ["auto", "last", "mean", "cls"]
 
@@ -113,7 +114,8 @@ class EngineArgs:
     kv_cache_dtype: str = flag(
         "auto",
         "KV cache element type: auto = the model dtype; fp8 (or fp8_e4m3) = e4m3 with per-tensor scales, "
-        "1 byte an element, so about twice the blocks of a 16-bit cache fit",
+        "1 byte an element, so about twice the blocks of a 16-bit cache fit; float16 = 2 bytes an element "
+        "(--device cpu only: twice the blocks of its float32 cache)",
         choices=KV_CACHE_DTYPES,
     )
     kv_cache_scales: str = flag(
@@ -141,6 +143,13 @@ class EngineArgs:
         None,
         "cpu: BLAS threads per forward pass, at most the cores this process may use",
         default_text="the usable cores other processes leave idle, measured each second",
+    )
+    cpu_kernels: str = flag(
+        "auto",
+        "cpu: native = our C kernels (GGUF blocks kept quantized with int8 dot products, paged attention read "
+        "in place, the small ops fused; built at first use with the system compiler); numpy = the float32 "
+        "NumPy reference path; auto = native where it builds, else numpy (the log says which runs)",
+        choices=CPU_KERNELS,
     )
     enable_lora: bool = flag(False, "serve LoRA adapters (PEFT format) on top of the model, many in one batch")
     max_loras: int = flag(1, "LoRA adapters resident on the device at once (slots); more wait their turn")

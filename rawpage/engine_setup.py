@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import numpy as np
+
 from rawpage.backends import cuda_available
 from rawpage.backends.base import Backend
 from rawpage.config import ModelConfig
@@ -71,12 +73,12 @@ def _plan_kv_cache(
     lora: LoRAManager | None,
     draft: LlamaModel | None,
 ) -> MemoryPlan:
-    fp8 = setup_fp8_kv_cache(a, model, backend)
-    itemsize = 1 if fp8 else backend.dtype.itemsize  # the draft's cache takes the same dtype
+    fp8, half = setup_fp8_kv_cache(a, model, backend), setup_float16_kv_cache(a, backend)
+    itemsize = 1 if fp8 else 2 if half else backend.dtype.itemsize  # the draft's cache takes the same dtype
     per_block = kv_bytes_per_block(model.config, a.block_size, itemsize)
     weights = model.num_bytes() + (lora.slot_bytes() if lora is not None else 0)
     draft_mem = draft and DraftMemory(draft.num_bytes(), kv_bytes_per_block(draft.config, a.block_size, itemsize))
-    window, dtype = kv_cache_window(model.config), "fp8" if fp8 else "auto"
+    window, dtype = kv_cache_window(model.config), "fp8" if fp8 else "float16" if half else "auto"
     extra = {"sliding_window": window, "kv_cache_dtype": dtype, "draft": draft_mem}
     if backend.memory is not None and not a.num_gpu_blocks_override and not a.kv_cache_memory:
 
@@ -120,6 +122,20 @@ def setup_fp8_kv_cache(a: EngineArgs, model, backend: Backend) -> bool:
         scales = calibrate_kv_cache_scales(model, backend, a.block_size, model.config.vocab_size)
     backend.set_kv_scales(scales)
     logger.info("FP8 KV cache: k_scale %.4g, v_scale %.4g (%s)", scales[0], scales[1], a.kv_cache_scales)
+    return True
+
+
+def setup_float16_kv_cache(a: EngineArgs, backend: Backend) -> bool:
+    """--kv-cache-dtype float16 on the CPU: the runner allocates float16 caches (half the
+    bytes of float32; attention reads them as float32). False for a model-dtype cache."""
+    if a.kv_cache_dtype != "float16":
+        return False
+    if backend.name != "cpu":
+        raise ValueError(
+            f"--kv-cache-dtype float16 runs on --device cpu only, not {backend.name}: there the KV cache "
+            "takes the model dtype (--kv-cache-dtype auto; --dtype float16 for a 16-bit one) or fp8"
+        )
+    backend.kv_cache_dtype = np.dtype(np.float16)
     return True
 
 

@@ -68,7 +68,7 @@ class MemoryPlan:
     # Every layer attends within this window: blocks older than it are released while a
     # sequence runs, so one sequence never holds more than window_blocks() blocks.
     sliding_window: int | None = None
-    kv_cache_dtype: str = "auto"  # fp8: 1-byte elements (bytes_per_block counts them)
+    kv_cache_dtype: str = "auto"  # fp8: 1-byte elements, float16 (CPU): 2-byte (bytes_per_block counts them)
     lora_bytes: int = 0  # --enable-lora: the adapter slots, counted in weights_bytes
     lora_text: str = ""
     draft: DraftMemory | None = None  # speculative decoding's draft model: a pool of num_blocks blocks too
@@ -115,7 +115,8 @@ class MemoryPlan:
             f"{self.max_full_length_seqs:.1f} sequences of --max-model-len {self.max_model_len} fit",
         ]
         if self.kv_cache_dtype != "auto":
-            lines[-1] += f" (KV cache dtype {self.kv_cache_dtype}: 1 byte an element)"
+            size = "2 bytes" if self.kv_cache_dtype == "float16" else "1 byte"
+            lines[-1] += f" (KV cache dtype {self.kv_cache_dtype}: {size} an element)"
         if self.tokens_per_seq < self.max_model_len:
             lines[-1] += (
                 f" (a sliding window of {self.sliding_window} tokens in every layer: each sequence holds "

@@ -41,10 +41,10 @@ class ModelRunner:
         lora: LoRAManager | None = None,
     ) -> None:
         """graph_shapes: capture a graph for each (batch size, query tokens a sequence) (decode_graphs.
-        graph_shapes); None runs every step eagerly. KV caches: uint8 if FP8 scales are set.
+        graph_shapes); None runs every step eagerly. KV caches: uint8 if FP8 scales are set, else backend.kv_cache_dtype (None: the model's).
         lora: the adapter slots (--enable-lora)."""
         c = model.config
-        kv_cache_dtype = np.uint8 if backend.kv_scales is not None else None
+        kv_cache_dtype = np.uint8 if backend.kv_scales is not None else backend.kv_cache_dtype
         self.model, self.backend, self.block_size, self.lora = model, backend, block_size, lora
         shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)  # (NB, BS, Hkv, D)
         self.kv_caches: list[tuple[Array, Array]] = [

@@ -16,10 +16,13 @@ ROOT = Path(__file__).resolve().parent.parent
 FORMATS = ["rawpage.quantization.weight", "rawpage.quantization.fp8", "rawpage.quantization.int4"]
 ALLOWED = {
     "rawpage.ops": ["rawpage.cuda", "rawpage.dtypes", "rawpage.errors", *FORMATS],
-    "rawpage.sim": ["rawpage.ops", "rawpage.cuda", "rawpage.dtypes", "rawpage.errors"],
+    "rawpage.sim": ["rawpage.ops", "rawpage.cuda", "rawpage.dtypes", "rawpage.errors", "rawpage.compile_cache"],
+    # the CPU kernels: C sources and their ctypes wrappers, beside the simulator
+    "rawpage.native": ["rawpage.ops", "rawpage.dtypes", "rawpage.errors", "rawpage.compile_cache", *FORMATS],
     "rawpage.backends": [
         "rawpage.ops",
         "rawpage.sim",
+        "rawpage.native",
         "rawpage.cuda",
         "rawpage.dtypes",
         "rawpage.errors",

@@ -8,7 +8,7 @@
 # The prebuilt llama-cpp-python wheel crashed on our CPU (AMD EPYC) in llama.cpp's AMX
 # code, so both are built from source with AMX off and AVX-512 on. llama-server is built
 # twice: with AVX-512 (llama.cpp-build) and with the integer dot-product instructions
-# too (llama.cpp-build-vnni: AVX512-VNNI, AVX512-BF16, AVX-VNNI; AMX off, since a
+# too (llama.cpp-build-vnni: AVX512-VNNI, AVX512-BF16, and AVX-VNNI where the CPU has it; AMX off, since a
 # GGML_NATIVE=ON build enables AMX and that segfaults at the first matmul in our VM).
 # The VNNI build is the strongest llama.cpp that runs here; compare against it. About
 # 8 + 17 + 17 minutes on 2 cores. Then:
@@ -19,7 +19,10 @@ set -euo pipefail
 DIR=$(realpath -m "${1:-$(dirname "$0")/../../peers}")
 VERSION=0.3.36
 FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-VNNI_FLAGS="$FLAGS -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON"
+# AVX-VNNI (the VEX form) only where the CPU has it: our Xeon has AVX512-VNNI but not
+# AVX-VNNI, and a build with it dies of SIGILL at the first matmul.
+VNNI_FLAGS="$FLAGS -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON"
+if grep -qw avx_vnni /proc/cpuinfo; then VNNI_FLAGS="$VNNI_FLAGS -DGGML_AVX_VNNI=ON"; fi
 mkdir -p "$DIR"
 
 if [ ! -x "$DIR/llamacpp-venv/bin/python" ]; then

@@ -1,6 +1,7 @@
 """Backends: one implementation of every op per device.
 
-    cpu   NumPy, float32. The reference, and a real CPU serving path.
+    cpu   float32 activations on the host: our C kernels (rawpage/native, via
+          backends/cpu_native.py) where they build, else NumPy (backends/cpu.py).
     sim   the CUDA kernels in cuda/ compiled for the CPU by our simulator.
     cuda  CuPy arrays, our kernels as RawModules, cuBLAS GEMMs.
 
@@ -17,10 +18,13 @@ from rawpage.backends.gpu_probe import cupy_problem, require_cuda, visible_gpus
 logger = logging.getLogger(__name__)
 
 
-def get_backend(device: str = "cpu", dtype: str | None = None, cpu_threads: int | None = None) -> Backend:
+def get_backend(
+    device: str = "cpu", dtype: str | None = None, cpu_threads: int | None = None, cpu_kernels: str = "auto"
+) -> Backend:
     """device: cpu, sim, cuda or auto (cuda if a GPU is visible, else cpu).
     dtype: float32, float16 or bfloat16; None means float32 on cpu and sim,
-    float16 on cuda. The cpu backend computes in float32 only."""
+    float16 on cuda. The cpu backend computes in float32 only.
+    cpu_kernels (cpu only): native, numpy, or auto = native where it builds."""
     if device == "auto":
         device = "cuda" if cuda_available() else "cpu"
         if device == "cpu" and (gpus := visible_gpus()):
@@ -29,11 +33,9 @@ def get_backend(device: str = "cpu", dtype: str | None = None, cpu_threads: int 
                 "--device auto: %s is visible but CuPy cannot use it (%s); running on the CPU", gpus[0], cupy_problem()
             )
     if device == "cpu":
-        from rawpage.backends.cpu import CPUBackend
-
         if dtype not in (None, "float32"):
             raise ValueError(f"--device cpu computes in float32; for --dtype {dtype} use --device sim or cuda")
-        return CPUBackend(cpu_threads)
+        return cpu_backend(cpu_threads, cpu_kernels)
     if device == "sim":
         from rawpage.backends.sim import SimBackend
 
@@ -44,6 +46,27 @@ def get_backend(device: str = "cpu", dtype: str | None = None, cpu_threads: int 
 
         return CudaBackend(dtype or "float16")
     raise ValueError(f"unknown --device {device!r}; choose cpu, sim, cuda or auto")
+
+
+def cpu_backend(cpu_threads: int | None, cpu_kernels: str) -> Backend:
+    """The native CPU backend where its kernels build (or --cpu-kernels native demands
+    them), else the NumPy one; the log says which, and why."""
+    from rawpage.backends.cpu import CPUBackend
+    from rawpage.backends.cpu_native import NativeCPUBackend
+    from rawpage.native.library import native_kernels
+
+    if cpu_kernels == "numpy":
+        logger.info("CPU kernels: numpy (--cpu-kernels numpy: the float32 NumPy reference path)")
+        return CPUBackend(cpu_threads)
+    lib = native_kernels()
+    if lib is None:
+        if cpu_kernels == "native":
+            raise ValueError(
+                "--cpu-kernels native: the CPU kernels did not build (the log line above says why); "
+                "install a C compiler (cc) or use --cpu-kernels numpy"
+            )
+        return CPUBackend(cpu_threads)
+    return NativeCPUBackend(lib, cpu_threads)
 
 
 def cuda_available() -> bool:

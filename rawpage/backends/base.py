@@ -42,6 +42,9 @@ class Backend:
     # QuantizedWeight kinds whose kernels this backend has: such weights stay packed on
     # the device and linear() reads them as stored. Others are dequantized at load.
     keeps_quantized: frozenset[str] = frozenset()
+    # Whether embedding() reads a packed table (a QuantizedWeight) by its rows, so that a
+    # quantized embedding, and the LM head tied to it, stay packed (the native CPU backend).
+    reads_packed_embedding: bool = False
 
     # --- arrays -----------------------------------------------------------
     def asarray(self, x: np.ndarray, dtype: Any = None) -> Array:
@@ -78,7 +81,7 @@ class Backend:
 
     # --- ops (see rawpage/ops/* for the math) -------------------------------
     def embedding(self, ids: Array, table: Array) -> Array:
-        """ids: (T,) -> (T, dim)."""
+        """ids: (T,) -> (T, dim). table: (V, dim), or packed where reads_packed_embedding."""
         raise NotImplementedError
 
     def prepare_linear(self, w: Array | QuantizedWeight) -> Array | QuantizedWeight:
@@ -101,6 +104,12 @@ class Backend:
         if isinstance(w, QuantizedWeight):
             raise NotImplementedError(f"the {self.name} backend has no kernel for {w.kind} weights")
         return self.matmul(x, w, bias)
+
+    def logits(self, x: Array, lm_head: Array | QuantizedWeight) -> Array:
+        """The LM head: x (N, dim) -> (N, V) float32 logits, for lm_head from prepare_linear.
+        A seam of its own, because its rounding lands in the logits directly: a backend
+        may keep its activations exact where other layers round them (cpu_native.py)."""
+        return self.linear(x, lm_head)
 
     def add_lora(self, y: Array, x: Array, w: LoRALinear) -> None:
         """y (T, out) += (x·A[s]ᵀ)·B[s] in place, s = the adapter slot of each token's
@@ -145,6 +154,9 @@ class Backend:
     # (k_scale, v_scale) of an FP8 KV cache (--kv-cache-dtype fp8; see
     # rawpage/ops/kv_cache_fp8.py), in this backend's array module once set.
     kv_scales: Array | None = None
+    # The KV cache's element type where it is not the model's (--kv-cache-dtype float16
+    # on the CPU); None: the model dtype, or uint8 with kv_scales.
+    kv_cache_dtype: Any = None
 
     def set_kv_scales(self, kv_scales: np.ndarray) -> None:
         self.kv_scales = np.asarray(kv_scales, np.float32)

@@ -70,7 +70,8 @@ def _start(rank, size, args, device, control, comm_endpoint, batched, max_model_
     else:
         comm = PipeCommunicator(rank, size, [comm_endpoint])
     ckpt = load_checkpoint(args.model, args.load_format, args.seed, args.revision)
-    backend = get_backend(device, resolve_dtype(args.dtype, device, ckpt.config.torch_dtype), args.cpu_threads)
+    dtype = resolve_dtype(args.dtype, device, ckpt.config.torch_dtype)
+    backend = get_backend(device, dtype, args.cpu_threads, args.cpu_kernels)
     tp = TensorParallel(ShardLayout(ckpt.config, rank, size), comm)
     model = build_model(ckpt.config, backend, apply_quantization_flag(ckpt.tensors, args.quantization), tp)
     plan = plan_kv_cache(args, model, backend, batched, max_model_len)

@@ -16,7 +16,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from rawpage import compile_cache
+import rawpage.compile_cache as compile_cache
 from rawpage.compile_cache import digest, files_digest, publish, run_compiler
 from rawpage.native import isa
 

@@ -25,7 +25,11 @@ from rawpage.ops.launch import (
 from rawpage.ops.paged_attention import paged_attention_ref
 from rawpage.quantization.fp8 import E4M3_MAX, e4m3_from_f32, e4m3_to_f32
 
-KV_CACHE_ITEMSIZE = {"auto": None, "fp8": 1}  # --kv-cache-dtype -> bytes per element (None: the model dtype)
+KV_CACHE_ITEMSIZE = {
+    "auto": None,
+    "fp8": 1,
+    "float16": 2,
+}  # --kv-cache-dtype -> bytes per element (None: the model dtype)
 
 
 def kv_scales_from_amax(k_amax: float, v_amax: float) -> np.ndarray:
@@ -53,7 +57,10 @@ def write_kv_fp8_ref(
 
 def dequantize_kv(cache_rows: np.ndarray, kv_scales: np.ndarray | None, which: int) -> np.ndarray:
     """Rows gathered from a KV cache, as float32: e4m3 codes (uint8) times the scale
-    (which: 0 for K, 1 for V); any other dtype is returned as it is."""
+    (which: 0 for K, 1 for V); float16 (--kv-cache-dtype float16 on the CPU) cast, so
+    the GEMMs that follow run on float32; any other dtype is returned as it is."""
+    if cache_rows.dtype == np.float16:
+        return cache_rows.astype(np.float32)
     if cache_rows.dtype != np.uint8:
         return cache_rows
     if kv_scales is None:

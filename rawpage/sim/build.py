@@ -30,7 +30,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from rawpage import compile_cache
+import rawpage.compile_cache as compile_cache
 from rawpage.compile_cache import CompileError, digest, files_digest, publish
 
 SIM_DIR = Path(__file__).resolve().parent

@@ -51,7 +51,7 @@ DECODE_TOLERANCE = {"float": 1e-5, "mmvq": 3e-2}
 def test_tiny_llama_kept_quantized_matches_cpu(qtype, decode_kernel, monkeypatch):
     monkeypatch.setattr(gguf_linear, "DECODE_KERNEL", decode_kernel)
     config, tensors = quantized_tiny_llama(qtype)
-    cpu = Runner(LlamaModel(config, get_backend("cpu"), tensors))
+    cpu = Runner(LlamaModel(config, get_backend("cpu", cpu_kernels="numpy"), tensors))
     sim_model = LlamaModel(config, get_backend("sim"), tensors)
     assert isinstance(sim_model.layers[0].qkv, QuantizedWeight)  # q|k|v fused as packed rows
     assert sim_model.layers[0].qkv.shape == ((4 + 2 * 2) * 64, 256)
@@ -87,7 +87,7 @@ def test_default_gguf_kept_quantized_greedy_matches_cpu(decode_kernel, monkeypat
         pytest.skip(str(e))
     sim_model = LlamaModel(ckpt.config, get_backend("sim"), ckpt.tensors)
     assert sim_model.layers[0].gate_up.qtype == "Q4_1" and sim_model.lm_head.qtype == "Q8_0"
-    cpu, sim = Runner(LlamaModel(ckpt.config, get_backend("cpu"), ckpt.tensors)), Runner(sim_model)
+    cpu, sim = Runner(LlamaModel(ckpt.config, get_backend("cpu", cpu_kernels="numpy"), ckpt.tensors)), Runner(sim_model)
     chunks = {i: ckpt.tokenizer.encode(p) for i, p in enumerate(PROMPTS)}
     cpu_tokens, sim_tokens = [], []
     for _ in range(4):  # one batched prefill (scratch + GEMM), then decode steps of 5 rows (GEMV)

@@ -129,7 +129,7 @@ def test_tiny_llama_logits_match_cpu(device, dtype):
     if device == "cuda":
         skip_without_cuda()
     config, tensors = tiny_llama()
-    cpu = Runner(LlamaModel(config, get_backend("cpu"), tensors))
+    cpu = Runner(LlamaModel(config, get_backend("cpu", cpu_kernels="numpy"), tensors))
     dev = Runner(LlamaModel(config, get_backend(device, dtype), tensors))
     for i, chunks in enumerate(schedule(np.random.default_rng(1), config.vocab_size)):
         want, got = cpu.step(chunks), dev.step(chunks)
@@ -159,7 +159,7 @@ def test_default_model_greedy_matches_cpu():
     except Exception as e:  # the default model is an optional install
         pytest.skip(str(e))
     tensors = {name: ckpt.tensors[name] for name in ckpt.tensors}
-    cpu = Runner(LlamaModel(ckpt.config, get_backend("cpu"), tensors))
+    cpu = Runner(LlamaModel(ckpt.config, get_backend("cpu", cpu_kernels="numpy"), tensors))
     sim = Runner(LlamaModel(ckpt.config, get_backend("sim"), tensors))
     prompt = ckpt.tokenizer.encode("The capital of France is")
     start = time.perf_counter()

@@ -1,0 +1,89 @@
+"""Paged attention on the CPU kernels (paged_attention.c): a whole batch of decodes
+and prefill chunks in one call, K/V read through the block table, float32 or
+float16 caches. Same contract as rawpage.ops.paged_attention.paged_attention_ref.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from rawpage.native.library import NativeLibrary, c_float, c_int, c_int64, c_void_p
+from rawpage.ops.launch import token_stride
+
+KV_DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}  # the kernel's kv_dtype
+MAX_HEAD_SIZE = 256  # the kernel's per-tile buffers (RP_ATTN_MAX_D)
+
+
+@functools.cache
+def _kernel(lib: NativeLibrary) -> Any:
+    lib.declare(
+        "rp_paged_attention",
+        None,
+        *(c_void_p, c_void_p, c_int64, c_void_p, c_void_p, c_int),  # out, q, q_stride, k_cache, v_cache, kv_dtype
+        *(c_void_p, c_int, c_void_p, c_void_p),  # block_tables, max_blocks, seq_lens, query_start_loc
+        *(c_int, c_int, c_int, c_int, c_int),  # B, H, Hkv, D, BS
+        *(c_float, c_int, c_float, c_int),  # scale, sliding_window, soft_cap, nthreads
+    )
+    return lib.fn.rp_paged_attention
+
+
+def int32_rows(a: np.ndarray) -> np.ndarray:
+    """a as a C-contiguous int32 array (itself when it already is one)."""
+    return a if a.dtype == np.int32 and a.flags.c_contiguous else np.ascontiguousarray(a, dtype=np.int32)
+
+
+def check_caches(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray) -> int:
+    """The kernel's kv_dtype for these caches, or an error saying what does not fit."""
+    kv_dtype = KV_DTYPES.get(k_cache.dtype)
+    if kv_dtype is None or v_cache.dtype != k_cache.dtype:
+        raise TypeError(
+            f"the CPU attention kernel reads float32 or float16 caches, got {k_cache.dtype}/{v_cache.dtype}"
+        )
+    H, D, Hkv = q.shape[1], q.shape[2], k_cache.shape[2]
+    if k_cache.shape != v_cache.shape or k_cache.shape[3] != D or H % Hkv or D > MAX_HEAD_SIZE:
+        raise ValueError(
+            f"q {q.shape} does not fit the caches {k_cache.shape} (H a multiple of Hkv, D up to {MAX_HEAD_SIZE})"
+        )
+    if not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
+        raise ValueError("the KV caches must be C-contiguous (NB, BS, Hkv, D) arrays")
+    return kv_dtype
+
+
+def paged_attention(
+    lib: NativeLibrary,
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    block_tables: np.ndarray,
+    seq_lens: np.ndarray,
+    query_start_loc: np.ndarray,
+    scale: float,
+    sliding_window: int | None,
+    soft_cap: float | None,
+    nthreads: int,
+) -> np.ndarray:
+    """q: (T, H, D) float32, its rows may be a view into a wider buffer (q inside the
+    fused qkv output: row stride (H + 2 Hkv) D); caches: (NB, BS, Hkv, D) float32 or
+    float16, C-contiguous; block_tables: (B, max_blocks); seq_lens: (B,);
+    query_start_loc: (B+1,), covering rows 0..T. Returns (T, H, D) float32.
+    sliding_window / soft_cap: None or 0 = off."""
+    T, H, D = q.shape
+    BS, Hkv = k_cache.shape[1:3]
+    kv_dtype = check_caches(q, k_cache, v_cache)
+    if q.dtype != np.float32:
+        q = q.astype(np.float32)
+    stride = token_stride(q)
+    if stride is None:
+        q = np.ascontiguousarray(q)
+        stride = H * D
+    tables, lens, starts = int32_rows(block_tables), int32_rows(seq_lens), int32_rows(query_start_loc)
+    out = np.empty((T, H, D), np.float32)
+    if T:
+        caches = (k_cache.ctypes.data, v_cache.ctypes.data, kv_dtype)
+        batch = (tables.ctypes.data, tables.shape[1], lens.ctypes.data, starts.ctypes.data, len(lens))
+        options = (scale, sliding_window or 0, soft_cap or 0.0, nthreads)
+        _kernel(lib)(out.ctypes.data, q.ctypes.data, stride, *caches, *batch, H, Hkv, D, BS, *options)
+    return out

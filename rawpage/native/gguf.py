@@ -1,0 +1,124 @@
+"""GGUF weights on the CPU, kept in their blocks (gguf_matmul.c).
+
+    gguf_matmul(lib, x, data, qtype, (N, K), nthreads, bias)  y (T, N) = x (T, K) W^T (+ bias)
+    gguf_rows(lib, data, qtype, (N, K), ids, nthreads)         W[ids] (T, K), dequantized
+
+W is (N, row_bytes) uint8, each row whole blocks exactly as in the .gguf file. The
+activation is rounded to int8 per 32-value chunk as in rawpage/ops/gguf_mmvq.py
+quantize_q8_ref (the simulator's MMVQ kernel), so both agree to float rounding;
+gguf_mmvq_ref is the reference of gguf_matmul, gguf_dequantize_ref of gguf_rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rawpage.native.library import NativeLibrary, c_int, c_int64, c_void_p, ptr
+from rawpage.ops.gguf_linear import GGUF_BLOCKS
+
+# GGML's type ids (gguf.GGMLQuantizationType), as gguf_matmul.c takes them.
+_GGML_TYPE = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+
+NATIVE_GGUF = frozenset(_GGML_TYPE)  # the qtypes gguf_matmul handles
+
+_DECLARED_ATTR = "_gguf_declared"
+
+
+def _declare(lib: NativeLibrary) -> None:
+    """Declare the entry points once per loaded library."""
+    if getattr(lib, _DECLARED_ATTR, False):
+        return
+    P, I64 = c_void_p, c_int64
+    # qtype, y, x, w, bias, T, N, K, scratch, nthreads
+    lib.declare("rp_gguf_matmul", c_int, c_int, P, P, P, P, I64, I64, I64, P, c_int)
+    # qtype, out, w, ids, T, N, K, nthreads
+    lib.declare("rp_gguf_rows", c_int, c_int, P, P, P, I64, I64, I64, c_int)
+    lib.declare("rp_gguf_quantize_q8", None, P, P, I64, I64)  # x, scratch, T, K
+    setattr(lib, _DECLARED_ATTR, True)
+
+
+def _check(data: np.ndarray, qtype: str, shape: tuple[int, int]) -> tuple[int, int]:
+    """The weight's (N, K), checked against its blocks; a clear error otherwise."""
+    if qtype not in NATIVE_GGUF:
+        raise ValueError(f"GGUF type {qtype} has no native CPU kernel (supported: {', '.join(sorted(NATIVE_GGUF))})")
+    block, size = GGUF_BLOCKS[qtype]
+    N, K = shape
+    if K <= 0 or K % block:
+        raise ValueError(f"{qtype} weight {shape}: K = {K} must be a positive multiple of the {block}-value block")
+    if tuple(data.shape) != (N, K // block * size) or data.dtype != np.uint8 or not data.flags.c_contiguous:
+        raise ValueError(
+            f"{qtype} weight {shape}: want C-contiguous ({N}, {K // block * size}) uint8 blocks, "
+            f"got {tuple(data.shape)} {data.dtype}"
+        )
+    return N, K
+
+
+def gguf_matmul(
+    lib: NativeLibrary,
+    x: np.ndarray,
+    data: np.ndarray,
+    qtype: str,
+    shape: tuple[int, int],
+    nthreads: int,
+    bias: np.ndarray | None = None,
+) -> np.ndarray:
+    """x (T, K) float32 (any layout; made C-contiguous), data (N, row_bytes) uint8 blocks -> (T, N) float32 C-contiguous."""
+    _declare(lib)
+    N, K = _check(data, qtype, shape)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] != K:
+        raise ValueError(f"x has shape {x.shape}, the {qtype} weight {shape} wants (T, {K})")
+    T = x.shape[0]
+    y = np.empty((T, N), dtype=np.float32)
+    if T == 0 or N == 0:
+        return y
+    if bias is not None:
+        bias = np.ascontiguousarray(bias, dtype=np.float32)
+        if bias.shape != (N,):
+            raise ValueError(f"bias has shape {bias.shape}, want ({N},)")
+    scratch = _scratch(T, K)
+    qt, addr = _GGML_TYPE[qtype], (y.ctypes.data, x.ctypes.data, data.ctypes.data, ptr(bias))
+    rc = lib.fn.rp_gguf_matmul(qt, *addr, T, N, K, scratch.ctypes.data, nthreads)
+    if rc != 0:
+        raise ValueError(f"rp_gguf_matmul refused {qtype} {shape} (code {rc})")
+    return y
+
+
+def _scratch(T: int, K: int) -> np.ndarray:
+    """The kernel's scratch: xq (T, K) int8, dx per int32 lane (T, K / 4) float32 and
+    s = dx sum xq (T, K / 32) float32, back to back (2.1 bytes per value of x)."""
+    return np.empty(T * K + T * (K // 4) * 4 + T * (K // 32) * 4, dtype=np.uint8)
+
+
+def quantize_q8(lib: NativeLibrary, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The kernel's own activation rounding, for the tests: x (T, K) float32, K % 32 == 0
+    -> (xq (T, K) int8, dx (T, K / 32), s (T, K / 32)); must equal quantize_q8_ref."""
+    _declare(lib)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    T, K = x.shape
+    if K % 32:
+        raise ValueError(f"activation quantization works on 32-value chunks; K = {K} is not a multiple of 32")
+    scratch = _scratch(T, K)
+    lib.fn.rp_gguf_quantize_q8(x.ctypes.data, scratch.ctypes.data, T, K)
+    xq = scratch[: T * K].view(np.int8).reshape(T, K)
+    dxe = scratch[T * K : T * K + T * (K // 4) * 4].view(np.float32).reshape(T, K // 32, 8)
+    s = scratch[T * K + T * (K // 4) * 4 :].view(np.float32).reshape(T, K // 32)
+    return xq, dxe[:, :, 0].copy(), s
+
+
+def gguf_rows(
+    lib: NativeLibrary, data: np.ndarray, qtype: str, shape: tuple[int, int], ids: np.ndarray, nthreads: int
+) -> np.ndarray:
+    """ids (T,) -> the dequantized rows (T, K) float32."""
+    _declare(lib)
+    N, K = _check(data, qtype, shape)
+    ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() >= N):
+        raise ValueError(f"row ids must be in 0 .. {N - 1}; got {ids.min()} .. {ids.max()}")
+    out = np.empty((ids.size, K), dtype=np.float32)
+    if ids.size:
+        addr = (out.ctypes.data, data.ctypes.data, ids.ctypes.data)
+        rc = lib.fn.rp_gguf_rows(_GGML_TYPE[qtype], *addr, ids.size, N, K, nthreads)
+        if rc != 0:
+            raise ValueError(f"rp_gguf_rows refused {qtype} {shape} (code {rc})")
+    return out

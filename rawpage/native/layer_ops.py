@@ -1,0 +1,206 @@
+"""The small ops of a decoder layer on the CPU kernels (layer_ops.c): RMSNorm with
+and without the residual add, RoPE, SiLU/GELU-tanh gating and the K/V write into
+the paged cache. Each has the contract of its NumPy reference in rawpage/ops.
+
+Activations are float32. A (T, n) input whose rows are contiguous but spaced wider
+(a column slice of the fused qkv output, a row slice) is read in place through its
+row stride; any other layout (a Fortran-order matmul output of more than one row)
+is copied to C order first.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from rawpage.native.attention import KV_DTYPES, int32_rows
+from rawpage.native.library import NativeLibrary, c_float, c_int, c_int64, c_void_p
+from rawpage.ops.launch import token_stride
+
+_SIGNATURES = {
+    # out, x, x_stride, weight, T, n, eps, nthreads
+    "rp_rms_norm": (c_void_p, c_void_p, c_int64, c_void_p, c_int64, c_int64, c_float, c_int),
+    # normed, sum, x, x_stride, residual, residual_stride, weight, T, n, eps, nthreads
+    "rp_fused_add_rms_norm": (
+        *(c_void_p, c_void_p, c_void_p, c_int64, c_void_p, c_int64, c_void_p),
+        *(c_int64, c_int64, c_float, c_int),
+    ),
+    # out, x, x_stride, T, I, nthreads
+    "rp_silu_and_mul": (c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int),
+    "rp_gelu_tanh_and_mul": (c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int),
+    # positions, q, q_stride, k, k_stride, cos_sin, T, H, Hkv, D, is_neox, nthreads
+    "rp_rope": (c_void_p, c_void_p, c_int64, c_void_p, c_int64, c_void_p, c_int64, c_int, c_int, c_int, c_int, c_int),
+    # k, k_stride, v, v_stride, k_cache, v_cache, kv_dtype, slot_mapping, T, row, nthreads
+    "rp_write_kv": (
+        *(c_void_p, c_int64, c_void_p, c_int64, c_void_p, c_void_p, c_int),
+        *(c_void_p, c_int64, c_int64, c_int),
+    ),
+}
+
+
+@functools.cache
+def _kernels(lib: NativeLibrary) -> Any:
+    for name, argtypes in _SIGNATURES.items():
+        lib.declare(name, None, *argtypes)
+    return lib.fn
+
+
+def _rows(x: np.ndarray) -> tuple[np.ndarray, int]:
+    """(x, its row stride in elements) for a float32 (T, ...) array whose rows are
+    contiguous; else (a C-contiguous float32 copy, its row length)."""
+    if x.dtype == np.float32:
+        stride = token_stride(x)
+        if stride is not None:
+            return x, stride
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    return x, x[0].size if len(x) else 0
+
+
+def _weight(w: np.ndarray) -> np.ndarray:
+    return w if w.dtype == np.float32 and w.flags.c_contiguous else np.ascontiguousarray(w, dtype=np.float32)
+
+
+def rms_norm(lib: NativeLibrary, x: np.ndarray, weight: np.ndarray, eps: float, nthreads: int) -> np.ndarray:
+    """x: (T, dim), weight: (dim,) -> (T, dim) float32, a new array."""
+    x, stride = _rows(x)
+    T, n = x.shape
+    out = np.empty((T, n), np.float32)
+    if T:
+        _kernels(lib).rp_rms_norm(
+            out.ctypes.data, x.ctypes.data, stride, _weight(weight).ctypes.data, T, n, eps, nthreads
+        )
+    return out
+
+
+def _writable_rows(x: np.ndarray) -> bool:
+    return x.dtype == np.float32 and x.flags.c_contiguous and x.flags.writeable
+
+
+def fused_add_rms_norm(
+    lib: NativeLibrary, x: np.ndarray, residual: np.ndarray, weight: np.ndarray, eps: float, nthreads: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """x, residual: (T, dim) -> (rms_norm(x + residual), x + residual), float32. Like the
+    other backends, it reuses the inputs' memory: the sum goes into residual and the
+    normed rows into x when those are C-contiguous float32 (else into new arrays)."""
+    x, x_stride = _rows(x)
+    residual, r_stride = _rows(residual)
+    T, n = x.shape
+    normed = x if _writable_rows(x) else np.empty((T, n), np.float32)
+    summed = residual if _writable_rows(residual) else np.empty((T, n), np.float32)
+    if T:
+        _kernels(lib).rp_fused_add_rms_norm(
+            normed.ctypes.data,
+            summed.ctypes.data,
+            x.ctypes.data,
+            x_stride,
+            residual.ctypes.data,
+            r_stride,
+            _weight(weight).ctypes.data,
+            T,
+            n,
+            eps,
+            nthreads,
+        )
+    return normed, summed
+
+
+def rope(
+    lib: NativeLibrary,
+    positions: np.ndarray,
+    q: np.ndarray,
+    k: np.ndarray,
+    cos_sin: np.ndarray,
+    is_neox: bool,
+    nthreads: int,
+) -> None:
+    """positions: (T,), q: (T, H, D), k: (T, Hkv, D), cos_sin: (max_pos, D) float32 =
+    [cos | sin] per position. In place. q and k may be views into the fused qkv output
+    (rows of (H + 2 Hkv) D): read and written through their row stride. Any other
+    layout is rotated in a copy and written back."""
+    T, H, D = q.shape
+    Hkv = k.shape[1]
+    if cos_sin.shape[1] != D or D % 2:
+        raise ValueError(f"cos_sin {cos_sin.shape} does not fit heads of {D} (rotary over the whole head)")
+    if T == 0:
+        return
+    q_work, q_stride = _rows(q)
+    k_work, k_stride = _rows(k)
+    cos_sin = _weight(cos_sin)
+    _kernels(lib).rp_rope(
+        int32_rows(positions).ctypes.data,
+        q_work.ctypes.data,
+        q_stride,
+        k_work.ctypes.data,
+        k_stride,
+        cos_sin.ctypes.data,
+        T,
+        H,
+        Hkv,
+        D,
+        int(is_neox),
+        nthreads,
+    )
+    if q_work is not q:
+        q[...] = q_work
+    if k_work is not k:
+        k[...] = k_work
+
+
+def _gated(lib: NativeLibrary, name: str, x: np.ndarray, nthreads: int) -> np.ndarray:
+    x, stride = _rows(x)
+    T, I = x.shape[0], x.shape[1] // 2
+    out = np.empty((T, I), np.float32)
+    if T:
+        getattr(_kernels(lib), name)(out.ctypes.data, x.ctypes.data, stride, T, I, nthreads)
+    return out
+
+
+def silu_and_mul(lib: NativeLibrary, x: np.ndarray, nthreads: int) -> np.ndarray:
+    """x: (T, 2I) holding [gate | up] -> silu(gate) * up, (T, I) float32."""
+    return _gated(lib, "rp_silu_and_mul", x, nthreads)
+
+
+def gelu_tanh_and_mul(lib: NativeLibrary, x: np.ndarray, nthreads: int) -> np.ndarray:
+    """x: (T, 2I) holding [gate | up] -> gelu_tanh(gate) * up, (T, I) float32."""
+    return _gated(lib, "rp_gelu_tanh_and_mul", x, nthreads)
+
+
+def write_kv(
+    lib: NativeLibrary,
+    k: np.ndarray,
+    v: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    slot_mapping: np.ndarray,
+    nthreads: int,
+) -> None:
+    """k, v: (T, Hkv, D) (views into qkv are fine); k_cache, v_cache: (NB, BS, Hkv, D)
+    float32 or float16, C-contiguous (float16 rounds to nearest even on store);
+    slot_mapping: (T,), -1 = skip. In place."""
+    kv_dtype = KV_DTYPES.get(k_cache.dtype)
+    if kv_dtype is None or v_cache.dtype != k_cache.dtype:
+        raise TypeError(f"write_kv stores into float32 or float16 caches, got {k_cache.dtype}/{v_cache.dtype}")
+    if k_cache.shape[2:] != k.shape[1:] or v_cache.shape != k_cache.shape or v.shape != k.shape:
+        raise ValueError(f"K/V rows {k.shape[1:]} do not fit the cache {k_cache.shape}")
+    if not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
+        raise ValueError("the KV caches must be C-contiguous (NB, BS, Hkv, D) arrays")
+    T = len(k)
+    if T == 0:
+        return
+    k, k_stride = _rows(k)
+    v, v_stride = _rows(v)
+    _kernels(lib).rp_write_kv(
+        k.ctypes.data,
+        k_stride,
+        v.ctypes.data,
+        v_stride,
+        k_cache.ctypes.data,
+        v_cache.ctypes.data,
+        kv_dtype,
+        int32_rows(slot_mapping).ctypes.data,
+        T,
+        k.shape[1] * k.shape[2],
+        nthreads,
+    )
