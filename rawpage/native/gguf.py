@@ -85,9 +85,9 @@ def gguf_matmul(
 
 
 def _scratch(T: int, K: int) -> np.ndarray:
-    """The kernel's scratch: xq (T, K) int8, dx per int32 lane (T, K / 4) float32 and
-    s = dx sum xq (T, K / 32) float32, back to back (2.1 bytes per value of x)."""
-    return np.empty(T * K + T * (K // 4) * 4 + T * (K // 32) * 4, dtype=np.uint8)
+    """The kernel's scratch: xq (T, K) int8, dx (T, K / 32) float32 and s = dx sum xq
+    (T, K / 32) float32, back to back (1.25 bytes per value of x)."""
+    return np.empty(T * K + 2 * T * (K // 32) * 4, dtype=np.uint8)
 
 
 def quantize_q8(lib: NativeLibrary, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -101,9 +101,8 @@ def quantize_q8(lib: NativeLibrary, x: np.ndarray) -> tuple[np.ndarray, np.ndarr
     scratch = _scratch(T, K)
     lib.fn.rp_gguf_quantize_q8(x.ctypes.data, scratch.ctypes.data, T, K)
     xq = scratch[: T * K].view(np.int8).reshape(T, K)
-    dxe = scratch[T * K : T * K + T * (K // 4) * 4].view(np.float32).reshape(T, K // 32, 8)
-    s = scratch[T * K + T * (K // 4) * 4 :].view(np.float32).reshape(T, K // 32)
-    return xq, dxe[:, :, 0].copy(), s
+    dx, s = scratch[T * K :].view(np.float32).reshape(2, T, K // 32)
+    return xq, dx, s
 
 
 def gguf_rows(
