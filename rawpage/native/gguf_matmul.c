@@ -325,6 +325,7 @@ RP_INLINE __m512i group_heads_zmm(const uint8_t *g, int nch, const int bytes) {
                                          _mm512_srli_epi16(lane, 4));
     const int64_t n = (int64_t)nch * bytes;
     __m512i h = _mm512_setzero_si512();
+#pragma GCC unroll 8
     for (int64_t w = 0; 128 * w < n; w++) {
         const int64_t left = n - 128 * w;
         const __mmask64 m0 = left >= 64 ? ~0ull : (1ull << left) - 1;
@@ -407,11 +408,21 @@ RP_INLINE void pair_fma_zmm(const int f, const int NR, const int NT, const uint8
 /* The row's group scales, 16 floats a group for a and b: computed before the dot
  * products, so that their latency (loads, permutes, conversions) is off the path of
  * the accumulators, and once per row for all token tiles. */
-RP_INLINE void row_scales_zmm(const int f, const uint8_t *row, int64_t K, float *a, float *b) {
+RP_INLINE void row_scales_zmm(const int f, const uint8_t *row, int64_t K, const uint8_t *end, float *a, float *b) {
     const int64_t nc = K / 32, gc = fmt_qk(f) == 32 ? 16 : 8;
     for (int64_t c0 = 0, g = 0; c0 < nc; c0 += gc, g++) {
         __m512 av, bv = _mm512_setzero_ps();
-        group_scales_zmm(f, row, c0, nc - c0 < gc ? (int)(nc - c0) : (int)gc, &av, &bv);
+        if (nc - c0 >= gc) { /* a whole group: constant loop bounds and masks */
+            group_scales_zmm(f, row, c0, (int)gc, &av, &bv);
+        } else if (row + (c0 + gc) * fmt_bytes(f) <= end) {
+            /* the row's short last group, read as a whole one (the next row's blocks are
+             * there) and the extra lanes zeroed: they may hold any half, inf or NaN */
+            const __mmask16 m = (__mmask16)((1u << (nc - c0)) - 1);
+            group_scales_zmm(f, row, c0, (int)gc, &av, &bv);
+            av = _mm512_maskz_mov_ps(m, av), bv = _mm512_maskz_mov_ps(m, bv);
+        } else {
+            group_scales_zmm(f, row, c0, (int)(nc - c0), &av, &bv);
+        }
         _mm512_storeu_ps(a + 16 * g, av);
         _mm512_storeu_ps(b + 16 * g, bv);
     }
@@ -420,7 +431,7 @@ RP_INLINE void row_scales_zmm(const int f, const uint8_t *row, int64_t K, float 
 /* out[r NT + t] = y[t0 + t, row r] without bias, for NR rows x NT tokens (NR NT <= 4):
  * at decode 4 rows x 1 token, so that there are 8 independent accumulator chains and
  * each activation load serves 4 rows; in prefill 1 row x 4 tokens. ga, gb: the rows'
- * scales (row_scales_zmm), gs floats apart. */
+ * scales (row_scales_zmm), gs floats apart; lanes past a row's end are masked off. */
 RP_INLINE void dot_tile_zmm(const int f, const int NR, const int NT, const gguf_call *c, const uint8_t *const *rows,
                             const float *ga, const float *gb, int64_t gs, int64_t t0, float *out) {
     const int64_t K = c->K, nc = K / 32;
@@ -434,16 +445,17 @@ RP_INLINE void dot_tile_zmm(const int f, const int NR, const int NT, const gguf_
     for (int i = 0; i < NR * NT; i++) acc0[i] = acc1[i] = _mm512_setzero_ps();
     for (int64_t c0 = 0, g = 0; c0 < nc; c0 += gc, g++) {
         const int nch = nc - c0 < gc ? (int)(nc - c0) : gc;
-        const __mmask16 cm = (__mmask16)((1u << nch) - 1);
+        const __mmask16 cm = (__mmask16)((1u << nch) - 1), am = f == GGML_Q6_K ? 0xffff : cm; /* lanes of a */
         __m512 sc[4];
         for (int t = 0; t < NT; t++) {
             __m512 d = _mm512_maskz_loadu_ps(cm, dx + t * nc + c0);
             if (f == GGML_Q6_K) d = _mm512_permutexvar_ps(chunk_of, d); /* 2 scales a chunk */
             const __m512 sv = _mm512_maskz_loadu_ps(cm, s + t * nc + c0);
             for (int r = 0; r < NR; r++) {
-                sc[r * NT + t] = _mm512_mul_ps(_mm512_loadu_ps(ga + r * gs + 16 * g), d);
+                sc[r * NT + t] = _mm512_mul_ps(_mm512_maskz_loadu_ps(am, ga + r * gs + 16 * g), d);
                 if (!fmt_signed(f)) /* + sum_c b_c s[t, c] */
-                    acc1[r * NT + t] = _mm512_fmadd_ps(_mm512_loadu_ps(gb + r * gs + 16 * g), sv, acc1[r * NT + t]);
+                    acc1[r * NT + t] =
+                        _mm512_fmadd_ps(_mm512_maskz_loadu_ps(cm, gb + r * gs + 16 * g), sv, acc1[r * NT + t]);
             }
         }
         const int full = nch / 2; /* pairs of two chunks; an odd row of 32-blocks ends with one */
@@ -455,16 +467,26 @@ RP_INLINE void dot_tile_zmm(const int f, const int NR, const int NT, const gguf_
         if (p < full) pair_fma_zmm(f, NR, NT, rows, c0 / 2 + p, p, 0, xq, K, sc, acc0), p++;
         if (nch & 1) pair_fma_zmm(f, NR, NT, rows, c0 / 2 + p, p, 1, xq, K, sc, acc1);
     }
-    for (int i = 0; i < NR * NT; i++) out[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i], acc1[i]));
+    for (int i = 0; i < NR * NT; i++) acc0[i] = _mm512_add_ps(acc0[i], acc1[i]);
+    if (NR * NT == 4) { /* the 4 sums at once: ~12 instructions, not 4 reductions of 8 */
+        const __m512 t01 = _mm512_add_ps(_mm512_unpacklo_ps(acc0[0], acc0[1]), _mm512_unpackhi_ps(acc0[0], acc0[1]));
+        const __m512 t23 = _mm512_add_ps(_mm512_unpacklo_ps(acc0[2], acc0[3]), _mm512_unpackhi_ps(acc0[2], acc0[3]));
+        /* each 128-bit lane: partial sums of cells 0, 1, 2, 3 */
+        const __m512 u = _mm512_add_ps(_mm512_shuffle_ps(t01, t23, 0x44), _mm512_shuffle_ps(t01, t23, 0xee));
+        const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
+        _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+    } else {
+        for (int i = 0; i < NR * NT; i++) out[i] = _mm512_reduce_add_ps(acc0[i]);
+    }
 }
 
 /* y[:, n .. n + NR] (+ bias): the NR rows' scales once, then the tokens NT at a time. */
 RP_INLINE void rows_zmm(const int f, const int NR, const gguf_call *c, int64_t n, float *ga, float *gb, int64_t gs) {
     const uint8_t *rows[4];
-    for (int r = 0; r < NR; r++) {
-        rows[r] = c->w + (n + r) * c->row_bytes;
-        row_scales_zmm(f, rows[r], c->K, ga + r * gs, gb + r * gs);
-    }
+    for (int r = 0; r < NR; r++) rows[r] = c->w + (n + r) * c->row_bytes;
+    /* the NR rows are one run of blocks: their scales in groups across the row ends
+     * (fewer short groups; row r's start at r gs) */
+    row_scales_zmm(f, rows[0], NR * c->K, c->w + c->N * c->row_bytes, ga, gb);
     for (int64_t t0 = 0; t0 < c->T; t0 += TOKEN_TILE / NR) {
         const int nt = c->T - t0 < TOKEN_TILE / NR ? (int)(c->T - t0) : TOKEN_TILE / NR;
         float out[4];
@@ -607,8 +629,9 @@ RP_INLINE void dot_tile(const int f, int nt, const gguf_call *c, const uint8_t *
 RP_INLINE void matmul_rows(const int f, const gguf_call *c, int64_t n0, int64_t n1) {
     const int64_t K = c->K, T = c->T, N = c->N;
 #if RP_AVX512VNNI
-    const int64_t gs = K / 16 + 16; /* floats of one row's group scales */
-    float ga[4 * gs], gb[4 * gs];
+    /* one row's group scales: a float a chunk (32-blocks), 16 a superblock (K-quants) */
+    const int64_t gs = fmt_qk(f) == 32 ? K / 32 : K / 16;
+    float ga[4 * gs + 16], gb[4 * gs + 16];
     int64_t n = n0;
     if (T == 1) /* decode: 4 rows at a time */
         for (; n + 4 <= n1; n += 4) rows_zmm(f, 4, c, n, ga, gb, gs);
