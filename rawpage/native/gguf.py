@@ -11,6 +11,10 @@ gguf_mmvq_ref is the reference of gguf_matmul, gguf_dequantize_ref of gguf_rows.
 
 from __future__ import annotations
 
+import ctypes
+import threading
+import weakref
+
 import numpy as np
 
 from rawpage.native.library import NativeLibrary, c_int, c_int64, c_void_p, ptr
@@ -76,12 +80,46 @@ def gguf_matmul(
         bias = np.ascontiguousarray(bias, dtype=np.float32)
         if bias.shape != (N,):
             raise ValueError(f"bias has shape {bias.shape}, want ({N},)")
-    scratch = _scratch(T, K)
-    qt, addr = _GGML_TYPE[qtype], (y.ctypes.data, x.ctypes.data, data.ctypes.data, ptr(bias))
-    rc = lib.fn.rp_gguf_matmul(qt, *addr, T, N, K, scratch.ctypes.data, nthreads)
+    addr = (_address(y), _address(x), _weight_address(data), ptr(bias))
+    rc = lib.fn.rp_gguf_matmul(_GGML_TYPE[qtype], *addr, T, N, K, _scratch_address(T, K), nthreads)
     if rc != 0:
         raise ValueError(f"rp_gguf_matmul refused {qtype} {shape} (code {rc})")
     return y
+
+
+# Per call, each array address costs ~1 us in Python through ndarray.ctypes, on the
+# order of a 576x576 GEMV: the weights' addresses are kept (until the array dies), the
+# scratch is one buffer per calling thread, grown as needed, and x's and y's come
+# through the buffer protocol (0.4 us).
+_weight_addresses: dict[int, tuple[weakref.ref, int]] = {}
+_scratch_buffers = threading.local()
+
+
+def _address(a: np.ndarray) -> int:
+    """A C-contiguous array's address, the fast way where the array is writable."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError):  # read-only, or empty
+        return a.ctypes.data
+
+
+def _weight_address(data: np.ndarray) -> int:
+    key = id(data)
+    hit = _weight_addresses.get(key)
+    if hit is not None and hit[0]() is data:
+        return hit[1]
+    _weight_addresses[key] = (weakref.ref(data, lambda _, k=key: _weight_addresses.pop(k, None)), data.ctypes.data)
+    return _weight_addresses[key][1]
+
+
+def _scratch_address(T: int, K: int) -> int:
+    """The address of this thread's scratch for T x K (see _scratch)."""
+    need = T * K + 2 * T * (K // 32) * 4
+    buf = getattr(_scratch_buffers, "buf", None)
+    if buf is None or len(buf) < need:
+        _scratch_buffers.buf = buf = (ctypes.c_char * max(need, 1 << 16))()
+        _scratch_buffers.address = ctypes.addressof(buf)
+    return _scratch_buffers.address
 
 
 def _scratch(T: int, K: int) -> np.ndarray:
