@@ -53,6 +53,7 @@
  * dx (T, K / 32) float, s (T, K / 32) float.
  */
 #include <math.h>
+#include <pthread.h>
 
 #include "common.h"
 
@@ -310,40 +311,55 @@ RP_INLINE __m512i pair_ints_zmm(const int f, const uint8_t *row, int64_t p, cons
     return _mm512_sub_epi8(_mm512_or_si512(lo, hi), _mm512_set1_epi8(32));
 }
 
-/* The first two half-words of nch <= 16 consecutive blocks of `bytes` each (d, and
- * Q4_1's m): d of block i in 16-bit lane i, the second one in lane 16 + i. A gather
- * would take ~16 cycles for 16 blocks; this takes the words out of the blocks' own
- * 64-byte lines (cached: the pairs read them next) with one two-register word
- * permute per 128 bytes. Reads only the group's bytes. */
-RP_INLINE __m512i group_heads_zmm(const uint8_t *g, int nch, const int bytes) {
-    const __m512i lane = _mm512_setr_epi32(0x10000, 0x30002, 0x50004, 0x70006, 0x90008, 0xb000a, 0xd000c, 0xf000e,
-                                           0x110010, 0x130012, 0x150014, 0x170016, 0x190018, 0x1b001a, 0x1d001c,
-                                           0x1f001e); /* 16-bit lanes 0 .. 31 */
-    /* the word that lands in lane i: block i % 16's word i / 16 */
-    const __m512i src = _mm512_add_epi16(_mm512_mullo_epi16(_mm512_and_si512(lane, _mm512_set1_epi16(15)),
-                                                            _mm512_set1_epi16((short)(bytes / 2))),
-                                         _mm512_srli_epi16(lane, 4));
-    const int64_t n = (int64_t)nch * bytes;
+/* The first two half-words of 16 consecutive blocks of `bytes` each (d, and Q4_1's
+ * m), as 32 halves: d of block i in 16-bit lane i, the second one in lane 16 + i.
+ * A gather takes ~16 cycles for 16 blocks; this takes the words out of the blocks'
+ * own cache lines (the pairs read them next) with one two-register word permute
+ * (vpermt2w) per 128 bytes. Window w of the group's bytes, [128 w, 128 w + 128),
+ * gives the lanes in `here[w]`, from its words `idx[w]`. */
+typedef struct {
+    int16_t idx[5][32];
+    __mmask32 here[5];
+} heads_plan;
+
+static heads_plan heads_plans[3]; /* Q4_0, Q4_1, Q8_0 */
+static pthread_once_t heads_once = PTHREAD_ONCE_INIT;
+
+static void make_heads_plans(void) {
+    const int bytes[3] = {18, 20, 34};
+    for (int k = 0; k < 3; k++)
+        for (int w = 0; w < 5; w++) {
+            heads_plans[k].here[w] = 0;
+            for (int i = 0; i < 32; i++) {
+                const int src = (i % 16) * (bytes[k] / 2) + i / 16; /* block i % 16's word i / 16 */
+                heads_plans[k].idx[w][i] = (int16_t)(src & 63);
+                if (src / 64 == w) heads_plans[k].here[w] |= 1u << i;
+            }
+        }
+}
+
+RP_INLINE __m512i group_heads_zmm(const int f, const uint8_t *g) {
+    const int bytes = fmt_bytes(f), n = 16 * bytes;
+    const heads_plan *plan = &heads_plans[f == GGML_Q4_0 ? 0 : f == GGML_Q4_1 ? 1 : 2];
     __m512i h = _mm512_setzero_si512();
-#pragma GCC unroll 8
-    for (int64_t w = 0; 128 * w < n; w++) {
-        const int64_t left = n - 128 * w;
+    for (int w = 0; 128 * w < n; w++) { /* constant bounds and masks: unrolled */
+        const int left = n - 128 * w;
         const __mmask64 m0 = left >= 64 ? ~0ull : (1ull << left) - 1;
         const __mmask64 m1 = left >= 128 ? ~0ull : left > 64 ? (1ull << (left - 64)) - 1 : 0;
         const __m512i lo = _mm512_maskz_loadu_epi8(m0, g + 128 * w), hi = _mm512_maskz_loadu_epi8(m1, g + 128 * w + 64);
-        const __m512i rel = _mm512_sub_epi16(src, _mm512_set1_epi16((short)(64 * w)));
-        const __mmask32 here = _mm512_cmplt_epu16_mask(rel, _mm512_set1_epi16(64)); /* (below: wraps, large) */
-        h = _mm512_mask_mov_epi16(h, here, _mm512_permutex2var_epi16(lo, rel, hi));
+        const __m512i idx = _mm512_loadu_si512(plan->idx[w]);
+        h = _mm512_mask_mov_epi16(h, plan->here[w], _mm512_permutex2var_epi16(lo, idx, hi));
     }
     return h;
 }
 
-/* The scales of a group of nch chunks from chunk c0, in registers: a, one lane per
+/* The scales of the group of chunks from chunk c0, in registers: a, one lane per
  * scale group (a chunk; Q6_K: 16 values), and b, one lane per chunk. A group is 16
  * 32-blocks (the row's last one shorter) or one superblock (8 chunks). */
-RP_INLINE void group_scales_zmm(const int f, const uint8_t *row, int64_t c0, int nch, __m512 *a, __m512 *b) {
+RP_INLINE void group_scales_zmm(const int f, const uint8_t *row, int64_t c0, __m512 *a, __m512 *b) {
     if (fmt_qk(f) == 32) {
-        const __m512i h = group_heads_zmm(row + c0 * fmt_bytes(f), nch, fmt_bytes(f));
+        /* a short group is read as a whole one: the caller zeroes the extra lanes */
+        const __m512i h = group_heads_zmm(f, row + c0 * fmt_bytes(f));
         *a = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
         *b = f == GGML_Q4_1 ? _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1))
                             : _mm512_mul_ps(*a, _mm512_set1_ps(-8.0f)); /* Q4_0; Q8_0 has no b */
@@ -412,16 +428,22 @@ RP_INLINE void row_scales_zmm(const int f, const uint8_t *row, int64_t K, const 
     const int64_t nc = K / 32, gc = fmt_qk(f) == 32 ? 16 : 8;
     for (int64_t c0 = 0, g = 0; c0 < nc; c0 += gc, g++) {
         __m512 av, bv = _mm512_setzero_ps();
-        if (nc - c0 >= gc) { /* a whole group: constant loop bounds and masks */
-            group_scales_zmm(f, row, c0, (int)gc, &av, &bv);
+        if (nc - c0 >= gc) {
+            group_scales_zmm(f, row, c0, &av, &bv);
         } else if (row + (c0 + gc) * fmt_bytes(f) <= end) {
             /* the row's short last group, read as a whole one (the next row's blocks are
              * there) and the extra lanes zeroed: they may hold any half, inf or NaN */
             const __mmask16 m = (__mmask16)((1u << (nc - c0)) - 1);
-            group_scales_zmm(f, row, c0, (int)gc, &av, &bv);
+            group_scales_zmm(f, row, c0, &av, &bv);
             av = _mm512_maskz_mov_ps(m, av), bv = _mm512_maskz_mov_ps(m, bv);
-        } else {
-            group_scales_zmm(f, row, c0, (int)(nc - c0), &av, &bv);
+        } else { /* the weight's last blocks: one at a time, reading nothing past them */
+            for (int64_t i = 0; i < 16; i++) {
+                a[16 * g + i] = c0 + i < nc ? f16_at(row + (c0 + i) * fmt_bytes(f)) : 0.0f;
+                b[16 * g + i] = c0 + i >= nc ? 0.0f
+                                : f == GGML_Q4_1 ? f16_at(row + (c0 + i) * fmt_bytes(f) + 2)
+                                                 : -8.0f * a[16 * g + i];
+            }
+            continue;
         }
         _mm512_storeu_ps(a + 16 * g, av);
         _mm512_storeu_ps(b + 16 * g, bv);
@@ -690,6 +712,9 @@ static int nparts(int64_t units, int nthreads) {
 RP_EXPORT int rp_gguf_matmul(int qtype, float *y, const float *x, const uint8_t *w, const float *bias, int64_t T,
                              int64_t N, int64_t K, uint8_t *scratch, int nthreads) {
     if (!known_fmt(qtype) || K <= 0 || K % fmt_qk(qtype)) return -1;
+#if RP_AVX512VNNI
+    pthread_once(&heads_once, make_heads_plans);
+#endif
     gguf_call c = {.fmt = qtype, .y = y, .x = x, .w = w, .bias = bias, .T = T, .N = N, .K = K,
                    .row_bytes = K / fmt_qk(qtype) * fmt_bytes(qtype)};
     scratch_views(&c, scratch);
