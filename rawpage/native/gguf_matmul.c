@@ -574,26 +574,39 @@ RP_INLINE float hsum_ymm(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
 }
 
+/* acc[t] += chunk ci's 32 products for each token, each int32 lane times its a dx. */
+RP_INLINE void chunk_fma_ymm(const int f, const int NT, const uint8_t *row, int64_t ci, const float *a,
+                             const int8_t *xq, const float *dx, int64_t K, __m256 *acc) {
+    const int64_t nc = K / 32;
+    const __m256i wq = chunk_ints_ymm(f, row, ci);
+    /* Q6_K: lanes 0-3 take the chunk's first 16 values' scale, 4-7 the second's */
+    const __m256 ac = f == GGML_Q6_K ? _mm256_set_m128(_mm_set1_ps(a[2 * ci + 1]), _mm_set1_ps(a[2 * ci]))
+                                     : _mm256_set1_ps(a[ci]);
+    const __m256i wu = fmt_signed(f) ? _mm256_abs_epi8(wq) : wq; /* signed: |q| and xq sign(q) */
+    for (int t = 0; t < NT; t++) {
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + t * K + 32 * ci));
+        const __m256i dot = dot_u8s8_ymm(wu, fmt_signed(f) ? _mm256_sign_epi8(xv, wq) : xv);
+        const __m256 scale = _mm256_mul_ps(ac, _mm256_set1_ps(dx[t * nc + ci]));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[t]);
+    }
+}
+
 RP_INLINE void dot_tile_ymm(const int f, const int NT, const gguf_call *c, const uint8_t *row, const float *a,
                             const float *b, int64_t t0, float *out) {
     const int64_t K = c->K, nc = K / 32;
     const int8_t *xq = c->xq + t0 * K;
     const float *dx = c->dx + t0 * nc, *s = c->s + t0 * nc;
-    __m256 acc[TOKEN_TILE];
-    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
-    for (int64_t ci = 0; ci < nc; ci++) {
-        const __m256i wq = chunk_ints_ymm(f, row, ci);
-        /* Q6_K: lanes 0-3 take the chunk's first 16 values' scale, 4-7 the second's */
-        const __m256 ac = f == GGML_Q6_K ? _mm256_set_m128(_mm_set1_ps(a[2 * ci + 1]), _mm_set1_ps(a[2 * ci]))
-                                         : _mm256_set1_ps(a[ci]);
-        const __m256i wu = fmt_signed(f) ? _mm256_abs_epi8(wq) : wq; /* signed: |q| and xq sign(q) */
-        for (int t = 0; t < NT; t++) {
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + t * K + 32 * ci));
-            const __m256i dot = dot_u8s8_ymm(wu, fmt_signed(f) ? _mm256_sign_epi8(xv, wq) : xv);
-            const __m256 scale = _mm256_mul_ps(ac, _mm256_set1_ps(dx[t * nc + ci]));
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[t]);
-        }
+    /* two accumulators a token, even and odd chunks: one chain would wait on its own
+     * FMA latency at T = 1 */
+    __m256 acc[TOKEN_TILE], acc1[TOKEN_TILE];
+    for (int t = 0; t < NT; t++) acc[t] = acc1[t] = _mm256_setzero_ps();
+    int64_t ci = 0;
+    for (; ci + 1 < nc; ci += 2) {
+        chunk_fma_ymm(f, NT, row, ci, a, xq, dx, K, acc);
+        chunk_fma_ymm(f, NT, row, ci + 1, a, xq, dx, K, acc1);
     }
+    if (ci < nc) chunk_fma_ymm(f, NT, row, ci, a, xq, dx, K, acc);
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_add_ps(acc[t], acc1[t]);
     float tail[TOKEN_TILE] = {0};
     if (!fmt_signed(f)) {
         int64_t c0 = 0;
