@@ -45,10 +45,13 @@
  *            qh[32h + l]; one scale per 16 values.
  *
  * Work split: rows of W over threads (rp_split, 16 rows a part) by rp_parallel. A
- * thread takes its rows one at a time: it decodes the row's scales (a, b) once, then
- * reads the row's blocks once for every 4 tokens, keeping the 4 tokens' accumulators
- * in registers, so that at decode (T <= 4) each weight byte is read once per call.
- * The activation's quantization runs first (split over tokens when it is large).
+ * thread takes its rows in tiles of rows x tokens with 4 accumulator cells (each two
+ * zmm, for even and odd chunk pairs), kept in registers: on the zmm path 4 rows x 1
+ * token at T = 1 (8 independent FMA chains; each activation load serves 4 rows),
+ * 2 x 2 at T = 2, else 1 row x 4 tokens; the ymm and plain-C paths take 1 x 4. A
+ * tile's rows' scales (a, b) are decoded once, before the dot products, and each
+ * weight block is read once for every 4 tokens: once per call at decode. The
+ * activation's quantization runs first (split over tokens when it is large).
  * The caller (rawpage/native/gguf.py) passes the scratch: xq (T, K) int8, then
  * dx (T, K / 32) float, s (T, K / 32) float.
  */
