@@ -7,6 +7,8 @@
     library.py    loads it (or says in one log line why not) and declares each entry point
     *.c, *.h      the kernels; each file opens with its math, its data layout and how
                   its work is split over threads (pool.c runs the split)
+    gguf.py       GGUF weights kept in their blocks: gguf_matmul (int8 dot products,
+                  gguf_matmul.c) and gguf_rows (a packed embedding table's rows)
 
 Python calls a kernel with NumPy arrays' addresses; ctypes lets go of the GIL for the
 call, and the kernel splits its rows over the C thread pool. Every kernel has a NumPy

@@ -11,6 +11,10 @@ gguf_mmvq_ref is the reference of gguf_matmul, gguf_dequantize_ref of gguf_rows.
 
 from __future__ import annotations
 
+import ctypes
+import threading
+import weakref
+
 import numpy as np
 
 from rawpage.native.library import NativeLibrary, c_int, c_int64, c_void_p, ptr
@@ -76,18 +80,52 @@ def gguf_matmul(
         bias = np.ascontiguousarray(bias, dtype=np.float32)
         if bias.shape != (N,):
             raise ValueError(f"bias has shape {bias.shape}, want ({N},)")
-    scratch = _scratch(T, K)
-    qt, addr = _GGML_TYPE[qtype], (y.ctypes.data, x.ctypes.data, data.ctypes.data, ptr(bias))
-    rc = lib.fn.rp_gguf_matmul(qt, *addr, T, N, K, scratch.ctypes.data, nthreads)
+    addr = (_address(y), _address(x), _weight_address(data), ptr(bias))
+    rc = lib.fn.rp_gguf_matmul(_GGML_TYPE[qtype], *addr, T, N, K, _scratch_address(T, K), nthreads)
     if rc != 0:
         raise ValueError(f"rp_gguf_matmul refused {qtype} {shape} (code {rc})")
     return y
 
 
+# Per call, each array address costs ~1 us in Python through ndarray.ctypes, on the
+# order of a 576x576 GEMV: the weights' addresses are kept (until the array dies), the
+# scratch is one buffer per calling thread, grown as needed, and x's and y's come
+# through the buffer protocol (0.4 us).
+_weight_addresses: dict[int, tuple[weakref.ref, int]] = {}
+_scratch_buffers = threading.local()
+
+
+def _address(a: np.ndarray) -> int:
+    """A C-contiguous array's address, the fast way where the array is writable."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError):  # read-only, or empty
+        return a.ctypes.data
+
+
+def _weight_address(data: np.ndarray) -> int:
+    key = id(data)
+    hit = _weight_addresses.get(key)
+    if hit is not None and hit[0]() is data:
+        return hit[1]
+    _weight_addresses[key] = (weakref.ref(data, lambda _, k=key: _weight_addresses.pop(k, None)), data.ctypes.data)
+    return _weight_addresses[key][1]
+
+
+def _scratch_address(T: int, K: int) -> int:
+    """The address of this thread's scratch for T x K (see _scratch)."""
+    need = T * K + 2 * T * (K // 32) * 4
+    buf = getattr(_scratch_buffers, "buf", None)
+    if buf is None or len(buf) < need:
+        _scratch_buffers.buf = buf = (ctypes.c_char * max(need, 1 << 16))()
+        _scratch_buffers.address = ctypes.addressof(buf)
+    return _scratch_buffers.address
+
+
 def _scratch(T: int, K: int) -> np.ndarray:
-    """The kernel's scratch: xq (T, K) int8, dx per int32 lane (T, K / 4) float32 and
-    s = dx sum xq (T, K / 32) float32, back to back (2.1 bytes per value of x)."""
-    return np.empty(T * K + T * (K // 4) * 4 + T * (K // 32) * 4, dtype=np.uint8)
+    """The kernel's scratch: xq (T, K) int8, dx (T, K / 32) float32 and s = dx sum xq
+    (T, K / 32) float32, back to back (1.25 bytes per value of x)."""
+    return np.empty(T * K + 2 * T * (K // 32) * 4, dtype=np.uint8)
 
 
 def quantize_q8(lib: NativeLibrary, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -101,9 +139,8 @@ def quantize_q8(lib: NativeLibrary, x: np.ndarray) -> tuple[np.ndarray, np.ndarr
     scratch = _scratch(T, K)
     lib.fn.rp_gguf_quantize_q8(x.ctypes.data, scratch.ctypes.data, T, K)
     xq = scratch[: T * K].view(np.int8).reshape(T, K)
-    dxe = scratch[T * K : T * K + T * (K // 4) * 4].view(np.float32).reshape(T, K // 32, 8)
-    s = scratch[T * K + T * (K // 4) * 4 :].view(np.float32).reshape(T, K // 32)
-    return xq, dxe[:, :, 0].copy(), s
+    dx, s = scratch[T * K :].view(np.float32).reshape(2, T, K // 32)
+    return xq, dx, s
 
 
 def gguf_rows(

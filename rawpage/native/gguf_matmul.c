@@ -45,14 +45,18 @@
  *            qh[32h + l]; one scale per 16 values.
  *
  * Work split: rows of W over threads (rp_split, 16 rows a part) by rp_parallel. A
- * thread takes its rows one at a time: it decodes the row's scales (a, b) once, then
- * reads the row's blocks once for every 4 tokens, keeping the 4 tokens' accumulators
- * in registers, so that at decode (T <= 4) each weight byte is read once per call.
- * The activation's quantization runs first (split over tokens when it is large).
+ * thread takes its rows in tiles of rows x tokens with 4 accumulator cells (each two
+ * zmm, for even and odd chunk pairs), kept in registers: on the zmm path 4 rows x 1
+ * token at T = 1 (8 independent FMA chains; each activation load serves 4 rows),
+ * 2 x 2 at T = 2, else 1 row x 4 tokens; the ymm and plain-C paths take 1 x 4. A
+ * tile's rows' scales (a, b) are decoded once, before the dot products, and each
+ * weight block is read once for every 4 tokens: once per call at decode. The
+ * activation's quantization runs first (split over tokens when it is large).
  * The caller (rawpage/native/gguf.py) passes the scratch: xq (T, K) int8, then
- * dxe (T, K / 4) float (dx repeated for each int32 lane of 4 values), s (T, K / 32).
+ * dx (T, K / 32) float, s (T, K / 32) float.
  */
 #include <math.h>
+#include <pthread.h>
 
 #include "common.h"
 
@@ -179,8 +183,8 @@ RP_INLINE void row_scales(const int f, const uint8_t *row, int64_t K, float *a, 
 
 /* --- the activation: int8 per 32-value chunk ------------------------------------------ */
 
-/* One token: x (K) -> xq (K) int8, dxe (K / 4), s (K / 32). */
-static void quantize_row(const float *x, int8_t *xq, float *dxe, float *s, int64_t K) {
+/* One token: x (K) -> xq (K) int8, dx (K / 32), s (K / 32). */
+static void quantize_row(const float *x, int8_t *xq, float *dxs, float *s, int64_t K) {
     for (int64_t c = 0; c < K / 32; c++) {
         const float *v = x + 32 * c;
         int8_t *q = xq + 32 * c;
@@ -227,7 +231,7 @@ static void quantize_row(const float *x, int8_t *xq, float *dxe, float *s, int64
             sum += q[i];
         }
 #endif
-        for (int i = 0; i < 8; i++) dxe[8 * c + i] = dx;
+        dxs[c] = dx;
         s[c] = dx * (float)sum;
     }
 }
@@ -243,15 +247,15 @@ typedef struct {
     const int64_t *ids;  /* gguf_rows: (T) row ids */
     int64_t T, N, K, row_bytes;
     int8_t *xq;          /* (T, K) */
-    float *dxe;          /* (T, K / 4) */
+    float *dx;           /* (T, K / 32) */
     float *s;            /* (T, K / 32) */
 } gguf_call;
 
-/* The scratch: xq (T, K) int8, dxe (T, K / 4), s (T, K / 32); 4-byte aligned. */
+/* The scratch: xq (T, K) int8, dx (T, K / 32), s (T, K / 32); 4-byte aligned. */
 static void scratch_views(gguf_call *c, uint8_t *scratch) {
     c->xq = (int8_t *)scratch;
-    c->dxe = (float *)(scratch + c->T * c->K);
-    c->s = c->dxe + c->T * (c->K / 4);
+    c->dx = (float *)(scratch + c->T * c->K);
+    c->s = c->dx + c->T * (c->K / 32);
 }
 
 static void quantize_task(void *arg, int ith, int nth) {
@@ -259,7 +263,7 @@ static void quantize_task(void *arg, int ith, int nth) {
     int64_t t0, t1;
     rp_split(c->T, 1, ith, nth, &t0, &t1);
     for (int64_t t = t0; t < t1; t++)
-        quantize_row(c->x + t * c->K, c->xq + t * c->K, c->dxe + t * (c->K / 4), c->s + t * (c->K / 32), c->K);
+        quantize_row(c->x + t * c->K, c->xq + t * c->K, c->dx + t * (c->K / 32), c->s + t * (c->K / 32), c->K);
 }
 
 /* --- the dot products: y[t0 .. t0 + NT, n] for one row -------------------------------- */
@@ -310,41 +314,220 @@ RP_INLINE __m512i pair_ints_zmm(const int f, const uint8_t *row, int64_t p, cons
     return _mm512_sub_epi8(_mm512_or_si512(lo, hi), _mm512_set1_epi8(32));
 }
 
-RP_INLINE void dot_tile_zmm(const int f, const int NT, const gguf_call *c, const uint8_t *row, const float *a,
-                            const float *b, int64_t t0, float *out) {
-    const int64_t K = c->K, nc = K / 32, np = nc / 2;
-    const int8_t *xq = c->xq + t0 * K;
-    const float *dxe = c->dxe + t0 * (K / 4), *s = c->s + t0 * nc;
-    /* a pair's 16 lanes take 2 chunk scales (8 lanes each) or 4 Q6_K ones (4 lanes each) */
-    const __m512i aidx = f == GGML_Q6_K ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
-                                        : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    const int a_per_pair = f == GGML_Q6_K ? 4 : 2;
+/* The first two half-words of 16 consecutive blocks of `bytes` each (d, and Q4_1's
+ * m), as 32 halves: d of block i in 16-bit lane i, the second one in lane 16 + i.
+ * A gather takes ~16 cycles for 16 blocks; this takes the words out of the blocks'
+ * own cache lines (the pairs read them next) with one two-register word permute
+ * (vpermt2w) per 128 bytes. Window w of the group's bytes, [128 w, 128 w + 128),
+ * gives the lanes in `here[w]`, from its words `idx[w]`. */
+typedef struct {
+    int16_t idx[5][32];
+    __mmask32 here[5];
+} heads_plan;
+
+static heads_plan heads_plans[3]; /* Q4_0, Q4_1, Q8_0 */
+static pthread_once_t heads_once = PTHREAD_ONCE_INIT;
+
+static void make_heads_plans(void) {
+    const int bytes[3] = {18, 20, 34};
+    for (int k = 0; k < 3; k++)
+        for (int w = 0; w < 5; w++) {
+            heads_plans[k].here[w] = 0;
+            for (int i = 0; i < 32; i++) {
+                const int src = (i % 16) * (bytes[k] / 2) + i / 16; /* block i % 16's word i / 16 */
+                heads_plans[k].idx[w][i] = (int16_t)(src & 63);
+                if (src / 64 == w) heads_plans[k].here[w] |= 1u << i;
+            }
+        }
+}
+
+RP_INLINE __m512i group_heads_zmm(const int f, const uint8_t *g) {
+    const int bytes = fmt_bytes(f), n = 16 * bytes;
+    const heads_plan *plan = &heads_plans[f == GGML_Q4_0 ? 0 : f == GGML_Q4_1 ? 1 : 2];
+    __m512i h = _mm512_setzero_si512();
+    for (int w = 0; 128 * w < n; w++) { /* constant bounds and masks: unrolled */
+        const int left = n - 128 * w;
+        const __mmask64 m0 = left >= 64 ? ~0ull : (1ull << left) - 1;
+        const __mmask64 m1 = left >= 128 ? ~0ull : left > 64 ? (1ull << (left - 64)) - 1 : 0;
+        const __m512i lo = _mm512_maskz_loadu_epi8(m0, g + 128 * w), hi = _mm512_maskz_loadu_epi8(m1, g + 128 * w + 64);
+        const __m512i idx = _mm512_loadu_si512(plan->idx[w]);
+        h = _mm512_mask_mov_epi16(h, plan->here[w], _mm512_permutex2var_epi16(lo, idx, hi));
+    }
+    return h;
+}
+
+/* The scales of the group of chunks from chunk c0, in registers: a, one lane per
+ * scale group (a chunk; Q6_K: 16 values), and b, one lane per chunk. A group is 16
+ * 32-blocks (the row's last one shorter) or one superblock (8 chunks). */
+RP_INLINE void group_scales_zmm(const int f, const uint8_t *row, int64_t c0, __m512 *a, __m512 *b) {
+    if (fmt_qk(f) == 32) {
+        /* a short group is read as a whole one: the caller zeroes the extra lanes */
+        const __m512i h = group_heads_zmm(f, row + c0 * fmt_bytes(f));
+        *a = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+        *b = f == GGML_Q4_1 ? _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1))
+                            : _mm512_mul_ps(*a, _mm512_set1_ps(-8.0f)); /* Q4_0; Q8_0 has no b */
+        return;
+    }
+    const uint8_t *blk = row + (c0 / 8) * fmt_bytes(f);
+    if (f == GGML_Q6_K) {
+        const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192)));
+        *a = _mm512_mul_ps(_mm512_set1_ps(f16_at(blk + 208)), _mm512_cvtepi32_ps(sc));
+        return;
+    }
+    /* Q4_K / Q5_K: k_scale_min for all 8 chunks at once, a byte each, on 32-bit words of
+     * the 12 scale bytes: chunks 0-3 are the low 6 bits of words 0 (sc) and 1 (m);
+     * chunks 4-7 the nibbles of word 2 and the top 2 bits of words 0 and 1. */
+    uint32_t w[3];
+    memcpy(w, blk + 4, 12);
+    const uint64_t sc = (w[0] & 0x3f3f3f3fu) | (uint64_t)((w[2] & 0x0f0f0f0fu) | ((w[0] >> 2) & 0x30303030u)) << 32;
+    const uint64_t mn = (w[1] & 0x3f3f3f3fu) | (uint64_t)(((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u)) << 32;
+    const __m512 scf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
+    const __m512 mnf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn)));
+    *a = _mm512_mul_ps(_mm512_set1_ps(f16_at(blk)), scf);
+    *b = _mm512_mul_ps(_mm512_set1_ps(-f16_at(blk + 2)), mnf);
+}
+
+#define L8(v) v, v, v, v, v, v, v, v
+#define L4(v) v, v, v, v
+/* Pair p of a group takes its 16 lanes' scales from these lanes of the group's a dx:
+ * 2 chunks of 8 lanes, or Q6_K's 4 groups of 16 values, 4 lanes each. */
+static const int32_t pair_lanes[8][16] = {{L8(0), L8(1)},   {L8(2), L8(3)},   {L8(4), L8(5)},   {L8(6), L8(7)},
+                                          {L8(8), L8(9)},   {L8(10), L8(11)}, {L8(12), L8(13)}, {L8(14), L8(15)}};
+static const int32_t pair_lanes_q6k[4][16] = {{L4(0), L4(1), L4(2), L4(3)},
+                                              {L4(4), L4(5), L4(6), L4(7)},
+                                              {L4(8), L4(9), L4(10), L4(11)},
+                                              {L4(12), L4(13), L4(14), L4(15)}};
+#undef L8
+#undef L4
+
+/* acc[r NT + t] += the pair's 64 products of row r and token t, each int32 lane
+ * times its a dx. Each token's 64 activations are loaded once for the NR rows. */
+RP_INLINE void pair_fma_zmm(const int f, const int NR, const int NT, const uint8_t *const *rows, int64_t pg, int p,
+                            const int half, const int8_t *xq, int64_t K, const __m512 *sc, __m512 *acc) {
     const __m512i flip = _mm512_set1_epi8((char)0x80), zero = _mm512_setzero_si512();
-    __m512 acc[TOKEN_TILE];
-    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < np + (nc & 1); p++) {
-        const int tail = p == np; /* the odd chunk: lanes 0-7 only */
-        const __mmask64 xmask = tail ? 0xffffffffull : ~0ull;
-        const __mmask16 lmask = tail ? 0x00ff : 0xffff;
-        const __m512i wq = tail ? pair_ints_zmm(f, row, p, 1) : pair_ints_zmm(f, row, p, 0);
-        const __m512 ap = _mm512_permutexvar_ps(aidx, _mm512_castps128_ps512(_mm_loadu_ps(a + a_per_pair * p)));
-        /* signed q: (xq + 128) q - 128 sum q, the second term per block for all tokens */
-        const __m512i init = fmt_signed(f) ? _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, flip, wq)) : zero;
-        for (int t = 0; t < NT; t++) {
-            __m512i xv = _mm512_maskz_loadu_epi8(xmask, xq + t * K + 64 * p);
-            __m512i dot = fmt_signed(f) ? _mm512_dpbusd_epi32(init, _mm512_xor_si512(xv, flip), wq)
-                                        : _mm512_dpbusd_epi32(zero, wq, xv);
-            __m512 scale = _mm512_mul_ps(ap, _mm512_maskz_loadu_ps(lmask, dxe + t * (K / 4) + 16 * p));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[t]);
+    const __m512i lanes = _mm512_loadu_si512(f == GGML_Q6_K ? pair_lanes_q6k[p] : pair_lanes[p]);
+    const __mmask64 xmask = half ? 0xffffffffull : ~0ull;
+    __m512i wq[4], init[4];
+    for (int r = 0; r < NR; r++) {
+        wq[r] = pair_ints_zmm(f, rows[r], pg, half);
+        /* signed q: (xq + 128) q - 128 sum q, the second term once per pair for all tokens */
+        init[r] = fmt_signed(f) ? _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, flip, wq[r])) : zero;
+    }
+    for (int t = 0; t < NT; t++) {
+        __m512i xv = _mm512_maskz_loadu_epi8(xmask, xq + t * K + 64 * pg);
+        if (fmt_signed(f)) xv = _mm512_xor_si512(xv, flip);
+        for (int r = 0; r < NR; r++) {
+            const __m512i dot = fmt_signed(f) ? _mm512_dpbusd_epi32(init[r], xv, wq[r]) : _mm512_dpbusd_epi32(zero, wq[r], xv);
+            const int i = r * NT + t;
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(lanes, sc[i]), acc[i]);
         }
     }
-    if (!fmt_signed(f)) /* + sum_c b_c s[t, c] */
-        for (int64_t c0 = 0; c0 < nc; c0 += 16) {
-            const __mmask16 m = nc - c0 >= 16 ? 0xffff : (__mmask16)((1u << (nc - c0)) - 1);
-            const __m512 bv = _mm512_loadu_ps(b + c0); /* zero-padded */
-            for (int t = 0; t < NT; t++) acc[t] = _mm512_fmadd_ps(bv, _mm512_maskz_loadu_ps(m, s + t * nc + c0), acc[t]);
+}
+
+/* The row's group scales, 16 floats a group for a and b: computed before the dot
+ * products, so that their latency (loads, permutes, conversions) is off the path of
+ * the accumulators, and once per row for all token tiles. */
+RP_INLINE void row_scales_zmm(const int f, const uint8_t *row, int64_t K, const uint8_t *end, float *a, float *b) {
+    const int64_t nc = K / 32, gc = fmt_qk(f) == 32 ? 16 : 8;
+    for (int64_t c0 = 0, g = 0; c0 < nc; c0 += gc, g++) {
+        __m512 av, bv = _mm512_setzero_ps();
+        if (nc - c0 >= gc) {
+            group_scales_zmm(f, row, c0, &av, &bv);
+        } else if (row + (c0 + gc) * fmt_bytes(f) <= end) {
+            /* the row's short last group, read as a whole one (the next row's blocks are
+             * there) and the extra lanes zeroed: they may hold any half, inf or NaN */
+            const __mmask16 m = (__mmask16)((1u << (nc - c0)) - 1);
+            group_scales_zmm(f, row, c0, &av, &bv);
+            av = _mm512_maskz_mov_ps(m, av), bv = _mm512_maskz_mov_ps(m, bv);
+        } else { /* the weight's last blocks: one at a time, reading nothing past them */
+            for (int64_t i = 0; i < 16; i++) {
+                a[16 * g + i] = c0 + i < nc ? f16_at(row + (c0 + i) * fmt_bytes(f)) : 0.0f;
+                b[16 * g + i] = c0 + i >= nc ? 0.0f
+                                : f == GGML_Q4_1 ? f16_at(row + (c0 + i) * fmt_bytes(f) + 2)
+                                                 : -8.0f * a[16 * g + i];
+            }
+            continue;
         }
-    for (int t = 0; t < NT; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+        _mm512_storeu_ps(a + 16 * g, av);
+        _mm512_storeu_ps(b + 16 * g, bv);
+    }
+}
+
+/* out[r NT + t] = y[t0 + t, row r] without bias, for NR rows x NT tokens (NR NT <= 4):
+ * at decode 4 rows x 1 token, so that there are 8 independent accumulator chains and
+ * each activation load serves 4 rows; in prefill 1 row x 4 tokens. ga, gb: the rows'
+ * scales (row_scales_zmm), gs floats apart; lanes past a row's end are masked off. */
+RP_INLINE void dot_tile_zmm(const int f, const int NR, const int NT, const gguf_call *c, const uint8_t *const *rows,
+                            const float *ga, const float *gb, int64_t gs, int64_t t0, float *out) {
+    const int64_t K = c->K, nc = K / 32;
+    const int8_t *xq = c->xq + t0 * K;
+    const float *dx = c->dx + t0 * nc, *s = c->s + t0 * nc;
+    const int gc = fmt_qk(f) == 32 ? 16 : 8; /* chunks per group */
+    const __m512i chunk_of = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    /* two accumulators a cell, for even and odd pairs: one chain of FMAs would wait on
+     * its own latency */
+    __m512 acc0[4], acc1[4];
+    for (int i = 0; i < NR * NT; i++) acc0[i] = acc1[i] = _mm512_setzero_ps();
+    for (int64_t c0 = 0, g = 0; c0 < nc; c0 += gc, g++) {
+        const int nch = nc - c0 < gc ? (int)(nc - c0) : gc;
+        const __mmask16 cm = (__mmask16)((1u << nch) - 1), am = f == GGML_Q6_K ? 0xffff : cm; /* lanes of a */
+        __m512 sc[4];
+        for (int t = 0; t < NT; t++) {
+            __m512 d = _mm512_maskz_loadu_ps(cm, dx + t * nc + c0);
+            if (f == GGML_Q6_K) d = _mm512_permutexvar_ps(chunk_of, d); /* 2 scales a chunk */
+            const __m512 sv = _mm512_maskz_loadu_ps(cm, s + t * nc + c0);
+            for (int r = 0; r < NR; r++) {
+                sc[r * NT + t] = _mm512_mul_ps(_mm512_maskz_loadu_ps(am, ga + r * gs + 16 * g), d);
+                if (!fmt_signed(f)) /* + sum_c b_c s[t, c] */
+                    acc1[r * NT + t] =
+                        _mm512_fmadd_ps(_mm512_maskz_loadu_ps(cm, gb + r * gs + 16 * g), sv, acc1[r * NT + t]);
+            }
+        }
+        const int full = nch / 2; /* pairs of two chunks; an odd row of 32-blocks ends with one */
+        int p = 0;
+        for (; p + 1 < full; p += 2) {
+            pair_fma_zmm(f, NR, NT, rows, c0 / 2 + p, p, 0, xq, K, sc, acc0);
+            pair_fma_zmm(f, NR, NT, rows, c0 / 2 + p + 1, p + 1, 0, xq, K, sc, acc1);
+        }
+        if (p < full) pair_fma_zmm(f, NR, NT, rows, c0 / 2 + p, p, 0, xq, K, sc, acc0), p++;
+        if (nch & 1) pair_fma_zmm(f, NR, NT, rows, c0 / 2 + p, p, 1, xq, K, sc, acc1);
+    }
+    for (int i = 0; i < NR * NT; i++) acc0[i] = _mm512_add_ps(acc0[i], acc1[i]);
+    if (NR * NT == 4) { /* the 4 sums at once: ~12 instructions, not 4 reductions of 8 */
+        const __m512 t01 = _mm512_add_ps(_mm512_unpacklo_ps(acc0[0], acc0[1]), _mm512_unpackhi_ps(acc0[0], acc0[1]));
+        const __m512 t23 = _mm512_add_ps(_mm512_unpacklo_ps(acc0[2], acc0[3]), _mm512_unpackhi_ps(acc0[2], acc0[3]));
+        /* each 128-bit lane: partial sums of cells 0, 1, 2, 3 */
+        const __m512 u = _mm512_add_ps(_mm512_shuffle_ps(t01, t23, 0x44), _mm512_shuffle_ps(t01, t23, 0xee));
+        const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
+        _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+    } else {
+        for (int i = 0; i < NR * NT; i++) out[i] = _mm512_reduce_add_ps(acc0[i]);
+    }
+}
+
+/* y[:, n .. n + NR] (+ bias): the NR rows' scales once, then the tokens NT at a time. */
+RP_INLINE void rows_zmm(const int f, const int NR, const gguf_call *c, int64_t n, float *ga, float *gb, int64_t gs) {
+    const uint8_t *rows[4];
+    for (int r = 0; r < NR; r++) rows[r] = c->w + (n + r) * c->row_bytes;
+    /* the NR rows are one run of blocks: their scales in groups across the row ends
+     * (fewer short groups; row r's start at r gs) */
+    row_scales_zmm(f, rows[0], NR * c->K, c->w + c->N * c->row_bytes, ga, gb);
+    for (int64_t t0 = 0; t0 < c->T; t0 += TOKEN_TILE / NR) {
+        const int nt = c->T - t0 < TOKEN_TILE / NR ? (int)(c->T - t0) : TOKEN_TILE / NR;
+        float out[4];
+        if (NR == 4) dot_tile_zmm(f, 4, 1, c, rows, ga, gb, gs, t0, out);
+        else if (NR == 2 && nt == 2) dot_tile_zmm(f, 2, 2, c, rows, ga, gb, gs, t0, out);
+        else if (NR == 2) dot_tile_zmm(f, 2, 1, c, rows, ga, gb, gs, t0, out);
+        else switch (nt) {
+            case 1: dot_tile_zmm(f, 1, 1, c, rows, ga, gb, gs, t0, out); break;
+            case 2: dot_tile_zmm(f, 1, 2, c, rows, ga, gb, gs, t0, out); break;
+            case 3: dot_tile_zmm(f, 1, 3, c, rows, ga, gb, gs, t0, out); break;
+            default: dot_tile_zmm(f, 1, 4, c, rows, ga, gb, gs, t0, out); break;
+            }
+        for (int r = 0; r < NR; r++)
+            for (int t = 0; t < nt; t++)
+                c->y[(t0 + t) * c->N + n + r] = out[r * nt + t] + (c->bias ? c->bias[n + r] : 0.0f);
+    }
 }
 #endif
 
@@ -394,26 +577,39 @@ RP_INLINE float hsum_ymm(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
 }
 
+/* acc[t] += chunk ci's 32 products for each token, each int32 lane times its a dx. */
+RP_INLINE void chunk_fma_ymm(const int f, const int NT, const uint8_t *row, int64_t ci, const float *a,
+                             const int8_t *xq, const float *dx, int64_t K, __m256 *acc) {
+    const int64_t nc = K / 32;
+    const __m256i wq = chunk_ints_ymm(f, row, ci);
+    /* Q6_K: lanes 0-3 take the chunk's first 16 values' scale, 4-7 the second's */
+    const __m256 ac = f == GGML_Q6_K ? _mm256_set_m128(_mm_set1_ps(a[2 * ci + 1]), _mm_set1_ps(a[2 * ci]))
+                                     : _mm256_set1_ps(a[ci]);
+    const __m256i wu = fmt_signed(f) ? _mm256_abs_epi8(wq) : wq; /* signed: |q| and xq sign(q) */
+    for (int t = 0; t < NT; t++) {
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + t * K + 32 * ci));
+        const __m256i dot = dot_u8s8_ymm(wu, fmt_signed(f) ? _mm256_sign_epi8(xv, wq) : xv);
+        const __m256 scale = _mm256_mul_ps(ac, _mm256_set1_ps(dx[t * nc + ci]));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[t]);
+    }
+}
+
 RP_INLINE void dot_tile_ymm(const int f, const int NT, const gguf_call *c, const uint8_t *row, const float *a,
                             const float *b, int64_t t0, float *out) {
     const int64_t K = c->K, nc = K / 32;
     const int8_t *xq = c->xq + t0 * K;
-    const float *dxe = c->dxe + t0 * (K / 4), *s = c->s + t0 * nc;
-    __m256 acc[TOKEN_TILE];
-    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
-    for (int64_t ci = 0; ci < nc; ci++) {
-        const __m256i wq = chunk_ints_ymm(f, row, ci);
-        /* Q6_K: lanes 0-3 take the chunk's first 16 values' scale, 4-7 the second's */
-        const __m256 ac = f == GGML_Q6_K ? _mm256_set_m128(_mm_set1_ps(a[2 * ci + 1]), _mm_set1_ps(a[2 * ci]))
-                                         : _mm256_set1_ps(a[ci]);
-        const __m256i wu = fmt_signed(f) ? _mm256_abs_epi8(wq) : wq; /* signed: |q| and xq sign(q) */
-        for (int t = 0; t < NT; t++) {
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + t * K + 32 * ci));
-            const __m256i dot = dot_u8s8_ymm(wu, fmt_signed(f) ? _mm256_sign_epi8(xv, wq) : xv);
-            const __m256 scale = _mm256_mul_ps(ac, _mm256_loadu_ps(dxe + t * (K / 4) + 8 * ci));
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[t]);
-        }
+    const float *dx = c->dx + t0 * nc, *s = c->s + t0 * nc;
+    /* two accumulators a token, even and odd chunks: one chain would wait on its own
+     * FMA latency at T = 1 */
+    __m256 acc[TOKEN_TILE], acc1[TOKEN_TILE];
+    for (int t = 0; t < NT; t++) acc[t] = acc1[t] = _mm256_setzero_ps();
+    int64_t ci = 0;
+    for (; ci + 1 < nc; ci += 2) {
+        chunk_fma_ymm(f, NT, row, ci, a, xq, dx, K, acc);
+        chunk_fma_ymm(f, NT, row, ci + 1, a, xq, dx, K, acc1);
     }
+    if (ci < nc) chunk_fma_ymm(f, NT, row, ci, a, xq, dx, K, acc);
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_add_ps(acc[t], acc1[t]);
     float tail[TOKEN_TILE] = {0};
     if (!fmt_signed(f)) {
         int64_t c0 = 0;
@@ -434,12 +630,12 @@ RP_INLINE void dot_tile_c(const int f, const int NT, const gguf_call *c, const i
     const int64_t K = c->K, nc = K / 32, G = fmt_group(f);
     for (int t = 0; t < NT; t++) {
         const int8_t *xq = c->xq + (t0 + t) * K;
-        const float *dxe = c->dxe + (t0 + t) * (K / 4), *s = c->s + (t0 + t) * nc;
+        const float *dx = c->dx + (t0 + t) * nc, *s = c->s + (t0 + t) * nc;
         float acc = 0.0f;
         for (int64_t g = 0; g < K / G; g++) {
             int32_t dot = 0;
             for (int64_t k = g * G; k < (g + 1) * G; k++) dot += (int32_t)q[k] * (int32_t)xq[k];
-            acc += (float)dot * (a[g] * dxe[g * G / 4]);
+            acc += (float)dot * (a[g] * dx[g * G / 32]);
         }
         if (!fmt_signed(f))
             for (int64_t ci = 0; ci < nc; ci++) acc += b[ci] * s[ci];
@@ -451,10 +647,7 @@ RP_INLINE void dot_tile_c(const int f, const int NT, const gguf_call *c, const i
  * case, so that the accumulators stay in registers. */
 RP_INLINE void dot_tile(const int f, int nt, const gguf_call *c, const uint8_t *row, const int8_t *q, const float *a,
                         const float *b, int64_t t0, float *out) {
-#if RP_AVX512VNNI
-#define DOT_TILE(NT) dot_tile_zmm(f, NT, c, row, a, b, t0, out)
-    (void)q;
-#elif RP_AVXVNNI || RP_AVX2
+#if RP_AVXVNNI || RP_AVX2
 #define DOT_TILE(NT) dot_tile_ymm(f, NT, c, row, a, b, t0, out)
     (void)q;
 #else
@@ -473,8 +666,20 @@ RP_INLINE void dot_tile(const int f, int nt, const gguf_call *c, const uint8_t *
 /* Rows n0 .. n1 of y for every token. */
 RP_INLINE void matmul_rows(const int f, const gguf_call *c, int64_t n0, int64_t n1) {
     const int64_t K = c->K, T = c->T, N = c->N;
-    float a[K / fmt_group(f) + 16], b[K / 32 + 16]; /* the row's scales (K / 16 floats at most) */
-#if !(RP_AVX512VNNI || RP_AVXVNNI || RP_AVX2)
+#if RP_AVX512VNNI
+    /* one row's group scales: a float a chunk (32-blocks), 16 a superblock (K-quants) */
+    const int64_t gs = fmt_qk(f) == 32 ? K / 32 : K / 16;
+    float ga[4 * gs + 16], gb[4 * gs + 16];
+    int64_t n = n0;
+    if (T == 1) /* decode: 4 rows at a time */
+        for (; n + 4 <= n1; n += 4) rows_zmm(f, 4, c, n, ga, gb, gs);
+    if (T == 2)
+        for (; n + 2 <= n1; n += 2) rows_zmm(f, 2, c, n, ga, gb, gs);
+    for (; n < n1; n++) rows_zmm(f, 1, c, n, ga, gb, gs);
+    (void)N, (void)T;
+#else
+    float a[K / 16 + 16], b[K / 16 + 16]; /* the row's scales */
+#if !(RP_AVXVNNI || RP_AVX2)
     int8_t q[K];
 #else
     int8_t *q = NULL;
@@ -482,7 +687,7 @@ RP_INLINE void matmul_rows(const int f, const gguf_call *c, int64_t n0, int64_t 
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *row = c->w + n * c->row_bytes;
         row_scales(f, row, K, a, b);
-#if !(RP_AVX512VNNI || RP_AVXVNNI || RP_AVX2)
+#if !(RP_AVXVNNI || RP_AVX2)
         for (int64_t i = 0; i < K / fmt_qk(f); i++) block_ints(f, row + i * fmt_bytes(f), q + i * fmt_qk(f));
 #endif
         const float bn = c->bias ? c->bias[n] : 0.0f;
@@ -493,6 +698,7 @@ RP_INLINE void matmul_rows(const int f, const gguf_call *c, int64_t n0, int64_t 
             for (int t = 0; t < nt; t++) c->y[(t0 + t) * N + n] = out[t] + bn;
         }
     }
+#endif
 }
 
 #define ROW_QUANTUM 16 /* rows per unit of the split: whole cache lines of y at T = 1 */
@@ -517,11 +723,14 @@ static int nparts(int64_t units, int nthreads) {
 }
 
 /* y (T, N) = x (T, K) W^T (+ bias (N)); W (N, row_bytes) blocks of GGML type `qtype`;
- * scratch: T K + 4 T K / 4 + 4 T K / 32 bytes, 4-byte aligned (xq, dxe, s). Returns 0, or -1 for an
+ * scratch: T K + 8 T K / 32 bytes, 4-byte aligned (xq, dx, s). Returns 0, or -1 for an
  * unknown type or a K that is not whole blocks. */
 RP_EXPORT int rp_gguf_matmul(int qtype, float *y, const float *x, const uint8_t *w, const float *bias, int64_t T,
                              int64_t N, int64_t K, uint8_t *scratch, int nthreads) {
     if (!known_fmt(qtype) || K <= 0 || K % fmt_qk(qtype)) return -1;
+#if RP_AVX512VNNI
+    pthread_once(&heads_once, make_heads_plans);
+#endif
     gguf_call c = {.fmt = qtype, .y = y, .x = x, .w = w, .bias = bias, .T = T, .N = N, .K = K,
                    .row_bytes = K / fmt_qk(qtype) * fmt_bytes(qtype)};
     scratch_views(&c, scratch);

@@ -55,14 +55,15 @@ def test_matmul_matches_reference(lib, qtype, N, K, T):
     assert_close(got, reference(x, w))
 
 
+@pytest.mark.parametrize("T", [1, 2, 6])  # the zmm path's 4 rows x 1 token, 2 x 2, 1 x 4 tiles
 @pytest.mark.parametrize("qtype", sorted(NATIVE_GGUF))
-def test_threads_and_bias(lib, qtype):
+def test_threads_and_bias(lib, qtype, T):
     """1, 2 and 3 threads split the rows differently and give the same y; bias adds."""
     K = GGUF_BLOCKS[qtype][0] * 3
     N = 53  # 4 parts of 16 rows, the last short
     data, w = weight(qtype, N, K)
     rng = np.random.default_rng(7)
-    x = rng.standard_normal((6, K)).astype(np.float32)
+    x = rng.standard_normal((T, K)).astype(np.float32)
     bias = rng.standard_normal(N).astype(np.float32)
     one = gguf_matmul(lib, x, data, qtype, (N, K), nthreads=1)
     for nth in (2, 3):
