@@ -27,7 +27,7 @@ serve: setup
 	$(VENV)/bin/rawpage serve $(ARGS)
 
 generate: setup
-	$(VENV)/bin/rawpage generate "$(or $(PROMPT),What is the capital of France?)" $(ARGS)
+	$(VENV)/bin/rawpage generate "$(or $(PROMPT),What is the capital of Japan?)" $(ARGS)
 
 # Ray Serve for its replica tests (tests/test_serve_ray.py): for the tests only, since it is large.
 $(VENV)/.installed-ray: $(VENV)/.installed-dev

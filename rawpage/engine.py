@@ -20,24 +20,22 @@ from typing import Any
 
 import numpy as np
 
-from rawpage.backends import get_backend
 from rawpage.beam_search import BeamSearch, BeamState
 from rawpage.block_manager import BlockManager
 from rawpage.chat_template import ChatTemplate
 from rawpage.device_logits import DeviceLogits
 from rawpage.engine_args import EngineArgs
 from rawpage.engine_setup import (
+    backend_for,
     cuda_graph_shapes,
     load_model,
     make_runner,
     num_swap_blocks,
-    resolve_dtype,
     resolve_max_model_len,
 )
 from rawpage.errors import WorkerDiedError
 from rawpage.forking import Forker
 from rawpage.grammar_compiler import GrammarCompiler
-from rawpage.grammar_limits import GrammarLimits
 from rawpage.loader import load_checkpoint
 from rawpage.lora.manager import LoRARequest, resolve_lora
 from rawpage.output_processor import OutputProcessor
@@ -69,9 +67,7 @@ class LLMEngine:
         self.model_config = c = ckpt.config
         self.tokenizer, self.generation_config = ckpt.tokenizer, ckpt.generation_config
         self.chat_template = ChatTemplate.from_arg(args.chat_template) if args.chat_template else None
-        dtype = resolve_dtype(args.dtype, args.device, c.torch_dtype)
-        self.backend = get_backend(args.device, dtype, args.cpu_threads, args.cpu_kernels)
-        args.log_inert_flags(self.backend)
+        self.backend = backend_for(args, args.device, c.torch_dtype)
         self.max_model_len = resolve_max_model_len(args.max_model_len, c.max_position_embeddings)
         self.block_size = args.block_size
         batched = args.max_num_batched_tokens or (8192 if self.backend.name == "cuda" else 2048)
@@ -89,7 +85,7 @@ class LLMEngine:
         shapes = cuda_graph_shapes(args, self.backend, c)  # decode and verification steps replayed from graphs
         runner_args = (self.model, self.backend, args, num_blocks, num_cpu_blocks, shapes, self.max_model_len)
         self.runner = make_runner(self.workers, *runner_args, self.lora)
-        self.grammars = GrammarCompiler(self.tokenizer.hf, c.vocab_size, c.eos_token_ids, GrammarLimits.from_args(args))
+        self.grammars = GrammarCompiler.from_args(self.tokenizer.hf, c.vocab_size, c.eos_token_ids, args)
         self.masks = MaskPrefetcher(self.grammars.words)
         self.sampler = Sampler(c.vocab_size, c.eos_token_ids, self.masks)
         self._seq_ids = itertools.count()
@@ -206,9 +202,7 @@ class LLMEngine:
     def _schedule(self) -> SchedulerOutput:
         self._batch = None  # until the batch is known, a failure is everyone's (_recover)
         self.spec.propose(self.scheduler.running)  # drafted tokens join their sequences as extra query tokens
-        for req, e in self.grammars.take_failed():  # no server checked it first (LLMEngine used directly)
-            if not req.is_finished:
-                self._fail_request(req, e)
+        self.grammars.fail_requests(self._fail_request)  # compiles that failed (no server checked them first)
         sched = self.scheduler.schedule()
         self.spec.settle(sched)
         self._batch = {seq.request.request_id: seq.request for seq, _ in sched.scheduled}

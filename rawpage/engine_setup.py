@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from rawpage.backends import cuda_available
+from rawpage.backends import cuda_available, get_backend
 from rawpage.backends.base import Backend
 from rawpage.config import ModelConfig
 from rawpage.decode_graphs import graph_shapes
@@ -35,6 +35,15 @@ def resolve_dtype(dtype: str, device: str, checkpoint_dtype: str) -> str | None:
     if device in ("cuda", "auto") and cuda_available():
         return "bfloat16" if "bfloat16" in checkpoint_dtype else "float16"
     return None
+
+
+def backend_for(args: EngineArgs, device: str, checkpoint_dtype: str) -> Backend:
+    """The backend these flags ask for on `device` (the engine's, or a worker's), after
+    which the flags that cannot apply to it each log their one line."""
+    dtype = resolve_dtype(args.dtype, device, checkpoint_dtype)
+    backend = get_backend(device, dtype, args.cpu_threads, args.cpu_kernels)
+    args.log_inert_flags(backend)
+    return backend
 
 
 def resolve_max_model_len(max_model_len: int | None, limit: int) -> int:

@@ -106,6 +106,11 @@ class GrammarCompiler:
     """Compiles constraints for one tokenizer. The llguidance tokenizer costs ~0.4 s to
     build, so it is made (here and in each validator child) on the first grammar."""
 
+    @classmethod
+    def from_args(cls, hf_tokenizer: Any, vocab_size: int, eos_token_ids: list[int], args: Any) -> GrammarCompiler:
+        """The compiler with the grammar limits of these EngineArgs."""
+        return cls(hf_tokenizer, vocab_size, eos_token_ids, GrammarLimits.from_args(args))
+
     def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: list[int], limits: GrammarLimits) -> None:
         self.hf, self.vocab_size, self.eos_token_ids, self.limits = hf_tokenizer, vocab_size, eos_token_ids, limits
         self.words = (vocab_size + 31) // 32  # int32 words in one bitmask row
@@ -168,6 +173,19 @@ class GrammarCompiler:
         failed = [(owner, f.exception()) for f, owner in self._pending if f.done() and f.exception() is not None]
         self._pending = [(f, owner) for f, owner in self._pending if not f.done()]
         return failed
+
+    def fail_requests(self, fail: Callable[[Any, BaseException], None]) -> None:
+        """fail(request, error) for each unfinished request whose compile failed since the
+        last call (a request queued without the server's check, LLMEngine used directly)."""
+        for req, e in self.take_failed():
+            if not req.is_finished:
+                fail(req, e)
+
+    def wait_for(self, params: list[Any]) -> None:
+        """Compile each distinct grammar of these SamplingParams now, raising the first
+        refusal (LLM.generate: a bad grammar raises at once, as the server's 400 does)."""
+        for so in {id(p.structured_outputs): p.structured_outputs for p in params if p.structured_outputs}.values():
+            self.submit(so).result()
 
     def wait_pending(self, timeout: float) -> None:
         """Sleep until a pending compile finishes (at most `timeout` s): an engine with

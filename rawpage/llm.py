@@ -55,8 +55,7 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
         loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
-        for so in {id(p.structured_outputs): p.structured_outputs for p in params if p.structured_outputs}.values():
-            self.engine.grammars.submit(so).result()  # as the server does: a bad grammar raises here, at once
+        self.engine.grammars.wait_for(params)  # as the server does: a bad grammar raises here, at once
         ids = []
         try:
             for i, (prompt, p, lora) in enumerate(zip(prompts, params, loras, strict=True)):

@@ -11,9 +11,9 @@ def run(*args, stdin=None):
 
 
 def test_generate_prints_the_continuation():
-    out = run("generate", "--chat", "What is the capital of France?", "--max-tokens", "16")
+    out = run("generate", "--chat", "What is the capital of Japan?", "--max-tokens", "16")
     assert out.returncode == 0, out.stderr
-    assert "Paris" in out.stdout
+    assert "Tokyo" in out.stdout
 
 
 def test_generate_raw_prompt_with_sampling():
@@ -23,9 +23,9 @@ def test_generate_raw_prompt_with_sampling():
 
 
 def test_chat_keeps_history_until_eof():
-    out = run("chat", "--max-tokens", "24", stdin="What is the capital of France?\nAnd of Italy?\n")
+    out = run("chat", "--max-tokens", "24", stdin="What is the capital of Japan?\nAnd of Italy?\n")
     assert out.returncode == 0, out.stderr
-    assert "Paris" in out.stdout and "Rome" in out.stdout
+    assert "Tokyo" in out.stdout and "Rome" in out.stdout
 
 
 def test_errors_are_one_clear_line():
@@ -60,11 +60,11 @@ def test_ctrl_c_stops_a_reply_but_not_the_chat():
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
     time.sleep(1.0)
-    proc.stdin.write("What is the capital of France?\n")  # not communicate(): the reader thread owns stdout
+    proc.stdin.write("What is the capital of Japan?\n")  # not communicate(): the reader thread owns stdout
     proc.stdin.close()
     proc.wait(300)
     reader.join(10)
     out = "".join(chars)
     err = proc.stderr.read()
     assert proc.returncode == 0, err
-    assert "[stopped]" in out and "Paris" in out.split("[stopped]", 1)[1], (out, err)
+    assert "[stopped]" in out and "Tokyo" in out.split("[stopped]", 1)[1], (out, err)

@@ -44,7 +44,7 @@ def test_batch_invariance_alone_together_and_under_preemption(tiny_model_dir):
 
 def test_default_model_batch_invariance(default_checkpoint):
     questions = [
-        "What is the capital of France?",
+        "What is the capital of Japan?",
         "Name a color.",
         "What is 2 + 2?",
         "Say hello in Spanish.",
@@ -64,28 +64,28 @@ def test_default_model_batch_invariance(default_checkpoint):
     assert_no_leaks(small.engine)
 
 
-def test_default_model_answers_paris():
+def test_default_model_answers_tokyo():
     llm = LLM()
     out = llm.chat(
-        [{"role": "user", "content": "What is the capital of France?"}],
+        [{"role": "user", "content": "What is the capital of Japan?"}],
         SamplingParams(temperature=0, max_tokens=20),
         use_tqdm=False,
     )[0].outputs[0]
-    assert "Paris" in out.text and out.finish_reason == "stop"
+    assert "Tokyo" in out.text and out.finish_reason == "stop"
 
 
 def test_stop_string_split_across_tokens_is_caught():
     llm = LLM()
-    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    msgs = [{"role": "user", "content": "What is the capital of Japan?"}]
     plain = llm.chat(msgs, SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)[0].outputs[0]
-    assert plain.text.startswith("The capital of France is Paris")
+    assert plain.text.startswith("The capital of Japan is Tokyo")
     tok = llm.get_tokenizer()
     pieces = [tok.decode([t]) for t in plain.token_ids]
-    assert " of" in pieces and " France" in pieces  # so "of Fr" spans two tokens
-    out = llm.chat(msgs, SamplingParams(temperature=0, max_tokens=20, stop=["of Fr"]), use_tqdm=False)[0].outputs[0]
-    assert out.text == "The capital " and out.finish_reason == "stop" and out.stop_reason == "of Fr"
-    keep = SamplingParams(temperature=0, max_tokens=20, stop="Paris", include_stop_str_in_output=True)
-    assert llm.chat(msgs, keep, use_tqdm=False)[0].outputs[0].text == "The capital of France is Paris"
+    assert " of" in pieces and " Japan" in pieces  # so "of Ja" spans two tokens
+    out = llm.chat(msgs, SamplingParams(temperature=0, max_tokens=20, stop=["of Ja"]), use_tqdm=False)[0].outputs[0]
+    assert out.text == "The capital " and out.finish_reason == "stop" and out.stop_reason == "of Ja"
+    keep = SamplingParams(temperature=0, max_tokens=20, stop="Tokyo", include_stop_str_in_output=True)
+    assert llm.chat(msgs, keep, use_tqdm=False)[0].outputs[0].text == "The capital of Japan is Tokyo"
 
 
 def test_aborts_mid_generation_free_everything(tiny_model_dir):

@@ -51,7 +51,7 @@ def test_greedy_equals_the_single_beam(tiny_model_dir):
         greedy = tokens(llm.generate(p, GREEDY, use_tqdm=False))[0]
         assert llm.generate(p, beam, use_tqdm=False)[0].outputs[0].token_ids == greedy
     chat = LLM()
-    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    msgs = [{"role": "user", "content": "What is the capital of Japan?"}]
     g = chat.chat(msgs, SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)[0].outputs[0]
     b = chat.chat(msgs, SamplingParams(n=1, use_beam_search=True, max_tokens=20, early_stopping=True), use_tqdm=False)[
         0

@@ -53,9 +53,8 @@ def run_worker(
 
 
 def _start(rank, size, args, device, control, comm_endpoint, batched, max_model_len):
-    from rawpage.backends import get_backend
     from rawpage.distributed.communicator import NcclCommunicator, PipeCommunicator
-    from rawpage.engine_setup import plan_kv_cache, resolve_dtype
+    from rawpage.engine_setup import backend_for, plan_kv_cache
     from rawpage.loader import load_checkpoint
     from rawpage.model_runner import ModelRunner
     from rawpage.models.registry import build_model
@@ -70,8 +69,7 @@ def _start(rank, size, args, device, control, comm_endpoint, batched, max_model_
     else:
         comm = PipeCommunicator(rank, size, [comm_endpoint])
     ckpt = load_checkpoint(args.model, args.load_format, args.seed, args.revision)
-    dtype = resolve_dtype(args.dtype, device, ckpt.config.torch_dtype)
-    backend = get_backend(device, dtype, args.cpu_threads, args.cpu_kernels)
+    backend = backend_for(args, device, ckpt.config.torch_dtype)
     tp = TensorParallel(ShardLayout(ckpt.config, rank, size), comm)
     model = build_model(ckpt.config, backend, apply_quantization_flag(ckpt.tensors, args.quantization), tp)
     plan = plan_kv_cache(args, model, backend, batched, max_model_len)

@@ -23,7 +23,7 @@ SECONDS = float(os.environ.get("RAWPAGE_CHAOS_SECONDS", "60"))
 CLIENTS = 64
 CHAT, CMPL = "/v1/chat/completions", "/v1/completions"
 QUESTIONS = [
-    "What is the capital of France?",
+    "What is the capital of Japan?",
     "Name three colors.",
     "What is 2 + 2?",
     "Who wrote Hamlet?",

@@ -28,7 +28,7 @@ def test_langchain_bind_tools_and_structured_output(plain_server):
     assert reply.content is not None
     forced = llm.bind_tools([Visit], tool_choice="required").invoke("Visit Paris.")
     assert forced.tool_calls and forced.tool_calls[0]["name"] == "Visit"
-    place = llm.with_structured_output(Place).invoke("What is the capital of France?")
+    place = llm.with_structured_output(Place).invoke("What is the capital of Japan?")
     assert isinstance(place, Place)
 
 

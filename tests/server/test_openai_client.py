@@ -6,7 +6,7 @@ import openai
 import pytest
 
 MODEL = "SmolLM2-135M-Instruct"
-FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+JAPAN = [{"role": "user", "content": "What is the capital of Japan?"}]
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +24,9 @@ def test_models(client):
 
 
 def test_chat_non_streaming(client):
-    r = client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=20, temperature=0)
+    r = client.chat.completions.create(model=MODEL, messages=JAPAN, max_tokens=20, temperature=0)
     c = r.choices[0]
-    assert "Paris" in c.message.content and c.message.role == "assistant"
+    assert "Tokyo" in c.message.content and c.message.role == "assistant"
     assert c.finish_reason == "stop"
     assert r.usage.prompt_tokens > 10 and r.usage.completion_tokens > 0
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
@@ -58,7 +58,7 @@ def test_completions_streaming_and_not(client):
 
 
 def test_n_greater_than_one(client):
-    r = client.chat.completions.create(model=MODEL, messages=FRANCE, n=3, max_tokens=12, temperature=1.0, seed=5)
+    r = client.chat.completions.create(model=MODEL, messages=JAPAN, n=3, max_tokens=12, temperature=1.0, seed=5)
     assert sorted(c.index for c in r.choices) == [0, 1, 2]
     assert all(c.message.content for c in r.choices) and len({c.message.content for c in r.choices}) > 1
     stream = client.completions.create(
@@ -73,7 +73,7 @@ def test_n_greater_than_one(client):
 
 def test_logprobs(client):
     r = client.chat.completions.create(
-        model=MODEL, messages=FRANCE, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3
+        model=MODEL, messages=JAPAN, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3
     )
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens
@@ -89,8 +89,8 @@ def test_logprobs(client):
 
 
 def test_stop(client):
-    r = client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=20, temperature=0, stop=["Paris"])
-    assert r.choices[0].message.content == "The capital of France is " and r.choices[0].finish_reason == "stop"
+    r = client.chat.completions.create(model=MODEL, messages=JAPAN, max_tokens=20, temperature=0, stop=["Tokyo"])
+    assert r.choices[0].message.content == "The capital of Japan is " and r.choices[0].finish_reason == "stop"
 
 
 def test_seed_reproducible(client):
@@ -126,7 +126,7 @@ def test_async_client_concurrent(aclient):
 
     async def streamed():
         s = await aclient.chat.completions.create(
-            model=MODEL, messages=FRANCE, max_tokens=10, temperature=0, stream=True
+            model=MODEL, messages=JAPAN, max_tokens=10, temperature=0, stream=True
         )
         return "".join([c.choices[0].delta.content or "" async for c in s if c.choices])
 
@@ -134,4 +134,4 @@ def test_async_client_concurrent(aclient):
         return await asyncio.gather(*[one(i) for i in range(6)], streamed())
 
     results = asyncio.run(main())
-    assert all(results) and "Paris" in results[-1]
+    assert all(results) and "Tokyo" in results[-1]

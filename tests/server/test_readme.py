@@ -44,7 +44,7 @@ def test_readme_serve_command_and_curl_example(tmp_path):
         curl = readme_block("curl").replace("localhost:8000", f"localhost:{port}")
         out = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=120)
         reply = json.loads(out.stdout)
-        assert "Paris" in reply["choices"][0]["message"]["content"]
+        assert "Tokyo" in reply["choices"][0]["message"]["content"]
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(60)

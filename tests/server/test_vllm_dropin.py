@@ -10,7 +10,7 @@ import openai
 import pytest
 
 MODEL = "SmolLM2-135M-Instruct"
-FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+JAPAN = [{"role": "user", "content": "What is the capital of Japan?"}]
 # A tool whose parameters use local $defs (what pydantic, LangChain and the Agents SDK write).
 VISIT = {
     "type": "function",
@@ -32,7 +32,7 @@ def client(plain_server):
 
 
 def chat(client, **kw):
-    return client.chat.completions.create(model=MODEL, messages=kw.pop("messages", FRANCE), temperature=0, **kw)
+    return client.chat.completions.create(model=MODEL, messages=kw.pop("messages", JAPAN), temperature=0, **kw)
 
 
 # --- item 6: vLLM's request extras ---------------------------------------------------------
@@ -72,11 +72,11 @@ def client_token(client, token_id):
 
 
 def test_echo_and_continue_final_message(client):
-    start = "The capital of France is"
-    msgs = [*FRANCE, {"role": "assistant", "content": start}]
+    start = "The capital of Japan is"
+    msgs = [*JAPAN, {"role": "assistant", "content": start}]
     extra = {"add_generation_prompt": False, "continue_final_message": True, "echo": True}
     r = chat(client, messages=msgs, max_tokens=4, extra_body=extra)
-    assert r.choices[0].message.content.startswith(start + " Paris")
+    assert r.choices[0].message.content.startswith(start + " Tokyo")
     assert r.prompt_logprobs is not None  # vLLM: an echoed chat brings the prompt's logprobs
     streamed = chat(client, messages=msgs, max_tokens=4, stream=True, extra_body=extra)
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == r.choices[0].message.content
@@ -92,7 +92,7 @@ def test_tokenize_always_sends_token_strs(plain_server):
 # --- item 7: vLLM's routes, metrics and load report -------------------------------------------
 def test_invocations_dispatch_by_body_shape(plain_server):
     url = plain_server.url + "/invocations"
-    r = httpx.post(url, json={"messages": FRANCE, "max_tokens": 2}, timeout=60)
+    r = httpx.post(url, json={"messages": JAPAN, "max_tokens": 2}, timeout=60)
     assert r.status_code == 200 and r.json()["object"] == "chat.completion"
     r = httpx.post(url, json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
     assert r.status_code == 200 and r.json()["object"] == "text_completion"
@@ -101,7 +101,7 @@ def test_invocations_dispatch_by_body_shape(plain_server):
 
 
 def test_batch_chat_completions(plain_server):
-    body = {"messages": [FRANCE, [{"role": "user", "content": "Hi"}]], "max_tokens": 3, "temperature": 0}
+    body = {"messages": [JAPAN, [{"role": "user", "content": "Hi"}]], "max_tokens": 3, "temperature": 0}
     r = httpx.post(plain_server.url + "/v1/chat/completions/batch", json=body, timeout=60).json()
     assert [c["index"] for c in r["choices"]] == [0, 1] and r["usage"]["completion_tokens"] == 6
     r = httpx.post(plain_server.url + "/v1/chat/completions/batch", json={**body, "stream": True})
@@ -132,7 +132,7 @@ def test_load_counts_a_request_in_flight(plain_server):
 
 
 def test_vllm_metric_names_beside_ours(plain_server):
-    chat_body = {"messages": FRANCE, "max_tokens": 2}
+    chat_body = {"messages": JAPAN, "max_tokens": 2}
     httpx.post(plain_server.url + "/v1/chat/completions", json=chat_body, timeout=60)
     text = httpx.get(plain_server.url + "/metrics").text
     for name in (
@@ -152,7 +152,7 @@ def test_vllm_metric_names_beside_ours(plain_server):
 
 # --- item 8: validation as vLLM's ------------------------------------------------------------
 def test_custom_roles_and_string_booleans_pass(client):
-    r = chat(client, messages=[{"role": "narrator", "content": "It was dark."}, *FRANCE], max_tokens=2)
+    r = chat(client, messages=[{"role": "narrator", "content": "It was dark."}, *JAPAN], max_tokens=2)
     assert r.choices[0].message.content
     r = chat(client, max_tokens=1, extra_body={"logprobs": "true", "top_logprobs": 1})
     assert r.choices[0].logprobs.content[0].top_logprobs
@@ -167,7 +167,7 @@ def test_validation_errors_vllm_answers(plain_server):
         ({"logit_bias": {"5": 101}}, "logit_bias", "between -100 and 100, got 101"),
     ]
     for extra, param, says in cases:
-        r = httpx.post(url, json={"messages": FRANCE, "max_tokens": 1, **extra})
+        r = httpx.post(url, json={"messages": JAPAN, "max_tokens": 1, **extra})
         err = r.json()["error"]
         assert r.status_code == 400 and err["param"] == param and says in err["message"], (extra, err)
 
@@ -198,7 +198,7 @@ def test_tools_with_auto_choice_on_a_server_without_tool_flags(client, plain_ser
 def test_strict_schema_closes_objects(plain_server):
     schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
     rf = {"type": "json_schema", "json_schema": {"name": "c", "strict": True, "schema": schema}}
-    body = {"messages": FRANCE, "max_tokens": 40, "temperature": 0, "response_format": rf}
+    body = {"messages": JAPAN, "max_tokens": 40, "temperature": 0, "response_format": rf}
     r = httpx.post(plain_server.url + "/v1/chat/completions", json=body, timeout=60).json()
     assert set(json.loads(r["choices"][0]["message"]["content"])) == {"city"}
 

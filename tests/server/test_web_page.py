@@ -112,7 +112,7 @@ def test_chat_streams_a_reply(page):
             if (r.length) window.seen.add(r[r.length - 1].textContent);
         }).observe(document.getElementById('messages'), {subtree: true, childList: true, characterData: true});
     }""")
-    page.send("What is the capital of France?")
+    page.send("What is the capital of Japan?")
     reply = page.wait_reply_done()
     assert reply.strip()
     assert page.page.evaluate("window.seen.size") >= 3, "the reply appeared at once, not streamed"
