@@ -493,16 +493,19 @@ RP_INLINE void dot_tile_zmm(const int f, const int NR, const int NT, const gguf_
         if (nch & 1) pair_fma_zmm(f, NR, NT, rows, c0 / 2 + p, p, 1, xq, K, sc, acc1);
     }
     for (int i = 0; i < NR * NT; i++) acc0[i] = _mm512_add_ps(acc0[i], acc1[i]);
-    if (NR * NT == 4) { /* the 4 sums at once: ~12 instructions, not 4 reductions of 8 */
-        const __m512 t01 = _mm512_add_ps(_mm512_unpacklo_ps(acc0[0], acc0[1]), _mm512_unpackhi_ps(acc0[0], acc0[1]));
-        const __m512 t23 = _mm512_add_ps(_mm512_unpacklo_ps(acc0[2], acc0[3]), _mm512_unpackhi_ps(acc0[2], acc0[3]));
-        /* each 128-bit lane: partial sums of cells 0, 1, 2, 3 */
-        const __m512 u = _mm512_add_ps(_mm512_shuffle_ps(t01, t23, 0x44), _mm512_shuffle_ps(t01, t23, 0xee));
-        const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
-        _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
-    } else {
-        for (int i = 0; i < NR * NT; i++) out[i] = _mm512_reduce_add_ps(acc0[i]);
-    }
+    for (int i = NR * NT; i < 4; i++) acc0[i] = _mm512_setzero_ps();
+    /* The 4 sums at once (~12 instructions, not 4 reductions of 8), and for fewer cells
+     * too, padded: every cell's 16 lanes are added in the same order whatever the tile,
+     * so y[t, n] has the same bits at any T (a sequence computes the same alone or in a
+     * batch; tests/test_engine.py's batch invariance). */
+    const __m512 t01 = _mm512_add_ps(_mm512_unpacklo_ps(acc0[0], acc0[1]), _mm512_unpackhi_ps(acc0[0], acc0[1]));
+    const __m512 t23 = _mm512_add_ps(_mm512_unpacklo_ps(acc0[2], acc0[3]), _mm512_unpackhi_ps(acc0[2], acc0[3]));
+    /* each 128-bit lane: partial sums of cells 0, 1, 2, 3 */
+    const __m512 u = _mm512_add_ps(_mm512_shuffle_ps(t01, t23, 0x44), _mm512_shuffle_ps(t01, t23, 0xee));
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
+    float sums[4];
+    _mm_storeu_ps(sums, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+    for (int i = 0; i < NR * NT; i++) out[i] = sums[i];
 }
 
 /* y[:, n .. n + NR] (+ bias): the NR rows' scales once, then the tokens NT at a time. */

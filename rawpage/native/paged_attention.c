@@ -28,13 +28,15 @@
  * Work split: an item is one tile, (sequence, KV head, up to 32 query rows): the
  * rows are a few consecutive queries of the sequence times all G query heads of
  * that KV head (for a decode: its G heads), so each K/V row a tile reads from the
- * pool serves all of them. When a batch has fewer than 16 tiles (a decode of a
- * few sequences), each tile's keys are also cut into up to 16 / tiles parts of at
- * least 256 keys (flash-decoding): a part keeps (m, l, acc) of its keys and the
- * caller merges the parts after the split. Items go to the pool's threads
+ * pool serves all of them. A tile whose keys cross a multiple of 512 is also cut
+ * there into parts (flash-decoding, so that one long decode keeps every thread
+ * busy): a part keeps (m, l, acc) of its keys and the caller merges the parts after
+ * the split. The cuts sit at fixed key positions, so a query row's arithmetic
+ * depends on its own sequence only: not on the batch beside it, the chunk it came
+ * in, nor the thread count (a sequence decodes the same tokens alone or batched;
+ * tests/test_engine.py's batch invariance). Items go to the pool's threads
  * costliest first (cost = rows x keys), each thread taking the next one left, so
- * a thread the OS slows down takes fewer. The cut depends on the batch only, not
- * on the thread count: 1 and 2 threads give the same bits.
+ * a thread the OS slows down takes fewer.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -46,8 +48,7 @@
 #define RP_ATTN_MAX_D 256
 #define RP_ATTN_ROWS 32      /* query rows (queries x heads) one tile holds */
 #define RP_ATTN_BC 64        /* keys per chunk (Bc) */
-#define RP_ATTN_MIN_ITEMS 16 /* below this many tiles, cut keys into parts */
-#define RP_ATTN_MIN_PART 256 /* keys a part reads at least */
+#define RP_ATTN_PART 512 /* keys are cut into parts at the multiples of this position */
 
 enum { RP_KV_F32 = 0, RP_KV_F16 = 1 };
 
@@ -326,6 +327,11 @@ static void attend_task(void *arg, int ith, int nth) {
     }
 }
 
+/* The parts a tile's keys [k0, k1) are cut into: the RP_ATTN_PART windows they touch. */
+static int tile_parts(const attn_item *t) {
+    return t->k1 > t->k0 ? (t->k1 - 1) / RP_ATTN_PART - t->k0 / RP_ATTN_PART + 1 : 1;
+}
+
 /* Merge the parts of one cut tile, whose first part is `it`:
  *     M = max_p m_p,  o = sum_p exp(m_p - M) acc_p / sum_p exp(m_p - M) l_p */
 static void merge_parts(const attn_args *a, const attn_item *it) {
@@ -387,22 +393,22 @@ RP_EXPORT void rp_paged_attention(float *out, const float *q, int64_t q_stride, 
     attn_item *tiles = malloc(sizeof(attn_item) * n_tiles);
     make_tiles(&a, B, tiles);
 
-    /* Few tiles: cut each tile's keys into parts (see the header). */
-    const int want = n_tiles < RP_ATTN_MIN_ITEMS ? (RP_ATTN_MIN_ITEMS + n_tiles - 1) / n_tiles : 1;
+    /* Cut each tile's keys at the multiples of RP_ATTN_PART (see the header). */
+    int n_items = 0, n_slots = 0;
+    for (int t = 0; t < n_tiles; t++) n_items += tile_parts(&tiles[t]);
     attn_item *items = tiles;
-    int n_items = n_tiles, n_slots = 0;
-    if (want > 1) {
-        items = malloc(sizeof(attn_item) * n_tiles * want);
+    if (n_items > n_tiles) {
+        items = malloc(sizeof(attn_item) * n_items);
         n_items = 0;
         for (int t = 0; t < n_tiles; t++) {
             const attn_item *tile = &tiles[t];
-            const int keys = tile->k1 - tile->k0, by_len = keys / RP_ATTN_MIN_PART;
-            const int parts = by_len < 1 ? 1 : by_len < want ? by_len : want;
+            const int parts = tile_parts(tile);
             for (int p = 0; p < parts; p++) {
                 attn_item *it = &items[n_items++];
                 *it = *tile;
-                it->k0 = tile->k0 + (int)((int64_t)keys * p / parts);
-                it->k1 = tile->k0 + (int)((int64_t)keys * (p + 1) / parts);
+                const int first = (tile->k0 / RP_ATTN_PART + p) * RP_ATTN_PART;
+                it->k0 = p == 0 ? tile->k0 : first;
+                it->k1 = p == parts - 1 ? tile->k1 : first + RP_ATTN_PART;
                 it->slot = parts > 1 ? n_slots++ : -1;
                 it->tile_parts = parts;
                 it->cost = (int64_t)tile->nq * tile->ng * (it->k1 - it->k0) + 64 * tile->nq * tile->ng;

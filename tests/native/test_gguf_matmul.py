@@ -131,3 +131,16 @@ def test_bad_arguments_say_what_is_wrong(lib):
         gguf_matmul(lib, np.zeros((1, 256), np.float32), data, "Q2_K", (5, 256), nthreads=1)
     with pytest.raises(ValueError, match="row ids must be in 0 .. 4"):
         gguf_rows(lib, data, "Q4_K", (5, 256), np.array([5]), nthreads=1)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+def test_a_token_gets_the_same_bits_in_any_batch(lib, qtype):
+    """y[t] depends on x[t] alone, bit for bit, whatever T is (the tile shapes differ
+    with T): a sequence decodes the same tokens alone or batched."""
+    rng = np.random.default_rng(7)
+    N, K = 37, 512
+    data = random_blocks(rng, qtype, N, K)
+    x = rng.standard_normal((9, K)).astype(np.float32)
+    alone = np.stack([gguf_matmul(lib, x[t : t + 1], data, qtype, (N, K), 1)[0] for t in range(len(x))])
+    for T in (2, 3, 4, 5, 9):
+        np.testing.assert_array_equal(gguf_matmul(lib, x[:T], data, qtype, (N, K), 2), alone[:T])

@@ -115,3 +115,23 @@ def test_refuses_what_it_cannot_read(lib):
         paged_attention(lib, q, kc.view(np.uint8), vc.view(np.uint8), tables, seq_lens, qsl, 1.0, None, None, 1)
     with pytest.raises(ValueError, match="does not fit"):
         paged_attention(lib, q[:, :3], kc, vc, tables, seq_lens, qsl, 1.0, None, None, 1)
+
+
+def test_a_sequence_attends_the_same_alone_or_batched(lib):
+    """A sequence's rows have the same bits whatever else is in the batch, and whichever
+    chunk its queries came in: the key cuts sit at fixed positions (paged_attention.c)."""
+    rng = np.random.default_rng(11)
+    H, Hkv, D, BS, NB = 6, 2, 64, 16, 256
+    k_cache = rng.standard_normal((NB, BS, Hkv, D)).astype(np.float32)
+    v_cache = rng.standard_normal((NB, BS, Hkv, D)).astype(np.float32)
+    lens = np.array([1500, 40, 700, 3], np.int32)
+    tables = np.stack([rng.permutation(NB)[:100] for _ in lens]).astype(np.int32)
+    q = rng.standard_normal((len(lens), H, D)).astype(np.float32)  # one decode query each
+
+    def run(rows, q_rows, seq_lens, starts):
+        return paged_attention(lib, q_rows, k_cache, v_cache, tables[rows], seq_lens, starts, 0.125, None, None, 2)
+
+    batched = run(np.arange(len(lens)), q, lens, np.arange(len(lens) + 1, dtype=np.int32))
+    for i in range(len(lens)):
+        alone = run(np.array([i]), q[i : i + 1], lens[i : i + 1], np.array([0, 1], np.int32))
+        np.testing.assert_array_equal(alone, batched[i : i + 1])

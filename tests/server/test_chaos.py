@@ -33,7 +33,7 @@ QUESTIONS = [
 BAD_BODIES = [
     b"{not json",
     b"[1, 2, 3]",
-    json.dumps({"messages": [{"role": "wizard", "content": "hi"}]}).encode(),
+    json.dumps({"messages": [{"role": 5, "content": "hi"}]}).encode(),  # any string role is the template's
     json.dumps({"prompt": "hi", "logit_bias": {"99999999999999999999999": 5}}).encode(),
     json.dumps({"prompt": "hi", "stop_token_ids": [999999999], "min_tokens": 2}).encode(),
     json.dumps({"prompt": "hi", "use_beam_search": True, "n": 2, "length_penalty": 600}).encode(),
