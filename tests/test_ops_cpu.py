@@ -319,3 +319,20 @@ def test_rope_is_a_rotation_with_relative_angles(is_neox):
         np.testing.assert_allclose(np.linalg.norm(q), np.linalg.norm(q0), rtol=1e-5)
         dots.append(float((q * k2).sum()))
     np.testing.assert_allclose(dots[0], dots[1], rtol=1e-4)
+
+
+def test_a_large_zeros_array_is_resident_only_where_written():
+    """The KV pool (2 GiB by default) holds only the pages its blocks wrote to: the CPU
+    backend maps large zero arrays instead of taking them from the heap, which calloc
+    would write in full (rawpage/backends/cpu_malloc.py keeps such blocks there)."""
+
+    def rss_kb() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
+
+    before = rss_kb()
+    pool = CPUBackend().zeros((64, 16, 8, 1024))  # 256 MiB of float32
+    assert pool.flags.writeable and not pool.any()
+    pool[3] = 1.0  # one block: 512 KiB
+    assert rss_kb() - before < 64 * 1024, "the whole array became resident"
+    assert pool[3].all() and not pool[4].any()

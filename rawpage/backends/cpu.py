@@ -13,6 +13,7 @@ gathers each sequence's blocks.
 from __future__ import annotations
 
 import logging
+import mmap
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -69,7 +70,15 @@ class CPUBackend(Backend):
         return x
 
     def zeros(self, shape: tuple[int, ...], dtype: Any = None) -> np.ndarray:
-        return np.zeros(shape, dtype=self.dtype if dtype is None else dtype)
+        dtype = np.dtype(self.dtype if dtype is None else dtype)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        if nbytes >= _LAZY_ZEROS_BYTES:
+            # An anonymous mapping: the kernel hands out zeroed pages as they are first
+            # written, so the KV pool holds only the blocks in use. (np.zeros would take
+            # a block this size from the heap, where cpu_malloc.py keeps them, and calloc
+            # writes every page at once: 2 GiB resident for the default pool.)
+            return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
+        return np.zeros(shape, dtype=dtype)
 
     def embedding(self, ids: np.ndarray, table: np.ndarray) -> np.ndarray:
         """ids: (T,) -> (T, dim). The first op of every forward pass, so the thread count for
@@ -275,6 +284,9 @@ def splits_by_rows(rows: int, w_bytes: int) -> bool:
     """Whether matmul splits x (rows, in) by W (out, in) itself (see above)."""
     return 2 <= rows <= 64 and (w_bytes >= _BY_ROWS_W_BYTES or (rows == 2 and w_bytes >= _BY_ROWS_W_BYTES_AT_2))
 
+
+# Arrays this large (the KV pool's layers, the swap space) are mapped zero pages.
+_LAZY_ZEROS_BYTES = 16 << 20
 
 # Rows below which an element-wise op stays on one thread: handing half of it to another
 # thread costs 0.1-0.2 ms, more than it saved below 512 rows on the 2-core development
