@@ -32,9 +32,6 @@ class TensorSource(Mapping[str, np.ndarray]):
         reader = self._quantized.get(name)
         return reader() if reader else None
 
-    def has_quantized(self) -> bool:
-        return bool(self._quantized)
-
     def quantized_names(self) -> list[str]:
         return list(self._quantized)
 
