@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from rawpage.errors import UnsupportedModelError
-from rawpage.loader.tensors import TensorSource
+from rawpage.loader.tensors import TensorSource, is_linear_weight
 from rawpage.quantization.fp8 import e4m3_to_f32, quantize_fp8
 from rawpage.quantization.q8_0 import Q8_0_BLOCK, quantize_q8_0
 from rawpage.quantization.weight import QuantizedWeight, dequantize
@@ -64,12 +64,12 @@ def apply_quantization_flag(tensors: Any, method: str | None) -> Any:
         return TensorSource({name: (lambda name=name: tensors.raw(name)) for name in tensors})
     if method == "fp8":
         _refuse_packed(tensors, method)
-        linear = [name for name in tensors if _is_linear(name) and name != "model.embed_tokens.weight"]
+        linear = [name for name in tensors if is_linear_weight(name) and name != "model.embed_tokens.weight"]
         readers = {name: (lambda name=name: tensors.raw(name)) for name in tensors}
         # dense readers see the FP8-rounded weights too, so that cpu runs the same model
         readers |= {name: (lambda name=name: dequantize(_to_fp8(tensors[name]))) for name in linear}
         return TensorSource(
-            readers, {name: (lambda name=name: _to_fp8(tensors[name])) for name in tensors if _is_linear(name)}
+            readers, {name: (lambda name=name: _to_fp8(tensors[name])) for name in tensors if is_linear_weight(name)}
         )
     if method == "q8_0":
         return _q8_0_tensors(tensors)
@@ -98,7 +98,7 @@ def _q8_0_tensors(tensors: TensorSource) -> TensorSource:
     readers see the Q8_0-rounded values, so that every backend runs the same model."""
     _refuse_packed(tensors, "q8_0")
     kept = set(tensors.quantized_names()) if _packed_kind(tensors) == "gguf" else set()
-    names = [name for name in tensors if _is_linear(name) and name not in kept]
+    names = [name for name in tensors if is_linear_weight(name) and name not in kept]
     readers = {name: (lambda name=name: tensors.raw(name)) for name in tensors}
     readers |= {name: (lambda name=name: _q8_0_rounded(tensors[name])) for name in names}
     quantized = {name: (lambda name=name: tensors.quantized(name)) for name in kept}
@@ -116,11 +116,6 @@ def _to_q8_0(w: np.ndarray) -> QuantizedWeight | None:
 def _q8_0_rounded(w: np.ndarray) -> np.ndarray:
     q = _to_q8_0(w)
     return w if q is None else dequantize(q)
-
-
-def _is_linear(name: str) -> bool:
-    """Linear weights, and the embedding (read packed only as a tied LM head)."""
-    return name.endswith(("_proj.weight", "lm_head.weight", "embed_tokens.weight"))
 
 
 def _to_fp8(w: np.ndarray) -> QuantizedWeight:
