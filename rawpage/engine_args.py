@@ -191,9 +191,10 @@ class EngineArgs:
     )
     quantization: str = flag(
         "auto",
-        "Linear weights: auto = as the checkpoint packs them (GGUF, AWQ, GPTQ, FP8); fp8 = quantize a float "
-        "checkpoint to FP8 e4m3 at load; none = dequantize at load; gguf, awq, gptq = auto, checked against "
-        "the checkpoint",
+        "Linear weights: auto = as the checkpoint packs them (GGUF, AWQ, GPTQ, FP8); fp8 = "
+        "quantize a float checkpoint to FP8 e4m3 at load; q8_0 = quantize a float checkpoint to GGUF Q8_0 "
+        "blocks at load (1.06 bytes a weight); none = dequantize at load; gguf, awq, gptq = auto, checked "
+        "against the checkpoint",
     )
     tensor_parallel_size: int = flag(
         1,

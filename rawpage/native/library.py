@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import weakref
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,30 @@ def ptr(a: np.ndarray | None) -> int | None:
         return None
     assert a.flags.c_contiguous, "native kernels read C-contiguous arrays"
     return a.ctypes.data
+
+
+# Per call, each array address costs ~1 us in Python through ndarray.ctypes, on the
+# order of a 576x576 GEMV: the weights' addresses are kept (until the array dies), and
+# x's and y's come through the buffer protocol (0.4 us).
+_weight_addresses: dict[int, tuple[weakref.ref, int]] = {}
+
+
+def array_address(a: np.ndarray) -> int:
+    """A C-contiguous array's address, the fast way where the array is writable."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError):  # read-only, or empty
+        return a.ctypes.data
+
+
+def weight_address(w: np.ndarray) -> int:
+    """A weight's address, looked up once while the array lives."""
+    key = id(w)
+    hit = _weight_addresses.get(key)
+    if hit is not None and hit[0]() is w:
+        return hit[1]
+    _weight_addresses[key] = (weakref.ref(w, lambda _, k=key: _weight_addresses.pop(k, None)), w.ctypes.data)
+    return _weight_addresses[key][1]
 
 
 @functools.cache
