@@ -289,7 +289,7 @@ async def tokenize(request: Request, state: ServerState) -> Response:
     state.check_model(body)
     tok = state.llm.tokenizer
     if "messages" in body.data:
-        ids = await state.render_chat(body, parse_messages(body))
+        ids = await state.render_chat(state.render_options(body), parse_messages(body))
     else:
         prompt = body.str("prompt")
         if prompt is None:

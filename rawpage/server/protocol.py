@@ -235,9 +235,14 @@ def sampling_params(
     )
     if beam and "temperature" not in body.data:
         kwargs["temperature"] = 0.0
+    return checked_sampling_params(**kwargs)
+
+
+def checked_sampling_params(**kwargs: Any) -> SamplingParams:
+    """SamplingParams, with its cross-field rules (min_tokens <= max_tokens, top_p > 0, ...) as 400s."""
     try:
         return SamplingParams(**kwargs)
-    except ValueError as e:  # cross-field rules (min_tokens <= max_tokens, top_p > 0, ...)
+    except ValueError as e:
         raise APIError(str(e), param=str(e).split(" ", 1)[0]) from None
 
 

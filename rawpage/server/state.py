@@ -40,6 +40,18 @@ class Caller:
     admin: bool  # sees every tenant: the --admin-api-key, or anyone on a server without keys
 
 
+@dataclass(frozen=True)
+class RenderOptions:
+    """How messages become a prompt. Chat takes these from vLLM's request fields
+    (render_options); the Responses and Messages APIs use the defaults."""
+
+    chat_template: str | None = None  # a request's own template text (--trust-request-chat-template)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False  # leave the last message open: the model continues it
+    add_special_tokens: bool = False  # the template already writes BOS and the like
+
+
 @dataclass
 class ServerState:
     engine: AsyncEngine
@@ -144,16 +156,9 @@ class ServerState:
         tok = self.llm.tokenizer
         return await self.off_loop(lambda: [tok.encode(t, add_special_tokens=add_special_tokens) for t in texts])
 
-    async def render_chat(
-        self,
-        body: Body,
-        messages: list[dict[str, Any]],
-        param: str = "messages",
-        tools: list[dict[str, Any]] | None = None,
-    ) -> list[int]:
-        """Messages (and tools) -> chat template -> token ids. A request's own `chat_template`
-        needs --trust-request-chat-template, and is always template text, never a path."""
-        llm = self.llm
+    def render_options(self, body: Body) -> RenderOptions:
+        """Chat's template fields (vLLM's). A request's own `chat_template` needs
+        --trust-request-chat-template, and is always template text, never a path."""
         template = body.str("chat_template")
         if template is not None and not self.config.trust_request_chat_template:
             raise APIError(
@@ -161,26 +166,40 @@ class ServerState:
                 "with --trust-request-chat-template",
                 param="chat_template",
             )
-        kwargs = body.dict("chat_template_kwargs")
-        add_generation_prompt = body.bool("add_generation_prompt", True)
-        continue_final = body.bool("continue_final_message", False)
-        add_special = body.bool("add_special_tokens", False)
+        return RenderOptions(
+            chat_template=template,
+            chat_template_kwargs=body.dict("chat_template_kwargs"),
+            add_generation_prompt=body.bool("add_generation_prompt", True),
+            continue_final_message=body.bool("continue_final_message", False),
+            add_special_tokens=body.bool("add_special_tokens", False),
+        )
+
+    async def render_chat(
+        self,
+        render: RenderOptions,
+        messages: list[dict[str, Any]],
+        param: str = "messages",
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
+        """Messages (and tools) -> chat template -> token ids, off the event loop."""
+        llm = self.llm
 
         def work() -> list[int]:
-            chosen = ChatTemplate(template) if template is not None else llm.chat_template
+            chosen = ChatTemplate(render.chat_template) if render.chat_template is not None else llm.chat_template
             extra = {}
             if tools:  # a template that ignores the tools would drop them silently
                 chosen, extra = template_for_tools(chosen or llm.tokenizer.chat_template), {"tools": tools}
+            kwargs = {**render.chat_template_kwargs, **extra}
             text = llm.tokenizer.apply_chat_template(
-                messages, add_generation_prompt, chat_template=chosen, **kwargs, **extra
+                messages, render.add_generation_prompt, chat_template=chosen, **kwargs
             )
-            text = open_final_message(text, messages[-1]) if continue_final else text
-            return llm.tokenizer.encode(text, add_special_tokens=add_special)
+            text = open_final_message(text, messages[-1]) if render.continue_final_message else text
+            return llm.tokenizer.encode(text, add_special_tokens=render.add_special_tokens)
 
         try:
             return await self.off_loop(work)
         except (ChatTemplateError, ValueError, TypeError) as e:
-            raise APIError(str(e), param="chat_template" if template is not None else param) from None
+            raise APIError(str(e), param="chat_template" if render.chat_template is not None else param) from None
 
     def cache_salt(self, body: Body) -> str | None:
         """vLLM's `cache_salt`: requests share cached KV blocks only within one salt (SECURITY.md)."""
