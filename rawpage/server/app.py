@@ -1,6 +1,7 @@
 """The Starlette app: routes, authentication, errors in OpenAI's shape, and `rawpage serve`.
 
 POST /v1/chat/completions   POST /v1/completions   POST /v1/embeddings
+POST /v1/responses   GET|DELETE /v1/responses/{id}   POST /v1/responses/{id}/cancel   (OpenAI's Responses)
 GET /v1/models   GET /v1/models/{id}
 POST /tokenize   POST /detokenize   GET /health   GET /version   GET /metrics
 GET /v1/engine/events   GET / (the web page, unless --no-web)
@@ -51,6 +52,7 @@ from rawpage.server.lora_routes import adapter_models, load_lora_adapter, unload
 from rawpage.server.metrics import ServerMetrics
 from rawpage.server.protocol import APIError
 from rawpage.server.request_guard import RequestGuard
+from rawpage.server.responses import cancel_response, create_response, delete_response, retrieve_response
 from rawpage.server.state import ServerState
 from rawpage.server.streaming import ClientDisconnected
 from rawpage.server.vllm_routes import ServerLoad, invocations, tokenizer_info
@@ -128,6 +130,10 @@ def _routes(state: ServerState, view: EngineView) -> list[Route]:
             "/v1/chat/completions/batch", api(load.aware(generate_only(create_batch_chat_completion))), methods=["POST"]
         ),
         Route("/v1/completions", api(completion), methods=["POST"]),
+        Route("/v1/responses", api(load.aware(generate_only(create_response))), methods=["POST"]),
+        Route("/v1/responses/{response_id}", api(retrieve_response), methods=["GET"]),
+        Route("/v1/responses/{response_id}", api(delete_response), methods=["DELETE"]),
+        Route("/v1/responses/{response_id}/cancel", api(cancel_response), methods=["POST"]),
         Route("/v1/embeddings", api(load.aware(create_embedding)), methods=["POST"]),  # --runner pooling
         Route("/invocations", api(load.aware(invocations(chat_only, completion_only))), methods=["POST"]),
         Route("/load", api(load.endpoint), methods=["GET"]),

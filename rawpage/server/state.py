@@ -24,6 +24,7 @@ from rawpage.server.args import ServerConfig
 from rawpage.server.async_engine import AsyncEngine
 from rawpage.server.metrics import ServerMetrics
 from rawpage.server.protocol import APIError, Body, check_json
+from rawpage.server.response_store import ResponseStore
 from rawpage.server.tools import template_for_tools
 
 T = TypeVar("T")
@@ -64,6 +65,7 @@ class ServerState:
         # Rendering a template or tokenizing 4 MB takes CPU time; on the event loop it
         # would stall every other client (and /health), so it runs here.
         self._preprocess = ThreadPoolExecutor(self.config.preprocess_threads, thread_name_prefix="rawpage-preprocess")
+        self.responses = ResponseStore(self.config.responses_store_max_items, self.config.responses_store_max_bytes)
 
     @property
     def llm(self) -> LLMEngine:
