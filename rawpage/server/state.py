@@ -83,8 +83,9 @@ class ServerState:
         self._preprocess.shutdown(wait=False, cancel_futures=True)
 
     # --- access -------------------------------------------------------------------------
-    def check_auth(self, request: Request) -> Caller:
-        """Who is calling, from 'Authorization: Bearer <key>' (a 401 if no key matches). It is
+    def check_auth(self, request: Request, x_api_key: bool = False) -> Caller:
+        """Who is calling, from 'Authorization: Bearer <key>' (or, where `x_api_key`, as
+        Anthropic's clients send it, 'x-api-key: <key>'); a 401 if no key matches. It is
         kept on the request (request.state.caller) for the routes that show tenants apart."""
         keys = self.config.api_keys + ([self.config.admin_api_key] if self.config.admin_api_key else [])
         if not keys:
@@ -92,6 +93,8 @@ class ServerState:
         else:
             header = request.headers.get("authorization", "")
             given = (header[7:] if header.lower().startswith("bearer ") else "").encode()
+            if not given and x_api_key:
+                given = request.headers.get("x-api-key", "").encode()
             # Compare against every key, always, in constant time: no timing hint of which one nearly matched.
             ok = [hmac.compare_digest(given, k.encode()) for k in keys]
             if not any(ok):

@@ -8,8 +8,6 @@ import httpx
 import openai
 import pytest
 
-from tests.server.harness import ServerProcess
-
 MODEL = "SmolLM2-135M-Instruct"
 ASK = "What is the capital of Japan?"
 WEATHER = {
@@ -119,16 +117,6 @@ def test_store_false_keeps_nothing(client):
     r = client.responses.create(model=MODEL, input=ASK, max_output_tokens=4, store=False)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(r.id)
-
-
-@pytest.fixture(scope="module")
-def keyed_server():
-    """Two tenants and a store of two responses."""
-    s = ServerProcess(
-        "--api-key", "key-a", "--api-key", "key-b", "--responses-store-max-items", "2", "--max-num-seqs", "4"
-    )
-    yield s
-    assert s.stop() == 0, s.output()
 
 
 def test_eviction_and_keys(keyed_server):
