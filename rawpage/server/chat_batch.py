@@ -19,9 +19,8 @@ from rawpage.server.chat import (
     parse_messages,
     role_and_echo,
 )
-from rawpage.server.chat_reply import ReplyParser
+from rawpage.server.chat_request import reply_parser
 from rawpage.server.protocol import APIError, Body, output_options, usage
-from rawpage.server.reasoning import PARSERS as REASONING_PARSERS
 from rawpage.server.state import ServerState
 from rawpage.server.streaming import final_outputs, unless_disconnected
 
@@ -56,12 +55,12 @@ async def create_batch_chat_completion(request: Request, state: ServerState) -> 
     lora = state.check_model(body)
     conversations = _conversations(body, state.config.max_prompts_per_request)
     body.mark_read(*_REFUSED)
-    reasoning = REASONING_PARSERS.get(state.config.reasoning_parser or "")
-    reply = ReplyParser(None, reasoning, body.bool("include_reasoning", True))
+    reply = reply_parser(state, None, body.bool("include_reasoning", True))
     out = output_options(body, state.config)
-    params = chat_sampling_params(body, state, out, output_constraint(body, None, reply))
+    params = chat_sampling_params(body, state, out, output_constraint(body, reply))
     roles = [role_and_echo(body, msgs) for msgs in conversations]
-    prompts = [await state.render_chat(body, msgs) for msgs in conversations]
+    render = state.render_options(body)
+    prompts = [await state.render_chat(render, msgs) for msgs in conversations]
     priority, salt = state.priority(body), state.cache_salt(body)
     body.reject_unread(NO_EFFECT_FIELDS)
     await state.compile_grammar(params)

@@ -38,6 +38,7 @@ class APIError(Exception):
         )
 
     def body(self) -> dict[str, Any]:
+        """OpenAI's shape."""
         return {
             "error": {
                 "message": self.message,
@@ -46,6 +47,30 @@ class APIError(Exception):
                 "code": self.code,
             }
         }
+
+    def anthropic_body(self) -> dict[str, Any]:
+        """The same error in Anthropic's shape, for /v1/messages."""
+        kind = _ANTHROPIC_BY_STATUS.get(self.status) or _ANTHROPIC_TYPES.get(self.type)
+        kind = kind or ("invalid_request_error" if self.status < 500 else "api_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+
+# Anthropic's error types, from ours (and from the status where our type has no match).
+_ANTHROPIC_TYPES = {
+    "invalid_request_error": "invalid_request_error",
+    "authentication_error": "authentication_error",
+    "permission_error": "permission_error",
+    "not_found_error": "not_found_error",
+    "rate_limit_error": "rate_limit_error",
+    "service_unavailable": "overloaded_error",
+    "internal_server_error": "api_error",
+}
+_ANTHROPIC_BY_STATUS = {404: "not_found_error", 413: "request_too_large"}
+
+
+def is_anthropic_path(path: str) -> bool:
+    """The routes that answer errors in Anthropic's shape (and take its x-api-key header)."""
+    return "/v1/messages" in path
 
 
 _MISSING = object()
@@ -235,9 +260,14 @@ def sampling_params(
     )
     if beam and "temperature" not in body.data:
         kwargs["temperature"] = 0.0
+    return checked_sampling_params(**kwargs)
+
+
+def checked_sampling_params(**kwargs: Any) -> SamplingParams:
+    """SamplingParams, with its cross-field rules (min_tokens <= max_tokens, top_p > 0, ...) as 400s."""
     try:
         return SamplingParams(**kwargs)
-    except ValueError as e:  # cross-field rules (min_tokens <= max_tokens, top_p > 0, ...)
+    except ValueError as e:
         raise APIError(str(e), param=str(e).split(" ", 1)[0]) from None
 
 

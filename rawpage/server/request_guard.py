@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rawpage.server.args import ServerConfig
-from rawpage.server.protocol import APIError
+from rawpage.server.protocol import APIError, is_anthropic_path
 
 logger = logging.getLogger("rawpage.server")
 
@@ -58,7 +58,8 @@ def allowed_host_names(config: ServerConfig) -> frozenset[str] | None:
 
 
 class RequestGuard:
-    """ASGI middleware: Host, Origin and Content-Type, each refused in OpenAI's error shape."""
+    """ASGI middleware: Host, Origin and Content-Type, each refused in OpenAI's error shape
+    (Anthropic's under /v1/messages)."""
 
     def __init__(self, app: ASGIApp, config: ServerConfig) -> None:
         self.app = app
@@ -69,7 +70,8 @@ class RequestGuard:
         if scope["type"] == "http":
             error = self.refusal(scope["method"], Headers(scope=scope))
             if error is not None:
-                await JSONResponse(error.body(), status_code=error.status)(scope, receive, send)
+                body = error.anthropic_body() if is_anthropic_path(scope["path"]) else error.body()
+                await JSONResponse(body, status_code=error.status)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
