@@ -109,7 +109,8 @@ class EngineArgs:
         None,
         "memory for the KV cache, e.g. 2GiB",
         type=parse_bytes,
-        default_text="2GiB on cpu; on cuda from --gpu-memory-utilization",
+        default_text="2GiB on cpu, or what --max-num-seqs x --max-model-len need if less; "
+        "on cuda from --gpu-memory-utilization",
     )
     kv_cache_dtype: str = flag(
         "auto",
