@@ -232,5 +232,5 @@ def test_retrieve_model_and_404s(client, plain_server):
     assert client.models.retrieve(MODEL).id == MODEL
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.models.retrieve("gpt-4o")
-    r = httpx.post(plain_server.url + "/v1/embeddings", json={"input": "hi"})
+    r = httpx.post(plain_server.url + "/v1/images/generations", json={"prompt": "hi"})
     assert r.status_code == 404 and "POST /v1/chat/completions" in r.json()["error"]["message"]
