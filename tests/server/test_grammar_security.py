@@ -124,7 +124,10 @@ def test_a_slow_grammar_does_not_stall_other_streams(open_gate):
     baseline = statistics.median(g for g, at in gaps if at < t0)
     during = max(g for g, at in gaps if t0 <= at <= t1)
     assert stamps[-1] > t1, "the stream ended before the slow grammar was compiled"
-    assert during < 10 * baseline, (during, baseline, t1 - t0)
+    # Stalled, the stream would wait out the whole compile (seconds: 9.2 s in the issue's
+    # report). The bound allows the scheduling noise of a loaded 2-core machine, where a
+    # decode step is ~10 ms and one gap of a few hundred ms happens (0.45 s was seen).
+    assert during < max(10 * baseline, 0.2 * (t1 - t0)), (during, baseline, t1 - t0)
 
 
 # --- fuzz: never a 500, never a crash -------------------------------------------------------
