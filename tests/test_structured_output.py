@@ -139,14 +139,27 @@ def test_n_beam_search_prefix_caching_and_preemption_keep_outputs_valid(tiny_mod
 
 def test_constraint_starts_after_the_reasoning_tag(llm):
     eng = llm.engine
-    state = eng.grammars.new_state(
-        StructuredOutputsParams(choice=["yes"], after="</think>"),
-        functools.partial(eng.tokenizer.encode, add_special_tokens=False),
-    )
-    assert state.matcher is None  # free while thinking
-    for t in eng.tokenizer.encode("<think>hmm</think>", add_special_tokens=False):
+    encode = functools.partial(eng.tokenizer.encode, add_special_tokens=False)
+    so = StructuredOutputsParams(choice=["yes"], reasoning=("<think>", "</think>"))
+    state = eng.grammars.new_state(so, encode("assistant: <think>"))
+    assert state.matcher is None  # the prompt opened the block: free while thinking
+    for t in encode("hmm</think>"):
         state.accept(t)
     assert state.matcher is not None and not state.matcher.is_stopped()
+
+
+def test_without_a_think_block_the_constraint_applies_from_the_start(llm):
+    """vllm#27447: a model that never writes </think> got no constraint at all. After a
+    prompt that closed the block, only the grammar; after one with no block, the grammar
+    or a block the model opens itself (which this random model sometimes does)."""
+    so = {"choice": ["yes", "no"], "reasoning": ("<think>", "</think>")}
+    for seed in range(4):
+        for prompt, may_think in (("assistant: <think>\n\n</think>\n\n", False), ("assistant:", True)):
+            ids = llm.get_tokenizer().encode(prompt)
+            p = sampled(seed=seed, max_tokens=8, structured_outputs=dict(so))
+            o = llm.generate({"prompt_token_ids": ids}, p, use_tqdm=False)[0].outputs[0]
+            thought = may_think and o.text.startswith("<think>")
+            assert thought or (o.text in ("yes", "no") and o.finish_reason == "stop"), (prompt, o)
 
 
 @pytest.mark.parametrize(

@@ -82,6 +82,7 @@ async def create_chat_completion(request: Request, state: ServerState) -> Respon
     fmt = ChatFormatter(state, "", out, params)
     fmt.role, fmt.echo = role_and_echo(body, messages)
     ids = await state.render_chat(body, messages, tools=tools.template_tools() if tools else None)
+    reply = reply.for_prompt(state.llm.tokenizer, ids)
     priority, salt = state.priority(body), state.cache_salt(body)
     body.reject_unread(NO_EFFECT_FIELDS)
     await state.compile_grammar(params)
@@ -171,7 +172,7 @@ def chat_choice(fmt: ChatFormatter, reply: ReplyParser, o: CompletionOutput) -> 
 
 def output_constraint(body: Body, tools: ToolRequest | None, reply: ReplyParser) -> StructuredOutputsParams | None:
     """The request's grammar: response_format / guided_* / structured_outputs, or the one a
-    required or named tool_choice brings; with a reasoning parser it starts after </think>."""
+    required or named tool_choice brings; with a reasoning parser it applies outside <think>…</think>."""
     constraint = structured_outputs_from(body)
     forced = tools.constraint() if tools else None
     if constraint is not None and forced is not None:
@@ -181,7 +182,7 @@ def output_constraint(body: Body, tools: ToolRequest | None, reply: ReplyParser)
         )
     constraint = constraint or forced
     if constraint is not None and reply.reasoning is not None:
-        constraint.after = reply.reasoning.end_tag
+        constraint.reasoning = reply.reasoning.tags
     return constraint
 
 
