@@ -21,7 +21,7 @@ from typing import Any
 from rawpage.chat_template import ChatTemplate
 from rawpage.server.args import ServerConfig
 from rawpage.server.json_schema import close_objects, rebase_refs
-from rawpage.server.protocol import APIError, Body
+from rawpage.server.protocol import APIError, Body, loads_field
 from rawpage.server.tool_parsers import TOOL_PARSERS, ToolCall, call_from_json
 from rawpage.structured_output import StructuredOutputsParams
 
@@ -211,7 +211,7 @@ def prepare_tool_messages(messages: list[dict[str, Any]]) -> None:
                 f"messages[{i}].tool_calls must be a list on an assistant message", param=f"messages[{i}].tool_calls"
             )
         fixed = []
-        for c in calls:
+        for j, c in enumerate(calls):
             fn = c.get("function") if isinstance(c, dict) else None
             if (
                 not isinstance(fn, dict)
@@ -223,7 +223,7 @@ def prepare_tool_messages(messages: list[dict[str, Any]]) -> None:
                     param=f"messages[{i}].tool_calls",
                 )
             try:
-                args = json.loads(fn["arguments"])
+                args = loads_field(fn["arguments"], f"messages[{i}].tool_calls[{j}].function.arguments")
             except json.JSONDecodeError:
                 args = fn["arguments"]
             fixed.append({**c, "function": {**fn, "arguments": args}})
