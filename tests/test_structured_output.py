@@ -207,3 +207,12 @@ def test_grammar_state_survives_swapping(tiny_model_dir):
     ]
     assert texts(squeezed) == texts(alone)
     assert_no_leaks(small.engine)
+
+
+def test_beam_search_never_keeps_a_beam_the_grammar_forbids(llm):
+    """issue 29 item 8: -inf candidates (forbidden tokens) became beams when the grammar
+    allowed fewer tokens than the width; now fewer beams are kept."""
+    p = SamplingParams(n=4, use_beam_search=True, temperature=0, max_tokens=12, structured_outputs={"choice": ["yes"]})
+    (out,) = llm.generate(PROMPTS[0], p, use_tqdm=False)
+    assert {o.text for o in out.outputs} == {"yes"}, out.outputs
+    assert_no_leaks(llm.engine)
