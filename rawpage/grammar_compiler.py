@@ -234,7 +234,7 @@ class GrammarCompiler:
         matcher = LLMatcher(ll, grammar, log_level=0)
         # The first mask builds the lexer's states (1 s for a 40,000-item choice), which every
         # copy shares: here, not in the first step the grammar's sequence samples in.
-        matcher.compute_bitmask()
+        _check_satisfiable(matcher, matcher.compute_bitmask())
         with self._lock:
             self.num_compiles += 1
         logger.info(
@@ -271,3 +271,14 @@ class GrammarCompiler:
                 for _ in range(COMPILE_THREADS):
                     self._validators.put(GrammarValidator(frame, self.limits.timeout))
             return self._validators
+
+
+def _check_satisfiable(matcher: Any, first_mask: bytes) -> None:
+    """A grammar that cannot even start ({"$ref": "#"}: a schema that is only itself) is a
+    400 at admission, not an output cut short. One that fails later, mid-output, ends
+    "length" with CompletionOutput.grammar_error (output_processor.py), never "stop"."""
+    if matcher.is_error() or (not any(first_mask) and not matcher.is_accepting()):
+        why = (matcher.get_error() or "it allows no first token").splitlines()[0][:200]
+        raise InvalidRequestError(
+            f"structured_outputs: the grammar can never be satisfied ({why})", "structured_outputs"
+        )

@@ -216,3 +216,13 @@ def test_beam_search_never_keeps_a_beam_the_grammar_forbids(llm):
     (out,) = llm.generate(PROMPTS[0], p, use_tqdm=False)
     assert {o.text for o in out.outputs} == {"yes"}, out.outputs
     assert_no_leaks(llm.engine)
+
+
+def test_a_grammar_that_can_never_finish_is_refused_or_ends_length_never_stop(llm):
+    """issue 29 item 8: {"$ref": "#"} cannot even start: refused at admission. A schema
+    that must nest itself forever is only found out mid-output: "length", flagged."""
+    with pytest.raises(InvalidRequestError, match="can never be satisfied"):
+        llm.generate(PROMPTS[0], SamplingParams(structured_outputs={"json": {"$ref": "#"}}), use_tqdm=False)
+    forever = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+    (out,) = llm.generate(PROMPTS[0], sampled(max_tokens=40, structured_outputs={"json": forever}), use_tqdm=False)
+    assert out.outputs[0].finish_reason == "length", out.outputs[0]

@@ -180,3 +180,10 @@ def test_deep_tool_call_arguments_in_the_history_are_a_400_naming_them(server, d
     r = httpx.post(server.url + CHAT, json={"messages": msgs, "max_tokens": 2})
     assert_error(r, 400, "messages[1].tool_calls[0].function.arguments")
     alive(server)
+
+
+def test_a_schema_that_is_only_itself_is_a_400(server):
+    body = {"messages": MSGS, "max_tokens": 4, "response_format": {"type": "json_schema", "json_schema": {}}}
+    body["response_format"]["json_schema"]["schema"] = {"$ref": "#"}
+    assert_error(httpx.post(server.url + CHAT, json=body, timeout=60), 400, "structured_outputs", "never be satisfied")
+    alive(server)
