@@ -121,7 +121,7 @@ class GrammarCompiler:
         self._ll = None
         self._lock = threading.Lock()
         self._validators: queue.SimpleQueue | None = None
-        self._pending: list[tuple[Future, Any]] = []  # (future, owner) of states still compiling
+        self._pending: list[tuple[Future, Any]] = []  # (future, owner) of states still compiling; engine thread only
         self.token_texts = TokenTexts(self.decode_each, vocab_size, self.words)
 
     def decode(self, ids: list[int]) -> str:
