@@ -49,6 +49,7 @@ from rawpage.server.chat_batch import create_batch_chat_completion
 from rawpage.server.completions import create_completion
 from rawpage.server.embeddings import create_embedding, generate_only
 from rawpage.server.engine_view import EngineView
+from rawpage.server.header_timeout import uvicorn_limits
 from rawpage.server.lora_routes import adapter_models, load_lora_adapter, unload_lora_adapter
 from rawpage.server.messages import count_message_tokens, create_message
 from rawpage.server.metrics import ServerMetrics
@@ -359,6 +360,7 @@ def run_server(args: argparse.Namespace) -> int:
         log_level=config.uvicorn_log_level or config.log_level,
         timeout_graceful_shutdown=config.shutdown_timeout + 5,
         log_config=None,
+        **uvicorn_limits(config),  # head deadline, keep-alive, head size (header_timeout.py)
     )
     server = _DrainingServer(uv, app.state.rawpage.engine, config.shutdown_timeout)
     server.run()

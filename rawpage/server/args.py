@@ -89,6 +89,16 @@ class ServerConfig:
     request_timeout: float | None = flag(
         None, "seconds a request may run before it is aborted with finish_reason 'abort'", default_text="none"
     )
+    request_header_timeout: float = flag(
+        10.0, "seconds a client has to send a whole request head; then its connection is closed (slowloris)"
+    )
+    timeout_keep_alive: float = flag(5.0, "seconds an idle keep-alive connection is kept open between requests")
+    h11_max_incomplete_event_size: int = flag(
+        16 << 10,
+        "largest request head (request line and headers) accepted, e.g. 64KiB",
+        type=parse_bytes,
+        default_text="16KiB",
+    )
     max_unread_tokens: int = flag(8192, "abort a stream whose client has left this many tokens unread")
     shutdown_timeout: float = flag(
         10.0,

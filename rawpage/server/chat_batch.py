@@ -72,7 +72,12 @@ async def create_batch_chat_completion(request: Request, state: ServerState) -> 
     tag = uuid.uuid4().hex[:8]
     gens = [
         state.engine.generate(
-            f"{fmt.rid}#{i}#{tag}", {"prompt_token_ids": ids, "cache_salt": salt}, params, priority, lora
+            f"{fmt.rid}#{i}#{tag}",
+            {"prompt_token_ids": ids, "cache_salt": salt},
+            params,
+            priority,
+            lora,
+            state.owner(request),
         )
         for i, ids in enumerate(prompts)
     ]
@@ -80,6 +85,7 @@ async def create_batch_chat_completion(request: Request, state: ServerState) -> 
     choices = []
     for i, final in enumerate(finals):
         fmt.role, fmt.echo = roles[i]
-        choices.append({**chat_choice(fmt, reply, final.outputs[0]), "index": i})
+        choice = chat_choice(fmt, reply.for_prompt(state.llm.tokenizer, prompts[i]), final.outputs[0])
+        choices.append({**choice, "index": i})
     total = usage(sum(len(f.prompt_token_ids) for f in finals), sum(len(f.outputs[0].token_ids) for f in finals), None)
     return JSONResponse(fmt.envelope(choices, total, "chat.completion"), headers={"X-Request-Id": fmt.rid})

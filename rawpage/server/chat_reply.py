@@ -8,6 +8,8 @@ the same content and calls.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +34,14 @@ class ReplyParser:
     ) -> None:
         self.tools, self.reasoning = tools, reasoning
         self.include_reasoning = include_reasoning  # vLLM's include_reasoning: false drops reasoning_content
+
+    def for_prompt(self, tokenizer: Any, prompt_ids: Sequence[int]) -> ReplyParser:
+        """This parser for the reply to these prompt tokens: whether they leave a think
+        block open decides where the reply starts (reasoning.py)."""
+        if self.reasoning is None:
+            return self
+        decode = functools.partial(tokenizer.decode, skip_special_tokens=False)
+        return ReplyParser(self.tools, self.reasoning.for_prompt(decode, prompt_ids), self.include_reasoning)
 
     def parse(self, text: str, finish_reason: str | None) -> Reply:
         reasoning, content = self.reasoning.split(text) if self.reasoning else (None, text)

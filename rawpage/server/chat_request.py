@@ -70,7 +70,7 @@ def constraint_for(
     given: StructuredOutputsParams | None, given_name: str, reply: ReplyParser
 ) -> StructuredOutputsParams | None:
     """The request's grammar: the one it gave (`given_name` names that field), or the one a
-    required or named tool_choice brings, never both; with a reasoning parser it starts after </think>."""
+    required or named tool_choice brings, never both; with a reasoning parser it applies outside <think>…</think>."""
     forced = reply.tools.constraint() if reply.tools else None
     if given is not None and forced is not None:
         raise APIError(
@@ -78,7 +78,7 @@ def constraint_for(
         )
     constraint = given or forced
     if constraint is not None and reply.reasoning is not None:
-        constraint.after = reply.reasoning.end_tag
+        constraint.reasoning = reply.reasoning.tags
     return constraint
 
 
@@ -92,6 +92,7 @@ async def submit(request: Request, state: ServerState, chat: ChatRequest) -> Req
     """Render, compile the grammar (a bad one is a 400 before anything streams), check the
     prompt against the context and the queue against --max-waiting-requests, and queue it."""
     ids = await prompt_ids(state, chat)
+    chat.reply = chat.reply.for_prompt(state.llm.tokenizer, ids)  # a think block the prompt left open, or not
     await state.compile_grammar(chat.params)
     state.validate_prompt(ids, chat.params, chat.param)
     state.engine.check_capacity(1)

@@ -6,6 +6,7 @@ becomes a 400 that names the parameter, never an exception deep in the engine.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -91,15 +92,17 @@ def _range(lo: float | None, hi: float | None) -> str:
     return f"between {lo} and {hi}"
 
 
-def check_json(data: Any) -> None:
+def check_json(data: Any, param: str | None = None) -> None:
     """Refuse what json.loads accepts but nothing downstream can use: nesting deeper than
     MAX_JSON_DEPTH, and strings with lone UTF-16 surrogates ("\\ud800"), which cannot be
-    encoded to UTF-8 for the tokenizer. Iterative, so depth costs no recursion."""
+    encoded to UTF-8 for the tokenizer. Iterative, so depth costs no recursion. `param`:
+    the field that held `data` as JSON text (None: the body itself)."""
     stack = [(data, 1)]
     while stack:
         x, depth = stack.pop()
         if depth > MAX_JSON_DEPTH:
-            raise APIError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
+            where = f"'{param}'" if param else "the request body"
+            raise APIError(f"{where} nests deeper than {MAX_JSON_DEPTH} levels", param=param)
         if isinstance(x, str):
             _check_text(x)
         elif isinstance(x, dict):
@@ -108,6 +111,19 @@ def check_json(data: Any) -> None:
                 stack.append((v, depth + 1))
         elif isinstance(x, list):
             stack.extend((v, depth + 1) for v in x)
+
+
+def loads_field(text: str, param: str) -> Any:
+    """A JSON value the body carries as a string (a schema, a call's arguments), held to
+    the body's own limits: a 400 naming `param` when it nests deeper than MAX_JSON_DEPTH
+    (deep enough to exhaust the parser's recursion, or anything's after it). Invalid
+    JSON raises json.JSONDecodeError: what it means is the caller's to say."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise APIError(f"'{param}' nests deeper than {MAX_JSON_DEPTH} levels", param=param) from None
+    check_json(value, param)
+    return value
 
 
 def _check_text(s: str) -> None:
