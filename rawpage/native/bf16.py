@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from rawpage.native.library import NativeLibrary, array_address, c_int, c_int64, c_void_p, ptr, weight_address
+from rawpage.native.library import NativeLibrary, addr, c_int, c_int64, c_void_p, ptr, weight_address
 
 
 @functools.cache
@@ -48,6 +48,6 @@ def bf16_matmul(
     y = np.empty((T, N), dtype=np.float32)
     if T and N:
         scratch = np.empty(T * K * 6 if round_x else 0, np.uint8)  # bf16(x) as floats, then as bits
-        addr = (array_address(y), array_address(x), weight_address(w), ptr(bias))
-        _kernel(lib)(*addr, T, N, K, int(round_x), ptr(scratch) if round_x else None, nthreads)
+        addrs = (addr(y), addr(x), weight_address(w), ptr(bias))
+        _kernel(lib)(*addrs, T, N, K, int(round_x), ptr(scratch) if round_x else None, nthreads)
     return y

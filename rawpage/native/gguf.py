@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-from rawpage.native.library import NativeLibrary, array_address, c_int, c_int64, c_void_p, ptr, weight_address
+from rawpage.native.library import NativeLibrary, addr, c_int, c_int64, c_void_p, ptr, weight_address
 from rawpage.ops.gguf_linear import GGUF_BLOCKS
 
 # GGML's type ids (gguf.GGMLQuantizationType), as gguf_matmul.c takes them.
@@ -79,15 +79,15 @@ def gguf_matmul(
         bias = np.ascontiguousarray(bias, dtype=np.float32)
         if bias.shape != (N,):
             raise ValueError(f"bias has shape {bias.shape}, want ({N},)")
-    addr = (array_address(y), array_address(x), weight_address(data), ptr(bias))
-    rc = lib.fn.rp_gguf_matmul(_GGML_TYPE[qtype], *addr, T, N, K, _scratch_address(T, K), nthreads)
+    addrs = (addr(y), addr(x), weight_address(data), ptr(bias))
+    rc = lib.fn.rp_gguf_matmul(_GGML_TYPE[qtype], *addrs, T, N, K, _scratch_address(T, K), nthreads)
     if rc != 0:
         raise ValueError(f"rp_gguf_matmul refused {qtype} {shape} (code {rc})")
     return y
 
 
 # The scratch is one buffer per calling thread, grown as needed (library.py's
-# array_address says why addresses are worth caching).
+# library.addr says why addresses are worth caching).
 _scratch_buffers = threading.local()
 
 
@@ -133,8 +133,8 @@ def gguf_rows(
         raise ValueError(f"row ids must be in 0 .. {N - 1}; got {ids.min()} .. {ids.max()}")
     out = np.empty((ids.size, K), dtype=np.float32)
     if ids.size:
-        addr = (out.ctypes.data, data.ctypes.data, ids.ctypes.data)
-        rc = lib.fn.rp_gguf_rows(_GGML_TYPE[qtype], *addr, ids.size, N, K, nthreads)
+        addrs = (addr(out), weight_address(data), addr(ids))
+        rc = lib.fn.rp_gguf_rows(_GGML_TYPE[qtype], *addrs, ids.size, N, K, nthreads)
         if rc != 0:
             raise ValueError(f"rp_gguf_rows refused {qtype} {shape} (code {rc})")
     return out
