@@ -43,9 +43,12 @@ def host_name(value: str) -> str:
 
 
 def allowed_host_names(config: ServerConfig) -> frozenset[str] | None:
-    """The Host names served, or None for any: '*' in --allowed-hosts, or a bind to every
-    interface (0.0.0.0, ::) with no --allowed-hosts, where the machine's own names are not known."""
+    """The Host names served, or None for any: '*' in --allowed-hosts, a unix socket (--uds)
+    or a bind to every interface (0.0.0.0, ::) with no --allowed-hosts, where the machine's
+    own names are not known."""
     if "*" in config.allowed_hosts:
+        return None
+    if config.uds and not config.allowed_hosts:  # a unix socket: no browser reaches it by name
         return None
     if host_name(config.host) in WILDCARD_BINDS and not config.allowed_hosts:
         logger.warning(
