@@ -61,7 +61,9 @@ def select(
     state: BeamState, beams: list[Sequence], logprobs: np.ndarray, eos_ids: set[int], ignore_eos: bool
 ) -> list[tuple[Sequence, int, float]]:
     """logprobs: (len(beams), V). Returns up to `width` (parent beam, token, token logprob),
-    best first; EOS candidates among the top `width` become finished hypotheses."""
+    best first; EOS candidates among the top `width` become finished hypotheses. A
+    candidate at -inf is one the grammar (or a ban) forbids: never a beam, so a grammar
+    that allows fewer tokens than `width` leaves fewer beams."""
     k = min(2 * state.width, logprobs.shape[1])
     cand = np.argpartition(-logprobs, k - 1, axis=1)[:, :k]  # (beams, k) token ids
     cand_lp = np.take_along_axis(logprobs, cand, axis=1)
@@ -69,6 +71,8 @@ def select(
     order = np.argsort(-total, axis=None, kind="stable")
     chosen: list[tuple[Sequence, int, float]] = []
     for rank, flat in enumerate(order):
+        if not np.isfinite(total.flat[flat]):
+            break  # best first: every candidate left is forbidden too
         i, j = divmod(int(flat), k)
         beam, token, lp = beams[i], int(cand[i, j]), float(cand_lp[i, j])
         if token in eos_ids and not ignore_eos:

@@ -11,7 +11,6 @@ background thread, `LLM` drives it in a loop.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import os
@@ -142,8 +141,7 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else int(self._rng.integers(2**63))
         req.seqs.append(Sequence(next(self._seq_ids), req, ids, 0, seed))
         if params.structured_outputs is not None:
-            encode = functools.partial(self.tokenizer.encode, add_special_tokens=False)
-            req.seqs[0].grammar = self.grammars.new_state(params.structured_outputs, encode, req)  # compiles meanwhile
+            req.seqs[0].grammar = self.grammars.new_state(params.structured_outputs, ids, req)  # compiles meanwhile
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
         if params.use_beam_search:

@@ -109,7 +109,8 @@ class EngineArgs:
         None,
         "memory for the KV cache, e.g. 2GiB",
         type=parse_bytes,
-        default_text="2GiB on cpu; on cuda from --gpu-memory-utilization",
+        default_text="2GiB on cpu, or what --max-num-seqs x --max-model-len need if less; "
+        "on cuda from --gpu-memory-utilization",
     )
     kv_cache_dtype: str = flag(
         "auto",
@@ -191,9 +192,10 @@ class EngineArgs:
     )
     quantization: str = flag(
         "auto",
-        "Linear weights: auto = as the checkpoint packs them (GGUF, AWQ, GPTQ, FP8); fp8 = quantize a float "
-        "checkpoint to FP8 e4m3 at load; none = dequantize at load; gguf, awq, gptq = auto, checked against "
-        "the checkpoint",
+        "Linear weights: auto = as the checkpoint packs them (GGUF, AWQ, GPTQ, FP8); fp8 = "
+        "quantize a float checkpoint to FP8 e4m3 at load; q8_0 = quantize a float checkpoint to GGUF Q8_0 "
+        "blocks at load (1.06 bytes a weight); none = dequantize at load; gguf, awq, gptq = auto, checked "
+        "against the checkpoint",
     )
     tensor_parallel_size: int = flag(
         1,

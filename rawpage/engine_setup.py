@@ -15,7 +15,7 @@ from rawpage.decode_graphs import graph_shapes
 from rawpage.engine_args import EngineArgs, parse_kv_cache_scales
 from rawpage.kv_cache_scales import calibrate_kv_cache_scales
 from rawpage.lora.manager import LoRAManager
-from rawpage.memory import DEFAULT_CPU_KV_CACHE, DraftMemory, GiB, MemoryPlan, plan_fixed, profile_gpu
+from rawpage.memory import DraftMemory, GiB, MemoryPlan, plan_cpu_default, plan_fixed, profile_gpu
 from rawpage.model_runner import ModelRunner, kv_bytes_per_block
 from rawpage.models.llama import LlamaModel
 from rawpage.models.registry import build_model, supports_cuda_graphs
@@ -110,8 +110,9 @@ def _plan_kv_cache(
         budget = a.num_gpu_blocks_override * (per_block + (draft_mem.bytes_per_block if draft_mem else 0))
         flag = "--num-gpu-blocks-override"
         return plan_fixed(budget, per_block, a.block_size, max_model_len, weights, 0, flag, **extra)
-    budget = a.kv_cache_memory or DEFAULT_CPU_KV_CACHE
-    return plan_fixed(budget, per_block, a.block_size, max_model_len, weights, **extra)
+    if a.kv_cache_memory:
+        return plan_fixed(a.kv_cache_memory, per_block, a.block_size, max_model_len, weights, **extra)
+    return plan_cpu_default(a.max_num_seqs, per_block, a.block_size, max_model_len, weights, **extra)
 
 
 def kv_cache_window(config: ModelConfig) -> int | None:

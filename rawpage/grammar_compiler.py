@@ -20,13 +20,14 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 from rawpage.errors import InvalidRequestError
 from rawpage.grammar_limits import GrammarLimits, check_grammar_limits
 from rawpage.grammar_validator import COMPILE_STACK_BYTES, GrammarTooComplexError, GrammarValidator
+from rawpage.reasoning_gate import OPEN, ReasoningGate, TokenTexts, prompt_phase
 from rawpage.structured_output import GrammarState, StructuredOutputsParams
 
 logger = logging.getLogger("rawpage")
@@ -120,7 +121,15 @@ class GrammarCompiler:
         self._ll = None
         self._lock = threading.Lock()
         self._validators: queue.SimpleQueue | None = None
-        self._pending: list[tuple[Future, Any]] = []  # (future, owner) of states still compiling
+        self._pending: list[tuple[Future, Any]] = []  # (future, owner) of states still compiling; engine thread only
+        self.token_texts = TokenTexts(self.decode_each, vocab_size, self.words)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.hf.decode(ids, skip_special_tokens=False)
+
+    def decode_each(self, ids: list[int]) -> list[str]:
+        """Each token's own text (special tokens kept), in one call."""
+        return self.hf.decode_batch([[t] for t in ids], skip_special_tokens=False)
 
     @property
     def ll_tokenizer(self):
@@ -158,11 +167,15 @@ class GrammarCompiler:
         self.threads.submit(self._check_and_compile, so, out)
         return out
 
-    def new_state(self, so: StructuredOutputsParams, encode: Callable[[str], list[int]], owner: Any = None):
-        """A sequence's GrammarState; its matcher arrives when the compile is done.
+    def new_state(self, so: StructuredOutputsParams, prompt_ids: Sequence[int], owner: Any = None) -> GrammarState:
+        """A sequence's GrammarState; its matcher arrives when the compile is done. With
+        reasoning tags, the prompt says whether it starts thinking (reasoning_gate.py).
         `owner` (the request) is handed back by take_failed if the compile fails."""
-        after = encode(so.after) if so.after else None
-        state = GrammarState(self, self.submit(so), after)
+        gate = None
+        if so.reasoning is not None:
+            phase = prompt_phase(self.decode, prompt_ids, so.reasoning)
+            gate = ReasoningGate(so.reasoning, phase, self.token_texts) if phase != OPEN else None
+        state = GrammarState(self, self.submit(so), gate)
         if not state.compiled.done():
             self._pending.append((state.compiled, owner))
         return state
@@ -221,7 +234,7 @@ class GrammarCompiler:
         matcher = LLMatcher(ll, grammar, log_level=0)
         # The first mask builds the lexer's states (1 s for a 40,000-item choice), which every
         # copy shares: here, not in the first step the grammar's sequence samples in.
-        matcher.compute_bitmask()
+        _check_satisfiable(matcher, matcher.compute_bitmask())
         with self._lock:
             self.num_compiles += 1
         logger.info(
@@ -258,3 +271,14 @@ class GrammarCompiler:
                 for _ in range(COMPILE_THREADS):
                     self._validators.put(GrammarValidator(frame, self.limits.timeout))
             return self._validators
+
+
+def _check_satisfiable(matcher: Any, first_mask: bytes) -> None:
+    """A grammar that cannot even start ({"$ref": "#"}: a schema that is only itself) is a
+    400 at admission, not an output cut short. One that fails later, mid-output, ends
+    "length" with CompletionOutput.grammar_error (output_processor.py), never "stop"."""
+    if matcher.is_error() or (not any(first_mask) and not matcher.is_accepting()):
+        why = (matcher.get_error() or "it allows no first token").splitlines()[0][:200]
+        raise InvalidRequestError(
+            f"structured_outputs: the grammar can never be satisfied ({why})", "structured_outputs"
+        )

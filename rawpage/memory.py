@@ -1,6 +1,8 @@
 """How many KV blocks fit: the arithmetic behind the pool size, and its log lines.
 
-CPU: the KV pool gets --kv-cache-memory (default 2 GiB).
+CPU: the KV pool gets --kv-cache-memory (default 2 GiB, or less when --max-num-seqs
+sequences of --max-model-len need less: a tiny test model would otherwise get 262,144
+blocks it can never fill, and every snapshot of the web page's pool grid would carry them).
 GPU (like vLLM): load the weights, run one worst-case forward pass to measure
 peak activation memory, then give the KV cache everything left under
 --gpu-memory-utilization of the device's total memory:
@@ -72,6 +74,7 @@ class MemoryPlan:
     lora_bytes: int = 0  # --enable-lora: the adapter slots, counted in weights_bytes
     lora_text: str = ""
     draft: DraftMemory | None = None  # speculative decoding's draft model: a pool of num_blocks blocks too
+    sizing: str = ""  # how the pool was sized, when not by its budget alone (a log line)
 
     @property
     def draft_kv_bytes(self) -> int:
@@ -128,7 +131,7 @@ class MemoryPlan:
                 f"for {self.num_blocks} blocks ({self.draft.bytes_per_block / 2**10:.0f} KiB per block), "
                 "in the same budget"
             )
-        return "\n".join(lines + ([self.lora_text] if self.lora_text else []))
+        return "\n".join(lines + [t for t in (self.sizing, self.lora_text) if t])
 
 
 def plan_fixed(
@@ -157,6 +160,32 @@ def plan_fixed(
         draft=draft,
     )
     return size_pool(unsized, kv_budget, flag)
+
+
+def plan_cpu_default(
+    max_num_seqs: int,
+    bytes_per_block: int,
+    block_size: int,
+    max_model_len: int,
+    weights_bytes: int = 0,
+    sliding_window: int | None = None,
+    kv_cache_dtype: str = "auto",
+    draft: DraftMemory | None = None,
+) -> MemoryPlan:
+    """The pool when --kv-cache-memory is not given: DEFAULT_CPU_KV_CACHE, or only the blocks
+    --max-num-seqs sequences of --max-model-len can hold at once when that is less. More
+    would only ever hold cached prefixes, and cost their memory and the engine view's time."""
+    extra = {"sliding_window": sliding_window, "kv_cache_dtype": kv_cache_dtype, "draft": draft}
+    plan = plan_fixed(DEFAULT_CPU_KV_CACHE, bytes_per_block, block_size, max_model_len, weights_bytes, **extra)
+    per_seq = -(-plan.tokens_per_seq // block_size)  # blocks, the last one partly filled
+    need = max_num_seqs * per_seq
+    if need >= plan.num_blocks:
+        return plan
+    sizing = (
+        f"KV pool: {need:,} blocks = what {max_num_seqs} seqs x {plan.tokens_per_seq} tokens need "
+        f"(less than the {DEFAULT_CPU_KV_CACHE // GiB} GiB default; --kv-cache-memory sets it)"
+    )
+    return dataclasses.replace(plan, num_blocks=need, kv_bytes=need * bytes_per_block, sizing=sizing)
 
 
 def plan_gpu(

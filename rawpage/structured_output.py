@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from rawpage.errors import InvalidRequestError
+from rawpage.reasoning_gate import MAYBE, OPEN, THINKING, ReasoningGate
 
 # Our JSON: no free whitespace between tokens. A small model offered "any whitespace"
 # happily emits newlines until max_tokens; compact JSON is still valid JSON.
@@ -34,15 +35,15 @@ _JSON_OPTIONS = {"whitespace_flexible": False}
 class StructuredOutputsParams:
     """vLLM's names: exactly one of json, regex, choice, grammar, json_object.
 
-    `after`: the constraint starts only once this text has been generated (a reasoning
-    model's end-of-thinking tag); before it the sequence samples freely."""
+    `reasoning`: the (start, end) tags of a reasoning model's think block: the sequence
+    samples freely inside one, and the constraint applies outside it (reasoning_gate.py)."""
 
     json: dict[str, Any] | str | None = None  # a JSON schema (object or its JSON text)
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None  # Lark (llguidance's dialect), or GBNF-like EBNF via lark
     json_object: bool = False  # any JSON object
-    after: str | None = None
+    reasoning: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         given = [n for n in ("json", "regex", "choice", "grammar") if getattr(self, n) is not None]
@@ -83,14 +84,12 @@ class StructuredOutputsParams:
 class GrammarState:
     """One sequence's position in its grammar. `accept` is called with every token the
     sequence appends. `compiled` is the Future[CompiledGrammar] from GrammarCompiler:
-    the scheduler admits the sequence only once it is `ready`. `matcher` is None until
-    the `after` text has been generated; then it is a copy of the compiled matcher."""
+    the scheduler admits the sequence only once it is `ready`. `gate` (a ReasoningGate,
+    or None: constrained from the start) says whether the sequence is thinking; `matcher`
+    is None while it is, else a copy of the compiled matcher."""
 
-    def __init__(self, compiler: Any, compiled: Future, after_ids: list[int] | None) -> None:
-        self.compiler, self.compiled = compiler, compiled
-        self.after_ids = after_ids  # token ids that open the constraint; None: open from the start
-        self.tail: list[int] = []  # the last len(after_ids) tokens, while waiting for them
-        self.open = after_ids is None
+    def __init__(self, compiler: Any, compiled: Future, gate: ReasoningGate | None = None) -> None:
+        self.compiler, self.compiled, self.gate = compiler, compiled, gate
         self._matcher: Any = None
         self.error: str | None = None  # why the matcher reached its error state mid-output, if it did
 
@@ -100,21 +99,28 @@ class GrammarState:
         return self.compiled.done() and self.compiled.exception() is None
 
     @property
+    def open(self) -> bool:
+        """The grammar applies to the next token (it may still allow a start tag: MAYBE)."""
+        return self.gate is None or self.gate.phase != THINKING
+
+    @property
     def matcher(self) -> Any:
         if self._matcher is None and self.open:
             self._matcher = self.compiled.result().fresh()  # a copy of the cached matcher, never a compile
         return self._matcher
 
     def accept(self, token_id: int) -> None:
-        if self.open:
+        gate = self.gate
+        if gate is None or gate.phase == OPEN or (gate.phase == MAYBE and not gate.opens_block(token_id)):
             self.matcher.consume_token(token_id)  # a refused token leaves it in its error state: only EOS
-            return
-        self.tail = (self.tail + [token_id])[-len(self.after_ids) :]
-        self.open = self.tail == self.after_ids
+        if gate is not None and gate.phase != OPEN:
+            gate.accept(token_id)
+            if gate.phase == THINKING:
+                self._matcher = None  # the answer starts from a fresh copy once the block closes
 
     def fork(self) -> GrammarState:
-        child = GrammarState(self.compiler, self.compiled, self.after_ids)
-        child.tail, child.open, child.error = list(self.tail), self.open, self.error
+        child = GrammarState(self.compiler, self.compiled, self.gate.fork() if self.gate else None)
+        child.error = self.error
         child._matcher = self._matcher.deep_copy() if self._matcher is not None else None
         return child
 
@@ -123,8 +129,11 @@ class GrammarState:
         False when the sequence is unconstrained this step."""
         if self.matcher is None:
             return False
+        tag = self.gate.extra_mask() if self.gate is not None else None
         self.matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
-        if self.matcher.is_error() or not out.any():
+        if tag is not None:
+            out |= tag  # the first token: the grammar's, or one that opens a think block
+        elif self.matcher.is_error() or not out.any():
             # A refused token left the matcher in its error state: it allows EOS at most. Let
             # the sequence end there (never sample NaN); `error` makes that end "length",
             # not a valid-looking "stop" (output_processor.py).

@@ -86,3 +86,28 @@ def test_a_field_without_flag_metadata_is_not_a_flag():
     assert given_flags(C, p.parse_args(["--shown", "5"])) == {"shown": 5}
     with pytest.raises(SystemExit):
         p.parse_args(["--hidden", "1"])
+
+
+def test_the_flag_tables_in_the_docs_name_real_flags_with_their_defaults():
+    """README.md's and docs/*.md's flag tables against the parser: every flag named in a
+    table's first column exists, and a bare-number default is the field's default."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    parser = serve_parser()
+    actions = {o: a for a in parser._actions for o in a.option_strings}
+    config = ServerConfig()
+    unknown, wrong = [], []
+    for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for row in path.read_text().splitlines():
+            if not row.startswith("| `--"):
+                continue
+            cells = [c.strip() for c in row.split("|")[1:-1]]
+            names = re.findall(r"`(--[a-z0-9-]+)`", cells[0])
+            unknown += [f"{path.name}: {n}" for n in names if n not in actions]
+            if len(names) == 1 and names[0] in actions and re.fullmatch(r"[0-9.]+", cells[1]):
+                dest = actions[names[0]].dest
+                default = getattr(EngineArgs(), dest, None) if hasattr(EngineArgs(), dest) else getattr(config, dest)
+                if float(cells[1]) != float(default):
+                    wrong.append(f"{path.name}: {names[0]} says {cells[1]}, the field {default}")
+    assert not unknown and not wrong, unknown + wrong

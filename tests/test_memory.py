@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rawpage.memory import DraftMemory, GiB, OutOfMemoryError, plan_fixed, plan_gpu, profile_gpu
+from rawpage.memory import DraftMemory, GiB, OutOfMemoryError, plan_cpu_default, plan_fixed, plan_gpu, profile_gpu
 
 MiB = 1 << 20
 
@@ -215,3 +215,24 @@ def test_small_sizes_are_shown_in_mib():
     from rawpage.memory import size_text
 
     assert (size_text(85 * MiB), size_text(0 * MiB), size_text(3 * GiB)) == ("85.0 MiB", "0.0 MiB", "3.000 GiB")
+
+
+def test_the_default_cpu_pool_is_what_max_num_seqs_sequences_need_when_less_than_2_gib():
+    """A tiny model's 2 GiB would be 262,144 blocks; 4 sequences of 100 tokens need 4 x 7."""
+    plan = plan_cpu_default(4, 8 * 2**10, 16, 100)
+    assert plan.num_blocks == 4 * 7 and plan.kv_bytes == 28 * 8 * 2**10
+    assert "KV pool: 28 blocks = what 4 seqs x 100 tokens need (less than the 2 GiB default" in plan.describe()
+    window = plan_cpu_default(4, 8 * 2**10, 16, 4096, sliding_window=32)  # a sequence holds 3 blocks at most
+    assert window.num_blocks == 4 * 3
+    big = plan_cpu_default(256, 768 * 2**10, 16, 8192)  # SmolLM2's blocks: 2 GiB is less than 256 x 8192 tokens
+    assert big.num_blocks == 2 * GiB // (768 * 2**10) and "KV pool" not in big.describe()
+    assert plan_cpu_default(4, 8 * 2**10, 16, 100, draft=DraftMemory(0, 2**10)).draft_kv_bytes == 28 * 2**10
+
+
+def test_the_engine_sizes_its_default_pool_to_its_sequences(tiny_model_dir, caplog):
+    from rawpage.engine import LLMEngine
+
+    with caplog.at_level("INFO", logger="rawpage"):
+        engine = LLMEngine(model=tiny_model_dir, max_num_seqs=3, max_model_len=64)
+    assert engine.memory.num_blocks == engine.block_manager.num_blocks == 3 * 4
+    assert "KV pool: 12 blocks = what 3 seqs x 64 tokens need" in caplog.text

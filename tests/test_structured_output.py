@@ -139,14 +139,27 @@ def test_n_beam_search_prefix_caching_and_preemption_keep_outputs_valid(tiny_mod
 
 def test_constraint_starts_after_the_reasoning_tag(llm):
     eng = llm.engine
-    state = eng.grammars.new_state(
-        StructuredOutputsParams(choice=["yes"], after="</think>"),
-        functools.partial(eng.tokenizer.encode, add_special_tokens=False),
-    )
-    assert state.matcher is None  # free while thinking
-    for t in eng.tokenizer.encode("<think>hmm</think>", add_special_tokens=False):
+    encode = functools.partial(eng.tokenizer.encode, add_special_tokens=False)
+    so = StructuredOutputsParams(choice=["yes"], reasoning=("<think>", "</think>"))
+    state = eng.grammars.new_state(so, encode("assistant: <think>"))
+    assert state.matcher is None  # the prompt opened the block: free while thinking
+    for t in encode("hmm</think>"):
         state.accept(t)
     assert state.matcher is not None and not state.matcher.is_stopped()
+
+
+def test_without_a_think_block_the_constraint_applies_from_the_start(llm):
+    """vllm#27447: a model that never writes </think> got no constraint at all. After a
+    prompt that closed the block, only the grammar; after one with no block, the grammar
+    or a block the model opens itself (which this random model sometimes does)."""
+    so = {"choice": ["yes", "no"], "reasoning": ("<think>", "</think>")}
+    for seed in range(4):
+        for prompt, may_think in (("assistant: <think>\n\n</think>\n\n", False), ("assistant:", True)):
+            ids = llm.get_tokenizer().encode(prompt)
+            p = sampled(seed=seed, max_tokens=8, structured_outputs=dict(so))
+            o = llm.generate({"prompt_token_ids": ids}, p, use_tqdm=False)[0].outputs[0]
+            thought = may_think and o.text.startswith("<think>")
+            assert thought or (o.text in ("yes", "no") and o.finish_reason == "stop"), (prompt, o)
 
 
 @pytest.mark.parametrize(
@@ -194,3 +207,22 @@ def test_grammar_state_survives_swapping(tiny_model_dir):
     ]
     assert texts(squeezed) == texts(alone)
     assert_no_leaks(small.engine)
+
+
+def test_beam_search_never_keeps_a_beam_the_grammar_forbids(llm):
+    """issue 29 item 8: -inf candidates (forbidden tokens) became beams when the grammar
+    allowed fewer tokens than the width; now fewer beams are kept."""
+    p = SamplingParams(n=4, use_beam_search=True, temperature=0, max_tokens=12, structured_outputs={"choice": ["yes"]})
+    (out,) = llm.generate(PROMPTS[0], p, use_tqdm=False)
+    assert {o.text for o in out.outputs} == {"yes"}, out.outputs
+    assert_no_leaks(llm.engine)
+
+
+def test_a_grammar_that_can_never_finish_is_refused_or_ends_length_never_stop(llm):
+    """issue 29 item 8: {"$ref": "#"} cannot even start: refused at admission. A schema
+    that must nest itself forever is only found out mid-output: "length", flagged."""
+    with pytest.raises(InvalidRequestError, match="can never be satisfied"):
+        llm.generate(PROMPTS[0], SamplingParams(structured_outputs={"json": {"$ref": "#"}}), use_tqdm=False)
+    forever = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+    (out,) = llm.generate(PROMPTS[0], sampled(max_tokens=40, structured_outputs={"json": forever}), use_tqdm=False)
+    assert out.outputs[0].finish_reason == "length", out.outputs[0]

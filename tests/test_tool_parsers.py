@@ -163,3 +163,32 @@ def test_deepseek_r1_reasoning_starts_implicitly_and_composes_with_tool_calls():
         assert reasoning == msg["reasoning_content"] and content == (msg["content"] or "")
         assert calls_of(calls) == [("get_time", {})]
     assert REASONING["deepseek_r1"].split("no end tag") == ("no end tag", "")
+
+
+class CharTokenizer:
+    """Token i is chr(i): prompts in plain sight."""
+
+    @staticmethod
+    def decode(ids, skip_special_tokens=True):
+        return "".join(map(chr, ids))
+
+
+@pytest.mark.parametrize("name", ["deepseek_r1", "qwen3"])
+@pytest.mark.parametrize(
+    "prompt, text, reasoning, content",
+    [
+        ("assistant:", '{"a": 1}', None, '{"a": 1}'),  # a model that does not think: all content
+        ("assistant: <think>\n\n</think>\n\n", "Tokyo", None, "Tokyo"),  # enable_thinking: false
+        ("assistant: <think>\n", "hmm</think>Tokyo", "hmm", "Tokyo"),  # the template opened it
+        ("assistant: <think>\n", "still thinking", "still thinking", ""),
+        ("assistant:", "<think>hmm</think>Tokyo", "hmm", "Tokyo"),  # the model opened it
+    ],
+)
+def test_the_prompt_decides_where_the_reply_starts(name, prompt, text, reasoning, content):
+    """issue 29 item 3: deepseek_r1 took a reply with no tags for reasoning, even after a
+    prompt with no think block; the reply was empty."""
+    reply = ReplyParser(None, REASONING[name]).for_prompt(CharTokenizer, [ord(c) for c in prompt])
+    msg, _ = reply.message(text, "stop")
+    assert (msg["reasoning_content"], msg["content"]) == (reasoning, content)
+    got_content, got_reasoning, _, _ = streamed(reply, text, list(range(1, len(text))))
+    assert (got_reasoning, got_content) == (reasoning or "", content)

@@ -18,6 +18,7 @@ TOOLS = [
     "cpu_burner.py",
     "bench_serving.py",
     "bench_structured.py",
+    "bench_api_overhead.py",
     "compare.py",
     "make_golden.py",
     "profile_step.py",

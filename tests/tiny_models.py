@@ -115,6 +115,24 @@ def write_hf_folder(folder: str, cfg: dict, tensors: dict, tok: Tokenizer, shard
     return folder
 
 
+def write_bf16_safetensors(path: str, tensors: dict) -> None:
+    """Every tensor as BF16 (truncated), one file: safetensors.numpy cannot write
+    bfloat16, so the file is built by hand."""
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        bits = (t.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)  # truncate to bf16
+        header[name] = {
+            "dtype": "BF16",
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + bits.nbytes],
+        }
+        blobs.append(bits.tobytes())
+        offset += bits.nbytes
+    h = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h + b"".join(blobs))
+
+
 def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     """llama.cpp's convert_hf_to_gguf q/k permutation: [half, D/2] -> [D/2, half] rows per head."""
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)

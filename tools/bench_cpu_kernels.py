@@ -1,8 +1,10 @@
-"""The CPU's GGUF kernels (rawpage/native/gguf_matmul.c) against the read bandwidth.
+"""The CPU's GGUF and bf16 kernels (rawpage/native/gguf_matmul.c, bf16_matmul.c) against
+the read bandwidth.
 
-    python tools/bench_cpu_kernels.py                        # the table, this CPU's best path
+    python tools/bench_cpu_kernels.py                        # the tables, this CPU's best path
     python tools/bench_cpu_kernels.py --path avx2 --threads 1
     python tools/bench_cpu_kernels.py --crossover-only       # prefill: int kernel vs dequantize + NumPy
+    python tools/bench_cpu_kernels.py --float-only           # a float checkpoint's forms (part 3)
 
 Part 1, decode and small batches: y = x W^T for the default model's weights
 (SmolLM2-135M: Q4_1 576x576, gate_up 3072x576, down 576x1536, the Q8_0 LM head
@@ -18,6 +20,13 @@ Part 2, prefill: at T = 16 .. 512 the int kernel against np.matmul on the weight
 already dequantized to float32 (today's CPU path: dense W in memory) and against
 dequantizing it (gguf_rows, all rows) and then np.matmul; the crossover is the
 smallest T where the dense path is faster.
+
+Part 3, a float checkpoint's weights in the forms the native backend can hold them,
+on the default model's shapes: float32 through np.matmul (the NumPy backend; also
+what --quantization none gives), Q8_0 quantized from float (--quantization q8_0:
+quantization/q8_0.py, then gguf_matmul; the LM head row runs lm_head_q8_0, as the
+backend does), bf16 widened exactly in the kernel (a bf16 checkpoint, what the backend
+runs), and bf16 through vdpbf16ps on x rounded to bf16 (the measured alternative).
 
 Times are the minimum over repeated calls (the machine may be shared; the minimum
 is the least disturbed run); the load average is printed with the table.
@@ -37,10 +46,14 @@ import rawpage  # noqa: F401  (before NumPy: OpenBLAS's idle workers must sleep 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from rawpage.dtypes import bf16_from_f32
 from rawpage.native import isa
+from rawpage.native.bf16 import bf16_matmul
 from rawpage.native.gguf import gguf_matmul, gguf_rows
 from rawpage.native.library import load_path
+from rawpage.native.lm_head import lm_head_q8_0
 from rawpage.ops.gguf_linear import GGUF_BLOCKS
+from rawpage.quantization.q8_0 import quantize_q8_0
 
 # (name, qtype, N, K): the default model's weights, then larger ones
 WEIGHTS = [
@@ -158,6 +171,46 @@ def crossover_table(lib, args) -> None:
             print(f"| {name} {qtype} | {nth} | crossover (dense W faster) | T = {crossed or 'none'} | | |")
 
 
+def float_forms(w: np.ndarray, lm_head: bool) -> list[tuple[str, np.ndarray, Callable[..., np.ndarray]]]:
+    """(form, weight array, fn(lib, x, nthreads)) for each way a float weight w (N, K) can be held."""
+    N, K = w.shape
+    dense, q8, bf16 = np.ascontiguousarray(w), quantize_q8_0(w), bf16_from_f32(w)
+
+    def q8_0(lib, x, nth):
+        if lm_head:
+            return lm_head_q8_0(lib, x, q8, (N, K), nth)
+        return gguf_matmul(lib, x, q8, "Q8_0", (N, K), nth)
+
+    return [
+        ("float32, np.matmul", dense, lambda lib, x, nth: (dense @ x.T).T),
+        ("Q8_0 (lm_head: float x)" if lm_head else "Q8_0", q8, q8_0),
+        ("bf16 exact (FMA)", bf16, lambda lib, x, nth: bf16_matmul(lib, x, bf16, nth)),
+        ("bf16 vdpbf16ps, x rounded", bf16, lambda lib, x, nth: bf16_matmul(lib, x, bf16, nth, round_x=True)),
+    ]
+
+
+def float_table(lib, args) -> None:
+    rng = np.random.default_rng(2)
+    print(f"\n## A float checkpoint's weights: float32, Q8_0, bf16; {lib.path} path (weight GB/s, GFLOP/s)\n")
+    print("| weight | form | MB | threads | same-size read GB/s | " + " | ".join(f"T={t}" for t in args.tokens) + " |")
+    print("|---|---|---|---|---|" + "---|" * len(args.tokens))
+    for name, _, N, K in WEIGHTS[:4]:
+        w = (rng.standard_normal((N, K)) * 0.02).astype(np.float32)
+        for form, data, fn in float_forms(w, name.startswith("lm_head")):
+            for nth in args.threads:
+                same = read_gbs(data.nbytes, nth, args.budget)
+                cells = []
+                with threadpool_limits(nth):
+                    for T in args.tokens:
+                        x = rng.standard_normal((T, K)).astype(np.float32)
+                        sec = best_seconds(args.budget, fn, lib, x, nth)
+                        gbs, gflops = data.nbytes / sec / 1e9, 2 * T * N * K / sec / 1e9
+                        share = f" ({100 * gbs / same:.0f}%)" if T == 1 else ""
+                        cells.append(f"{gbs:.1f} GB/s{share}, {gflops:.0f} GF")
+                row = f"| {name} | {form} | {data.nbytes / 1e6:.1f} | {nth} | {same:.1f} | "
+                print(row + " | ".join(cells) + " |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--path", default=isa.selected_path(), choices=isa.runnable_paths(), help="instruction-set path")
@@ -166,11 +219,17 @@ def main() -> None:
     p.add_argument("--crossover-tokens", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512])
     p.add_argument("--budget", type=float, default=0.15, help="seconds of repeats per measurement")
     p.add_argument("--crossover-only", action="store_true")
+    p.add_argument("--float-only", action="store_true", help="only part 3: float32, Q8_0 and bf16 weights")
     args = p.parse_args()
     lib = load_path(args.path)
+    if args.float_only:
+        float_table(lib, args)
+        return
     if not args.crossover_only:
         decode_table(lib, args)
     crossover_table(lib, args)
+    if not args.crossover_only:
+        float_table(lib, args)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,13 @@ the CPU wherever a C compiler works (--cpu-kernels auto or native).
                  prefill alike (native/gguf_matmul.c; at 8-512 rows 2-13x faster than
                  dequantized tiles into BLAS, docs/benchmarks.md). Each row's rounding
                  is its own, so a sequence computes the same whatever its batch. Dense
-                 weights (float checkpoints, other formats) go to BLAS as on NumPy
+                 weights (float checkpoints, other formats) go to BLAS as on NumPy.
+                 bf16 weights (a bf16 safetensors checkpoint) kept as stored, widened
+                 exactly inside the kernel, float32 activations (native/bf16_matmul.c):
+                 the float32 model's results from half its bytes
     logits       a Q8_0 LM head with float activations (native/gguf_lm_head.c)
-    embedding    a packed table's rows dequantized as they are looked up, so a tied
-                 embedding / LM head is held once, in its stored format
+    embedding    a packed (or bf16) table's rows widened as they are looked up, so a
+                 tied embedding / LM head is held once, in its stored format
     attention    read in place through the block table, online softmax, each K/V row
                  once per GQA group (native/paged_attention.c), float32 or float16 KV
     small ops    residual add + RMSNorm, RoPE, SiLU/GELU x mul, the K/V write
@@ -29,7 +32,9 @@ from typing import Any
 import numpy as np
 
 from rawpage.backends.cpu import CPUBackend
+from rawpage.dtypes import bf16_to_f32
 from rawpage.native import attention, layer_ops
+from rawpage.native.bf16 import bf16_matmul
 from rawpage.native.gguf import NATIVE_GGUF, gguf_matmul, gguf_rows
 from rawpage.native.library import NativeLibrary
 from rawpage.native.lm_head import lm_head_q8_0
@@ -40,13 +45,17 @@ logger = logging.getLogger("rawpage")
 
 
 class NativeCPUBackend(CPUBackend):
-    keeps_quantized = frozenset({"gguf"})
+    keeps_quantized = frozenset({"gguf", "bf16"})
     reads_packed_embedding = True
 
     def __init__(self, lib: NativeLibrary, cpu_threads: int | None = None) -> None:
         super().__init__(cpu_threads)
         self.lib = lib
-        logger.info("CPU kernels: native, %s path; GGUF %s kept quantized", lib.path, ", ".join(sorted(NATIVE_GGUF)))
+        logger.info(
+            "CPU kernels: native, %s path; GGUF %s kept quantized, bf16 weights kept bf16",
+            lib.path,
+            ", ".join(sorted(NATIVE_GGUF)),
+        )
 
     @property
     def kernel_threads(self) -> int:
@@ -55,11 +64,13 @@ class NativeCPUBackend(CPUBackend):
 
     # --- weights --------------------------------------------------------------------
     def prepare_linear(self, w: np.ndarray | QuantizedWeight) -> np.ndarray | QuantizedWeight:
-        if isinstance(w, QuantizedWeight) and w.kind == "gguf" and w.qtype in NATIVE_GGUF:
-            return w.map_arrays(np.ascontiguousarray)  # the blocks as stored, (out, row_bytes) uint8
+        if isinstance(w, QuantizedWeight) and (w.kind == "bf16" or (w.kind == "gguf" and w.qtype in NATIVE_GGUF)):
+            return w.map_arrays(np.ascontiguousarray)  # as stored: (out, row_bytes) uint8 blocks, (out, in) uint16 bf16
         return super().prepare_linear(w)  # dequantized at load
 
     def linear(self, x: np.ndarray, w: Any, bias: np.ndarray | None = None) -> np.ndarray:
+        if isinstance(w, QuantizedWeight) and w.kind == "bf16":
+            return bf16_matmul(self.lib, x, w.data, self.kernel_threads, bias)
         if isinstance(w, QuantizedWeight):
             return gguf_matmul(self.lib, x, w.data, w.qtype, w.shape, self.kernel_threads, bias)
         if isinstance(w, LoRALinear):
@@ -77,6 +88,8 @@ class NativeCPUBackend(CPUBackend):
         if not isinstance(table, QuantizedWeight):
             return super().embedding(ids, table)
         self.threads.set_for(len(ids))
+        if table.kind == "bf16":
+            return bf16_to_f32(table.data[ids])  # (T, dim): exact
         return gguf_rows(self.lib, table.data, table.qtype, table.shape, ids, self.kernel_threads)
 
     # --- the small ops ----------------------------------------------------------------

@@ -7,10 +7,13 @@ import json
 import os
 from typing import Any
 
+import numpy as np
+
 from rawpage.config import ModelConfig
 from rawpage.errors import ModelLoadError
 from rawpage.loader.safetensors_file import SafetensorsFile, bf16_to_f32
-from rawpage.loader.tensors import TensorSource
+from rawpage.loader.tensors import TensorSource, is_linear_weight
+from rawpage.quantization.weight import QuantizedWeight
 
 
 def read_json(path: str, required: bool = False) -> dict[str, Any]:
@@ -28,22 +31,34 @@ def read_json(path: str, required: bool = False) -> dict[str, Any]:
 
 
 def open_safetensors(folder: str) -> TensorSource:
-    """All tensors of the folder's shards, by name; read lazily from memory maps."""
+    """All tensors of the folder's shards, by name; read lazily from memory maps. A bf16
+    Linear weight is also offered as stored (QuantizedWeight kind "bf16", its uint16
+    bits), for a backend that keeps bf16 (the native CPU one): 2 bytes a weight."""
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     if not files:
         raise ModelLoadError(f"{folder}: no *.safetensors files (other weight formats are not supported)")
-    readers = {}
+    readers, bf16 = {}, {}
     for path in files:
         st = SafetensorsFile(path)
         for name in st.keys():
-            bf16 = st.dtype_name(name) == "BF16"
-            readers[name] = lambda st=st, name=name, bf16=bf16: (
-                bf16_to_f32(st.tensor(name)) if bf16 else st.tensor(name)
-            )
+            if st.dtype_name(name) != "BF16":
+                readers[name] = lambda st=st, name=name: st.tensor(name)
+                continue
+            readers[name] = lambda st=st, name=name: bf16_to_f32(st.tensor(name))
+            if len(st.shape(name)) == 2 and is_linear_weight(name):
+                bf16[name] = lambda st=st, name=name: _bf16_weight(st, name)
     if "embed_tokens.weight" in readers and "model.embed_tokens.weight" not in readers:
         # Saved from the bare *Model, as the Qwen3-Embedding checkpoints are: no "model." prefix (and no LM head).
-        readers = {n if n.startswith("lm_head.") else "model." + n: r for n, r in readers.items()}
-    return TensorSource(readers)
+        readers, bf16 = (
+            {n if n.startswith("lm_head.") else "model." + n: r for n, r in d.items()} for d in (readers, bf16)
+        )
+    return TensorSource(readers, bf16)
+
+
+def _bf16_weight(st: SafetensorsFile, name: str) -> QuantizedWeight:
+    """(out, in) uint16 bits, copied out of the mapping (the model holds its weights)."""
+    rows, cols = st.shape(name)
+    return QuantizedWeight("bf16", (rows, cols), np.array(st.tensor(name)))
 
 
 def load_config(folder: str) -> ModelConfig:

@@ -13,6 +13,13 @@ import numpy as np
 
 from rawpage.quantization.weight import QuantizedWeight
 
+LINEAR_WEIGHT_SUFFIXES = ("_proj.weight", "lm_head.weight", "embed_tokens.weight")
+
+
+def is_linear_weight(name: str) -> bool:
+    """Linear weights, and the embedding (read packed by rows, or as a tied LM head)."""
+    return name.endswith(LINEAR_WEIGHT_SUFFIXES)
+
 
 class TensorSource(Mapping[str, np.ndarray]):
     """Maps Hugging Face tensor names (`model.layers.0.self_attn.q_proj.weight`, ...)
@@ -31,9 +38,6 @@ class TensorSource(Mapping[str, np.ndarray]):
         (a backend may keep it so: Backend.keeps_quantized); else None."""
         reader = self._quantized.get(name)
         return reader() if reader else None
-
-    def has_quantized(self) -> bool:
-        return bool(self._quantized)
 
     def quantized_names(self) -> list[str]:
         return list(self._quantized)

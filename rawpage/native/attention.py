@@ -10,8 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from rawpage.native.library import NativeLibrary, c_float, c_int, c_int64, c_void_p
-from rawpage.ops.launch import token_stride
+from rawpage.native.library import NativeLibrary, addr, c_float, c_int, c_int64, c_void_p, float_rows, int32_rows
 
 KV_DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}  # the kernel's kv_dtype
 MAX_HEAD_SIZE = 256  # the kernel's per-tile buffers (RP_ATTN_MAX_D)
@@ -28,11 +27,6 @@ def _kernel(lib: NativeLibrary) -> Any:
         *(c_float, c_int, c_float, c_int),  # scale, sliding_window, soft_cap, nthreads
     )
     return lib.fn.rp_paged_attention
-
-
-def int32_rows(a: np.ndarray) -> np.ndarray:
-    """a as a C-contiguous int32 array (itself when it already is one)."""
-    return a if a.dtype == np.int32 and a.flags.c_contiguous else np.ascontiguousarray(a, dtype=np.int32)
 
 
 def check_caches(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray) -> int:
@@ -73,17 +67,12 @@ def paged_attention(
     T, H, D = q.shape
     BS, Hkv = k_cache.shape[1:3]
     kv_dtype = check_caches(q, k_cache, v_cache)
-    if q.dtype != np.float32:
-        q = q.astype(np.float32)
-    stride = token_stride(q)
-    if stride is None:
-        q = np.ascontiguousarray(q)
-        stride = H * D
+    q, stride = float_rows(q)
     tables, lens, starts = int32_rows(block_tables), int32_rows(seq_lens), int32_rows(query_start_loc)
     out = np.empty((T, H, D), np.float32)
     if T:
-        caches = (k_cache.ctypes.data, v_cache.ctypes.data, kv_dtype)
-        batch = (tables.ctypes.data, tables.shape[1], lens.ctypes.data, starts.ctypes.data, len(lens))
+        caches = (addr(k_cache), addr(v_cache), kv_dtype)
+        batch = (addr(tables), tables.shape[1], addr(lens), addr(starts), len(lens))
         options = (scale, sliding_window or 0, soft_cap or 0.0, nthreads)
-        _kernel(lib)(out.ctypes.data, q.ctypes.data, stride, *caches, *batch, H, Hkv, D, BS, *options)
+        _kernel(lib)(addr(out), addr(q), stride, *caches, *batch, H, Hkv, D, BS, *options)
     return out

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import weakref
 
 import numpy as np
 
-from rawpage.native.library import NativeLibrary, c_int, c_int64, c_void_p, ptr
+from rawpage.native.library import NativeLibrary, addr, c_int, c_int64, c_void_p, ptr, weight_address
 from rawpage.ops.gguf_linear import GGUF_BLOCKS
 
 # GGML's type ids (gguf.GGMLQuantizationType), as gguf_matmul.c takes them.
@@ -80,36 +79,16 @@ def gguf_matmul(
         bias = np.ascontiguousarray(bias, dtype=np.float32)
         if bias.shape != (N,):
             raise ValueError(f"bias has shape {bias.shape}, want ({N},)")
-    addr = (_address(y), _address(x), _weight_address(data), ptr(bias))
-    rc = lib.fn.rp_gguf_matmul(_GGML_TYPE[qtype], *addr, T, N, K, _scratch_address(T, K), nthreads)
+    addrs = (addr(y), addr(x), weight_address(data), ptr(bias))
+    rc = lib.fn.rp_gguf_matmul(_GGML_TYPE[qtype], *addrs, T, N, K, _scratch_address(T, K), nthreads)
     if rc != 0:
         raise ValueError(f"rp_gguf_matmul refused {qtype} {shape} (code {rc})")
     return y
 
 
-# Per call, each array address costs ~1 us in Python through ndarray.ctypes, on the
-# order of a 576x576 GEMV: the weights' addresses are kept (until the array dies), the
-# scratch is one buffer per calling thread, grown as needed, and x's and y's come
-# through the buffer protocol (0.4 us).
-_weight_addresses: dict[int, tuple[weakref.ref, int]] = {}
+# The scratch is one buffer per calling thread, grown as needed (library.py's
+# library.addr says why addresses are worth caching).
 _scratch_buffers = threading.local()
-
-
-def _address(a: np.ndarray) -> int:
-    """A C-contiguous array's address, the fast way where the array is writable."""
-    try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(a))
-    except (TypeError, ValueError):  # read-only, or empty
-        return a.ctypes.data
-
-
-def _weight_address(data: np.ndarray) -> int:
-    key = id(data)
-    hit = _weight_addresses.get(key)
-    if hit is not None and hit[0]() is data:
-        return hit[1]
-    _weight_addresses[key] = (weakref.ref(data, lambda _, k=key: _weight_addresses.pop(k, None)), data.ctypes.data)
-    return _weight_addresses[key][1]
 
 
 def _scratch_address(T: int, K: int) -> int:
@@ -154,8 +133,8 @@ def gguf_rows(
         raise ValueError(f"row ids must be in 0 .. {N - 1}; got {ids.min()} .. {ids.max()}")
     out = np.empty((ids.size, K), dtype=np.float32)
     if ids.size:
-        addr = (out.ctypes.data, data.ctypes.data, ids.ctypes.data)
-        rc = lib.fn.rp_gguf_rows(_GGML_TYPE[qtype], *addr, ids.size, N, K, nthreads)
+        addrs = (addr(out), weight_address(data), addr(ids))
+        rc = lib.fn.rp_gguf_rows(_GGML_TYPE[qtype], *addrs, ids.size, N, K, nthreads)
         if rc != 0:
             raise ValueError(f"rp_gguf_rows refused {qtype} {shape} (code {rc})")
     return out

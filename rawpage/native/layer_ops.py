@@ -15,9 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from rawpage.native.attention import KV_DTYPES, int32_rows
-from rawpage.native.library import NativeLibrary, c_float, c_int, c_int64, c_void_p
-from rawpage.ops.launch import token_stride
+from rawpage.native.attention import KV_DTYPES
+from rawpage.native.library import NativeLibrary, addr, c_float, c_int, c_int64, c_void_p, float_rows, int32_rows
 
 _SIGNATURES = {
     # out, x, x_stride, weight, T, n, eps, nthreads
@@ -47,30 +46,17 @@ def _kernels(lib: NativeLibrary) -> Any:
     return lib.fn
 
 
-def _rows(x: np.ndarray) -> tuple[np.ndarray, int]:
-    """(x, its row stride in elements) for a float32 (T, ...) array whose rows are
-    contiguous; else (a C-contiguous float32 copy, its row length)."""
-    if x.dtype == np.float32:
-        stride = token_stride(x)
-        if stride is not None:
-            return x, stride
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    return x, x[0].size if len(x) else 0
-
-
 def _weight(w: np.ndarray) -> np.ndarray:
     return w if w.dtype == np.float32 and w.flags.c_contiguous else np.ascontiguousarray(w, dtype=np.float32)
 
 
 def rms_norm(lib: NativeLibrary, x: np.ndarray, weight: np.ndarray, eps: float, nthreads: int) -> np.ndarray:
     """x: (T, dim), weight: (dim,) -> (T, dim) float32, a new array."""
-    x, stride = _rows(x)
+    x, stride = float_rows(x)
     T, n = x.shape
     out = np.empty((T, n), np.float32)
     if T:
-        _kernels(lib).rp_rms_norm(
-            out.ctypes.data, x.ctypes.data, stride, _weight(weight).ctypes.data, T, n, eps, nthreads
-        )
+        _kernels(lib).rp_rms_norm(addr(out), addr(x), stride, addr(_weight(weight)), T, n, eps, nthreads)
     return out
 
 
@@ -84,20 +70,20 @@ def fused_add_rms_norm(
     """x, residual: (T, dim) -> (rms_norm(x + residual), x + residual), float32. Like the
     other backends, it reuses the inputs' memory: the sum goes into residual and the
     normed rows into x when those are C-contiguous float32 (else into new arrays)."""
-    x, x_stride = _rows(x)
-    residual, r_stride = _rows(residual)
+    x, x_stride = float_rows(x)
+    residual, r_stride = float_rows(residual)
     T, n = x.shape
     normed = x if _writable_rows(x) else np.empty((T, n), np.float32)
     summed = residual if _writable_rows(residual) else np.empty((T, n), np.float32)
     if T:
         _kernels(lib).rp_fused_add_rms_norm(
-            normed.ctypes.data,
-            summed.ctypes.data,
-            x.ctypes.data,
+            addr(normed),
+            addr(summed),
+            addr(x),
             x_stride,
-            residual.ctypes.data,
+            addr(residual),
             r_stride,
-            _weight(weight).ctypes.data,
+            addr(_weight(weight)),
             T,
             n,
             eps,
@@ -125,16 +111,16 @@ def rope(
         raise ValueError(f"cos_sin {cos_sin.shape} does not fit heads of {D} (rotary over the whole head)")
     if T == 0:
         return
-    q_work, q_stride = _rows(q)
-    k_work, k_stride = _rows(k)
+    q_work, q_stride = float_rows(q)
+    k_work, k_stride = float_rows(k)
     cos_sin = _weight(cos_sin)
     _kernels(lib).rp_rope(
-        int32_rows(positions).ctypes.data,
-        q_work.ctypes.data,
+        addr(int32_rows(positions)),
+        addr(q_work),
         q_stride,
-        k_work.ctypes.data,
+        addr(k_work),
         k_stride,
-        cos_sin.ctypes.data,
+        addr(cos_sin),
         T,
         H,
         Hkv,
@@ -149,11 +135,11 @@ def rope(
 
 
 def _gated(lib: NativeLibrary, name: str, x: np.ndarray, nthreads: int) -> np.ndarray:
-    x, stride = _rows(x)
+    x, stride = float_rows(x)
     T, I = x.shape[0], x.shape[1] // 2
     out = np.empty((T, I), np.float32)
     if T:
-        getattr(_kernels(lib), name)(out.ctypes.data, x.ctypes.data, stride, T, I, nthreads)
+        getattr(_kernels(lib), name)(addr(out), addr(x), stride, T, I, nthreads)
     return out
 
 
@@ -189,17 +175,17 @@ def write_kv(
     T = len(k)
     if T == 0:
         return
-    k, k_stride = _rows(k)
-    v, v_stride = _rows(v)
+    k, k_stride = float_rows(k)
+    v, v_stride = float_rows(v)
     _kernels(lib).rp_write_kv(
-        k.ctypes.data,
+        addr(k),
         k_stride,
-        v.ctypes.data,
+        addr(v),
         v_stride,
-        k_cache.ctypes.data,
-        v_cache.ctypes.data,
+        addr(k_cache),
+        addr(v_cache),
         kv_dtype,
-        int32_rows(slot_mapping).ctypes.data,
+        addr(int32_rows(slot_mapping)),
         T,
         k.shape[1] * k.shape[2],
         nthreads,

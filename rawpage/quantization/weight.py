@@ -5,10 +5,14 @@
     kind "int4":  AWQ and GPTQ, converted at load: data (out, in/8) uint32 nibbles,
                   scales and zeros per group, perm for act-order (quantization/int4.py).
     kind "fp8":   data (out, in) uint8 e4m3 bits, scales (out,) float32 (quantization/fp8.py).
+    kind "bf16":  data (out, in) uint16 bfloat16 bits, a bf16 checkpoint's tensor as stored:
+                  not quantized, but packed the same way, so that a backend with a bf16
+                  kernel keeps it at 2 bytes a weight (native CPU) and others widen it.
 
 A QuantizedWeight holds host (NumPy) arrays when a loader makes it, and device
-arrays once a backend's prepare_linear has uploaded it. The cpu backend never
+arrays once a backend's prepare_linear has uploaded it. The NumPy CPU backend never
 keeps one: it dequantizes at load (`dequantize`), so every checkpoint runs there.
+The native CPU backend keeps "gguf" and "bf16" (backends/cpu_native.py).
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ from typing import Any
 
 import numpy as np
 
+from rawpage.dtypes import bf16_to_f32
+
 Array = Any  # numpy.ndarray on the host and under sim, cupy.ndarray on cuda
 
 
 @dataclass
 class QuantizedWeight:
-    kind: str  # "gguf" | "int4" | "fp8"
+    kind: str  # "gguf" | "int4" | "fp8" | "bf16"
     shape: tuple[int, int]  # (out, in), the dense weight's shape
     data: Array  # the packed weights; layout per kind (module docstring)
     qtype: str = ""  # gguf: the block format, e.g. "Q4_K"
@@ -58,6 +64,8 @@ def dequantize(w: QuantizedWeight) -> np.ndarray:
         from rawpage.ops.fp8_linear import fp8_dequantize_ref
 
         return fp8_dequantize_ref(w)
+    if w.kind == "bf16":
+        return bf16_to_f32(np.asarray(w.data))  # exact: bf16 is float32's top half
     if w.kind == "int4":
         from rawpage.quantization.int4 import int4_dequantize_ref
 

@@ -1,6 +1,8 @@
 """The Starlette app: routes, authentication, errors in OpenAI's shape, and `rawpage serve`.
 
 POST /v1/chat/completions   POST /v1/completions   POST /v1/embeddings
+POST /v1/responses   GET|DELETE /v1/responses/{id}   POST /v1/responses/{id}/cancel   (OpenAI's Responses)
+POST /v1/messages   POST /v1/messages/count_tokens   (Anthropic's Messages)
 GET /v1/models   GET /v1/models/{id}
 POST /tokenize   POST /detokenize   GET /health   GET /version   GET /metrics
 GET /v1/engine/events   GET / (the web page, unless --no-web)
@@ -47,10 +49,13 @@ from rawpage.server.chat_batch import create_batch_chat_completion
 from rawpage.server.completions import create_completion
 from rawpage.server.embeddings import create_embedding, generate_only
 from rawpage.server.engine_view import EngineView
+from rawpage.server.header_timeout import uvicorn_limits
 from rawpage.server.lora_routes import adapter_models, load_lora_adapter, unload_lora_adapter
+from rawpage.server.messages import count_message_tokens, create_message
 from rawpage.server.metrics import ServerMetrics
-from rawpage.server.protocol import APIError
+from rawpage.server.protocol import APIError, is_anthropic_path
 from rawpage.server.request_guard import RequestGuard
+from rawpage.server.responses import cancel_response, create_response, delete_response, retrieve_response
 from rawpage.server.state import ServerState
 from rawpage.server.streaming import ClientDisconnected
 from rawpage.server.vllm_routes import ServerLoad, invocations, tokenizer_info
@@ -119,6 +124,9 @@ def _routes(state: ServerState, view: EngineView) -> list[Route]:
     def api(handler: Handler, auth: bool = True, admin: bool = False) -> Callable[[Request], Awaitable[Response]]:
         return _endpoint(handler, state, auth, admin)
 
+    def anthropic(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        return _endpoint(load.aware(generate_only(handler)), state, auth=True, anthropic=True)
+
     load = ServerLoad(config.enable_server_load_tracking)
     chat_only, completion_only = generate_only(create_chat_completion), generate_only(create_completion)
     chat, completion = load.aware(chat_only), load.aware(completion_only)
@@ -128,6 +136,12 @@ def _routes(state: ServerState, view: EngineView) -> list[Route]:
             "/v1/chat/completions/batch", api(load.aware(generate_only(create_batch_chat_completion))), methods=["POST"]
         ),
         Route("/v1/completions", api(completion), methods=["POST"]),
+        Route("/v1/responses", api(load.aware(generate_only(create_response))), methods=["POST"]),
+        Route("/v1/responses/{response_id}", api(retrieve_response), methods=["GET"]),
+        Route("/v1/responses/{response_id}", api(delete_response), methods=["DELETE"]),
+        Route("/v1/responses/{response_id}/cancel", api(cancel_response), methods=["POST"]),
+        Route("/v1/messages", anthropic(create_message), methods=["POST"]),
+        Route("/v1/messages/count_tokens", anthropic(count_message_tokens), methods=["POST"]),
         Route("/v1/embeddings", api(load.aware(create_embedding)), methods=["POST"]),  # --runner pooling
         Route("/invocations", api(load.aware(invocations(chat_only, completion_only))), methods=["POST"]),
         Route("/load", api(load.endpoint), methods=["GET"]),
@@ -155,36 +169,38 @@ def _routes(state: ServerState, view: EngineView) -> list[Route]:
 
 
 def _endpoint(
-    handler: Handler, state: ServerState, auth: bool, admin: bool = False
+    handler: Handler, state: ServerState, auth: bool, admin: bool = False, anthropic: bool = False
 ) -> Callable[[Request], Awaitable[Response]]:
     """Wrap a handler: the API key (if `auth`; the admin key too if `admin` and there is
-    one), and every failure as an OpenAI error object."""
+    one), and every failure as an error object in the API's shape: OpenAI's, or with
+    `anthropic` Anthropic's (whose clients also send the key as x-api-key)."""
+
+    def error(e: APIError) -> Response:
+        return JSONResponse(e.anthropic_body() if anthropic else e.body(), status_code=e.status, headers=e.headers)
 
     async def endpoint(request: Request) -> Response:
         try:
             if auth:
-                _check_access(state, request, admin)
+                _check_access(state, request, admin, x_api_key=anthropic)
             return await handler(request, state)
         except APIError as e:
-            return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+            return error(e)
         except ClientDisconnected:
             return Response(status_code=499)
         except (EngineDeadError, RequestFailedError) as e:
-            err = APIError(str(e), 500, type="internal_server_error")
-            return JSONResponse(err.body(), status_code=500)
+            return error(APIError(str(e), 500, type="internal_server_error"))
         except ValueError as e:  # a request the engine refused (e.g. at add time)
-            return JSONResponse(APIError(str(e)).body(), status_code=400)
+            return error(APIError(str(e)))
         except Exception as e:  # a bug: say so in the API's shape, log the traceback
             logger.exception("internal error in %s", request.url.path)
-            err = APIError(f"internal error: {type(e).__name__}", 500, type="internal_server_error")
-            return JSONResponse(err.body(), status_code=500)
+            return error(APIError(f"internal error: {type(e).__name__}", 500, type="internal_server_error"))
 
     return endpoint
 
 
-def _check_access(state: ServerState, request: Request, admin: bool) -> None:
+def _check_access(state: ServerState, request: Request, admin: bool, x_api_key: bool = False) -> None:
     """The API key; on an `admin` route the --admin-api-key, when the operator set one."""
-    caller = state.check_auth(request)
+    caller = state.check_auth(request, x_api_key)
     if admin and state.config.admin_api_key and not caller.admin:
         raise APIError(
             f"{request.url.path} needs the --admin-api-key", 403, type="permission_error", code="admin_key_required"
@@ -227,7 +243,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         served = [_route_name(r) for r in request.app.routes if isinstance(r, Route) and r.path.startswith("/v1/")]
         message += "; this server serves " + ", ".join(served)
     err = APIError(message, status, type="not_found_error" if status == 404 else "invalid_request_error")
-    return JSONResponse(err.body(), status_code=status)
+    return JSONResponse(err.anthropic_body() if is_anthropic_path(request.url.path) else err.body(), status_code=status)
 
 
 def _route_name(route: Route) -> str:
@@ -289,7 +305,7 @@ async def tokenize(request: Request, state: ServerState) -> Response:
     state.check_model(body)
     tok = state.llm.tokenizer
     if "messages" in body.data:
-        ids = await state.render_chat(body, parse_messages(body))
+        ids = await state.render_chat(state.render_options(body), parse_messages(body))
     else:
         prompt = body.str("prompt")
         if prompt is None:
@@ -344,6 +360,7 @@ def run_server(args: argparse.Namespace) -> int:
         log_level=config.uvicorn_log_level or config.log_level,
         timeout_graceful_shutdown=config.shutdown_timeout + 5,
         log_config=None,
+        **uvicorn_limits(config),  # head deadline, keep-alive, head size (header_timeout.py)
     )
     server = _DrainingServer(uv, app.state.rawpage.engine, config.shutdown_timeout)
     server.run()

@@ -68,6 +68,15 @@ class ServerConfig:
     allowed_headers: list[str] = flag(
         help="CORS: allowed headers", type=_list, factory=lambda: ["*"], default_text="all"
     )
+    responses_store_max_items: int = flag(
+        1000, "most responses /v1/responses keeps for previous_response_id (least recently used go first; in memory)"
+    )
+    responses_store_max_bytes: int = flag(
+        64 << 20,
+        "most bytes of JSON /v1/responses keeps for previous_response_id, e.g. 256MiB (in memory: a restart empties it)",
+        type=parse_bytes,
+        default_text="64MiB",
+    )
     max_prompts_per_request: int = flag(128, "most prompts in one /v1/completions request")
     max_stop_strings: int = flag(16, "most stop strings per request (OpenAI allows 4)")
     max_stop_string_chars: int = flag(256, "longest stop string, in characters")
@@ -79,6 +88,16 @@ class ServerConfig:
     )
     request_timeout: float | None = flag(
         None, "seconds a request may run before it is aborted with finish_reason 'abort'", default_text="none"
+    )
+    request_header_timeout: float = flag(
+        10.0, "seconds a client has to send a whole request head; then its connection is closed (slowloris)"
+    )
+    timeout_keep_alive: float = flag(5.0, "seconds an idle keep-alive connection is kept open between requests")
+    h11_max_incomplete_event_size: int = flag(
+        16 << 10,
+        "largest request head (request line and headers) accepted, e.g. 64KiB",
+        type=parse_bytes,
+        default_text="16KiB",
     )
     max_unread_tokens: int = flag(8192, "abort a stream whose client has left this many tokens unread")
     shutdown_timeout: float = flag(

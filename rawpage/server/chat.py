@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from typing import Any
 
 from starlette.requests import Request
@@ -13,7 +11,17 @@ from starlette.responses import JSONResponse, Response
 
 from rawpage.outputs import CompletionOutput, RequestOutput
 from rawpage.sampling_params import SamplingParams
-from rawpage.server.chat_reply import ReplyParser, ReplyStream
+from rawpage.server.chat_reply import ReplyParser
+from rawpage.server.chat_request import (
+    ChatRequest,
+    constraint_for,
+    final_output,
+    reply_parser,
+    reply_steps,
+    submit,
+    token_counts,
+    tool_request,
+)
 from rawpage.server.guided import structured_outputs_from
 from rawpage.server.protocol import (
     APIError,
@@ -27,10 +35,9 @@ from rawpage.server.protocol import (
     sampling_params,
     usage,
 )
-from rawpage.server.reasoning import PARSERS as REASONING_PARSERS
 from rawpage.server.state import ServerState
-from rawpage.server.streaming import final_outputs, merge, sse, sse_response, unless_disconnected
-from rawpage.server.tools import ToolRequest, prepare_tool_messages, tool_request_from
+from rawpage.server.streaming import sse, sse_response
+from rawpage.server.tools import prepare_tool_messages
 from rawpage.structured_output import StructuredOutputsParams
 
 # Fields both OpenAI and vLLM accept that change nothing here (README "Request fields").
@@ -72,35 +79,30 @@ def parse_messages(body: Body) -> list[dict[str, Any]]:
 
 async def create_chat_completion(request: Request, state: ServerState) -> Response:
     body = await state.read_body(request)
+    chat, fmt = parse_chat_request(body, state, state.request_id(request, "chatcmpl"))
+    gen = await submit(request, state, chat)
+    if fmt.out.stream:
+        return sse_response(_stream(fmt, gen, chat.reply), chat.request_id)
+    final = await final_output(request, gen)
+    return JSONResponse(fmt.response(final, chat.reply), headers={"X-Request-Id": chat.request_id})
+
+
+def parse_chat_request(body: Body, state: ServerState, rid: str) -> tuple[ChatRequest, ChatFormatter]:
+    """A chat completion body -> the ChatRequest (every field read, the rest refused) and
+    the formatter that writes its reply in chat's shape."""
     lora = state.check_model(body)
     messages = parse_messages(body)
-    tools = tool_request_from(body, state.config, state.llm.chat_template or state.llm.tokenizer.chat_template)
-    reasoning = REASONING_PARSERS.get(state.config.reasoning_parser or "")
-    reply = ReplyParser(tools, reasoning, body.bool("include_reasoning", True))
+    reply = reply_parser(state, tool_request(state, body), body.bool("include_reasoning", True))
     out = output_options(body, state.config)
-    params = chat_sampling_params(body, state, out, output_constraint(body, tools, reply))
-    fmt = ChatFormatter(state, "", out, params)
+    params = chat_sampling_params(body, state, out, output_constraint(body, reply))
+    fmt = ChatFormatter(state, rid, out, params)
     fmt.role, fmt.echo = role_and_echo(body, messages)
-    ids = await state.render_chat(body, messages, tools=tools.template_tools() if tools else None)
-    priority, salt = state.priority(body), state.cache_salt(body)
-    body.reject_unread(NO_EFFECT_FIELDS)
-    await state.compile_grammar(params)
-    state.validate_prompt(ids, params, "messages")
-    fmt.rid = rid = state.request_id(request, "chatcmpl")
     fmt.model = lora.lora_name if lora else state.model_name
-    state.engine.check_capacity(1)
-    gen = state.engine.generate(
-        f"{rid}#{uuid.uuid4().hex[:8]}",
-        {"prompt_token_ids": ids, "cache_salt": salt},
-        params,
-        priority,
-        lora,
-        state.owner(request),
+    chat = ChatRequest(
+        rid, messages, params, reply, state.render_options(body), lora, state.priority(body), state.cache_salt(body)
     )
-    if out.stream:
-        return sse_response(_stream(fmt, gen, reply), rid)
-    (final,) = await unless_disconnected(request, final_outputs([gen]))
-    return JSONResponse(fmt.response(final, reply), headers={"X-Request-Id": rid})
+    body.reject_unread(NO_EFFECT_FIELDS)
+    return chat, fmt
 
 
 def chat_sampling_params(
@@ -169,57 +171,27 @@ def chat_choice(fmt: ChatFormatter, reply: ReplyParser, o: CompletionOutput) -> 
     }
 
 
-def output_constraint(body: Body, tools: ToolRequest | None, reply: ReplyParser) -> StructuredOutputsParams | None:
+def output_constraint(body: Body, reply: ReplyParser) -> StructuredOutputsParams | None:
     """The request's grammar: response_format / guided_* / structured_outputs, or the one a
-    required or named tool_choice brings; with a reasoning parser it starts after </think>."""
-    constraint = structured_outputs_from(body)
-    forced = tools.constraint() if tools else None
-    if constraint is not None and forced is not None:
-        raise APIError(
-            f'tool_choice "{tools.choice}" already constrains the reply; drop response_format or the guided_* fields',
-            param="tool_choice",
-        )
-    constraint = constraint or forced
-    if constraint is not None and reply.reasoning is not None:
-        constraint.after = reply.reasoning.end_tag
-    return constraint
+    required or named tool_choice brings (chat_request.constraint_for)."""
+    return constraint_for(structured_outputs_from(body), "response_format or the guided_* fields", reply)
 
 
 async def _stream(fmt: ChatFormatter, gen: AsyncIterator[RequestOutput], reply: ReplyParser):
     final = None
-    streams: dict[int, ReplyStream] = {}
-    finished: set[int] = set()
-    async with aclosing(merge([gen])) as merged:
-        async for _, out in merged:
-            for o in out.outputs:
-                if o.index in finished:
-                    continue
-                if o.index not in streams:  # the role comes first, on its own, as OpenAI does
-                    streams[o.index] = reply.stream()
-                    for chunk in fmt.opening(o.index, out):
-                        yield sse(chunk)
-                delta = streams[o.index].feed(o.delta_text)
-                finish = None
-                if o.finish_reason:
-                    last, finish = streams[o.index].finish(o.finish_reason)
-                    delta = _join(delta, last)
-                lp = fmt.logprobs(o.delta_token_ids, o.delta_logprobs) if o.delta_logprobs else None
-                if delta or lp or o.finish_reason:  # text held back (a tag, a call) sends nothing yet
-                    yield sse(fmt.chunk(o.index, delta or {"content": ""}, lp, out, o, finish))
-                if o.finish_reason:
-                    finished.add(o.index)
-            final = out
+    async for out, steps in reply_steps(gen, reply):
+        for step in steps:
+            o = step.o
+            if step.first:  # the role comes first, on its own, as OpenAI does
+                for chunk in fmt.opening(o.index, out):
+                    yield sse(chunk)
+            lp = fmt.logprobs(o.delta_token_ids, o.delta_logprobs) if o.delta_logprobs else None
+            if step.delta or lp or o.finish_reason:  # text held back (a tag, a call) sends nothing yet
+                yield sse(fmt.chunk(o.index, step.delta or {"content": ""}, lp, out, o, step.finish))
+        final = out
     if fmt.out.include_usage and final is not None:
         yield sse(fmt.envelope([], fmt.usage(final), "chat.completion.chunk"))
     yield sse("[DONE]")
-
-
-def _join(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """Two deltas as one: text fields concatenate."""
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = out[k] + v if k in out and isinstance(v, str) else v
-    return out
 
 
 class ChatFormatter:
@@ -286,8 +258,5 @@ class ChatFormatter:
         return {"content": content}
 
     def usage(self, final: RequestOutput) -> dict[str, Any]:
-        return usage(
-            len(final.prompt_token_ids),
-            sum(len(o.token_ids) for o in final.outputs),
-            final.num_cached_tokens if self.state.config.enable_prompt_tokens_details else None,
-        )
+        counts = token_counts(self.state, final)
+        return usage(counts.prompt, counts.completion, counts.cached)

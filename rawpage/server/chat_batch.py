@@ -19,9 +19,8 @@ from rawpage.server.chat import (
     parse_messages,
     role_and_echo,
 )
-from rawpage.server.chat_reply import ReplyParser
+from rawpage.server.chat_request import reply_parser
 from rawpage.server.protocol import APIError, Body, output_options, usage
-from rawpage.server.reasoning import PARSERS as REASONING_PARSERS
 from rawpage.server.state import ServerState
 from rawpage.server.streaming import final_outputs, unless_disconnected
 
@@ -56,12 +55,12 @@ async def create_batch_chat_completion(request: Request, state: ServerState) -> 
     lora = state.check_model(body)
     conversations = _conversations(body, state.config.max_prompts_per_request)
     body.mark_read(*_REFUSED)
-    reasoning = REASONING_PARSERS.get(state.config.reasoning_parser or "")
-    reply = ReplyParser(None, reasoning, body.bool("include_reasoning", True))
+    reply = reply_parser(state, None, body.bool("include_reasoning", True))
     out = output_options(body, state.config)
-    params = chat_sampling_params(body, state, out, output_constraint(body, None, reply))
+    params = chat_sampling_params(body, state, out, output_constraint(body, reply))
     roles = [role_and_echo(body, msgs) for msgs in conversations]
-    prompts = [await state.render_chat(body, msgs) for msgs in conversations]
+    render = state.render_options(body)
+    prompts = [await state.render_chat(render, msgs) for msgs in conversations]
     priority, salt = state.priority(body), state.cache_salt(body)
     body.reject_unread(NO_EFFECT_FIELDS)
     await state.compile_grammar(params)
@@ -73,7 +72,12 @@ async def create_batch_chat_completion(request: Request, state: ServerState) -> 
     tag = uuid.uuid4().hex[:8]
     gens = [
         state.engine.generate(
-            f"{fmt.rid}#{i}#{tag}", {"prompt_token_ids": ids, "cache_salt": salt}, params, priority, lora
+            f"{fmt.rid}#{i}#{tag}",
+            {"prompt_token_ids": ids, "cache_salt": salt},
+            params,
+            priority,
+            lora,
+            state.owner(request),
         )
         for i, ids in enumerate(prompts)
     ]
@@ -81,6 +85,7 @@ async def create_batch_chat_completion(request: Request, state: ServerState) -> 
     choices = []
     for i, final in enumerate(finals):
         fmt.role, fmt.echo = roles[i]
-        choices.append({**chat_choice(fmt, reply, final.outputs[0]), "index": i})
+        choice = chat_choice(fmt, reply.for_prompt(state.llm.tokenizer, prompts[i]), final.outputs[0])
+        choices.append({**choice, "index": i})
     total = usage(sum(len(f.prompt_token_ids) for f in finals), sum(len(f.outputs[0].token_ids) for f in finals), None)
     return JSONResponse(fmt.envelope(choices, total, "chat.completion"), headers={"X-Request-Id": fmt.rid})

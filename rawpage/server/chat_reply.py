@@ -8,10 +8,24 @@ the same content and calls.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rawpage.server.reasoning import ReasoningParser
+from rawpage.server.tool_parsers import ToolCall
 from rawpage.server.tools import ToolRequest
+
+
+@dataclass
+class Reply:
+    """One finished output, read: what every API's response is built from."""
+
+    reasoning: str | None  # None without a --reasoning-parser (or under include_reasoning: false)
+    content: str
+    calls: list[ToolCall]
+    finish_reason: str | None  # the engine's, with "stop" become "tool_calls" when there are calls
 
 
 class ReplyParser:
@@ -21,15 +35,31 @@ class ReplyParser:
         self.tools, self.reasoning = tools, reasoning
         self.include_reasoning = include_reasoning  # vLLM's include_reasoning: false drops reasoning_content
 
-    def message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+    def for_prompt(self, tokenizer: Any, prompt_ids: Sequence[int]) -> ReplyParser:
+        """This parser for the reply to these prompt tokens: whether they leave a think
+        block open decides where the reply starts (reasoning.py)."""
+        if self.reasoning is None:
+            return self
+        decode = functools.partial(tokenizer.decode, skip_special_tokens=False)
+        return ReplyParser(self.tools, self.reasoning.for_prompt(decode, prompt_ids), self.include_reasoning)
+
+    def parse(self, text: str, finish_reason: str | None) -> Reply:
         reasoning, content = self.reasoning.split(text) if self.reasoning else (None, text)
         content, calls = self.tools.extract(content) if self.tools else (content, [])
-        msg: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
+        return Reply(reasoning if self.include_reasoning else None, content, calls, _finish(finish_reason, bool(calls)))
+
+    def message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+        """The reply as chat's assistant message, and its finish_reason."""
+        reply = self.parse(text, finish_reason)
+        msg: dict[str, Any] = {
+            "role": "assistant",
+            "content": reply.content if reply.content or not reply.calls else None,
+        }
         if self.reasoning is not None and self.include_reasoning:
-            msg["reasoning_content"] = reasoning
-        if calls:
-            msg["tool_calls"] = [c.to_openai() for c in calls]
-        return msg, _finish(finish_reason, bool(calls))
+            msg["reasoning_content"] = reply.reasoning
+        if reply.calls:
+            msg["tool_calls"] = [c.to_openai() for c in reply.calls]
+        return msg, reply.finish_reason
 
     def stream(self) -> ReplyStream:
         return ReplyStream(self)

@@ -9,11 +9,12 @@ At most one of them may be given; each becomes a StructuredOutputsParams.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from rawpage.errors import InvalidRequestError
 from rawpage.server.json_schema import close_objects
-from rawpage.server.protocol import APIError, Body
+from rawpage.server.protocol import APIError, Body, loads_field
 from rawpage.structured_output import StructuredOutputsParams
 
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
@@ -44,10 +45,22 @@ def structured_outputs_from(body: Body) -> StructuredOutputsParams | None:
     for key, kind in (("json", (dict, str)), ("regex", str), ("choice", list), ("grammar", str)):
         if key in fields and not isinstance(fields[key], kind):
             raise APIError(f"'{name}' {key}: wrong type {type(fields[key]).__name__}", param=name)
+    if isinstance(fields.get("json"), str):  # a schema as JSON text: parsed here, within the body's depth
+        fields["json"] = _schema_text(fields["json"], name if name != "structured_outputs" else f"{name}.json")
     try:
         return StructuredOutputsParams(**fields)
     except InvalidRequestError as e:
         raise APIError(str(e), param=name) from None
+
+
+def _schema_text(text: str, param: str) -> dict[str, Any]:
+    try:
+        schema = loads_field(text, param)
+    except json.JSONDecodeError as e:
+        raise APIError(f"'{param}' is not valid JSON: {e}", param=param) from None
+    if not isinstance(schema, dict):
+        raise APIError(f"'{param}' must be a JSON schema object", param=param)
+    return schema
 
 
 def _response_format(body: Body) -> dict[str, Any] | None:

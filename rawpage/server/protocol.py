@@ -6,6 +6,7 @@ becomes a 400 that names the parameter, never an exception deep in the engine.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,7 @@ class APIError(Exception):
         )
 
     def body(self) -> dict[str, Any]:
+        """OpenAI's shape."""
         return {
             "error": {
                 "message": self.message,
@@ -46,6 +48,30 @@ class APIError(Exception):
                 "code": self.code,
             }
         }
+
+    def anthropic_body(self) -> dict[str, Any]:
+        """The same error in Anthropic's shape, for /v1/messages."""
+        kind = _ANTHROPIC_BY_STATUS.get(self.status) or _ANTHROPIC_TYPES.get(self.type)
+        kind = kind or ("invalid_request_error" if self.status < 500 else "api_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+
+# Anthropic's error types, from ours (and from the status where our type has no match).
+_ANTHROPIC_TYPES = {
+    "invalid_request_error": "invalid_request_error",
+    "authentication_error": "authentication_error",
+    "permission_error": "permission_error",
+    "not_found_error": "not_found_error",
+    "rate_limit_error": "rate_limit_error",
+    "service_unavailable": "overloaded_error",
+    "internal_server_error": "api_error",
+}
+_ANTHROPIC_BY_STATUS = {404: "not_found_error", 413: "request_too_large"}
+
+
+def is_anthropic_path(path: str) -> bool:
+    """The routes that answer errors in Anthropic's shape (and take its x-api-key header)."""
+    return "/v1/messages" in path
 
 
 _MISSING = object()
@@ -66,15 +92,17 @@ def _range(lo: float | None, hi: float | None) -> str:
     return f"between {lo} and {hi}"
 
 
-def check_json(data: Any) -> None:
+def check_json(data: Any, param: str | None = None) -> None:
     """Refuse what json.loads accepts but nothing downstream can use: nesting deeper than
     MAX_JSON_DEPTH, and strings with lone UTF-16 surrogates ("\\ud800"), which cannot be
-    encoded to UTF-8 for the tokenizer. Iterative, so depth costs no recursion."""
+    encoded to UTF-8 for the tokenizer. Iterative, so depth costs no recursion. `param`:
+    the field that held `data` as JSON text (None: the body itself)."""
     stack = [(data, 1)]
     while stack:
         x, depth = stack.pop()
         if depth > MAX_JSON_DEPTH:
-            raise APIError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
+            where = f"'{param}'" if param else "the request body"
+            raise APIError(f"{where} nests deeper than {MAX_JSON_DEPTH} levels", param=param)
         if isinstance(x, str):
             _check_text(x)
         elif isinstance(x, dict):
@@ -83,6 +111,19 @@ def check_json(data: Any) -> None:
                 stack.append((v, depth + 1))
         elif isinstance(x, list):
             stack.extend((v, depth + 1) for v in x)
+
+
+def loads_field(text: str, param: str) -> Any:
+    """A JSON value the body carries as a string (a schema, a call's arguments), held to
+    the body's own limits: a 400 naming `param` when it nests deeper than MAX_JSON_DEPTH
+    (deep enough to exhaust the parser's recursion, or anything's after it). Invalid
+    JSON raises json.JSONDecodeError: what it means is the caller's to say."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise APIError(f"'{param}' nests deeper than {MAX_JSON_DEPTH} levels", param=param) from None
+    check_json(value, param)
+    return value
 
 
 def _check_text(s: str) -> None:
@@ -235,9 +276,14 @@ def sampling_params(
     )
     if beam and "temperature" not in body.data:
         kwargs["temperature"] = 0.0
+    return checked_sampling_params(**kwargs)
+
+
+def checked_sampling_params(**kwargs: Any) -> SamplingParams:
+    """SamplingParams, with its cross-field rules (min_tokens <= max_tokens, top_p > 0, ...) as 400s."""
     try:
         return SamplingParams(**kwargs)
-    except ValueError as e:  # cross-field rules (min_tokens <= max_tokens, top_p > 0, ...)
+    except ValueError as e:
         raise APIError(str(e), param=str(e).split(" ", 1)[0]) from None
 
 

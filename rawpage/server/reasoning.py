@@ -6,14 +6,23 @@ Both supported styles wrap the thinking in <think>…</think>:
   - `deepseek_r1`: the chat template already opened the block, so everything before
     </think> is reasoning (a leading <think> is dropped), and a reply that never
     closes it is all reasoning.
+Once the prompt is known (`for_prompt`), it decides instead of the style: a prompt
+that leaves a block open (Qwen3-Thinking's template, DeepSeek-R1's) starts the output
+inside it; one that closes it (Qwen3 with enable_thinking: false) or has none (a model
+that does not think) starts it outside, so an output with no tags is all content.
 The split goes to `message.reasoning_content` and `message.content`; streamed, to
 `delta.reasoning_content` and `delta.content`. A grammar (structured outputs, tool
-calls) starts only once </think> has been generated (StructuredOutputsParams.after).
+calls) constrains the output outside the block (StructuredOutputsParams.reasoning,
+rawpage/reasoning_gate.py), from the first token when the model does not think.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from rawpage.reasoning_gate import THINKING, prompt_phase
 
 START, END = "<think>", "</think>"
 
@@ -22,8 +31,13 @@ START, END = "<think>", "</think>"
 class ReasoningParser:
     name: str
     implicit_start: bool  # deepseek_r1: the output begins inside the think block
+    prompt_open: bool | None = None  # the prompt leaves a block open; None: not known, the style decides
 
-    end_tag = END
+    tags = (START, END)
+
+    def for_prompt(self, decode: Callable[[list[int]], str], prompt_ids: Sequence[int]) -> ReasoningParser:
+        """This parser for an output that follows these prompt tokens."""
+        return dataclasses.replace(self, prompt_open=prompt_phase(decode, prompt_ids, self.tags) == THINKING)
 
     def split(self, text: str) -> tuple[str | None, str]:
         """Whole output -> (reasoning or None, content)."""
@@ -31,12 +45,13 @@ class ReasoningParser:
         opened = body.startswith(START)
         if opened:
             body = body[len(START) :]
+        inside = opened or (self.implicit_start if self.prompt_open is None else self.prompt_open)
         if END in body:
-            if opened or self.implicit_start:
+            if inside or self.implicit_start:  # deepseek_r1 also takes an end tag with no start
                 reasoning, _, content = body.partition(END)
                 return reasoning, content
             return None, text
-        if opened or self.implicit_start:
+        if inside:
             return body, ""
         return None, text
 

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rawpage.server.args import ServerConfig
-from rawpage.server.protocol import APIError
+from rawpage.server.protocol import APIError, is_anthropic_path
 
 logger = logging.getLogger("rawpage.server")
 
@@ -43,9 +43,12 @@ def host_name(value: str) -> str:
 
 
 def allowed_host_names(config: ServerConfig) -> frozenset[str] | None:
-    """The Host names served, or None for any: '*' in --allowed-hosts, or a bind to every
-    interface (0.0.0.0, ::) with no --allowed-hosts, where the machine's own names are not known."""
+    """The Host names served, or None for any: '*' in --allowed-hosts, a unix socket (--uds)
+    or a bind to every interface (0.0.0.0, ::) with no --allowed-hosts, where the machine's
+    own names are not known."""
     if "*" in config.allowed_hosts:
+        return None
+    if config.uds and not config.allowed_hosts:  # a unix socket: no browser reaches it by name
         return None
     if host_name(config.host) in WILDCARD_BINDS and not config.allowed_hosts:
         logger.warning(
@@ -58,7 +61,8 @@ def allowed_host_names(config: ServerConfig) -> frozenset[str] | None:
 
 
 class RequestGuard:
-    """ASGI middleware: Host, Origin and Content-Type, each refused in OpenAI's error shape."""
+    """ASGI middleware: Host, Origin and Content-Type, each refused in OpenAI's error shape
+    (Anthropic's under /v1/messages)."""
 
     def __init__(self, app: ASGIApp, config: ServerConfig) -> None:
         self.app = app
@@ -69,7 +73,8 @@ class RequestGuard:
         if scope["type"] == "http":
             error = self.refusal(scope["method"], Headers(scope=scope))
             if error is not None:
-                await JSONResponse(error.body(), status_code=error.status)(scope, receive, send)
+                body = error.anthropic_body() if is_anthropic_path(scope["path"]) else error.body()
+                await JSONResponse(body, status_code=error.status)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

@@ -24,6 +24,7 @@ from rawpage.server.args import ServerConfig
 from rawpage.server.async_engine import AsyncEngine
 from rawpage.server.metrics import ServerMetrics
 from rawpage.server.protocol import APIError, Body, check_json
+from rawpage.server.response_store import ResponseStore
 from rawpage.server.tools import template_for_tools
 
 T = TypeVar("T")
@@ -40,6 +41,18 @@ class Caller:
     admin: bool  # sees every tenant: the --admin-api-key, or anyone on a server without keys
 
 
+@dataclass(frozen=True)
+class RenderOptions:
+    """How messages become a prompt. Chat takes these from vLLM's request fields
+    (render_options); the Responses and Messages APIs use the defaults."""
+
+    chat_template: str | None = None  # a request's own template text (--trust-request-chat-template)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False  # leave the last message open: the model continues it
+    add_special_tokens: bool = False  # the template already writes BOS and the like
+
+
 @dataclass
 class ServerState:
     engine: AsyncEngine
@@ -52,6 +65,7 @@ class ServerState:
         # Rendering a template or tokenizing 4 MB takes CPU time; on the event loop it
         # would stall every other client (and /health), so it runs here.
         self._preprocess = ThreadPoolExecutor(self.config.preprocess_threads, thread_name_prefix="rawpage-preprocess")
+        self.responses = ResponseStore(self.config.responses_store_max_items, self.config.responses_store_max_bytes)
 
     @property
     def llm(self) -> LLMEngine:
@@ -69,8 +83,9 @@ class ServerState:
         self._preprocess.shutdown(wait=False, cancel_futures=True)
 
     # --- access -------------------------------------------------------------------------
-    def check_auth(self, request: Request) -> Caller:
-        """Who is calling, from 'Authorization: Bearer <key>' (a 401 if no key matches). It is
+    def check_auth(self, request: Request, x_api_key: bool = False) -> Caller:
+        """Who is calling, from 'Authorization: Bearer <key>' (or, where `x_api_key`, as
+        Anthropic's clients send it, 'x-api-key: <key>'); a 401 if no key matches. It is
         kept on the request (request.state.caller) for the routes that show tenants apart."""
         keys = self.config.api_keys + ([self.config.admin_api_key] if self.config.admin_api_key else [])
         if not keys:
@@ -78,6 +93,8 @@ class ServerState:
         else:
             header = request.headers.get("authorization", "")
             given = (header[7:] if header.lower().startswith("bearer ") else "").encode()
+            if not given and x_api_key:
+                given = request.headers.get("x-api-key", "").encode()
             # Compare against every key, always, in constant time: no timing hint of which one nearly matched.
             ok = [hmac.compare_digest(given, k.encode()) for k in keys]
             if not any(ok):
@@ -144,16 +161,9 @@ class ServerState:
         tok = self.llm.tokenizer
         return await self.off_loop(lambda: [tok.encode(t, add_special_tokens=add_special_tokens) for t in texts])
 
-    async def render_chat(
-        self,
-        body: Body,
-        messages: list[dict[str, Any]],
-        param: str = "messages",
-        tools: list[dict[str, Any]] | None = None,
-    ) -> list[int]:
-        """Messages (and tools) -> chat template -> token ids. A request's own `chat_template`
-        needs --trust-request-chat-template, and is always template text, never a path."""
-        llm = self.llm
+    def render_options(self, body: Body) -> RenderOptions:
+        """Chat's template fields (vLLM's). A request's own `chat_template` needs
+        --trust-request-chat-template, and is always template text, never a path."""
         template = body.str("chat_template")
         if template is not None and not self.config.trust_request_chat_template:
             raise APIError(
@@ -161,26 +171,40 @@ class ServerState:
                 "with --trust-request-chat-template",
                 param="chat_template",
             )
-        kwargs = body.dict("chat_template_kwargs")
-        add_generation_prompt = body.bool("add_generation_prompt", True)
-        continue_final = body.bool("continue_final_message", False)
-        add_special = body.bool("add_special_tokens", False)
+        return RenderOptions(
+            chat_template=template,
+            chat_template_kwargs=body.dict("chat_template_kwargs"),
+            add_generation_prompt=body.bool("add_generation_prompt", True),
+            continue_final_message=body.bool("continue_final_message", False),
+            add_special_tokens=body.bool("add_special_tokens", False),
+        )
+
+    async def render_chat(
+        self,
+        render: RenderOptions,
+        messages: list[dict[str, Any]],
+        param: str = "messages",
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
+        """Messages (and tools) -> chat template -> token ids, off the event loop."""
+        llm = self.llm
 
         def work() -> list[int]:
-            chosen = ChatTemplate(template) if template is not None else llm.chat_template
+            chosen = ChatTemplate(render.chat_template) if render.chat_template is not None else llm.chat_template
             extra = {}
             if tools:  # a template that ignores the tools would drop them silently
                 chosen, extra = template_for_tools(chosen or llm.tokenizer.chat_template), {"tools": tools}
+            kwargs = {**render.chat_template_kwargs, **extra}
             text = llm.tokenizer.apply_chat_template(
-                messages, add_generation_prompt, chat_template=chosen, **kwargs, **extra
+                messages, render.add_generation_prompt, chat_template=chosen, **kwargs
             )
-            text = open_final_message(text, messages[-1]) if continue_final else text
-            return llm.tokenizer.encode(text, add_special_tokens=add_special)
+            text = open_final_message(text, messages[-1]) if render.continue_final_message else text
+            return llm.tokenizer.encode(text, add_special_tokens=render.add_special_tokens)
 
         try:
             return await self.off_loop(work)
         except (ChatTemplateError, ValueError, TypeError) as e:
-            raise APIError(str(e), param="chat_template" if template is not None else param) from None
+            raise APIError(str(e), param="chat_template" if render.chat_template is not None else param) from None
 
     def cache_salt(self, body: Body) -> str | None:
         """vLLM's `cache_salt`: requests share cached KV blocks only within one salt (SECURITY.md)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
 
@@ -24,15 +24,24 @@ class ClientDisconnected(Exception):
     pass
 
 
-def sse(data: dict[str, Any] | str) -> str:
-    """One server-sent event: `data: {...}` and a blank line."""
+def sse(data: dict[str, Any] | str, event: str | None = None) -> str:
+    """One server-sent event: `data: {...}` and a blank line, after `event: <name>` when
+    named (the Responses and Messages APIs name each event; chat's are unnamed)."""
     payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
-    return f"data: {payload}\n\n"
+    return f"data: {payload}\n\n" if event is None else f"event: {event}\ndata: {payload}\n\n"
 
 
-async def guard_stream(events: AsyncIterator[str]) -> AsyncIterator[str]:
+ErrorEvents = Callable[[APIError], list[str]]
+
+
+def chat_error_events(err: APIError) -> list[str]:
+    """How chat and completions streams end on a failure, as OpenAI's do: the error object, then [DONE]."""
+    return [sse(err.body()), sse("[DONE]")]
+
+
+async def guard_stream(events: AsyncIterator[str], error_events: ErrorEvents = chat_error_events) -> AsyncIterator[str]:
     """Pass SSE events through; if the request fails once the stream has begun (the 200 is
-    already sent), end it the way OpenAI does: an error event, then [DONE]."""
+    already sent), end it with the API's own error events rather than a torn connection."""
     try:
         async with aclosing(events) as it:
             async for event in it:
@@ -47,13 +56,16 @@ async def guard_stream(events: AsyncIterator[str]) -> AsyncIterator[str]:
         else:
             logger.error("stream failed: %s: %s", type(e).__name__, e)
             err = APIError(str(e) or type(e).__name__, 500, type="internal_server_error")
-        yield sse(err.body())
-        yield sse("[DONE]")
+        for event in error_events(err):
+            yield event
 
 
-def sse_response(events: AsyncIterator[str], request_id: str) -> StreamingResponse:
+def sse_response(
+    events: AsyncIterator[str], request_id: str, error_events: ErrorEvents = chat_error_events
+) -> StreamingResponse:
     """A streamed reply: the events under guard_stream, with the request's id in a header."""
-    return StreamingResponse(guard_stream(events), media_type="text/event-stream", headers={"X-Request-Id": request_id})
+    stream = guard_stream(events, error_events)
+    return StreamingResponse(stream, media_type="text/event-stream", headers={"X-Request-Id": request_id})
 
 
 async def merge(

@@ -31,19 +31,33 @@ class ToolCall:
         return out if index is None else {"index": index, **out}
 
 
+def model_json(text: str) -> object:
+    """The model's JSON text parsed, or NOT_JSON: bad JSON, or nesting past the parser's
+    recursion, is a malformed call (its text is content), never an exception."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return NOT_JSON
+
+
+NOT_JSON = object()
+
+
 def call_from_json(obj: object, args_key: str = "arguments") -> ToolCall | None:
-    """{"name": str, "arguments" (or "parameters"): object or its JSON text} -> ToolCall."""
+    """{"name": str, "arguments" (or "parameters"): object or its JSON text} -> ToolCall,
+    or None when it is not one (any other shape, arguments that are not an object)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get(args_key, obj.get("parameters", obj.get("arguments", {})))
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            return None
+    args = model_json(args) if isinstance(args, str) else args
     if not isinstance(args, dict):
         return None
-    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
+    try:
+        call = ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
+        (call.name + call.arguments).encode("utf-8")  # "\\ud800" parses to a lone surrogate: no response could carry it
+    except (ValueError, RecursionError, UnicodeEncodeError):
+        return None
+    return call
 
 
 def _hold_prefix(text: str, tag: str) -> int:
@@ -66,10 +80,7 @@ class HermesToolParser:
             return text, []
         calls = []
         for m in self._BLOCK.finditer(text):
-            try:
-                call = call_from_json(json.loads(m.group(1)))
-            except json.JSONDecodeError:
-                call = None
+            call = call_from_json(model_json(m.group(1)))
             if call is None:
                 return text, []
             calls.append(call)
@@ -95,7 +106,7 @@ class Llama3JsonToolParser:
         while at < len(body):
             try:
                 obj, at = decoder.raw_decode(body, at)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 return text, []
             call = call_from_json(obj, "parameters")
             if call is None:

@@ -21,8 +21,8 @@ from typing import Any
 from rawpage.chat_template import ChatTemplate
 from rawpage.server.args import ServerConfig
 from rawpage.server.json_schema import close_objects, rebase_refs
-from rawpage.server.protocol import APIError, Body
-from rawpage.server.tool_parsers import TOOL_PARSERS, ToolCall, call_from_json
+from rawpage.server.protocol import APIError, Body, loads_field
+from rawpage.server.tool_parsers import TOOL_PARSERS, ToolCall, call_from_json, model_json
 from rawpage.structured_output import StructuredOutputsParams
 
 logger = logging.getLogger("rawpage.server")
@@ -78,17 +78,22 @@ class ToolRequest:
         return len(text)
 
     def extract(self, text: str) -> tuple[str, list[ToolCall]]:
-        """A reply's content -> (content without the calls, calls). Unparsable: (text, [])."""
+        """A reply's content -> (content without the calls, calls). Unparsable: (text, []).
+        The text is the model's: whatever it holds, a failure to parse it is no 500."""
+        try:
+            return self._extract(text)
+        except Exception:  # noqa: BLE001 - a parser bug must not turn a finished reply into an error
+            logger.exception("tool-call parsing failed; the reply is returned as content")
+            return ("" if self.choice in ("named", "required") else text), []
+
+    def _extract(self, text: str) -> tuple[str, list[ToolCall]]:
         # Under a forced choice the text is the grammar's JSON; cut short (max_tokens) it is
         # no call and no content either: vLLM answers content "" and finish_reason "length".
         if self.choice == "named":
-            call = _json_call(text, lambda obj: call_from_json({"name": self.named, "arguments": obj}))
+            call = call_from_json({"name": self.named, "arguments": model_json(text)})
             return "", [call] if call else []
         if self.choice == "required":
-            try:
-                items = json.loads(text)
-            except json.JSONDecodeError:
-                return "", []
+            items = model_json(text)
             calls = [call_from_json(x) for x in items] if isinstance(items, list) else [None]
             return "", calls if calls and all(calls) else []
         if self.choice == "auto":
@@ -101,13 +106,6 @@ def _parameters(fn: dict[str, Any]) -> dict[str, Any]:
     """The arguments' schema, closed: no keys the tool did not declare (OpenAI's strict
     mode, which vLLM enforces for tool calls)."""
     return close_objects(fn.get("parameters") or {"type": "object", "properties": {}})
-
-
-def _json_call(text: str, make) -> ToolCall | None:
-    try:
-        return make(json.loads(text))
-    except json.JSONDecodeError:
-        return None
 
 
 def tool_request_from(body: Body, config: ServerConfig, template: ChatTemplate | None = None) -> ToolRequest | None:
@@ -211,7 +209,7 @@ def prepare_tool_messages(messages: list[dict[str, Any]]) -> None:
                 f"messages[{i}].tool_calls must be a list on an assistant message", param=f"messages[{i}].tool_calls"
             )
         fixed = []
-        for c in calls:
+        for j, c in enumerate(calls):
             fn = c.get("function") if isinstance(c, dict) else None
             if (
                 not isinstance(fn, dict)
@@ -223,7 +221,7 @@ def prepare_tool_messages(messages: list[dict[str, Any]]) -> None:
                     param=f"messages[{i}].tool_calls",
                 )
             try:
-                args = json.loads(fn["arguments"])
+                args = loads_field(fn["arguments"], f"messages[{i}].tool_calls[{j}].function.arguments")
             except json.JSONDecodeError:
                 args = fn["arguments"]
             fixed.append({**c, "function": {**fn, "arguments": args}})

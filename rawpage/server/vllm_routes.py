@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from rawpage.server.protocol import APIError
 from rawpage.server.state import ServerState
@@ -43,8 +43,7 @@ class ServerLoad:
                 done()
                 raise
             if isinstance(response, StreamingResponse):  # counted until its last event is sent
-                response.background = BackgroundTask(done)
-                return response
+                return _CountedStream(response, done)
             done()
             fmt = request.headers.get("endpoint-load-metrics-format")
             if fmt and response.status_code == 200:
@@ -70,6 +69,22 @@ class ServerLoad:
 
     async def endpoint(self, request: Request, state: ServerState) -> Response:
         return JSONResponse({"server_load": self.count})
+
+
+class _CountedStream(StreamingResponse):
+    """A stream that uncounts itself when it ends, however it ends: its last event sent, or
+    its client gone. A BackgroundTask would not do: Starlette skips it when a send to a
+    closed connection raises (ASGI 2.4 servers do), and the count would never come down."""
+
+    def __init__(self, stream: StreamingResponse, done: Callable[[], None]) -> None:
+        super().__init__(stream.body_iterator, stream.status_code, background=stream.background)
+        self.raw_headers, self.done = stream.raw_headers, done  # the handler's headers, media type included
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.done()
 
 
 def invocations(chat: Handler, completion: Handler) -> Handler:

@@ -56,7 +56,9 @@ function render(snap) {
   const pool = snap.pool;
   const state = expand(snap.state);
   const owner = expand(snap.owner);
-  const refs = expand(snap.refs);
+  // A tenant's view (a key that is not the admin's) has no reference counts and never says
+  // "shared": each block it shows in use has one holder, as far as that key may know.
+  const refs = snap.refs ? expand(snap.refs) : state.map((s) => (s === 1 ? 1 : 0));
   const gpu = cellsFor($("block-grid"), grids.gpu, pool.num_blocks, "gpu");
   for (let b = 0; b < pool.num_blocks; b++) paintCell(gpu[b], b, STATES[state[b]], owner[b], refs[b]);
   const cpuOwner = expand(snap.cpu_owner);
@@ -74,8 +76,7 @@ function render(snap) {
   const used = state.filter((s) => s === 1 || s === 2).length;
   if (previous) {
     const seconds = snap.time - previous.time;
-    const tokens = snap.totals.generation_tokens - previous.totals.generation_tokens;
-    if (seconds > 0) pushPoint(history.tps, tokens / seconds);
+    if (seconds > 0) pushPoint(history.tps, generatedSince(previous, snap) / seconds);
   }
   pushPoint(history.kv, used / Math.max(1, pool.num_blocks));
   drawSparkline($("spark-tps"), history.tps, null);
@@ -83,6 +84,14 @@ function render(snap) {
   $("tps-now").textContent = history.tps.length ? history.tps.at(-1).toFixed(1) : "";
   $("kv-now").textContent = `${used} of ${pool.num_blocks}`;
   previous = snap;
+}
+
+// Tokens generated between two snapshots: the engine's counter where the view has it; a
+// tenant's view has only its own steps, where each decode is one token generated.
+function generatedSince(before, snap) {
+  const total = (s) => s.totals.generation_tokens;
+  if (total(snap) !== undefined) return total(snap) - total(before);
+  return snap.steps.reduce((sum, [, , decodes]) => sum + decodes, 0);
 }
 
 function cellsFor(grid, cells, count, pool) {
@@ -119,9 +128,15 @@ function showPoolStats(snap, state) {
   const count = [0, 0, 0, 0];
   for (const s of state) count[s]++;
   const t = snap.totals;
+  const blocks = `in use ${count[1]} · shared ${count[2]} · cached ${count[3]} · free ${count[0]} · `;
+  if (t.prefix_queries === undefined) {
+    // A tenant's view: the engine-wide counters would tell one key about another's prompts.
+    $("pool-stats").textContent = `${blocks}snapshot ${snap.cost_ms} ms (your requests; other keys' blocks unnamed)`;
+    return;
+  }
   const hits = t.prefix_queries ? ((100 * t.prefix_hits) / t.prefix_queries).toFixed(1) : "0.0";
   $("pool-stats").textContent =
-    `in use ${count[1]} · shared ${count[2]} · cached ${count[3]} · free ${count[0]} · ` +
+    blocks +
     `prefix-cache hits ${hits}% · copy-on-write ${t.cow_copies} · evictions ${t.evictions} · ` +
     `preemptions ${t.preemptions} · swaps ${t.swap_outs} out, ${t.swap_ins} in · snapshot ${snap.cost_ms} ms`;
 }
@@ -148,30 +163,36 @@ function showQueue(name, seqs, count) {
 }
 
 // One bar per step, as tall as the token budget: prefill chunks stacked in blue shades,
-// then the decodes (one token each) in orange. A segment is at least 2 px tall to be seen.
+// then the decodes (one token each) in orange. The scale is logarithmic: on a linear one a
+// stream's decode, 1 token of a 2048-token budget, is a sliver, and one stream's chart
+// looked blank. Segments stack by running total (each spans y(before) to y(after)), with
+// faint lines at 1, 10, 100, 1000 tokens. A segment is at least 2 px tall to be seen.
 function drawSteps(canvas, steps, budget) {
   const ctx = canvas.getContext("2d");
   const { width, height } = canvas;
   ctx.clearRect(0, 0, width, height);
   const barWidth = width / STEPS_SHOWN;
-  const scale = (n) => Math.max(2, (n / budget) * height);
+  const top = Math.max(budget, ...steps.map(([, chunks, decodes]) => chunks.reduce((a, b) => a + b, decodes)));
+  const y = (tokens) => height - (Math.log1p(tokens) / Math.log1p(top)) * height;
+  const segment = (x, below, tokens, colour) => {
+    const bottom = y(below);
+    const h = Math.max(2, bottom - y(below + tokens));
+    ctx.fillStyle = colour;
+    ctx.fillRect(x, bottom - h, barWidth - 1, h);
+  };
   steps.forEach(([, chunks, decodes], i) => {
     const x = i * barWidth;
     ctx.fillStyle = "#eee";
     ctx.fillRect(x, 0, barWidth - 1, height);
-    let y = height;
+    let total = 0;
     chunks.forEach((n, k) => {
-      const h = scale(n);
-      ctx.fillStyle = k % 2 ? "#5b8def" : "#2f5fc4";
-      ctx.fillRect(x, y - h, barWidth - 1, h);
-      y -= h;
+      segment(x, total, n, k % 2 ? "#5b8def" : "#2f5fc4");
+      total += n;
     });
-    if (decodes) {
-      const h = scale(decodes);
-      ctx.fillStyle = "#f08c2e";
-      ctx.fillRect(x, y - h, barWidth - 1, h);
-    }
+    if (decodes) segment(x, total, decodes, "#f08c2e");
   });
+  ctx.fillStyle = "rgba(0, 0, 0, 0.12)";
+  for (let tokens = 1; tokens < top; tokens *= 10) ctx.fillRect(0, Math.round(y(tokens)), width, 1);
 }
 
 function pushPoint(series, value) {

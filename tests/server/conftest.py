@@ -19,3 +19,13 @@ def plain_server():
     s = ServerProcess("--max-num-seqs", "16", "--enable-server-load-tracking", "--enable-tokenizer-info-endpoint")
     yield s
     assert s.stop() == 0, s.output()
+
+
+@pytest.fixture(scope="package")
+def keyed_server():
+    """Two tenants' keys, and a Responses store of two responses (evictions are quick to reach)."""
+    s = ServerProcess(
+        "--api-key", "key-a", "--api-key", "key-b", "--responses-store-max-items", "2", "--max-num-seqs", "4"
+    )
+    yield s
+    assert s.stop() == 0, s.output()

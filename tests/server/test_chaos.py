@@ -1,6 +1,7 @@
 """Chaos (issue 15): 64 clients for a bounded time against one server on the loopback,
 mixing streaming and not, n > 1, beam search, logprobs, random disconnects, slow
-readers and bad bodies. Afterwards nothing has leaked, the server is healthy, its
+readers, bad bodies, grammars (schemas, choices, beam search under a choice, bad
+grammars) and engine-event subscribers that come and go (issue 29). Afterwards nothing has leaked, the server is healthy, its
 event loop never stalled for a second, and every greedy request that completed got
 exactly the text it gets alone.
 
@@ -33,14 +34,22 @@ QUESTIONS = [
 BAD_BODIES = [
     b"{not json",
     b"[1, 2, 3]",
-    json.dumps({"messages": [{"role": 5, "content": "hi"}]}).encode(),  # any string role is the template's
+    json.dumps({"messages": [{"role": 5, "content": "hi"}]}).encode(),  # any string role reaches the template
     json.dumps({"prompt": "hi", "logit_bias": {"99999999999999999999999": 5}}).encode(),
     json.dumps({"prompt": "hi", "stop_token_ids": [999999999], "min_tokens": 2}).encode(),
     json.dumps({"prompt": "hi", "use_beam_search": True, "n": 2, "length_penalty": 600}).encode(),
     json.dumps({"messages": [{"role": "user", "content": "hi"}], "chat_template": "/etc/passwd"}).encode(),
     b'{"prompt": "\\ud800", "max_tokens": 2}',
     ("[" * 5000 + "]" * 5000).encode(),
+    json.dumps({"prompt": "hi", "guided_json": {"$ref": "#"}}).encode(),  # can never be satisfied
+    json.dumps({"prompt": "hi", "guided_json": '{"items": ' * 40 + "{}" + "}" * 40}).encode(),  # deep as text
 ]
+OK_SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}},
+    "required": ["ok"],
+    "additionalProperties": False,
+}
 
 
 def chat_body(q: str, **kw) -> dict:
@@ -72,7 +81,20 @@ class Chaos:
         rnd = random.Random(seed)
         async with httpx.AsyncClient(timeout=300) as c:
             while time.monotonic() < deadline:
-                action = rnd.choice(["greedy", "greedy_stream", "n", "beam", "logprobs", "disconnect", "slow", "bad"])
+                action = rnd.choice(
+                    [
+                        "greedy",
+                        "greedy_stream",
+                        "n",
+                        "beam",
+                        "logprobs",
+                        "disconnect",
+                        "slow",
+                        "bad",
+                        "grammar",
+                        "events",
+                    ]
+                )
                 await getattr(self, action)(c, rnd)
                 self.counts[action] += 1
 
@@ -111,6 +133,32 @@ class Chaos:
     async def slow(self, c, rnd):
         async with c.stream("POST", self.url + CHAT, json=chat_body(rnd.choice(QUESTIONS), stream=True)) as r:
             assert await read_stream(r, slow=0.2) is not None
+
+    async def grammar(self, c, rnd):
+        kind = rnd.choice(["schema", "choice", "beam"])
+        if kind == "beam":
+            body = {"prompt": rnd.choice(QUESTIONS), "max_tokens": 4, "use_beam_search": True, "n": 3}
+            r = await c.post(self.url + CMPL, json={**body, "guided_choice": ["yes", "no"]})
+            assert r.status_code == 200 and {x["text"] for x in r.json()["choices"]} <= {"yes", "no"}, r.text
+            return
+        extra = {"response_format": {"type": "json_schema", "json_schema": {"name": "ok", "schema": OK_SCHEMA}}}
+        if kind == "choice":
+            extra = {"guided_choice": ["Tokyo", "Kyoto", "Osaka"]}
+        r = await c.post(self.url + CHAT, json=chat_body(rnd.choice(QUESTIONS), temperature=1.0, **extra))
+        assert r.status_code == 200, r.text
+        text = r.json()["choices"][0]["message"]["content"]
+        assert text in ("Tokyo", "Kyoto", "Osaka") if kind == "choice" else json.loads(text)["ok"] in (True, False)
+
+    async def events(self, c, rnd):
+        async with c.stream("GET", self.url + "/v1/engine/events") as r:
+            if r.status_code == 429:  # 16 streams open at once already: a refusal is the promise
+                return
+            assert r.status_code == 200
+            want, seen = rnd.randint(1, 3), 0
+            async for line in r.aiter_lines():
+                seen += line.startswith("event: snapshot")
+                if seen >= want:
+                    return  # leaving mid-stream: the server must let the subscriber go
 
     async def bad(self, c, rnd):
         body = rnd.choice(BAD_BODIES)
@@ -151,5 +199,6 @@ def test_chaos():
         assert httpx.get(s.url + "/health").status_code == 200
         assert lag < 1.0
         assert chaos.counts["disconnect"] > 0 and chaos.counts["bad"] > 0 and chaos.counts["greedy"] > 0
+        assert chaos.counts["grammar"] > 0 and chaos.counts["events"] > 0
     finally:
         assert s.stop() == 0, s.output()

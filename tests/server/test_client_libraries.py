@@ -1,7 +1,7 @@
 """Client libraries built for OpenAI and vLLM, against a server started with no tool flags
 (issue 31): LangChain's bind_tools and with_structured_output, litellm with
 tool_choice="required", the OpenAI Agents SDK with a function tool on its Chat Completions
-model. Each test skips when its package is missing (they are pinned in the dev extra)."""
+model and on its Responses model. Each test skips when its package is missing (they are pinned in the dev extra)."""
 
 import asyncio
 
@@ -48,26 +48,41 @@ def test_litellm_tool_choice_required(plain_server):
     assert r.choices[0].message.tool_calls[0].function.name == "visit"
 
 
-def test_openai_agents_function_tool_on_chat_completions(plain_server):
+def _weather_agent(model_class: str, url: str, tool_choice: str | None = None):
+    """One agent with one function tool on the Agents SDK's `model_class`, run once."""
     agents = pytest.importorskip("agents")
     import openai
 
     agents.set_tracing_disabled(True)
+    calls = []
 
     @agents.function_tool
     def weather(city: str) -> str:
         """The weather in a city."""
+        calls.append(city)
         return f"Sunny in {city}"
 
-    client = openai.AsyncOpenAI(base_url=plain_server.url + "/v1", api_key="x")
-    model = agents.OpenAIChatCompletionsModel(model=MODEL, openai_client=client)
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x")
+    model = getattr(agents, model_class)(model=MODEL, openai_client=client)
     agent = agents.Agent(
         name="a",
         instructions="Answer briefly.",
         tools=[weather],
         model=model,
-        model_settings=agents.ModelSettings(max_tokens=40, temperature=0),
+        model_settings=agents.ModelSettings(max_tokens=40, temperature=0, tool_choice=tool_choice),
         tool_use_behavior="stop_on_first_tool",
     )
     result = asyncio.run(agents.Runner.run(agent, "What is the weather in Paris?", max_turns=2))
+    return result, calls
+
+
+def test_openai_agents_function_tool_on_chat_completions(plain_server):
+    result, _ = _weather_agent("OpenAIChatCompletionsModel", plain_server.url)
     assert isinstance(result.final_output, str)
+
+
+def test_openai_agents_function_tool_on_responses(plain_server):
+    """The same agent on the Responses API model (issue 33): /v1/responses with a flat function
+    tool; tool_choice "required", so that the 135M model surely calls it."""
+    result, calls = _weather_agent("OpenAIResponsesModel", plain_server.url, "required")
+    assert result.final_output == f"Sunny in {calls[0]}"

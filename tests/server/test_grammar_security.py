@@ -124,7 +124,10 @@ def test_a_slow_grammar_does_not_stall_other_streams(open_gate):
     baseline = statistics.median(g for g, at in gaps if at < t0)
     during = max(g for g, at in gaps if t0 <= at <= t1)
     assert stamps[-1] > t1, "the stream ended before the slow grammar was compiled"
-    assert during < 10 * baseline, (during, baseline, t1 - t0)
+    # Stalled, the stream would wait out the whole compile (seconds: 9.2 s in the issue's
+    # report). The bound allows the scheduling noise of a loaded 2-core machine, where a
+    # decode step is ~10 ms and one gap of a few hundred ms happens (0.45 s was seen).
+    assert during < max(10 * baseline, 0.2 * (t1 - t0)), (during, baseline, t1 - t0)
 
 
 # --- fuzz: never a 500, never a crash -------------------------------------------------------
@@ -156,3 +159,34 @@ def test_fuzzed_grammar_requests_are_200s_or_400s_never_500s(server, body):
     r = httpx.post(server.url + CMPL, json={"prompt": "hi", "max_tokens": 2, **body}, timeout=60)
     assert r.status_code in (200, 400), (r.status_code, r.text, json.dumps(body)[:300])
     assert server.proc.poll() is None, server.output()
+
+
+@pytest.mark.parametrize("depth", [33, 5000])  # past MAX_JSON_DEPTH; past Python's recursion limit
+@pytest.mark.parametrize(
+    "field, param",
+    [("guided_json", "guided_json"), ("structured_outputs", "structured_outputs.json")],
+)
+def test_a_schema_sent_as_deep_json_text_is_a_400_naming_its_field(server, depth, field, param):
+    """Issue 29 item 8: the body's depth check never saw inside a string; 5,000 levels
+    were a RecursionError, and 33 passed."""
+    text = '{"items": ' * depth + "{}" + "}" * depth
+    body = {"guided_json": text} if field == "guided_json" else {"structured_outputs": {"json": text}}
+    assert_error(httpx.post(server.url + CMPL, json={"prompt": "hi", "max_tokens": 2, **body}), 400, param)
+    alive(server)
+
+
+@pytest.mark.parametrize("depth", [33, 5000])
+def test_deep_tool_call_arguments_in_the_history_are_a_400_naming_them(server, depth):
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[" * depth + "]" * depth}}
+    msgs = [*MSGS, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    msgs.append({"role": "tool", "tool_call_id": "c1", "content": "ok"})
+    r = httpx.post(server.url + CHAT, json={"messages": msgs, "max_tokens": 2})
+    assert_error(r, 400, "messages[1].tool_calls[0].function.arguments")
+    alive(server)
+
+
+def test_a_schema_that_is_only_itself_is_a_400(server):
+    body = {"messages": MSGS, "max_tokens": 4, "response_format": {"type": "json_schema", "json_schema": {}}}
+    body["response_format"]["json_schema"]["schema"] = {"$ref": "#"}
+    assert_error(httpx.post(server.url + CHAT, json=body, timeout=60), 400, "structured_outputs", "never be satisfied")
+    alive(server)

@@ -226,7 +226,12 @@ def test_vllms_environment_switch_turns_runtime_updating_on(monkeypatch, tmp_pat
 
 
 _junk = (
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30) | st.lists(st.integers(), max_size=3)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)  # (JSON has neither)
+    | st.text(max_size=30)
+    | st.lists(st.integers(), max_size=3)
 )
 _paths = st.sampled_from(
     ["", ".", "..", "/", "/etc/passwd", "empty", "qv4/..", "../base", "nope", "a\x00b", "~"]

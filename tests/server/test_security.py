@@ -6,6 +6,7 @@ missing, and errors disclosed internals."""
 
 import asyncio
 import json
+import socket
 import threading
 import time
 
@@ -389,3 +390,38 @@ def test_event_streams_are_capped_per_key(trusting):
         r = open_stream(stack, "k2")
         assert r.status_code == 429 and "--max-event-streams-per-key" in r.read().decode()
         assert open_stream(stack, "k1").status_code == 200  # another key is not held up
+
+
+def _closed_within(sock, seconds: float) -> float | None:
+    """Seconds until the server closed this socket (None: still open after `seconds`)."""
+    t0 = time.monotonic()
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(4096):  # a 4xx the server may send first, then the close
+            pass
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - t0
+
+
+def test_a_slow_request_head_is_closed_at_the_header_timeout():
+    """Issue 29 item 8 (slowloris): half a request line, or a next request begun on a
+    kept-alive connection and never finished, held the socket forever."""
+    s = ServerProcess("--request-header-timeout", "1", "--timeout-keep-alive", "30", "--max-model-len", "256")
+    try:
+        with socket.create_connection(("127.0.0.1", s.port)) as sock:
+            sock.sendall(b"GET /hea")
+            took = _closed_within(sock, 10)
+            assert took is not None and took < 5, took
+        with socket.create_connection(("127.0.0.1", s.port)) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")  # a whole head is served...
+            time.sleep(1.5)  # ...idle within --timeout-keep-alive, past the header timeout: kept
+            sock.sendall(b"GET /health HTTP/1.1\r\nHo")  # the next head, never finished
+            took = _closed_within(sock, 10)
+            assert took is not None and took < 5, took
+        healthy_and_serving(s)
+    finally:
+        assert s.stop() == 0, s.output()

@@ -60,3 +60,51 @@ def test_a_reader_too_far_behind_is_reported():
         assert ok[:10] == [True] * 10 and ok[10:] == [False, False]
 
     asyncio.run(main())
+
+
+def _counted_stream_sent_to(spec_version: str, fail_after: int) -> tuple[int, int]:
+    """GET /load's count while a stream is being sent, and after its client went away after
+    `fail_after` events; the ASGI server speaks `spec_version` (2.4: a send to a closed
+    connection raises OSError, and Starlette skips a response's background task)."""
+    from starlette.requests import ClientDisconnect
+
+    from rawpage.server.streaming import sse_response
+    from rawpage.server.vllm_routes import ServerLoad
+
+    load = ServerLoad(enabled=True)
+
+    async def events():
+        while True:  # a stream that the client, not the engine, ends
+            yield sse({"choices": []})
+            await asyncio.sleep(0)
+
+    async def handler(request, state):
+        return sse_response(events(), "r")
+
+    async def run() -> tuple[int, int]:
+        sent, during = [], []
+
+        async def send(message):
+            if len(sent) > fail_after:
+                raise OSError("connection closed")
+            sent.append(message)
+            during.append(load.count)
+
+        async def receive():
+            await asyncio.Event().wait()  # the client never says it left: only a send shows it
+
+        response = await load.aware(handler)(None, None)
+        scope = {"type": "http", "asgi": {"spec_version": spec_version}}
+        try:
+            await response(scope, receive, send)
+        except (ClientDisconnect, OSError):
+            pass
+        await asyncio.sleep(0)
+        return max(during), load.count
+
+    return asyncio.run(run())
+
+
+def test_a_stream_counts_for_get_load_until_it_ends_however_it_ends():
+    for spec_version in ("2.3", "2.4"):
+        assert _counted_stream_sent_to(spec_version, fail_after=3) == (1, 0), spec_version

@@ -131,6 +131,24 @@ def test_load_counts_a_request_in_flight(plain_server):
     assert httpx.get(plain_server.url + "/load").json() == {"server_load": 0}
 
 
+def test_load_counts_a_stream_until_its_last_event(plain_server):
+    """A stream counts while its events are still being sent, not only until its first one."""
+    body = {"prompt": "Once", "max_tokens": 200, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", plain_server.url + "/v1/completions", json=body, timeout=120) as r:
+        events = r.iter_lines()
+        assert next(e for e in events if e.startswith("data: "))  # the first event is out: the stream runs on
+        loads = []
+        for _ in range(5):  # read nothing for a while: the stream is held open
+            loads.append(httpx.get(plain_server.url + "/load").json()["server_load"])
+            time.sleep(0.1)
+        assert loads == [1] * 5
+        assert [e for e in events if e.startswith("data: ")][-1] == "data: [DONE]"
+    deadline = time.monotonic() + 10  # the count drops once the response has ended, just after [DONE]
+    while httpx.get(plain_server.url + "/load").json()["server_load"] != 0:
+        assert time.monotonic() < deadline, "a finished stream is still counted"
+        time.sleep(0.05)
+
+
 def test_vllm_metric_names_beside_ours(plain_server):
     chat_body = {"messages": JAPAN, "max_tokens": 2}
     httpx.post(plain_server.url + "/v1/chat/completions", json=chat_body, timeout=60)
@@ -214,5 +232,5 @@ def test_retrieve_model_and_404s(client, plain_server):
     assert client.models.retrieve(MODEL).id == MODEL
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.models.retrieve("gpt-4o")
-    r = httpx.post(plain_server.url + "/v1/embeddings", json={"input": "hi"})
+    r = httpx.post(plain_server.url + "/v1/images/generations", json={"prompt": "hi"})
     assert r.status_code == 404 and "POST /v1/chat/completions" in r.json()["error"]["message"]

@@ -28,6 +28,21 @@ SYSTEM = (
 BLOCK_STATES = (
     "Array.from(document.querySelectorAll('[data-testid=block-grid] [data-testid=block]'), c => c.dataset.state)"
 )
+# The tallest run of decode-orange (#f08c2e) pixels in any column of the token-budget chart.
+TALLEST_DECODE_BAR = """() => {
+    const c = document.getElementById('steps');
+    const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+    let tallest = 0;
+    for (let x = 0; x < c.width; x++) {
+        let n = 0;
+        for (let y = 0; y < c.height; y++) {
+            const i = 4 * (y * c.width + x);
+            if (d[i] === 240 && d[i + 1] === 140 && d[i + 2] === 46) n++;
+        }
+        tallest = Math.max(tallest, n);
+    }
+    return tallest;
+}"""
 
 
 def chromium_path() -> str:
@@ -39,8 +54,10 @@ def chromium_path() -> str:
 
 @pytest.fixture(scope="module")
 def web_server():
+    # The admin's key: the page sees every block as it is (another key gets a tenant's view,
+    # test_a_tenants_view_draws).
     s = ServerProcess(
-        "--kv-cache-memory", "160MiB", "--max-model-len", "2048", "--max-num-seqs", "16", "--api-key", KEY
+        "--kv-cache-memory", "160MiB", "--max-model-len", "2048", "--max-num-seqs", "16", "--admin-api-key", KEY
     )
     yield s
     assert s.stop() == 0, s.output()
@@ -117,6 +134,8 @@ def test_chat_streams_a_reply(page):
     assert reply.strip()
     assert page.page.evaluate("window.seen.size") >= 3, "the reply appeared at once, not streamed"
     assert "time to first token" in page.page.get_by_test_id("chat-stats").inner_text()
+    # One stream decodes 1 token a step, 1/2048 of the budget: its bars must still be seen.
+    assert page.page.evaluate(TALLEST_DECODE_BAR) >= 6, "the token-budget chart is blank at one stream"
     page.page.reload()  # the conversation is kept in the browser (and the key for this tab)
     page.page.wait_for_selector("[data-testid=reply]")
     assert page.page.get_by_test_id("reply").last.inner_text() == reply
@@ -207,7 +226,46 @@ def test_grid_draws_every_block_state(browser, web_server):
             and shared.first.get_attribute("title") == "block 4: shared, sequence 1, 3 references"
         )
         assert p.page.get_by_test_id("queue-running").locator("li").count() == 1
+        assert p.page.evaluate(TALLEST_DECODE_BAR) >= 6  # the one decode of a 64-token budget
         assert p.page.get_by_test_id("queue-swapped").locator("li").inner_text().startswith("#5 swapped")
+    finally:
+        p.close()
+
+
+def test_a_tenants_view_draws(browser, web_server):
+    """What a key that is not the admin's gets (docs/engine-events.md): no `refs`, never
+    "shared", other keys' blocks as owner -2, and of the totals only `steps`."""
+    snap = {
+        "v": 1,
+        "id": 1,
+        "time": 0,
+        "cost_ms": 0.1,
+        "steps": [[1, [], 1]],
+        "pool": {
+            "num_blocks": 6,
+            "block_size": 16,
+            "num_cpu_blocks": 0,
+            "max_num_batched_tokens": 64,
+            "max_num_seqs": 4,
+        },
+        "state": [1, 4, 0, 2],
+        "owner": [3, 2, -2, 2, -1, 2],
+        "cpu_owner": [],
+        "counts": {"running": 1, "waiting": 0, "swapped": 0},
+        "queues": {
+            "running": [
+                {"id": 3, "request": "r", "state": "decode", "tokens": 20, "prompt": 10, "computed": 19, "blocks": 2}
+            ],
+            "waiting": [],
+            "swapped": [],
+        },
+        "totals": {"steps": 1},
+    }
+    p = Page(browser, web_server, route=("**/v1/engine/events", f"event: snapshot\ndata: {json.dumps(snap)}\n\n"))
+    try:
+        assert p.states() == ["used"] * 4 + ["free"] * 2
+        stats = p.page.get_by_test_id("pool-stats").inner_text()
+        assert "in use 4" in stats and "undefined" not in stats and "cannot draw" not in p.page.inner_text("body")
     finally:
         p.close()
 

@@ -1,0 +1,197 @@
+"""Anthropic's Messages request, translated into chat's terms (chat_request.py).
+
+    Anthropic                                   chat
+    system: "..." or [{"type": "text"}]          {"role": "system"}
+    {"role": "user", "content": [text...]}      {"role": "user", "content": joined text}
+    {"type": "tool_result", "tool_use_id"}      {"role": "tool", "tool_call_id", "content"}
+    {"type": "tool_use", "id", "name", "input"} a tool call on the assistant message
+    {"type": "thinking", "thinking"}            the assistant message's reasoning_content
+    tools: [{"name", "description", "input_schema"}]   [{"type": "function", "function": {...}}]
+    tool_choice auto / any / tool / none        auto / required / named / none
+
+`cache_control` marks are accepted on blocks, tools and the request: prefix caching
+already reuses every prompt prefix the server has seen, which is what they ask for.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rawpage.server.protocol import APIError, Body
+
+_TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
+
+
+def cache_control(b: Body) -> None:
+    """A `cache_control` mark: {"type": "ephemeral"} (with a ttl) and nothing else."""
+    cc = b.obj("cache_control")
+    if cc.data and cc.str("type") != "ephemeral":
+        raise APIError(f"'{cc.path}type' must be 'ephemeral'", param=f"{cc.path}type")
+    cc.str("ttl")
+    cc.reject_unread()
+
+
+def system_messages(body: Body) -> list[dict[str, Any]]:
+    value = body.value("system")
+    if value is None:
+        return []
+    text = value if isinstance(value, str) else _texts(value, "system")
+    return [{"role": "system", "content": text}] if text else []
+
+
+def _texts(blocks: Any, where: str) -> str:
+    """Text blocks joined (a tool_result's content or the system prompt)."""
+    if isinstance(blocks, str):
+        return blocks
+    if not isinstance(blocks, list):
+        raise APIError(f"'{where}' must be a string or a list of text blocks", param=where)
+    texts = []
+    for j, block in enumerate(blocks):
+        b = Body(block, f"{where}[{j}].")
+        if b.str("type") != "text":
+            raise APIError(f"'{where}[{j}].type' must be text; this server reads text only", param=f"{where}[{j}].type")
+        texts.append(_required_str(b, "text"))
+        cache_control(b)
+        b.reject_unread()
+    return "".join(texts)
+
+
+def _required_str(b: Body, name: str) -> str:
+    value = b.value(name)
+    if not isinstance(value, str):
+        raise APIError(f"'{b.path}{name}' must be a string", param=f"{b.path}{name}")
+    return value
+
+
+def chat_messages(body: Body) -> list[dict[str, Any]]:
+    """`system` and `messages` as chat messages, every block checked."""
+    body.mark_read("messages")
+    messages = body.data.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise APIError("'messages' must be a non-empty list", param="messages")
+    out, calls = system_messages(body), set()
+    for i, m in enumerate(messages):
+        msg = Body(m, f"messages[{i}].")
+        role = msg.str("role")
+        if role not in ("user", "assistant"):
+            raise APIError(f"'messages[{i}].role' must be user or assistant", param=f"messages[{i}].role")
+        blocks = msg.value("content")
+        msg.reject_unread()
+        if isinstance(blocks, str):
+            blocks = [{"type": "text", "text": blocks}]
+        if not isinstance(blocks, list):
+            raise APIError(
+                f"'messages[{i}].content' must be a string or a list of blocks", param=f"messages[{i}].content"
+            )
+        read = _user if role == "user" else _assistant
+        out += read([Body(b, f"messages[{i}].content[{j}].") for j, b in enumerate(blocks)], calls)
+    return out
+
+
+def _block_type(b: Body, allowed: tuple[str, ...]) -> str:
+    kind = b.str("type")
+    if kind not in allowed:
+        raise APIError(
+            f"'{b.path}type' {str(kind)[:64]!r} is not supported here; this role takes {', '.join(allowed)} blocks",
+            param=f"{b.path}type",
+        )
+    cache_control(b)
+    return kind
+
+
+def _user(blocks: list[Body], calls: set[str]) -> list[dict[str, Any]]:
+    """A user turn: its tool results (chat's tool messages), then its text."""
+    out, texts = [], []
+    for b in blocks:
+        if _block_type(b, ("text", "tool_result")) == "text":
+            texts.append(_required_str(b, "text"))
+        else:
+            use_id = _required_str(b, "tool_use_id")
+            if use_id not in calls:
+                raise APIError(
+                    f"'{b.path}tool_use_id' {use_id[:64]!r} matches no tool_use block in an earlier assistant message",
+                    param=f"{b.path}tool_use_id",
+                )
+            content = _texts(b.value("content") or "", f"{b.path}content")
+            if b.bool("is_error", False):
+                content = f"Error: {content}"  # the template has no error flag: say it in the text
+            out.append({"role": "tool", "tool_call_id": use_id, "content": content})
+        b.reject_unread()
+    return out + ([{"role": "user", "content": "".join(texts)}] if texts else [])
+
+
+def _assistant(blocks: list[Body], calls: set[str]) -> list[dict[str, Any]]:
+    """An assistant turn: its text, its tool calls and its thinking, as one message."""
+    msg: dict[str, Any] = {"role": "assistant", "content": ""}
+    for b in blocks:
+        kind = _block_type(b, ("text", "tool_use", "thinking"))
+        if kind == "text":
+            msg["content"] += _required_str(b, "text")
+        elif kind == "thinking":
+            msg["reasoning_content"] = msg.get("reasoning_content", "") + _required_str(b, "thinking")
+            b.str("signature")  # ours are empty: nothing to verify
+        else:
+            use_id, name = _required_str(b, "id"), _required_str(b, "name")
+            args = b.value("input")
+            if not isinstance(args, dict):
+                raise APIError(f"'{b.path}input' must be an object", param=f"{b.path}input")
+            call = {"id": use_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+            msg.setdefault("tool_calls", []).append(call)
+            calls.add(use_id)
+        b.reject_unread()
+    return [msg]
+
+
+def chat_tools(body: Body) -> Body:
+    """`tools` and `tool_choice` in chat's shapes, as a Body for tools.tool_request_from."""
+    tools = body.value("tools")
+    fields: dict[str, Any] = {}
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise APIError("'tools' must be a list", param="tools")
+        fields["tools"] = [_chat_tool(Body(t, f"tools[{i}].")) for i, t in enumerate(tools)]
+    choice = body.obj("tool_choice")
+    if choice.data:
+        kind = choice.str("type")
+        if kind == "tool":
+            fields["tool_choice"] = {"type": "function", "function": {"name": choice.str("name")}}
+        elif kind in _TOOL_CHOICES:
+            fields["tool_choice"] = _TOOL_CHOICES[kind]
+        else:
+            raise APIError("'tool_choice.type' must be auto, any, tool or none", param="tool_choice.type")
+        fields["parallel_tool_calls"] = not choice.bool("disable_parallel_tool_use", False)
+        choice.reject_unread()
+    if tools and "tool_choice" not in fields:
+        fields["tool_choice"] = "auto"
+    return Body(fields)
+
+
+def _chat_tool(t: Body) -> dict[str, Any]:
+    """{"name", "description", "input_schema"} (a custom tool) -> chat's function tool."""
+    if t.str("type", "custom") != "custom":
+        raise APIError(
+            f"'{t.path}type' {t.data['type']!r} is not supported; this server runs custom (client) tools only",
+            param=f"{t.path}type",
+        )
+    cache_control(t)
+    fn = {"name": t.value("name"), "description": t.str("description"), "parameters": t.dict("input_schema")}
+    if not fn["parameters"]:
+        raise APIError(f"'{t.path}input_schema' must be a JSON schema object", param=f"{t.path}input_schema")
+    if t.bool("strict", None) is not None:
+        fn["strict"] = t.data["strict"]
+    t.reject_unread()
+    return {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
+
+
+def stop_sequences(body: Body, max_count: int, max_chars: int) -> list[str]:
+    value = body.value("stop_sequences") or []
+    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
+        raise APIError("'stop_sequences' must be a list of non-empty strings", param="stop_sequences")
+    if len(value) > max_count or any(len(s) > max_chars for s in value):
+        raise APIError(
+            f"'stop_sequences' allows {max_count} strings of {max_chars} characters (--max-stop-strings, "
+            "--max-stop-string-chars)",
+            param="stop_sequences",
+        )
+    return value

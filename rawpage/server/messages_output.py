@@ -1,0 +1,198 @@
+"""A Reply in Anthropic's shapes: the message object, and the event stream that builds
+the same message block by block.
+
+    message_start                the message, empty, with usage.input_tokens
+    ping
+    content_block_start / _delta / _stop   per block: thinking (thinking_delta), text
+                                 (text_delta), tool_use (input_json_delta, whole, at the end)
+    message_delta                stop_reason, stop_sequence, usage.output_tokens
+    message_stop
+
+A failure after the stream began is one `error` event in Anthropic's error shape.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.responses import Response
+
+from rawpage.outputs import CompletionOutput, RequestOutput
+from rawpage.server.chat_reply import Reply
+from rawpage.server.chat_request import ChatRequest, TokenCounts, reply_steps, token_counts
+from rawpage.server.protocol import APIError
+from rawpage.server.state import ServerState
+from rawpage.server.streaming import sse, sse_response
+from rawpage.server.tool_parsers import ToolCall
+
+
+def stop_reason(reply: Reply, o: CompletionOutput) -> tuple[str, str | None]:
+    """Anthropic's stop_reason and stop_sequence for a finished output."""
+    if reply.finish_reason == "abort":
+        raise APIError(
+            "the request was aborted (--request-timeout, or the server is shutting down)",
+            500,
+            type="internal_server_error",
+        )
+    if reply.finish_reason == "tool_calls":
+        return "tool_use", None
+    if reply.finish_reason == "length":
+        return "max_tokens", None
+    if isinstance(o.stop_reason, str):  # one of stop_sequences (a stop token id is a plain end of turn)
+        return "stop_sequence", o.stop_reason
+    return "end_turn", None
+
+
+def tool_use(call: ToolCall) -> dict[str, Any]:
+    """A call as a tool_use block; its id keeps the call's, in Anthropic's toolu_ form."""
+    return {
+        "type": "tool_use",
+        "id": "toolu_" + call.id.removeprefix("call_"),
+        "name": call.name,
+        "input": json.loads(call.arguments),
+    }
+
+
+def content_blocks(reply: Reply) -> list[dict[str, Any]]:
+    blocks = [{"type": "thinking", "thinking": reply.reasoning, "signature": ""}] if reply.reasoning else []
+    if reply.content or not reply.calls:
+        blocks.append({"type": "text", "text": reply.content})
+    return blocks + [tool_use(c) for c in reply.calls]
+
+
+def usage(counts: TokenCounts, output_tokens: int) -> dict[str, Any]:
+    """input and output tokens; cache_read_input_tokens under --enable-prompt-tokens-details."""
+    out: dict[str, Any] = {"input_tokens": counts.prompt, "output_tokens": output_tokens}
+    if counts.cached is not None:
+        out["cache_read_input_tokens"] = counts.cached
+    return out
+
+
+def message_object(rid: str, model: str, reply: Reply, o: CompletionOutput, counts: TokenCounts) -> dict[str, Any]:
+    reason, sequence = stop_reason(reply, o)
+    return {
+        "id": rid,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content_blocks(reply),
+        "stop_reason": reason,
+        "stop_sequence": sequence,
+        "usage": usage(counts, counts.completion),
+    }
+
+
+def error_events(err: APIError) -> list[str]:
+    return [sse(err.anthropic_body(), "error")]
+
+
+def stream_message(state: ServerState, chat: ChatRequest, model: str, gen: AsyncIterator[RequestOutput]) -> Response:
+    return sse_response(_events(state, chat, MessageEvents(chat.request_id, model), gen), chat.request_id, error_events)
+
+
+async def _events(state: ServerState, chat: ChatRequest, ev: MessageEvents, gen: AsyncIterator[RequestOutput]):
+    last: tuple[RequestOutput, CompletionOutput, str | None] | None = None
+    async for out, steps in reply_steps(gen, chat.reply):
+        if last is None:
+            for e in ev.start(token_counts(state, out)):
+                yield e
+        for step in steps:
+            for e in ev.feed(step.delta):
+                yield e
+            last = (out, step.o, step.finish)
+    out, o, finish = last
+    for e in ev.finish(ev.reply(finish), o, token_counts(state, out)):
+        yield e
+
+
+class MessageEvents:
+    """The SSE events of one streamed message."""
+
+    def __init__(self, rid: str, model: str) -> None:
+        self.rid, self.model = rid, model
+        self.index = -1  # the open (or last) content block's index
+        self.open: str | None = None  # "thinking" or "text": the block text is going into
+        self.reasoning, self.content = "", ""
+        self.calls: list[ToolCall] = []
+
+    @staticmethod
+    def event(kind: str, **fields: Any) -> str:
+        return sse({"type": kind, **fields}, kind)
+
+    def start(self, counts: TokenCounts) -> list[str]:
+        message = {
+            "id": self.rid,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": usage(counts, 0),
+        }
+        return [self.event("message_start", message=message), self.event("ping")]
+
+    def feed(self, delta: dict[str, Any]) -> list[str]:
+        events = []
+        if delta.get("reasoning_content"):
+            events += self._text("thinking", delta["reasoning_content"])
+        if delta.get("content"):
+            events += self._text("text", delta["content"])
+        for c in delta.get("tool_calls") or []:
+            events += self._call(ToolCall(c["function"]["name"], c["function"]["arguments"], c["id"]))
+        return events
+
+    def reply(self, finish_reason: str | None) -> Reply:
+        """What the stream carried, as the Reply a non-streamed request parses from the whole text."""
+        return Reply(self.reasoning or None, self.content, self.calls, finish_reason)
+
+    def finish(self, reply: Reply, o: CompletionOutput, counts: TokenCounts) -> list[str]:
+        events = self._close()
+        if not self.content and not self.calls:  # an empty answer is still a text block, as unstreamed
+            events += self._open("text") + self._close()
+        reason, sequence = stop_reason(reply, o)
+        delta = {"stop_reason": reason, "stop_sequence": sequence}
+        return events + [
+            self.event("message_delta", delta=delta, usage={"output_tokens": counts.completion}),
+            self.event("message_stop"),
+        ]
+
+    def _text(self, kind: str, text: str) -> list[str]:
+        events = [] if self.open == kind else self._close() + self._open(kind)
+        if kind == "thinking":
+            self.reasoning += text
+            delta = {"type": "thinking_delta", "thinking": text}
+        else:
+            self.content += text
+            delta = {"type": "text_delta", "text": text}
+        return events + [self.event("content_block_delta", index=self.index, delta=delta)]
+
+    def _open(self, kind: str) -> list[str]:
+        self.index += 1
+        self.open = kind
+        block = (
+            {"type": "thinking", "thinking": "", "signature": ""}
+            if kind == "thinking"
+            else {"type": "text", "text": ""}
+        )
+        return [self.event("content_block_start", index=self.index, content_block=block)]
+
+    def _close(self) -> list[str]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [self.event("content_block_stop", index=self.index)]
+
+    def _call(self, call: ToolCall) -> list[str]:
+        events = self._close()
+        self.calls.append(call)
+        self.index += 1
+        block = {**tool_use(call), "input": {}}
+        delta = {"type": "input_json_delta", "partial_json": call.arguments}
+        return events + [
+            self.event("content_block_start", index=self.index, content_block=block),
+            self.event("content_block_delta", index=self.index, delta=delta),
+            self.event("content_block_stop", index=self.index),
+        ]

@@ -1,0 +1,224 @@
+"""The Responses API's request, translated into chat's terms (chat_request.py):
+`input` items -> chat messages, flat function tools -> chat tools, `text.format` -> a grammar.
+
+    input item                               chat message
+    "a string"                               {"role": "user", "content": ...}
+    {"type": "message", "role", "content"}   that role ("developer" is "system"); input_text /
+                                             output_text parts joined
+    {"type": "reasoning", "content"|"summary"} an assistant message's reasoning_content
+    {"type": "function_call", "call_id", "name", "arguments"}
+                                             a tool call on the assistant message before it
+    {"type": "function_call_output", "call_id", "output"}
+                                             {"role": "tool", "tool_call_id", "content"}
+
+Each item and part is checked: an unknown type, a missing field or an output whose call_id
+no earlier call has is a 400 naming its place (`input[3].call_id`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rawpage.server.guided import structured_outputs_from
+from rawpage.server.protocol import APIError, Body
+from rawpage.structured_output import StructuredOutputsParams
+
+_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+_TEXT_PARTS = ("input_text", "output_text")
+
+
+def input_messages(value: Any, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`input` as chat messages, after the `history` of a previous response (whose tool
+    calls its function_call_output items may answer)."""
+    if isinstance(value, str):
+        if not value:
+            raise APIError("'input' must not be an empty string", param="input")
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise APIError("'input' must be a string or a non-empty list of items", param="input")
+    calls = {c["id"] for m in history for c in m.get("tool_calls") or []}
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(value):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise APIError(f"'{where}' must be an object", param=where)
+        kind = item.get("type", "message")
+        read = _ITEMS.get(kind) if isinstance(kind, str) else None
+        if read is None:
+            raise APIError(
+                f"'{where}.type' {str(kind)[:64]!r} is not supported; this server takes message, reasoning, "
+                "function_call and function_call_output items",
+                param=f"{where}.type",
+            )
+        read(Body(item, f"{where}."), out, calls)
+    return out
+
+
+def _message(item: Body, out: list[dict[str, Any]], calls: set[str]) -> None:
+    item.str("type"), item.str("id"), item.str("status")
+    role = item.str("role")
+    if role not in _ROLES:
+        raise APIError(f"'{item.path}role' must be one of {sorted(_ROLES)}", param=f"{item.path}role")
+    text = _text(item, "content")
+    item.reject_unread()
+    last = out[-1] if out else None
+    if (
+        role == "assistant"
+        and last
+        and last["role"] == "assistant"
+        and not last["content"]
+        and "tool_calls" not in last
+    ):
+        last["content"] = text  # the answer after a reasoning item: one turn
+    else:
+        out.append({"role": _ROLES[role], "content": text})
+
+
+def _text(item: Body, name: str) -> str:
+    """A string, or text parts (input_text / output_text) joined."""
+    value = item.value(name)
+    if isinstance(value, str):
+        return value
+    where = f"{item.path}{name}"
+    if not isinstance(value, list):
+        raise APIError(f"'{where}' must be a string or a list of text parts", param=where)
+    texts = []
+    for j, part in enumerate(value):
+        p = Body(part, f"{where}[{j}].")
+        if p.str("type") not in _TEXT_PARTS:
+            raise APIError(
+                f"'{where}[{j}].type' must be input_text or output_text; this server reads text only",
+                param=f"{where}[{j}].type",
+            )
+        texts.append(_required_str(p, "text"))
+        p.value("annotations"), p.value("logprobs")  # an earlier output, sent back: nothing to act on
+        p.reject_unread()
+    return "".join(texts)
+
+
+def _required_str(item: Body, name: str) -> str:
+    value = item.value(name)
+    if not isinstance(value, str):
+        raise APIError(f"'{item.path}{name}' must be a string", param=f"{item.path}{name}")
+    return value
+
+
+def _reasoning(item: Body, out: list[dict[str, Any]], calls: set[str]) -> None:
+    """An earlier reply's reasoning, sent back: the chat template's reasoning_content."""
+    item.str("type"), item.str("id"), item.str("status")
+    if item.value("encrypted_content") is not None:
+        raise APIError("this server has no encrypted reasoning to read", param=f"{item.path}encrypted_content")
+    parts = [*_parts(item, "content", "reasoning_text"), *_parts(item, "summary", "summary_text")]
+    item.reject_unread()
+    out.append({"role": "assistant", "content": "", "reasoning_content": "".join(parts)})
+
+
+def _parts(item: Body, name: str, kind: str) -> list[str]:
+    value = item.value(name) or []
+    if not isinstance(value, list):
+        raise APIError(f"'{item.path}{name}' must be a list", param=f"{item.path}{name}")
+    texts = []
+    for j, part in enumerate(value):
+        p = Body(part, f"{item.path}{name}[{j}].")
+        if p.str("type") != kind:
+            raise APIError(f"'{p.path}type' must be {kind}", param=f"{p.path}type")
+        texts.append(_required_str(p, "text"))
+        p.reject_unread()
+    return texts
+
+
+def _function_call(item: Body, out: list[dict[str, Any]], calls: set[str]) -> None:
+    item.str("type"), item.str("id"), item.str("status")
+    call_id, name, arguments = (_required_str(item, k) for k in ("call_id", "name", "arguments"))
+    item.reject_unread()
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    last = out[-1] if out else None
+    if last is not None and last["role"] == "assistant":
+        last.setdefault("tool_calls", []).append(call)  # parallel calls, or a call after text: one turn
+    else:
+        out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+    calls.add(call_id)
+
+
+def _function_call_output(item: Body, out: list[dict[str, Any]], calls: set[str]) -> None:
+    item.str("type"), item.str("id"), item.str("status")
+    call_id = _required_str(item, "call_id")
+    if call_id not in calls:
+        raise APIError(
+            f"'{item.path}call_id' {call_id[:64]!r} answers no function_call before it", param=f"{item.path}call_id"
+        )
+    content = _text(item, "output")
+    item.reject_unread()
+    out.append({"role": "tool", "tool_call_id": call_id, "content": content})
+
+
+_ITEMS = {
+    "message": _message,
+    "reasoning": _reasoning,
+    "function_call": _function_call,
+    "function_call_output": _function_call_output,
+}
+
+
+def chat_tools(body: Body) -> Body:
+    """`tools`, `tool_choice` and `parallel_tool_calls` in chat's shapes, as a Body for
+    tools.tool_request_from: the same checks, grammars and parsers as chat."""
+    tools = body.value("tools")
+    choice = body.value("tool_choice")
+    fields: dict[str, Any] = {"parallel_tool_calls": body.bool("parallel_tool_calls", True)}
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise APIError("'tools' must be a list", param="tools")
+        fields["tools"] = [_chat_tool(t, i) for i, t in enumerate(tools)]
+    if isinstance(choice, dict):
+        c = Body(choice, "tool_choice.")
+        if c.str("type") != "function":
+            raise APIError(
+                '\'tool_choice\' must be none, auto, required or {"type": "function", "name": ...}', param="tool_choice"
+            )
+        choice = {"type": "function", "function": {"name": c.str("name")}}
+        c.reject_unread()
+    fields["tool_choice"] = choice
+    return Body(fields)
+
+
+def _chat_tool(tool: Any, i: int) -> dict[str, Any]:
+    """{"type": "function", "name", "description", "parameters", "strict"} -> chat's nested shape."""
+    t = Body(tool, f"tools[{i}].")
+    kind = t.str("type")
+    if kind != "function":
+        raise APIError(
+            f"'tools[{i}].type' {str(kind)[:64]!r} is not supported; this server runs function tools only",
+            param=f"tools[{i}].type",
+        )
+    fn = {k: t.value(k) for k in ("name", "description", "parameters", "strict")}
+    t.reject_unread()
+    return {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
+
+
+def text_format(body: Body) -> StructuredOutputsParams | None:
+    """`text.format`: text (no grammar), json_object, or json_schema {"name", "schema",
+    "description", "strict"}, through chat's response_format and the same grammar path."""
+    text = body.obj("text")
+    fmt = text.obj("format")
+    text.reject_unread()
+    if not fmt.data:
+        return None
+    fields = {k: fmt.value(k) for k in ("name", "description", "schema", "strict")}
+    kind = fmt.str("type")
+    fmt.reject_unread()
+    if kind == "json_schema":
+        rf = {"type": kind, "json_schema": {k: v for k, v in fields.items() if v is not None}}
+    else:
+        rf = {"type": kind}
+        extra = [k for k, v in fields.items() if v is not None]
+        if extra:
+            raise APIError(f"'text.format.{extra[0]}' goes with type json_schema", param=f"text.format.{extra[0]}")
+    try:
+        return structured_outputs_from(Body({"response_format": rf}))
+    except APIError as e:  # name the Responses field, not chat's
+        e.param = "text.format" if e.param and e.param.startswith("response_format") else e.param
+        e.message = e.message.replace("response_format.json_schema", "text.format").replace(
+            "response_format", "text.format"
+        )
+        raise
