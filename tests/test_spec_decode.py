@@ -357,7 +357,7 @@ def test_draft_model_shares_the_memory_plan(tiny_model_dir, other_tiny_dir, capl
     """The draft's pool has as many blocks as the target's (the same tokens), both pools
     come out of --kv-cache-memory, the startup log shows the draft's share, and a budget
     that holds the target's sequence but not the draft's too fails at startup."""
-    from rawpage.memory import GiB, OutOfMemoryError
+    from rawpage.memory import OutOfMemoryError, size_text
     from rawpage.model_runner import kv_bytes_per_block
 
     spec = {"model": other_tiny_dir, "num_speculative_tokens": 2}
@@ -373,7 +373,7 @@ def test_draft_model_shares_the_memory_plan(tiny_model_dir, other_tiny_dir, capl
     assert sum(k.nbytes + v.nbytes for k, v in proposer.runner.kv_caches) == plan.draft_kv_bytes
     assert plan.kv_bytes + plan.draft_kv_bytes <= budget
     assert plan.draft.weights_bytes == proposer.model.num_bytes()
-    share = f"draft model: {proposer.model.num_bytes() / GiB:.3f} GiB weights, {plan.draft_kv_bytes / GiB:.3f} GiB KV"
+    share = f"draft model: {size_text(proposer.model.num_bytes())} weights, {size_text(plan.draft_kv_bytes)} KV"
     assert f"{share} for {plan.num_blocks} blocks" in caplog.text
     # 1024 tokens: 64 target blocks (2 MiB) fit 2.25 MiB; with the draft's, 64 pairs need 2.5 MiB
     small = {"speculative_config": spec, "max_model_len": 1024, "kv_cache_memory": 9 * 2**18}

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from tests.server.harness import ServerProcess
+from tests.tiny_lora import write_adapter
 
 SECONDS = float(os.environ.get("RAWPAGE_CHAOS_SECONDS", "60"))
 CLIENTS = 64
@@ -93,6 +94,7 @@ class Chaos:
                         "bad",
                         "grammar",
                         "events",
+                        "lora",
                     ]
                 )
                 await getattr(self, action)(c, rnd)
@@ -160,6 +162,17 @@ class Chaos:
                 if seen >= want:
                     return  # leaving mid-stream: the server must let the subscriber go
 
+    async def lora(self, c, rnd):
+        """Load one of the adapters at run time (more names than --max-cpu-loras keeps, so
+        loads evict), generate with it, and sometimes unload it."""
+        name = f"a{rnd.randint(0, 4)}"
+        r = await c.post(self.url + "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": "adapter"})
+        assert r.status_code in (200, 400), r.text  # 400: already loaded, or every kept one in use
+        r = await c.post(self.url + CMPL, json={"model": name, "prompt": "Hi", "max_tokens": 4})
+        assert r.status_code in (200, 404), r.text  # 404: evicted by another client's load meanwhile
+        if rnd.random() < 0.3:
+            await c.post(self.url + "/v1/unload_lora_adapter", json={"lora_name": name})
+
     async def bad(self, c, rnd):
         body = rnd.choice(BAD_BODIES)
         r = await c.post(
@@ -169,9 +182,22 @@ class Chaos:
         assert set(r.json()["error"]) == {"message", "type", "param", "code"}
 
 
+SMOLLM2 = {  # the default model's shapes, for its test adapter
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "num_hidden_layers": 30,
+}
+
+
 @pytest.mark.slow
-def test_chaos():
-    s = ServerProcess("--max-num-seqs", "32", "--max-model-len", "1024")
+def test_chaos(tmp_path):
+    write_adapter(str(tmp_path / "adapter"), SMOLLM2, rank=4, targets=["q_proj", "v_proj"], alpha=8, seed=0)
+    lora = ["--enable-lora", "--max-loras", "2", "--max-lora-rank", "4", "--max-cpu-loras", "3"]
+    lora += ["--allow-runtime-lora-updating", "--lora-dir", str(tmp_path)]
+    s = ServerProcess("--max-num-seqs", "32", "--max-model-len", "1024", *lora)
     try:
         expected = {}
         for q in QUESTIONS:  # each question alone first: the reference every later answer must match
@@ -199,6 +225,6 @@ def test_chaos():
         assert httpx.get(s.url + "/health").status_code == 200
         assert lag < 1.0
         assert chaos.counts["disconnect"] > 0 and chaos.counts["bad"] > 0 and chaos.counts["greedy"] > 0
-        assert chaos.counts["grammar"] > 0 and chaos.counts["events"] > 0
+        assert chaos.counts["grammar"] > 0 and chaos.counts["events"] > 0 and chaos.counts["lora"] > 0
     finally:
         assert s.stop() == 0, s.output()
