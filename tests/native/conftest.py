@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
-from rawpage.native import isa
+from rawpage.native import isa, library
 from rawpage.native.library import NativeLibrary, load_path
 
 
@@ -12,3 +14,16 @@ from rawpage.native.library import NativeLibrary, load_path
 def lib(request: pytest.FixtureRequest) -> NativeLibrary:
     """The native library built for one path (each path once per session, cached)."""
     return load_path(request.param)
+
+
+@pytest.fixture
+def no_compiler(monkeypatch: pytest.MonkeyPatch, tmp_path) -> Iterator[None]:
+    """A machine where the CPU kernels cannot build: no compiler, an empty cache, and the
+    loaded libraries forgotten (and forgotten again after, for the tests that follow)."""
+    monkeypatch.setenv("RAWPAGE_CPU_CACHE", str(tmp_path))
+    monkeypatch.setenv("RAWPAGE_CPU_CC", "/nonexistent/cc")
+    library.native_kernels.cache_clear()
+    library.load_path.cache_clear()
+    yield
+    library.native_kernels.cache_clear()
+    library.load_path.cache_clear()

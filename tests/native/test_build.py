@@ -47,17 +47,9 @@ def test_pool_runs_every_part_once(lib, nth):
     assert lib.fn.rp_pool_selftest(nth) == nth * (nth + 1) // 2
 
 
-def test_without_a_compiler_the_numpy_path_runs_and_says_so(monkeypatch, tmp_path, caplog):
-    monkeypatch.setenv("RAWPAGE_CPU_CACHE", str(tmp_path))
-    monkeypatch.setenv("RAWPAGE_CPU_CC", "/nonexistent/cc")
-    library.native_kernels.cache_clear()
-    library.load_path.cache_clear()
-    try:
-        with caplog.at_level(logging.WARNING, logger="rawpage"):
-            assert library.native_kernels() is None
-        assert "running the NumPy path" in caplog.text
-        with pytest.raises(CompileError):
-            build.build_library("scalar")
-    finally:
-        library.native_kernels.cache_clear()
-        library.load_path.cache_clear()
+def test_without_a_compiler_the_numpy_path_runs_and_says_so(no_compiler, caplog):
+    with caplog.at_level(logging.WARNING, logger="rawpage"):
+        assert library.native_kernels() is None
+    assert "running the NumPy path" in caplog.text
+    with pytest.raises(CompileError):
+        build.build_library("scalar")

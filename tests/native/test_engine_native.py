@@ -13,7 +13,6 @@ from rawpage.backends import get_backend
 from rawpage.backends.cpu import CPUBackend
 from rawpage.backends.cpu_native import NativeCPUBackend
 from rawpage.models.llama import LlamaModel
-from rawpage.native import library
 from rawpage.native.gguf import gguf_matmul
 from rawpage.native.library import native_kernels
 from rawpage.ops import gguf_linear
@@ -49,20 +48,12 @@ def test_cpu_kernels_flag_picks_the_backend(caplog):
     assert isinstance(get_backend("cpu"), NativeCPUBackend)  # auto: native where it builds
 
 
-def test_without_a_compiler_auto_runs_numpy_and_native_is_an_error(monkeypatch, tmp_path, caplog):
-    monkeypatch.setenv("RAWPAGE_CPU_CACHE", str(tmp_path))
-    monkeypatch.setenv("RAWPAGE_CPU_CC", "/nonexistent/cc")
-    library.native_kernels.cache_clear()
-    library.load_path.cache_clear()
-    try:
-        with caplog.at_level(logging.WARNING, logger="rawpage"):
-            assert type(get_backend("cpu")) is CPUBackend
-        assert "running the NumPy path" in caplog.text
-        with pytest.raises(ValueError, match="--cpu-kernels native: the CPU kernels did not build"):
-            get_backend("cpu", cpu_kernels="native")
-    finally:
-        library.native_kernels.cache_clear()
-        library.load_path.cache_clear()
+def test_without_a_compiler_auto_runs_numpy_and_native_is_an_error(no_compiler, caplog):
+    with caplog.at_level(logging.WARNING, logger="rawpage"):
+        assert type(get_backend("cpu")) is CPUBackend
+    assert "running the NumPy path" in caplog.text
+    with pytest.raises(ValueError, match="--cpu-kernels native: the CPU kernels did not build"):
+        get_backend("cpu", cpu_kernels="native")
 
 
 @pytest.fixture(scope="module")
