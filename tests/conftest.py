@@ -55,17 +55,9 @@ def default_model(default_checkpoint):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A small random Llama (4 layers, dim 128, vocab 400) as a Hugging Face folder."""
-    from tests.tiny_models import random_tensors, tiny_config, train_tokenizer, write_hf_folder
+    from tests.tiny_models import TINY_LLAMA, random_tensors, tiny_config, train_tokenizer, write_hf_folder
 
-    cfg = tiny_config(
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=1024,
-    )
+    cfg = tiny_config(**TINY_LLAMA)
     return write_hf_folder(
         str(tmp_path_factory.mktemp("tiny") / "hf"),
         cfg,

@@ -42,6 +42,19 @@ def train_tokenizer(vocab_size: int = 400) -> Tokenizer:
     return tok
 
 
+# The shapes of conftest's tiny_model_dir Llama (4 layers, dim 128), shared by the
+# fixtures that write it in another format.
+TINY_LLAMA = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=1024,
+)
+
+
 def tiny_config(arch: str = "llama", **overrides) -> dict:
     cfg = {
         "architectures": ["Qwen2ForCausalLM" if arch == "qwen2" else "LlamaForCausalLM"],

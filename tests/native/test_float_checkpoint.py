@@ -14,7 +14,14 @@ from rawpage.models.llama import LlamaModel
 from rawpage.quantization.select import apply_quantization_flag
 from rawpage.quantization.weight import QuantizedWeight
 from tests.model_harness import SingleSequence
-from tests.tiny_models import random_tensors, tiny_config, train_tokenizer, write_bf16_safetensors, write_hf_folder
+from tests.tiny_models import (
+    TINY_LLAMA,
+    random_tensors,
+    tiny_config,
+    train_tokenizer,
+    write_bf16_safetensors,
+    write_hf_folder,
+)
 
 # max |logit - float32 logit| / max |float32 logit| on the tiny random Llama, 40 tokens
 # teacher-forced. Q8_0 weights with int8 activations: measured 0.045 (the same Q8_0
@@ -66,16 +73,7 @@ def test_quantization_q8_0_stays_packed_on_native(tiny_model_dir, float_model, p
 @pytest.fixture(scope="module")
 def bf16_model_dir(tmp_path_factory):
     """tiny_model_dir's Llama stored as bfloat16 (tiny_models.write_bf16_safetensors)."""
-    cfg = tiny_config(
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=1024,
-        torch_dtype="bfloat16",
-    )
+    cfg = tiny_config(**TINY_LLAMA, torch_dtype="bfloat16")
     folder = write_hf_folder(str(tmp_path_factory.mktemp("bf16") / "hf"), cfg, {}, train_tokenizer())
     os.remove(os.path.join(folder, "model-00001-of-00001.safetensors"))
     write_bf16_safetensors(os.path.join(folder, "model.safetensors"), random_tensors(cfg, seed=1))
