@@ -305,7 +305,9 @@ def test_a_request_whose_client_left_while_queued_costs_no_compute():
     s = ServerProcess("--max-num-seqs", "1", "--max-model-len", "1024")
     try:
         before = s.metric("rawpage:prompt_tokens_total")
-        long_body = {"prompt": "Once upon a time", "max_tokens": 120, "ignore_eos": True, "stream": True}
+        # (600 tokens: the slot stays busy past the 1 s the second client waits; 120 took
+        # about a second on the native CPU kernels)
+        long_body = {"prompt": "Once upon a time", "max_tokens": 600, "ignore_eos": True, "stream": True}
         queued_body = {"prompt": "lorem ipsum " * 100, "max_tokens": 4}  # ~300 tokens, easy to spot
 
         async def main():
