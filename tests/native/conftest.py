@@ -6,6 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from rawpage.backends import get_backend
+from rawpage.models.registry import build_model
 from rawpage.native import isa, library
 from rawpage.native.library import NativeLibrary, load_path
 
@@ -27,3 +29,10 @@ def no_compiler(monkeypatch: pytest.MonkeyPatch, tmp_path) -> Iterator[None]:
     yield
     library.native_kernels.cache_clear()
     library.load_path.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def native_default_model(default_checkpoint):
+    """The default model (SmolLM2 Q4_1) on the native kernels, its blocks as stored."""
+    c = default_checkpoint
+    return build_model(c.config, get_backend("cpu", cpu_kernels="native"), c.tensors)

@@ -56,11 +56,6 @@ def test_without_a_compiler_auto_runs_numpy_and_native_is_an_error(no_compiler, 
         get_backend("cpu", cpu_kernels="native")
 
 
-@pytest.fixture(scope="module")
-def native_default_model(default_checkpoint):
-    return LlamaModel(default_checkpoint.config, get_backend("cpu", cpu_kernels="native"), default_checkpoint.tensors)
-
-
 def test_default_model_stays_in_its_gguf_blocks(native_default_model, default_checkpoint):
     m = native_default_model
     assert isinstance(m.embed, QuantizedWeight) and m.embed.qtype == "Q8_0"
