@@ -69,21 +69,34 @@ class LLMEngine:
         self.backend = backend_for(args, args.device, c.torch_dtype)
         self.max_model_len = resolve_max_model_len(args.max_model_len, c.max_position_embeddings)
         self.block_size = args.block_size
-        batched = args.max_num_batched_tokens or (8192 if self.backend.name == "cuda" else 2048)
+        batched = args.batched_tokens(self.backend.name)
         self.model, self.memory, self.workers, self.lora, self.draft_model = load_model(
             args, c, self.backend, ckpt.tensors, batched, self.max_model_len
         )
-        num_blocks, num_cpu_blocks = self.memory.num_blocks, num_swap_blocks(args, self.memory.bytes_per_block)
-        caching, window = args.enable_prefix_caching, self.memory.sliding_window  # window: see memory.py
+        num_blocks = self.memory.num_blocks
+        num_cpu_blocks = num_swap_blocks(args, self.memory.bytes_per_block)
         self.block_manager = BlockManager(
-            num_blocks, args.block_size, caching, num_cpu_blocks=num_cpu_blocks, sliding_window=window
+            num_blocks,
+            args.block_size,
+            args.enable_prefix_caching,
+            num_cpu_blocks=num_cpu_blocks,
+            sliding_window=self.memory.sliding_window,  # see PoolLayout in memory.py
         )
         max_loras = self.lora.max_loras if self.lora else 0
         config = SchedulerConfig(args.max_num_seqs, batched, self.max_model_len, args.preemption_mode, max_loras)
         self.scheduler = Scheduler(config, self.block_manager)
         shapes = cuda_graph_shapes(args, self.backend, c)  # decode and verification steps replayed from graphs
-        runner_args = (self.model, self.backend, args, num_blocks, num_cpu_blocks, shapes, self.max_model_len)
-        self.runner = make_runner(self.workers, *runner_args, self.lora)
+        self.runner = make_runner(
+            self.workers,
+            self.model,
+            self.backend,
+            args,
+            num_blocks,
+            num_cpu_blocks,
+            shapes,
+            self.max_model_len,
+            self.lora,
+        )
         self.grammars = GrammarCompiler.from_args(self.tokenizer.hf, c.vocab_size, c.eos_token_ids, args)
         self.masks = MaskPrefetcher(self.grammars.words)
         self.sampler = Sampler(c.vocab_size, c.eos_token_ids, self.masks)

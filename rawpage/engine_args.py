@@ -14,6 +14,7 @@ import numpy as np
 from rawpage.flags import add_flags, flag, given_flags, log_inert_flags
 from rawpage.loader.gguf_file import SUPPORTED_TENSOR_TYPES
 from rawpage.loader.hub import looks_like_hub_id
+from rawpage.memory import DEFAULT_CPU_KV_CACHE, GiB
 from rawpage.quantization.select import QUANTIZATION_FLAG_CHOICES
 from rawpage.spec_decode.config import SpeculativeConfig
 
@@ -28,10 +29,14 @@ LOAD_FORMATS = ["auto", "dummy"]
 BLOCK_SIZES = [8, 16, 32]
 PREEMPTION_MODES = ["recompute", "swap"]
 SCHEDULING_POLICIES = ["fcfs", "priority"]
-KV_CACHE_DTYPES = ["auto", "fp8", "fp8_e4m3", "float16"]
+FP8_KV_CACHE_DTYPES = ["fp8", "fp8_e4m3"]  # two spellings of one cache: e4m3 codes with per-tensor scales
+KV_CACHE_DTYPES = ["auto", *FP8_KV_CACHE_DTYPES, "float16"]
 CPU_KERNELS = ["auto", "native", "numpy"]
 RUNNERS = ["generate", "pooling"]
 POOLING_TYPES = ["auto", "last", "mean", "cls"]
+# --max-num-batched-tokens when it is not given, per device: a GPU step spends less time per
+# token on a longer prefill chunk, a CPU step's time grows with its tokens (and its activations).
+DEFAULT_MAX_NUM_BATCHED_TOKENS = {"cpu": 2048, "sim": 2048, "cuda": 8192}
 
 _UNITS = {
     "": 1,
@@ -102,15 +107,15 @@ class EngineArgs:
     max_num_batched_tokens: int | None = flag(
         None,
         "most tokens in one forward pass; longer prompts are prefilled in chunks",
-        default_text="2048 on cpu, 8192 on cuda",
+        default_text="{cpu} on cpu and sim, {cuda} on cuda".format(**DEFAULT_MAX_NUM_BATCHED_TOKENS),
     )
     block_size: int = flag(16, "tokens per KV block", choices=BLOCK_SIZES)
     kv_cache_memory: int | str | None = flag(
         None,
         "memory for the KV cache, e.g. 2GiB",
         type=parse_bytes,
-        default_text="2GiB on cpu, or what --max-num-seqs x --max-model-len need if less; "
-        "on cuda from --gpu-memory-utilization",
+        default_text=f"{DEFAULT_CPU_KV_CACHE // GiB}GiB on cpu, less if --max-num-seqs x --max-model-len need "
+        "less; on cuda from --gpu-memory-utilization",
     )
     kv_cache_dtype: str = flag(
         "auto",
@@ -142,8 +147,8 @@ class EngineArgs:
     seed: int = flag(0, "seed for requests that do not bring their own")
     cpu_threads: int | None = flag(
         None,
-        "cpu: BLAS threads per forward pass, at most the cores this process may use",
-        default_text="the usable cores other processes leave idle, measured each second",
+        "cpu: BLAS threads per forward pass, at most the cores this process may use, measured each second",
+        default_text="the usable cores other processes leave idle",
     )
     cpu_kernels: str = flag(
         "auto",
@@ -307,6 +312,14 @@ class EngineArgs:
         if isinstance(self.served_model_name, list) and len(self.served_model_name) == 1:
             self.served_model_name = self.served_model_name[0]
 
+    def batched_tokens(self, device: str) -> int:
+        """--max-num-batched-tokens, or its default on `device` (a backend's name)."""
+        return self.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS[device]
+
+    @property
+    def fp8_kv_cache(self) -> bool:
+        return self.kv_cache_dtype in FP8_KV_CACHE_DTYPES
+
     def log_inert_flags(self, backend: Backend) -> None:
         """One line for each flag the user set that cannot apply on `backend` or beside the other flags."""
         on_gpu = backend.memory is not None
@@ -318,7 +331,7 @@ class EngineArgs:
             and "preempted sequences are recomputed, not swapped (--preemption-mode swap uses it)",
             "max_loras": not self.enable_lora and "LoRA is off (--enable-lora)",
             "max_lora_rank": not self.enable_lora and "LoRA is off (--enable-lora)",
-            "kv_cache_scales": self.kv_cache_dtype == "auto" and "the KV cache is not fp8 (--kv-cache-dtype fp8)",
+            "kv_cache_scales": not self.fp8_kv_cache and "the KV cache is not fp8 (--kv-cache-dtype fp8)",
             "revision": not (self.model and looks_like_hub_id(self.model)) and "the model is local, not a hub id",
             "download_dir": not (self.model and looks_like_hub_id(self.model)) and "the model is not a hub id",
             "enable_chunked_prefill": "chunked prefill is always on",

@@ -15,7 +15,7 @@ from rawpage.decode_graphs import graph_shapes
 from rawpage.engine_args import EngineArgs, parse_kv_cache_scales
 from rawpage.kv_cache_scales import calibrate_kv_cache_scales
 from rawpage.lora.manager import LoRAManager
-from rawpage.memory import DraftMemory, GiB, MemoryPlan, plan_cpu_default, plan_fixed, profile_gpu
+from rawpage.memory import DraftMemory, GiB, MemoryPlan, PoolLayout, plan_cpu_default, plan_fixed, profile_gpu
 from rawpage.model_runner import ModelRunner, kv_bytes_per_block
 from rawpage.models.llama import LlamaModel
 from rawpage.models.registry import build_model, supports_cuda_graphs
@@ -87,8 +87,8 @@ def _plan_kv_cache(
     per_block = kv_bytes_per_block(model.config, a.block_size, itemsize)
     weights = model.num_bytes() + (lora.slot_bytes() if lora is not None else 0)
     draft_mem = draft and DraftMemory(draft.num_bytes(), kv_bytes_per_block(draft.config, a.block_size, itemsize))
-    window, dtype = kv_cache_window(model.config), "fp8" if fp8 else "float16" if half else "auto"
-    extra = {"sliding_window": window, "kv_cache_dtype": dtype, "draft": draft_mem}
+    dtype = "fp8" if fp8 else "float16" if half else "auto"
+    layout = PoolLayout(per_block, a.block_size, max_model_len, kv_cache_window(model.config), dtype, draft_mem)
     if backend.memory is not None and not a.num_gpu_blocks_override and not a.kv_cache_memory:
 
         def worst_case() -> None:  # the draft runs passes of the same size, one model at a time
@@ -96,23 +96,13 @@ def _plan_kv_cache(
                 if m is not None:
                     profile_run(m, backend, max_num_batched_tokens, a.max_num_seqs, a.block_size)
 
-        return profile_gpu(
-            backend.memory,
-            weights,
-            worst_case,
-            a.gpu_memory_utilization,
-            per_block,
-            a.block_size,
-            max_model_len,
-            **extra,
-        )
+        return profile_gpu(backend.memory, weights, worst_case, a.gpu_memory_utilization, layout)
     if a.num_gpu_blocks_override:
         budget = a.num_gpu_blocks_override * (per_block + (draft_mem.bytes_per_block if draft_mem else 0))
-        flag = "--num-gpu-blocks-override"
-        return plan_fixed(budget, per_block, a.block_size, max_model_len, weights, 0, flag, **extra)
+        return plan_fixed(budget, layout, weights, 0, "--num-gpu-blocks-override")
     if a.kv_cache_memory:
-        return plan_fixed(a.kv_cache_memory, per_block, a.block_size, max_model_len, weights, **extra)
-    return plan_cpu_default(a.max_num_seqs, per_block, a.block_size, max_model_len, weights, **extra)
+        return plan_fixed(a.kv_cache_memory, layout, weights)
+    return plan_cpu_default(a.max_num_seqs, layout, weights)
 
 
 def kv_cache_window(config: ModelConfig) -> int | None:
@@ -125,7 +115,7 @@ def kv_cache_window(config: ModelConfig) -> int | None:
 def setup_fp8_kv_cache(a: EngineArgs, model, backend: Backend) -> bool:
     """--kv-cache-dtype fp8: give the backend its scales (set, or calibrated now, before the
     pool exists; the runner then allocates uint8 caches). False for a model-dtype cache."""
-    if a.kv_cache_dtype not in ("fp8", "fp8_e4m3"):
+    if not a.fp8_kv_cache:
         return False
     scales = parse_kv_cache_scales(a.kv_cache_scales)
     if scales is None:

@@ -55,6 +55,20 @@ class DraftMemory:
     bytes_per_block: int
 
 
+@dataclasses.dataclass(frozen=True)
+class PoolLayout:
+    """What one KV block holds and what one sequence needs of them: every plan starts here."""
+
+    bytes_per_block: int  # K and V of every layer: 2 x L x BS x Hkv x D x element bytes
+    block_size: int
+    max_model_len: int
+    # Every layer attends within this window: blocks older than it are released while a
+    # sequence runs, so one sequence never holds more than window_blocks() blocks.
+    sliding_window: int | None = None
+    kv_cache_dtype: str = "auto"  # fp8: 1-byte elements, float16 (CPU): 2-byte (bytes_per_block counts them)
+    draft: DraftMemory | None = None  # speculative decoding's draft model: a pool of num_blocks blocks too
+
+
 @dataclasses.dataclass
 class MemoryPlan:
     weights_bytes: int
@@ -67,13 +81,11 @@ class MemoryPlan:
     total_bytes: int | None = None  # device memory, GPU only
     utilization: float | None = None
     other_bytes: int = 0  # GPU: in use outside our pool (context, cuBLAS, other processes)
-    # Every layer attends within this window: blocks older than it are released while a
-    # sequence runs, so one sequence never holds more than window_blocks() blocks.
-    sliding_window: int | None = None
-    kv_cache_dtype: str = "auto"  # fp8: 1-byte elements, float16 (CPU): 2-byte (bytes_per_block counts them)
+    sliding_window: int | None = None  # this and kv_cache_dtype, draft: the PoolLayout's
+    kv_cache_dtype: str = "auto"
     lora_bytes: int = 0  # --enable-lora: the adapter slots, counted in weights_bytes
     lora_text: str = ""
-    draft: DraftMemory | None = None  # speculative decoding's draft model: a pool of num_blocks blocks too
+    draft: DraftMemory | None = None
     sizing: str = ""  # how the pool was sized, when not by its budget alone (a log line)
 
     @property
@@ -134,50 +146,28 @@ class MemoryPlan:
         return "\n".join(lines + [t for t in (self.sizing, self.lora_text) if t])
 
 
+def _unsized(layout: PoolLayout, weights_bytes: int, activation_bytes: int, **gpu: float) -> MemoryPlan:
+    """A plan of no blocks yet (size_pool gives it its blocks); gpu: total_bytes, utilization, other_bytes."""
+    return MemoryPlan(weights_bytes, activation_bytes, kv_bytes=0, num_blocks=0, **vars(layout), **gpu)
+
+
 def plan_fixed(
     kv_budget: int,
-    bytes_per_block: int,
-    block_size: int,
-    max_model_len: int,
+    layout: PoolLayout,
     weights_bytes: int = 0,
     activation_bytes: int = 0,
     flag: str = "--kv-cache-memory",
-    sliding_window: int | None = None,
-    kv_cache_dtype: str = "auto",
-    draft: DraftMemory | None = None,
 ) -> MemoryPlan:
     """A pool of a fixed byte budget (CPU); a draft model's pool comes out of it too."""
-    unsized = MemoryPlan(
-        weights_bytes,
-        activation_bytes,
-        0,
-        bytes_per_block,
-        0,
-        block_size,
-        max_model_len,
-        sliding_window=sliding_window,
-        kv_cache_dtype=kv_cache_dtype,
-        draft=draft,
-    )
-    return size_pool(unsized, kv_budget, flag)
+    return size_pool(_unsized(layout, weights_bytes, activation_bytes), kv_budget, flag)
 
 
-def plan_cpu_default(
-    max_num_seqs: int,
-    bytes_per_block: int,
-    block_size: int,
-    max_model_len: int,
-    weights_bytes: int = 0,
-    sliding_window: int | None = None,
-    kv_cache_dtype: str = "auto",
-    draft: DraftMemory | None = None,
-) -> MemoryPlan:
+def plan_cpu_default(max_num_seqs: int, layout: PoolLayout, weights_bytes: int = 0) -> MemoryPlan:
     """The pool when --kv-cache-memory is not given: DEFAULT_CPU_KV_CACHE, or only the blocks
     --max-num-seqs sequences of --max-model-len can hold at once when that is less. More
     would only ever hold cached prefixes, and cost their memory and the engine view's time."""
-    extra = {"sliding_window": sliding_window, "kv_cache_dtype": kv_cache_dtype, "draft": draft}
-    plan = plan_fixed(DEFAULT_CPU_KV_CACHE, bytes_per_block, block_size, max_model_len, weights_bytes, **extra)
-    per_seq = -(-plan.tokens_per_seq // block_size)  # blocks, the last one partly filled
+    plan = plan_fixed(DEFAULT_CPU_KV_CACHE, layout, weights_bytes)
+    per_seq = -(-plan.tokens_per_seq // layout.block_size)  # blocks, the last one partly filled
     need = max_num_seqs * per_seq
     if need >= plan.num_blocks:
         return plan
@@ -185,7 +175,7 @@ def plan_cpu_default(
         f"KV pool: {need:,} blocks = what {max_num_seqs} seqs x {plan.tokens_per_seq} tokens need "
         f"(less than the {DEFAULT_CPU_KV_CACHE // GiB} GiB default; --kv-cache-memory sets it)"
     )
-    return dataclasses.replace(plan, num_blocks=need, kv_bytes=need * bytes_per_block, sizing=sizing)
+    return dataclasses.replace(plan, num_blocks=need, kv_bytes=need * layout.bytes_per_block, sizing=sizing)
 
 
 def plan_gpu(
@@ -193,31 +183,13 @@ def plan_gpu(
     utilization: float,
     weights_bytes: int,
     activation_bytes: int,
-    bytes_per_block: int,
-    block_size: int,
-    max_model_len: int,
+    layout: PoolLayout,
     other_bytes: int = 0,
-    sliding_window: int | None = None,
-    kv_cache_dtype: str = "auto",
-    draft: DraftMemory | None = None,
 ) -> MemoryPlan:
     """vLLM's rule: KV gets utilization * total - weights - peak activations - other
     (a draft model's weights are weights; its pool is KV)."""
-    unsized = MemoryPlan(
-        weights_bytes,
-        activation_bytes,
-        0,
-        bytes_per_block,
-        0,
-        block_size,
-        max_model_len,
-        total_bytes,
-        utilization,
-        other_bytes,
-        sliding_window,
-        kv_cache_dtype,
-        draft=draft,
-    )
+    gpu = {"total_bytes": total_bytes, "utilization": utilization, "other_bytes": other_bytes}
+    unsized = _unsized(layout, weights_bytes, activation_bytes, **gpu)
     budget = int(total_bytes * utilization) - unsized.all_weights_bytes - activation_bytes - other_bytes
     return size_pool(unsized, budget, "--gpu-memory-utilization")
 
@@ -255,12 +227,7 @@ def profile_gpu(
     weights_bytes: int,
     run_worst_case: Callable[[], None],
     utilization: float,
-    bytes_per_block: int,
-    block_size: int,
-    max_model_len: int,
-    sliding_window: int | None = None,
-    kv_cache_dtype: str = "auto",
-    draft: DraftMemory | None = None,
+    layout: PoolLayout,
 ) -> MemoryPlan:
     """Call once the weights (a draft model's too) are loaded. Runs the worst-case forward pass and sizes the KV cache.
 
@@ -276,23 +243,12 @@ def profile_gpu(
     memory.synchronize()
     activations = max(0, memory.pool_held_bytes() - held_before)
     free, total = memory.mem_get_info()
-    other = max(0, (total - free) - weights_bytes - (draft.weights_bytes if draft else 0) - activations)
+    draft_weights = layout.draft.weights_bytes if layout.draft else 0
+    other = max(0, (total - free) - weights_bytes - draft_weights - activations)
     # The peak is reserved in the plan; hand the cached blocks back so that the KV
     # cache's large arrays can be carved from them.
     memory.release_cached()
-    return plan_gpu(
-        total,
-        utilization,
-        weights_bytes,
-        activations,
-        bytes_per_block,
-        block_size,
-        max_model_len,
-        other,
-        sliding_window,
-        kv_cache_dtype,
-        draft,
-    )
+    return plan_gpu(total, utilization, weights_bytes, activations, layout, other)
 
 
 def check_fits(plan: MemoryPlan, flag: str) -> None:

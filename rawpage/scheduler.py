@@ -25,10 +25,13 @@ from rawpage.sequence import Sequence, SequenceStatus
 
 @dataclass
 class SchedulerConfig:
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    max_model_len: int = 8192
-    preemption_mode: str = "recompute"  # or "swap"
+    """The engine's settings the scheduler reads; their defaults live on EngineArgs (the
+    engine fills in max_num_batched_tokens for its device and max_model_len for its model)."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    preemption_mode: str  # "recompute" or "swap"
     max_loras: int = 0  # --max-loras: most adapters among the running sequences (0: LoRA off)
 
 

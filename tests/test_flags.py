@@ -4,10 +4,11 @@ import argparse
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from rawpage.engine_args import EngineArgs
+from rawpage.engine_args import EngineArgs, parse_bytes
 from rawpage.flags import add_flags, flag, given_flags
 from rawpage.server.args import ServerConfig, add_server_args
 
@@ -88,26 +89,107 @@ def test_a_field_without_flag_metadata_is_not_a_flag():
         p.parse_args(["--hidden", "1"])
 
 
-def test_the_flag_tables_in_the_docs_name_real_flags_with_their_defaults():
-    """README.md's and docs/*.md's flag tables against the parser: every flag named in a
-    table's first column exists, and a bare-number default is the field's default."""
-    import pathlib
+ROOT = Path(__file__).resolve().parents[1]
+TABLE_DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+NOTHING = {"", "off", "none"}  # --help prints no default for False, None and []; a table says off or none
 
-    root = pathlib.Path(__file__).resolve().parents[1]
-    parser = serve_parser()
-    actions = {o: a for a in parser._actions for o in a.option_strings}
-    config = ServerConfig()
-    unknown, wrong = [], []
-    for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
-        for row in path.read_text().splitlines():
-            if not row.startswith("| `--"):
-                continue
-            cells = [c.strip() for c in row.split("|")[1:-1]]
-            names = re.findall(r"`(--[a-z0-9-]+)`", cells[0])
-            unknown += [f"{path.name}: {n}" for n in names if n not in actions]
-            if len(names) == 1 and names[0] in actions and re.fullmatch(r"[0-9.]+", cells[1]):
-                dest = actions[names[0]].dest
-                default = getattr(EngineArgs(), dest, None) if hasattr(EngineArgs(), dest) else getattr(config, dest)
-                if float(cells[1]) != float(default):
-                    wrong.append(f"{path.name}: {names[0]} says {cells[1]}, the field {default}")
-    assert not unknown and not wrong, unknown + wrong
+
+def flag_table_rows(text: str) -> list[tuple[list[str], str]]:
+    """(the flags a row names, its default cell) for each row of a `| flag | default | ... |` table."""
+    rows, in_table = [], False
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if cells[:2] == ["flag", "default"]:
+            in_table = True
+        elif not line.startswith("|"):
+            in_table = False
+        elif in_table and cells[0].startswith("`--"):
+            # `--a` / `--no-a` is one flag, spelled both ways
+            names = [n for n in re.findall(r"`(--[a-z0-9-]+)`", cells[0]) if not n.startswith("--no-")]
+            rows.append((names or re.findall(r"`(--[a-z0-9-]+)`", cells[0]), cells[1]))
+    return rows
+
+
+def help_default(action: argparse.Action) -> str:
+    """The default as `--help` prints it: the text of "(default: ...)" in the help, else none."""
+    m = re.search(r"\(default: (.*)\)$", action.help or "")
+    return m.group(1) if m else ""
+
+
+def same_default(table: str, shown: str) -> bool:
+    """A table's default against --help's: the same words (backticks aside), the same number
+    (10 against 10.0, "10 s" against 10) or the same size (4 MiB against 4MiB)."""
+    table, shown = table.replace("`", "").strip(), shown.strip()
+    if table.lower() in NOTHING and shown.lower() in NOTHING or table == shown:
+        return True
+    for parse in (lambda t: float(t.removesuffix(" s")), parse_bytes):
+        try:
+            return parse(table) == parse(shown)
+        except (ValueError, argparse.ArgumentTypeError):
+            pass
+    return False
+
+
+def wrong_table_defaults(text: str, actions: dict[str, argparse.Action]) -> list[str]:
+    """Each flag of a flag table that --help does not know, or whose default differs from
+    --help's. A row of several flags gives one default each, comma-separated."""
+    wrong = []
+    for names, cell in flag_table_rows(text):
+        values = cell.split(", ") if len(names) > 1 else [cell]
+        if len(values) != len(names):
+            wrong.append(f"{names}: {len(names)} flags, {len(values)} defaults ({cell!r})")
+            continue
+        for name, value in zip(names, values):
+            if name not in actions:
+                wrong.append(f"{name}: no such flag")
+            elif not same_default(value, help_default(actions[name])):
+                wrong.append(f"{name}: the table says {value!r}, --help {help_default(actions[name])!r}")
+    return wrong
+
+
+def serve_actions() -> dict[str, argparse.Action]:
+    """`rawpage serve`'s flags, from the CLI's own parser."""
+    from rawpage.cli import _serve_parser
+
+    serve = _serve_parser(argparse.ArgumentParser().add_subparsers())
+    return {o: a for a in serve._actions for o in a.option_strings}
+
+
+def test_the_flag_tables_state_the_defaults_help_prints():
+    """README.md's and docs/*.md's flag tables against `rawpage serve --help`, whose defaults
+    come from the EngineArgs / ServerConfig fields: every flag named exists and every
+    default shown is the field's."""
+    actions = serve_actions()
+    wrong = [f"{path.name}: {w}" for path in TABLE_DOCS for w in wrong_table_defaults(path.read_text(), actions)]
+    assert sum(len(flag_table_rows(p.read_text())) for p in TABLE_DOCS) > 40  # the tables were found
+    assert not wrong, wrong
+
+
+def test_the_table_check_catches_a_wrong_default():
+    actions = serve_actions()
+    table = "| flag | default | meaning |\n|---|---|---|\n"
+    assert wrong_table_defaults(table + "| `--max-num-seqs` | 256 | x |\n| `--port` | 8000 | x |", actions) == []
+    assert wrong_table_defaults(table + "| `--max-num-seqs` | 128 | x |", actions) == [
+        "--max-num-seqs: the table says '128', --help '256'"
+    ]
+    assert wrong_table_defaults(table + "| `--host`, `--port` | 127.0.0.1 | x |", actions)  # one default for two
+    assert wrong_table_defaults(table + "| `--max-request-bytes` | 8 MiB | x |", actions)
+    assert wrong_table_defaults(table + "| `--metrics-public` | on | x |", actions)
+    assert wrong_table_defaults(table + "| `--no-such-flag` | 1 | x |", actions) == ["--no-such-flag: no such flag"]
+
+
+def test_the_readme_names_every_flag_of_serve():
+    """Every `rawpage serve` flag is in the README, in a table or in the text beside them."""
+    readme = (ROOT / "README.md").read_text()
+    names = {o for o in serve_actions() if o.startswith("--") and o != "--help"}
+    missing = sorted(n for n in names if not re.search(re.escape(n) + r"(?![a-z0-9-])", readme))
+    assert not missing, f"README.md does not name {missing}"
+
+
+def test_the_per_device_defaults_are_stated_once():
+    from rawpage.engine_args import DEFAULT_MAX_NUM_BATCHED_TOKENS
+
+    shown = help_default(serve_actions()["--max-num-batched-tokens"])
+    assert all(str(n) in shown for n in DEFAULT_MAX_NUM_BATCHED_TOKENS.values()), shown
+    assert EngineArgs().batched_tokens("cuda") == DEFAULT_MAX_NUM_BATCHED_TOKENS["cuda"]
+    assert EngineArgs(max_num_batched_tokens=100).batched_tokens("cpu") == 100

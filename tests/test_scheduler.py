@@ -29,7 +29,7 @@ def make_seq(n_prompt, arrival, priority=0, max_tokens=100, n=1):
 
 def make(num_blocks=64, block_size=4, max_num_seqs=8, budget=32, caching=False):
     bm = BlockManager(num_blocks, block_size, enable_prefix_caching=caching, watermark=0.0)
-    return Scheduler(SchedulerConfig(max_num_seqs, budget, 4096), bm), bm
+    return Scheduler(SchedulerConfig(max_num_seqs, budget, 4096, "recompute"), bm), bm
 
 
 def fake_step(sched):
@@ -194,7 +194,7 @@ def test_random_workload_never_leaks(caching):
 
 def test_swap_out_and_back_in():
     bm = BlockManager(6, 4, enable_prefix_caching=False, watermark=0.0, num_cpu_blocks=4)
-    sched = Scheduler(SchedulerConfig(8, 1000, 4096, preemption_mode="swap"), bm)
+    sched = Scheduler(SchedulerConfig(8, 1000, 4096, "swap"), bm)
     seqs = [make_seq(8, float(i)) for i in range(3)]
     for s in seqs:
         sched.add(s)

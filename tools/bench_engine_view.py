@@ -33,7 +33,7 @@ from rawpage.stats import EngineStats
 def busy_engine(num_blocks: int, num_seqs: int, block_size: int = 16) -> SimpleNamespace:
     """An engine-shaped namespace whose pool is ~90% used by num_seqs running sequences."""
     bm = BlockManager(num_blocks, block_size)
-    sc = Scheduler(SchedulerConfig(max_num_seqs=max(256, num_seqs), max_num_batched_tokens=8192), bm)
+    sc = Scheduler(SchedulerConfig(max(256, num_seqs), 8192, 8192, "recompute"), bm)
     system = list(range(1, 1 + 8 * block_size))  # 8 blocks every request shares
     tokens_each = int(0.9 * num_blocks / -(-num_seqs // 2) * block_size)  # a pair shares its blocks
     for i in range(0, num_seqs, 2):
