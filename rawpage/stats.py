@@ -36,7 +36,6 @@ class EngineStats:
     swap_outs_total: int = 0
     swap_ins_total: int = 0
     steps_total: int = 0  # engine iterations that ran a forward pass
-    requests_finished_total: int = 0  # shown by the engine view (rawpage/server/engine_view.py)
     last: StepStats | None = None
     spec: SpecDecodeStats | None = None  # speculative decoding's counters, when it is on
     _window_start: float = field(default_factory=time.monotonic)
