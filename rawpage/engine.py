@@ -98,8 +98,7 @@ class LLMEngine:
         self.spec = build_spec_decoder(self)  # speculative decoding's hooks (rawpage/spec_decode/)
         self.requests: dict[str, Request] = {}
         self._aborted: list[Request] = []  # to report as finished at the end of the next step
-        # The step in progress (or the last one): (sequence, new tokens); None until scheduled.
-        self.batch: list[tuple[Sequence, int]] | None = None
+        self.batch: list[tuple[Sequence, int]] | None = None  # this (or the last) step's; None until scheduled
         self._consecutive_failures = 0
         self._rng = np.random.default_rng(args.seed)
         self.stats = EngineStats(args.log_stats_interval, spec=self.spec.stats)

@@ -228,13 +228,13 @@ class EngineView:
         self._steps: deque[list[Any]] = deque(maxlen=MAX_STEPS)
         self._next_time = 0.0
         self._count = 0
-        self.requests_finished = 0  # counted from every step's outputs, watched or not
+        self._finished = 0  # requests finished, counted from every step's outputs, watched or not
         self.is_current = False  # no step since `latest` was taken (engine thread writes)
 
     def on_step(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
         """Engine thread, after every step."""
         self.is_current = False
-        self.requests_finished += sum(1 for out in outputs if out.finished)
+        self._finished += sum(1 for out in outputs if out.finished)
         if not self.watchers:
             return
         self._steps.append(step_record(engine, self.owner_of))
@@ -255,8 +255,9 @@ class EngineView:
         t0 = time.perf_counter()
         last_cost = self.latest.cost if self.latest is not None else 0.0
         self._count += 1
-        steps = list(self._steps)
-        data, ownership = take_snapshot(engine, self._count, steps, last_cost, self.owner_of, self.requests_finished)
+        data, ownership = take_snapshot(
+            engine, self._count, list(self._steps), last_cost, self.owner_of, self._finished
+        )
         self._steps.clear()
         encoded = json.dumps(data, separators=(",", ":")).encode()
         cost = time.perf_counter() - t0
