@@ -111,7 +111,7 @@ class LLMEngine:
         self.spec = build_spec_decoder(self)  # speculative decoding's hooks (rawpage/spec_decode/)
         self.requests: dict[str, Request] = {}
         self._aborted: list[Request] = []  # to report as finished at the end of the next step
-        self._batch: dict[str, Request] | None = None  # the requests of the step in progress
+        self.batch: list[tuple[Sequence, int]] | None = None  # this (or the last) step's; None until scheduled
         self._consecutive_failures = 0
         self._rng = np.random.default_rng(args.seed)
         self.stats = EngineStats(args.log_stats_interval, spec=self.spec.stats)
@@ -211,12 +211,12 @@ class LLMEngine:
         return self._finish_step(num_prompt_tokens, num_generated)
 
     def _schedule(self) -> SchedulerOutput:
-        self._batch = None  # until the batch is known, a failure is everyone's (_recover)
+        self.batch = None  # until the batch is known, a failure is everyone's (_recover)
         self.spec.propose(self.scheduler.running)  # drafted tokens join their sequences as extra query tokens
         self.grammars.fail_requests(self._fail_request)  # compiles that failed (no server checked them first)
         sched = self.scheduler.schedule()
         self.spec.settle(sched)
-        self._batch = {seq.request.request_id: seq.request for seq, _ in sched.scheduled}
+        self.batch = sched.scheduled
         self.runner.swap(sched.swap_out, sched.swap_in)
         return sched
 
@@ -292,14 +292,13 @@ class LLMEngine:
 
     def _finish_step(self, num_prompt_tokens: int, num_generated: int) -> list[RequestOutput]:
         """Outputs for every request this step touched or aborted; finished ones are dropped."""
-        touched = dict(self._batch or {})
+        touched = self._batch_requests()
         touched.update((r.request_id, r) for r in self._aborted)
         self._aborted = []
         outputs = [self._output(req) for req in touched.values()]
         finished = [o.request_id for o in outputs if o.finished]
         for rid in finished:
             self.requests.pop(rid, None)
-        self.stats.requests_finished_total += len(finished)
         self.stats.record_step(self.scheduler, num_prompt_tokens, num_generated)
         return outputs
 
@@ -322,12 +321,18 @@ class LLMEngine:
         self._consecutive_failures += 1
         if self._consecutive_failures > MAX_CONSECUTIVE_STEP_FAILURES or isinstance(e, WorkerDiedError):
             raise e
-        victims = list((self._batch if self._batch is not None else self.requests).values())
+        victims = list(self._batch_requests().values())
         logger.error("a step failed (%s: %s); failing its %d request(s)", type(e).__name__, e, len(victims), exc_info=e)
         for req in victims:
             self._fail_request(req, e)
-        self._batch = None
+        self.batch = []  # the failed step computed nothing
         return self._finish_step(0, 0)
+
+    def _batch_requests(self) -> dict[str, Request]:
+        """The requests of the step's batch by id; every request while the batch is unknown."""
+        if self.batch is None:
+            return dict(self.requests)
+        return {seq.request.request_id: seq.request for seq, _ in self.batch}
 
     def _fail_seq(self, seq: Sequence, e: Exception) -> None:
         self._fail_request(seq.request, e)

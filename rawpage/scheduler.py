@@ -19,7 +19,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from rawpage.block_manager import BlockManager
-from rawpage.lora.manager import lora_fits
+from rawpage.lora_limit import lora_fits
 from rawpage.sequence import Sequence, SequenceStatus
 
 
@@ -63,7 +63,6 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_swap_outs = 0
         self.num_swap_ins = 0
-        self.last_scheduled: list[tuple[Sequence, int]] = []  # the newest step's (sequence, new tokens)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -92,7 +91,6 @@ class Scheduler:
         if self.config.max_loras:  # one adapter's sequences side by side: its LoRA rows are contiguous
             out.scheduled.sort(key=lambda item: id(item[0].request.lora) if item[0].request.lora else 0)
         out.block_copies = self.block_manager.take_copies()
-        self.last_scheduled = out.scheduled  # for the engine view (rawpage/server/engine_view.py)
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:

@@ -33,10 +33,7 @@ class EngineStats:
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     preemptions_total: int = 0
-    swap_outs_total: int = 0
-    swap_ins_total: int = 0
     steps_total: int = 0  # engine iterations that ran a forward pass
-    requests_finished_total: int = 0  # shown by the engine view (rawpage/server/engine_view.py)
     last: StepStats | None = None
     spec: SpecDecodeStats | None = None  # speculative decoding's counters, when it is on
     _window_start: float = field(default_factory=time.monotonic)
@@ -63,7 +60,6 @@ class EngineStats:
         self._window_prompt += s.num_prompt_tokens
         self._window_gen += s.num_generation_tokens
         self.preemptions_total = sc.num_preemptions
-        self.swap_outs_total, self.swap_ins_total = sc.num_swap_outs, sc.num_swap_ins
         now = time.monotonic()
         if self.log_interval and now - self._last_log >= self.log_interval:
             # The block accounting walks every running sequence, so only when a line is due.

@@ -114,7 +114,7 @@ def counting_steps(llm: LLM) -> list[int]:
 
     def counted():
         out = step()
-        counts.append(len(llm.engine.scheduler.last_scheduled))
+        counts.append(len(llm.engine.batch))
         return out
 
     llm.engine.step = counted

@@ -48,8 +48,10 @@ def busy_engine(num_blocks: int, num_seqs: int, block_size: int = 16) -> SimpleN
             child = parent.fork(i + 1, 1, 0)
             bm.fork(parent, child)
             sc.add_running(child)
-    sc.last_scheduled = [(s, 1) for s in sc.running]  # a decode step of every sequence
-    return SimpleNamespace(block_manager=bm, scheduler=sc, stats=EngineStats(0), has_unfinished_requests=lambda: True)
+    batch = [(s, 1) for s in sc.running]  # a decode step of every sequence
+    return SimpleNamespace(
+        block_manager=bm, scheduler=sc, stats=EngineStats(0), batch=batch, has_unfinished_requests=lambda: True
+    )
 
 
 def median_seconds(fn, repeats: int, clock=time.perf_counter) -> float:

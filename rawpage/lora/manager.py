@@ -207,13 +207,3 @@ def resolve_lora(manager: LoRAManager | None, request: LoRARequest | None) -> Lo
     if manager is None:
         raise LoRAError(f"LoRA adapter {request.lora_name!r} asked for, but the engine runs without --enable-lora")
     return manager.add(request)
-
-
-def lora_fits(seq, running: Seq, max_loras: int) -> bool:
-    """The scheduler's rule: a sequence may join the running ones if its adapter is among
-    theirs, or if they use fewer than --max-loras adapters (0: LoRA off, no rule)."""
-    lora = seq.request.lora
-    if lora is None or not max_loras:
-        return True
-    active = {id(s.request.lora) for s in running if s.request.lora is not None}
-    return id(lora) in active or len(active) < max_loras

@@ -266,17 +266,17 @@ async def version(request: Request, state: ServerState) -> Response:
 
 def _models(state: ServerState) -> list[dict[str, Any]]:
     """The base model, then the LoRA adapters (--enable-lora), as model objects."""
-    llm = state.llm
+    info = state.info
     model = {
         "id": state.model_name,
         "object": "model",
         "created": state.created,
         "owned_by": "rawpage",
         "root": state.model_name,
-        "max_model_len": llm.max_model_len,
-        "runner": llm.args.runner,  # rawpage's: "generate" (chat, completions) or "pooling" (embeddings)
+        "max_model_len": info.max_model_len,
+        "runner": info.runner,  # rawpage's: "generate" (chat, completions) or "pooling" (embeddings)
     }
-    return [model, *adapter_models(state, state.created, llm.max_model_len)]
+    return [model, *adapter_models(state, state.created, info.max_model_len)]
 
 
 async def list_models(request: Request, state: ServerState) -> Response:
@@ -303,7 +303,7 @@ async def tokenize(request: Request, state: ServerState) -> Response:
     """vLLM's shape: {"prompt": str} or {"messages": [...]} -> {"count", "max_model_len", "tokens"}."""
     body = await state.read_body(request)
     state.check_model(body)
-    tok = state.llm.tokenizer
+    tok = state.info.tokenizer
     if "messages" in body.data:
         ids = await state.render_chat(state.render_options(body), parse_messages(body))
     else:
@@ -311,7 +311,7 @@ async def tokenize(request: Request, state: ServerState) -> Response:
         if prompt is None:
             raise APIError("give 'prompt' (a string) or 'messages'", param="prompt")
         (ids,) = await state.encode([prompt], add_special_tokens=body.bool("add_special_tokens", True))
-    out = {"count": len(ids), "max_model_len": state.llm.max_model_len, "tokens": ids, "token_strs": None}
+    out = {"count": len(ids), "max_model_len": state.info.max_model_len, "tokens": ids, "token_strs": None}
     if body.bool("return_token_strs", False):  # vLLM always sends the key: null unless asked
         out["token_strs"] = [tok.id_to_token(i) for i in ids]
     return JSONResponse(out)
@@ -321,10 +321,10 @@ async def detokenize(request: Request, state: ServerState) -> Response:
     body = await state.read_body(request)
     state.check_model(body)
     ids = body.int_list("tokens")
-    vocab = state.llm.model_config.vocab_size
+    vocab = state.info.vocab_size
     if any(not 0 <= t < vocab for t in ids):
         raise APIError(f"'tokens' must be ids in [0, {vocab})", param="tokens")
-    text = await state.off_loop(lambda: state.llm.tokenizer.decode(ids, skip_special_tokens=False))
+    text = await state.off_loop(lambda: state.info.tokenizer.decode(ids, skip_special_tokens=False))
     return JSONResponse({"prompt": text})
 
 

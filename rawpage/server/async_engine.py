@@ -1,7 +1,7 @@
 """AsyncEngine: the LLMEngine stepping in one background thread, with an asyncio face.
 
-HTTP handlers never touch the engine directly. They put commands (add, abort)
-in a thread-safe inbox; the engine thread drains the inbox between steps, runs
+HTTP handlers never touch the engine directly: they read its EngineInfo
+(engine_info.py) and put commands (add, abort, adapters) in a thread-safe inbox; the engine thread drains the inbox between steps, runs
 `step()`, and pushes each RequestOutput into the asyncio.Queue of the request
 it belongs to, on that request's event loop. A handler that stops listening
 (the client disconnected) aborts its request, and the engine frees the blocks
@@ -17,16 +17,18 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import TypeVar
 
 from rawpage.engine import LLMEngine, PromptType
 from rawpage.engine_args import EngineArgs
 from rawpage.errors import CONFIG_ERRORS
-from rawpage.lora import LoRARequest
+from rawpage.lora import LoRAAdapter, LoRARequest
 from rawpage.outputs import RequestOutput
 from rawpage.pooler import PoolingParams
 from rawpage.pooling_engine import new_engine
 from rawpage.sampling_params import SamplingParams
+from rawpage.server.engine_info import EngineInfo
 from rawpage.server.protocol import APIError
 
 logger = logging.getLogger("rawpage.server")
@@ -152,7 +154,8 @@ class AsyncEngine:
         # Adds sent by handlers minus adds taken by the engine thread; each counter has one writer.
         self._adds_sent = self._adds_taken = 0
         self._deadlines: dict[str, float] = {}  # engine thread: request id -> when to abort it
-        self.engine: LLMEngine | None = None
+        self._engine: LLMEngine | None = None  # the engine thread's alone
+        self.info: EngineInfo | None = None  # what handlers may read of it, once loaded
         self.error: BaseException | None = None  # why the engine thread stopped, if it did
         self.on_step = on_step  # metrics hook, called in the engine thread after every step
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -171,11 +174,11 @@ class AsyncEngine:
 
     @property
     def is_loading(self) -> bool:
-        return self.engine is None and self.error is None
+        return self.info is None and self.error is None
 
     @property
     def failed_to_start(self) -> bool:
-        return self.engine is None and self.error is not None
+        return self.info is None and self.error is not None
 
     # --- called from the event loop ------------------------------------------------------
     def check_capacity(self, count: int = 1) -> None:
@@ -249,23 +252,36 @@ class AsyncEngine:
         self._inbox.put(("abort", request_id))
 
     def call_in_engine_thread(self, fn: Callable[[LLMEngine], None]) -> None:
-        """Run fn(engine) in the engine thread between two steps, where it may read any state."""
+        """Run fn(engine) in the engine thread between two steps, where it may read any state
+        (an observer: the engine view's refresh)."""
         self._inbox.put(("call", fn))
 
-    async def run_in_engine_thread(self, fn: Callable[[LLMEngine], T]) -> T:
+    async def add_lora(self, adapter: LoRAAdapter) -> None:
+        """Make a loaded adapter known by its name, between two steps (LoRAError if it cannot be)."""
+        await self._run_in_engine_thread(lambda engine: engine.lora.register(adapter, _adapters_in_use(engine)))
+
+    async def remove_lora(self, name: str) -> None:
+        """Forget an adapter's name (KeyError if unknown); requests running with it finish with it."""
+        await self._run_in_engine_thread(lambda engine: engine.lora.remove(name))
+
+    async def _run_in_engine_thread(self, fn: Callable[[LLMEngine], T]) -> T:
         """fn(engine) in the engine thread between two steps; its result (or exception) here."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future = loop.create_future()
+        done: Future = Future()
 
         def call(engine: LLMEngine) -> None:
             try:
                 result, error = fn(engine), None
             except Exception as e:  # noqa: BLE001 - handed to the caller
                 result, error = None, e
-            loop.call_soon_threadsafe(_settle, done, result, error)
+            if not done.set_running_or_notify_cancel():  # the caller stopped waiting
+                return
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(result)
 
         self.call_in_engine_thread(call)
-        return await done
+        return await asyncio.wrap_future(done)
 
     def abort_all(self) -> None:
         """End every request now (shutdown): each stream gets its final output, finish_reason "abort"."""
@@ -274,7 +290,8 @@ class AsyncEngine:
     # --- the engine thread --------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            self.engine = new_engine(self.args)  # --runner pooling: a PoolingEngine
+            engine = self._engine = new_engine(self.args)  # --runner pooling: a PoolingEngine
+            self.info = EngineInfo(engine)
         except BaseException as e:  # noqa: BLE001 - the server exits on it (rawpage serve)
             self.error = e
             if isinstance(e, CONFIG_ERRORS):  # the user's setting: its message says what to change
@@ -284,11 +301,11 @@ class AsyncEngine:
             return
         try:
             while not self._stop.is_set():
-                self._drain_inbox(block=not self.engine.has_unfinished_requests())
-                if self.engine.has_unfinished_requests():
+                self._drain_inbox(block=not engine.has_unfinished_requests())
+                if engine.has_unfinished_requests():
                     self._abort_expired()
-                    outputs = self.engine.step()
-                    self._num_waiting = len(self.engine.scheduler.waiting)
+                    outputs = engine.step()
+                    self._num_waiting = len(engine.scheduler.waiting)
                     self._report(outputs)
         except BaseException as e:  # noqa: BLE001 - every waiting request must hear about it
             self.error = e
@@ -300,7 +317,7 @@ class AsyncEngine:
     def _report(self, outputs: list[RequestOutput]) -> None:
         if self.on_step is not None:  # metrics first: a client that got its output sees it counted
             try:
-                self.on_step(self.engine, outputs)
+                self.on_step(self._engine, outputs)
             except Exception:  # noqa: BLE001 - metrics must never stop generation
                 logger.exception("metrics hook failed")
         for out in outputs:
@@ -314,7 +331,7 @@ class AsyncEngine:
                 logger.warning(
                     "request %s: the client left %d+ tokens unread; aborting it", out.request_id, self.max_unread_tokens
                 )
-                self.engine.abort_request(out.request_id)
+                self._engine.abort_request(out.request_id)
                 stream.put(
                     APIError(
                         f"the client read too slowly (over {self.max_unread_tokens} tokens unread)",
@@ -332,7 +349,7 @@ class AsyncEngine:
         for rid in expired:
             del self._deadlines[rid]
             logger.info("request %s ran past --request-timeout %g s; aborting it", rid, self.request_timeout)
-        self.engine.abort_request(expired)
+        self._engine.abort_request(expired)
 
     def _drain_inbox(self, block: bool) -> None:
         """Apply queued adds and aborts. With nothing to run, sleep until a command comes."""
@@ -348,7 +365,7 @@ class AsyncEngine:
                 return
 
     def _apply(self, cmd: tuple) -> None:
-        engine = self.engine
+        engine = self._engine
         if cmd[0] == "add":
             _, rid, prompt, params, priority, arrival, lora = cmd
             self._adds_taken += 1
@@ -376,11 +393,6 @@ class AsyncEngine:
             engine.abort_request(list(self._streams))
 
 
-def _settle(done: asyncio.Future, result: object, error: BaseException | None) -> None:
-    """On the event loop: hand an engine-thread call's outcome to whoever awaits it."""
-    if done.done():
-        return
-    if error is not None:
-        done.set_exception(error)
-    else:
-        done.set_result(result)
+def _adapters_in_use(engine: LLMEngine) -> set[str]:
+    """Engine thread: the adapters that requests in the engine run with."""
+    return {r.lora.name for r in engine.requests.values() if r.lora is not None}

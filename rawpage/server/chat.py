@@ -110,8 +110,7 @@ def chat_sampling_params(
 ) -> SamplingParams:
     """The chat request's sampling fields: logprobs (top_logprobs -1 is the whole vocabulary,
     as in vLLM), vLLM's prompt_logprobs and logprob_token_ids, and max_completion_tokens."""
-    llm = state.llm
-    limit, vocab = llm.args.max_logprobs, llm.model_config.vocab_size
+    limit, vocab = state.info.max_logprobs, state.info.vocab_size
     want_logprobs = bool(body.bool("logprobs", False))
     top = logprobs_count(body, "top_logprobs", limit, vocab)
     if top and not want_logprobs:

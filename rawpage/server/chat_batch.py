@@ -85,7 +85,7 @@ async def create_batch_chat_completion(request: Request, state: ServerState) -> 
     choices = []
     for i, final in enumerate(finals):
         fmt.role, fmt.echo = roles[i]
-        choice = chat_choice(fmt, reply.for_prompt(state.llm.tokenizer, prompts[i]), final.outputs[0])
+        choice = chat_choice(fmt, reply.for_prompt(state.info.tokenizer, prompts[i]), final.outputs[0])
         choices.append({**choice, "index": i})
     total = usage(sum(len(f.prompt_token_ids) for f in finals), sum(len(f.outputs[0].token_ids) for f in finals), None)
     return JSONResponse(fmt.envelope(choices, total, "chat.completion"), headers={"X-Request-Id": fmt.rid})

@@ -58,7 +58,7 @@ class ChatRequest:
 
 def tool_request(state: ServerState, body: Body) -> ToolRequest | None:
     """A body's tools, tool_choice and parallel_tool_calls in chat's shapes, checked against the model's template."""
-    return tool_request_from(body, state.config, state.llm.chat_template or state.llm.tokenizer.chat_template)
+    return tool_request_from(body, state.config, state.info.template)
 
 
 def reply_parser(state: ServerState, tools: ToolRequest | None, include_reasoning: bool = True) -> ReplyParser:
@@ -92,7 +92,7 @@ async def submit(request: Request, state: ServerState, chat: ChatRequest) -> Req
     """Render, compile the grammar (a bad one is a 400 before anything streams), check the
     prompt against the context and the queue against --max-waiting-requests, and queue it."""
     ids = await prompt_ids(state, chat)
-    chat.reply = chat.reply.for_prompt(state.llm.tokenizer, ids)  # a think block the prompt left open, or not
+    chat.reply = chat.reply.for_prompt(state.info.tokenizer, ids)  # a think block the prompt left open, or not
     await state.compile_grammar(chat.params)
     state.validate_prompt(ids, chat.params, chat.param)
     state.engine.check_capacity(1)

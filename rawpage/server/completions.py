@@ -93,7 +93,7 @@ async def create_completion(request: Request, state: ServerState) -> Response:
 def _sampling_params(body: Body, state: ServerState, out: OutputOptions, echo: bool) -> SamplingParams:
     """logprobs (-1: the whole vocabulary, as in vLLM) and vLLM's prompt_logprobs; an echo
     with logprobs brings the prompt's logprobs too."""
-    limit, vocab = state.llm.args.max_logprobs, state.llm.model_config.vocab_size
+    limit, vocab = state.info.max_logprobs, state.info.vocab_size
     logprobs = logprobs_count(body, "logprobs", limit, vocab)
     prompt_logprobs = logprobs_count(body, "prompt_logprobs", limit, vocab)
     check_prompt_logprobs(prompt_logprobs, out.stream)
@@ -201,7 +201,7 @@ class _Formatter:
         prompt_text, prompt_ids = self.prompts[i]
         if prompt_text is not None:
             return prompt_text
-        return self.state.llm.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        return self.state.info.tokenizer.decode(prompt_ids, skip_special_tokens=False)
 
     def _logprobs(self, token_ids: list[int], entries: list, offset: int) -> dict[str, Any]:
         tokens = [self._token(t) for t in token_ids]

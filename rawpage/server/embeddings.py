@@ -19,7 +19,6 @@ from starlette.responses import JSONResponse, Response
 
 from rawpage.outputs import EmbeddingRequestOutput
 from rawpage.pooler import PoolingParams
-from rawpage.pooling_engine import PoolingEngine
 from rawpage.server.protocol import APIError, Body
 from rawpage.server.state import ServerState
 from rawpage.server.streaming import final_outputs, unless_disconnected
@@ -29,23 +28,23 @@ Handler = Callable[[Request, ServerState], Awaitable[Response]]
 ENCODING_FORMATS = ("float", "base64")
 
 
-def pooling_engine(state: ServerState) -> PoolingEngine:
-    """The engine, if it embeds; else a 400 that says how to start one that does."""
-    llm = state.llm
-    if not isinstance(llm, PoolingEngine):
+def input_check(state: ServerState) -> Callable[[list[int], PoolingParams], list[int]]:
+    """The engine's check of one input, if it embeds; else a 400 that says how to start one that does."""
+    check = state.info.check_input
+    if check is None:
         raise APIError(
             f"'{state.model_name}' is served for generation; /v1/embeddings needs a pooling model: "
             f"start the server with `rawpage serve MODEL --runner pooling`",
             param="model",
         )
-    return llm
+    return check
 
 
 def generate_only(handler: Handler) -> Handler:
     """Wrap a chat or completions handler: a pooling server answers it with a 400."""
 
     async def wrapped(request: Request, state: ServerState) -> Response:
-        if isinstance(state.llm, PoolingEngine):
+        if state.info.runner == "pooling":
             raise APIError(
                 f"'{state.model_name}' is a pooling model (--runner pooling): it serves /v1/embeddings only; "
                 "start the server without --runner pooling to generate text",
@@ -105,13 +104,13 @@ def _params(body: Body) -> tuple[PoolingParams, str]:
 async def create_embedding(request: Request, state: ServerState) -> Response:
     body = await state.read_body(request)
     state.check_model(body)
-    engine = pooling_engine(state)
+    check_input = input_check(state)
     inputs = await _inputs(body, state)
     params, encoding = _params(body)
     priority = state.priority(body)
     body.reject_unread()
     try:
-        inputs = [engine.check_input(ids, params) for ids in inputs]  # truncated where asked
+        inputs = [check_input(ids, params) for ids in inputs]  # truncated where asked
     except ValueError as e:
         raise APIError(str(e), param=getattr(e, "param", "input")) from None
     rid, tag = state.request_id(request, "embd"), uuid.uuid4().hex[:8]

@@ -120,10 +120,11 @@ def describe_seq(seq: Sequence, queue: str) -> dict[str, Any]:
 
 
 def take_snapshot(
-    engine: LLMEngine, snapshot_id: int, steps: list[Any], last_cost: float, owner_of: OwnerOf
+    engine: LLMEngine, snapshot_id: int, steps: list[Any], last_cost: float, owner_of: OwnerOf, finished: int
 ) -> tuple[dict[str, Any], Ownership]:
     """The whole view of one moment, as a JSON-ready dict (docs/engine-events.md), and whose
-    each sequence, block and step is, for the tenants' views."""
+    each sequence, block and step is, for the tenants' views. Read from the engine's own
+    state (block manager, queues, counters); `finished`: requests finished so far."""
     bm, sc = engine.block_manager, engine.scheduler
     refs = np.fromiter(bm.ref_counts, np.int64, bm.num_blocks)
     hashed = np.zeros(bm.num_blocks, dtype=bool)
@@ -149,20 +150,20 @@ def take_snapshot(
         "counts": {name: len(q) for name, q in queues.items()},
         "queues": {name: [describe_seq(s, name) for s in q[:MAX_QUEUE_ENTRIES]] for name, q in queues.items()},
         "steps": [[n, [c for c, _ in chunks], len(decodes)] for n, chunks, decodes in steps],
-        "totals": engine_totals(engine),
+        "totals": engine_totals(engine, finished),
         "cost_ms": round(last_cost * 1000, 3),
     }
     owners = {name: [(s.seq_id, owner_of(s.request.request_id)) for s in q] for name, q in queues.items()}
     return full, Ownership(owner, cpu_owner, owners, steps)
 
 
-def engine_totals(engine: LLMEngine) -> dict[str, int]:
+def engine_totals(engine: LLMEngine, finished: int) -> dict[str, int]:
     bm, sc, st = engine.block_manager, engine.scheduler, engine.stats
     return {
         "steps": st.steps_total,
         "prompt_tokens": st.prompt_tokens_total,
         "generation_tokens": st.generation_tokens_total,
-        "requests_finished": st.requests_finished_total,
+        "requests_finished": finished,
         "preemptions": sc.num_preemptions,
         "swap_outs": sc.num_swap_outs,
         "swap_ins": sc.num_swap_ins,
@@ -200,10 +201,11 @@ def tenant_view(full: dict[str, Any], own: Ownership, key_id: str | None) -> dic
 
 
 def step_record(engine: LLMEngine, owner_of: OwnerOf) -> list[Any]:
-    """The last step's token budget: [step number, [(prefill chunk size, tenant)], [tenant of each
-    decode]]. A one-token chunk past the prompt is a decode (it computes the K/V of a sampled token)."""
+    """The last step's token budget, from its batch: [step number, [(prefill chunk size, tenant)],
+    [tenant of each decode]]. A one-token chunk past the prompt is a decode (it computes the K/V
+    of a sampled token)."""
     chunks, decodes = [], []
-    for seq, n in engine.scheduler.last_scheduled:
+    for seq, n in engine.batch or []:
         tenant = owner_of(seq.request.request_id)
         if n == 1 and seq.num_computed_tokens > seq.num_prompt_tokens:
             decodes.append(tenant)
@@ -226,11 +228,13 @@ class EngineView:
         self._steps: deque[list[Any]] = deque(maxlen=MAX_STEPS)
         self._next_time = 0.0
         self._count = 0
+        self._finished = 0  # requests finished, counted from every step's outputs, watched or not
         self.is_current = False  # no step since `latest` was taken (engine thread writes)
 
     def on_step(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
         """Engine thread, after every step."""
         self.is_current = False
+        self._finished += sum(1 for out in outputs if out.finished)
         if not self.watchers:
             return
         self._steps.append(step_record(engine, self.owner_of))
@@ -251,7 +255,9 @@ class EngineView:
         t0 = time.perf_counter()
         last_cost = self.latest.cost if self.latest is not None else 0.0
         self._count += 1
-        data, ownership = take_snapshot(engine, self._count, list(self._steps), last_cost, self.owner_of)
+        data, ownership = take_snapshot(
+            engine, self._count, list(self._steps), last_cost, self.owner_of, self._finished
+        )
         self._steps.clear()
         encoded = json.dumps(data, separators=(",", ":")).encode()
         cost = time.perf_counter() - t0

@@ -20,7 +20,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from rawpage.engine import LLMEngine
 from rawpage.lora import LoRAError, LoRARequest
 from rawpage.lora.adapter import load_adapter
 from rawpage.lora.manager import LoRAManager
@@ -51,13 +50,8 @@ def inside_lora_dir(path: str, lora_dir: str) -> str:
     return real
 
 
-def _in_use(engine: LLMEngine) -> set[str]:
-    """Engine thread: the adapters that requests in the engine run with."""
-    return {r.lora.name for r in engine.requests.values() if r.lora is not None}
-
-
 def _manager(state: ServerState) -> LoRAManager:
-    lora = state.llm.lora
+    lora = state.info.lora
     if lora is None:
         raise APIError("LoRA adapters are off; start the server with --enable-lora", 400)
     return lora
@@ -89,7 +83,7 @@ async def load_lora_adapter(request: Request, state: ServerState) -> Response:
         adapter = await state.off_loop(
             load_adapter, LoRARequest(name, lora.next_id(), path), lora.config, lora.max_rank
         )
-        await state.engine.run_in_engine_thread(lambda engine: engine.lora.register(adapter, _in_use(engine)))
+        await state.engine.add_lora(adapter)
     except LoRAError as e:  # said with the client's own path, not where --lora-dir lies
         raise APIError(str(e).replace(path, given), param="lora_path") from None
     return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
@@ -102,11 +96,8 @@ async def unload_lora_adapter(request: Request, state: ServerState) -> Response:
     name = _name(body, state)
     body.reject_unread(frozenset({"lora_int_id"}))  # vLLM's clients may send it; the name decides
 
-    def remove(engine: LLMEngine) -> None:
-        engine.lora.remove(name)
-
     try:
-        await state.engine.run_in_engine_thread(remove)
+        await state.engine.remove_lora(name)
     except KeyError:
         raise APIError(
             f"the LoRA adapter '{name}' is not loaded; loaded: {sorted(lora.adapters)}",
@@ -120,7 +111,7 @@ async def unload_lora_adapter(request: Request, state: ServerState) -> Response:
 
 def adapter_models(state: ServerState, created: int, max_model_len: int) -> list[dict[str, Any]]:
     """/v1/models entries of the loaded adapters: parent = the base model; no paths (root is the name)."""
-    lora = state.llm.lora
+    lora = state.info.lora
     if lora is None:
         return []
     return [

@@ -176,7 +176,7 @@ class ServerMetrics:
         return True
 
     def on_step(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
-        st, bm = engine.stats, engine.block_manager
+        st, sc, bm = engine.stats, engine.scheduler, engine.block_manager
         if st.last is not None:
             self.running.set(st.last.num_running)
             self.waiting.set(st.last.num_waiting)
@@ -195,8 +195,8 @@ class ServerMetrics:
         self._count("pq", self.prefix_queries, bm.prefix_queries)
         self._count("ph", self.prefix_hits, bm.prefix_hits)
         self._count("wr", self.window_releases, bm.num_window_releases)
-        self._count("so", self.swap_outs, st.swap_outs_total)
-        self._count("si", self.swap_ins, st.swap_ins_total)
+        self._count("so", self.swap_outs, sc.num_swap_outs)
+        self._count("si", self.swap_ins, sc.num_swap_ins)
         if engine.spec.stats is not None:
             self._count_spec(engine.spec.stats)
         now = time.monotonic()

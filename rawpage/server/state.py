@@ -17,11 +17,11 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 
 from rawpage.chat_template import ChatTemplate, ChatTemplateError
-from rawpage.engine import LLMEngine
 from rawpage.lora import LoRARequest
 from rawpage.sampling_params import SamplingParams
 from rawpage.server.args import ServerConfig
 from rawpage.server.async_engine import AsyncEngine
+from rawpage.server.engine_info import EngineInfo
 from rawpage.server.metrics import ServerMetrics
 from rawpage.server.protocol import APIError, Body, check_json
 from rawpage.server.response_store import ResponseStore
@@ -68,13 +68,13 @@ class ServerState:
         self.responses = ResponseStore(self.config.responses_store_max_items, self.config.responses_store_max_bytes)
 
     @property
-    def llm(self) -> LLMEngine:
-        """The loaded engine, or a 503 while it loads (or after it died)."""
+    def info(self) -> EngineInfo:
+        """What handlers know of the loaded engine, or a 503 while it loads (or after it died)."""
         if self.engine.error is not None:
             raise APIError("the engine is not running; see the server log", 503, type="service_unavailable")
-        if self.engine.engine is None:
+        if self.engine.info is None:
             raise APIError("the model is still loading; retry shortly", 503, type="service_unavailable")
-        return self.engine.engine
+        return self.engine.info
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._preprocess, fn, *args)
@@ -114,7 +114,7 @@ class ServerState:
     def check_model(self, body: Body) -> LoRARequest | None:
         """The body's "model": the base model (None), or a LoRA adapter's name (its request)."""
         name = body.str("model")
-        lora = self.engine.engine.lora if self.engine.engine is not None else None
+        lora = self.engine.info.lora if self.engine.info is not None else None
         adapter = lora.adapters.get(name) if lora is not None and name is not None else None
         if adapter is not None:
             return LoRARequest(adapter.name, adapter.int_id, adapter.path)
@@ -158,7 +158,7 @@ class ServerState:
 
     # --- preprocessing (off the event loop) ---------------------------------------------------
     async def encode(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
-        tok = self.llm.tokenizer
+        tok = self.info.tokenizer
         return await self.off_loop(lambda: [tok.encode(t, add_special_tokens=add_special_tokens) for t in texts])
 
     def render_options(self, body: Body) -> RenderOptions:
@@ -187,19 +187,19 @@ class ServerState:
         tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         """Messages (and tools) -> chat template -> token ids, off the event loop."""
-        llm = self.llm
+        info = self.info
 
         def work() -> list[int]:
-            chosen = ChatTemplate(render.chat_template) if render.chat_template is not None else llm.chat_template
+            chosen = ChatTemplate(render.chat_template) if render.chat_template is not None else info.chat_template
             extra = {}
             if tools:  # a template that ignores the tools would drop them silently
-                chosen, extra = template_for_tools(chosen or llm.tokenizer.chat_template), {"tools": tools}
+                chosen, extra = template_for_tools(chosen or info.tokenizer.chat_template), {"tools": tools}
             kwargs = {**render.chat_template_kwargs, **extra}
-            text = llm.tokenizer.apply_chat_template(
+            text = info.tokenizer.apply_chat_template(
                 messages, render.add_generation_prompt, chat_template=chosen, **kwargs
             )
             text = open_final_message(text, messages[-1]) if render.continue_final_message else text
-            return llm.tokenizer.encode(text, add_special_tokens=render.add_special_tokens)
+            return info.tokenizer.encode(text, add_special_tokens=render.add_special_tokens)
 
         try:
             return await self.off_loop(work)
@@ -217,7 +217,7 @@ class ServerState:
         """A request's `priority` counts only under --scheduling-policy priority; elsewhere a
         client could jump the queue with it, so it is refused."""
         priority = body.int("priority", 0)
-        if priority and self.llm.args.scheduling_policy != "priority":
+        if priority and self.info.scheduling_policy != "priority":
             raise APIError("'priority' needs a server started with --scheduling-policy priority", param="priority")
         return priority
 
@@ -230,18 +230,18 @@ class ServerState:
         if params.structured_outputs is None:
             return
         try:
-            await asyncio.wrap_future(self.llm.grammars.submit(params.structured_outputs))
+            await asyncio.wrap_future(self.info.compile_grammar(params.structured_outputs))
         except ValueError as e:
             raise APIError(str(e), param=getattr(e, "param", None)) from None
 
     def validate_prompt(self, ids: list[int], params: SamplingParams, param: str) -> None:
         try:
-            self.llm.validate_prompt(ids, params)
+            self.info.validate_prompt(ids, params)
         except ValueError as e:
             raise APIError(str(e), param=param if getattr(e, "param", "prompt") == "prompt" else e.param) from None
 
     def token_text(self, token_id: int) -> str:
-        return self.llm.tokenizer.decode([token_id], skip_special_tokens=False)
+        return self.info.tokenizer.decode([token_id], skip_special_tokens=False)
 
 
 def open_final_message(text: str, last: dict[str, Any]) -> str:

@@ -107,15 +107,14 @@ def invocations(chat: Handler, completion: Handler) -> Handler:
 
 async def tokenizer_info(request: Request, state: ServerState) -> Response:
     """vLLM's /tokenizer_info: the tokenizer's class and settings, with its chat template."""
-    llm = state.llm
-    tok = llm.tokenizer
-    template = llm.chat_template or tok.chat_template
+    info = state.info
+    tok, template = info.tokenizer, info.template
     return JSONResponse(
         {
             "tokenizer_class": "PreTrainedTokenizerFast",  # tokenizer.json, as transformers names it
             "bos_token": tok.bos_token,
             "eos_token": tok.eos_token,
-            "model_max_length": llm.max_model_len,
+            "model_max_length": info.max_model_len,
             "vocab_size": tok.vocab_size,
             "chat_template": template.source if template is not None else None,
         }

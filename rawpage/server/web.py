@@ -69,7 +69,7 @@ def engine_events(view: EngineView) -> Callable[[Request, ServerState], Awaitabl
         """Server-sent events: `event: snapshot` with one JSON snapshot each time the engine
         thread takes a new one (docs/engine-events.md). A key that is not the admin's sees
         only its own requests."""
-        _ = state.llm  # 503 while the model loads
+        _ = state.info  # 503 while the model loads
         caller = state.caller(request)
         per_key = state.config.max_event_streams_per_key
         if view.watchers >= MAX_WATCHERS or view.watchers_by_key[caller.key_id] >= per_key:

@@ -1,0 +1,50 @@
+"""EngineInfo: all that the server's handlers know of the loaded engine.
+
+The engine thread builds it once the model has loaded (AsyncEngine). Handlers read the
+tokenizer, the template and the limits from it, and check requests with its validators,
+which read only settings fixed at startup. Everything else goes through AsyncEngine:
+requests (generate, encode, abort), adapters (add_lora, remove_lora), and the snapshots
+its engine-thread observers take after each step (engine_view.py, metrics.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+
+from rawpage.chat_template import ChatTemplate
+from rawpage.engine import LLMEngine
+from rawpage.lora.manager import LoRAManager
+from rawpage.pooler import PoolingParams
+from rawpage.pooling_engine import PoolingEngine
+from rawpage.sampling_params import SamplingParams
+from rawpage.structured_output import StructuredOutputsParams
+from rawpage.tokenizer import Tokenizer
+
+
+class EngineInfo:
+    def __init__(self, engine: LLMEngine) -> None:
+        """Engine thread, once the engine has loaded."""
+        self.tokenizer: Tokenizer = engine.tokenizer
+        self.chat_template: ChatTemplate | None = engine.chat_template  # --chat-template; None: the tokenizer's own
+        self.max_model_len: int = engine.max_model_len
+        self.vocab_size: int = engine.model_config.vocab_size
+        self.max_logprobs: int = engine.args.max_logprobs  # --max-logprobs
+        self.scheduling_policy: str = engine.args.scheduling_policy  # --scheduling-policy: "fcfs" or "priority"
+        self.runner: str = engine.args.runner  # --runner: "generate" (chat, completions) or "pooling" (embeddings)
+        # The adapters known by name (--enable-lora), read here; only the engine thread changes them.
+        self.lora: LoRAManager | None = engine.lora
+        # Raises InvalidRequestError, naming the field, for a request that could not run to the end.
+        self.validate_prompt: Callable[[list[int], SamplingParams], None] = engine.validate_prompt
+        # A structured-output grammar, checked and built off the engine thread (grammar_compiler.py).
+        self.compile_grammar: Callable[[StructuredOutputsParams], Future] = engine.grammars.submit
+        # A pooling engine's check of one input: the ids it will pool (truncated where asked).
+        pooling = isinstance(engine, PoolingEngine)
+        self.check_input: Callable[[list[int], PoolingParams], list[int]] | None = (
+            engine.check_input if pooling else None
+        )
+
+    @property
+    def template(self) -> ChatTemplate | None:
+        """The chat template a request renders with, unless it brings its own."""
+        return self.chat_template or self.tokenizer.chat_template

@@ -1,0 +1,42 @@
+"""Issue 32: the server's handlers know the engine only through EngineInfo and AsyncEngine's
+request API; the engine itself is read only in the engine thread (AsyncEngine, and the
+observers that build the per-step engine view and metrics)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from rawpage import LLM, SamplingParams
+from rawpage.errors import InvalidRequestError
+from rawpage.server.engine_info import EngineInfo
+
+SERVER = Path(__file__).resolve().parents[2] / "rawpage" / "server"
+# The modules that run in the engine thread, or wire it up: they may hold the engine.
+ENGINE_SIDE = {"async_engine", "engine_info", "engine_view", "metrics", "app"}
+ENGINE_MODULES = {"rawpage.engine", "rawpage.pooling_engine"}
+
+
+def imported(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return names | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+
+
+def test_handlers_import_no_engine():
+    handlers = [p for p in SERVER.glob("*.py") if p.stem not in ENGINE_SIDE]
+    assert len(handlers) > 20
+    reaching = {p.stem: sorted(imported(p) & ENGINE_MODULES) for p in handlers if imported(p) & ENGINE_MODULES}
+    assert not reaching, f"handler modules that import the engine: {reaching}"
+
+
+def test_engine_info_states_the_engine_limits(tiny_model_dir):
+    engine = LLM(tiny_model_dir, max_model_len=256, max_logprobs=5).engine
+    info = EngineInfo(engine)
+    assert (info.max_model_len, info.vocab_size, info.max_logprobs) == (256, engine.model_config.vocab_size, 5)
+    assert (info.runner, info.scheduling_policy, info.lora, info.check_input) == ("generate", "fcfs", None, None)
+    assert info.tokenizer is engine.tokenizer and info.chat_template is None
+    assert info.template is engine.tokenizer.chat_template  # no --chat-template: the tokenizer's own
+    info.validate_prompt([1, 2, 3], SamplingParams(max_tokens=10))
+    with pytest.raises(InvalidRequestError, match="256"):
+        info.validate_prompt(list(range(1, 250)), SamplingParams(max_tokens=10))
