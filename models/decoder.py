@@ -1,9 +1,12 @@
-"""The decoder shared by the families after Llama: Qwen3, Mistral, Gemma 2/3, Phi-3,
+"""The one decoder of every family: Llama, Qwen2, Qwen3, Mistral, Gemma 2/3, Phi-3,
 Mixtral and Qwen3-MoE. Each family is a subclass in its own file that says how it
-differs (weight names, norms, activation, experts); the forward pass is here, once.
+differs (weight names, norms, activation, experts); the forward pass is here, once,
+for one process or one rank of a tensor-parallel model (models/sharding.py), on
+dense weights or the packed blocks a backend keeps (backend.keeps_quantized).
 
 Shapes: dim = hidden size, H/Hkv = query/KV heads, D = head dim, I = FFN hidden
 size, E = experts, V = vocabulary, T = tokens in the batch, N = rows for logits.
+Under tensor parallelism H, Hkv, I and V are this rank's (config is its local one).
 """
 
 from __future__ import annotations
@@ -16,22 +19,23 @@ import numpy as np
 from rawpage.backends.base import Array, Backend
 from rawpage.config import ModelConfig
 from rawpage.dtypes import from_float32, to_float32
-from rawpage.errors import UnsupportedModelError
 from rawpage.forward_batch import ForwardBatch
-from rawpage.models.llama import _CheckpointWeights, _progress
 from rawpage.models.moe import MoEWeights, moe_forward
 from rawpage.models.rotary import rope_table
-from rawpage.models.weight_source import WeightSource
-
-Part = tuple[str, tuple[int, ...]]  # (Hugging Face tensor name, shape)
+from rawpage.models.sharding import SingleRank, TensorParallel
+from rawpage.models.weight_source import CheckpointWeights, Part, WeightSource, progress
+from rawpage.quantization.weight import QuantizedWeight
 
 
 @dataclass
 class DecoderLayer:
-    """One layer's weights. Linear weights are shown (out, in), as checkpoints store them."""
+    """One layer's weights. Linear weights are shown (out, in), as checkpoints store them;
+    backend.prepare_linear may keep them in another layout its GEMM prefers, or packed
+    (a QuantizedWeight). The model only passes them to backend.linear."""
 
     input_norm: Array  # (dim,)
     qkv: Array  # ((H + 2 Hkv) * D, dim)   q, k, v fused into one GEMM
+    qkv_bias: Array | None  # ((H + 2 Hkv) * D,)   Qwen2 (attention_bias)
     q_norm: Array | None  # (D,)   per-head RMSNorm of q before RoPE (Qwen3, Gemma 3)
     k_norm: Array | None  # (D,)
     o_proj: Array  # (dim, H * D)
@@ -54,37 +58,62 @@ class DecoderModel:
     scale_embedding = False  # Gemma: embeddings multiplied by sqrt(dim)
     qk_norm = False  # Qwen3, Gemma 3: RMSNorm over each head of q and k
 
-    def __init__(self, config: ModelConfig, backend: Backend, tensors: Mapping[str, np.ndarray] | WeightSource) -> None:
-        """tensors: a checkpoint's float32 tensors under Hugging Face names, or any other WeightSource (the loader's DummyWeights)."""
-        self.config, self.backend = config, backend
-        c, b = config, backend
-        if c.attention_bias:
-            raise UnsupportedModelError(f"{c.architecture} with attention_bias=true is not supported (no q/k/v bias)")
-        weights = tensors if isinstance(tensors, WeightSource) else _CheckpointWeights(tensors)
-        self._weights = weights
-        dim = c.hidden_size
+    def __init__(
+        self,
+        config: ModelConfig,
+        backend: Backend,
+        tensors: Mapping[str, np.ndarray] | WeightSource,
+        tp: TensorParallel | None = None,
+    ) -> None:
+        """tensors: a checkpoint's float32 tensors under Hugging Face names (read lazily,
+        one weight at a time, so the host never holds a second copy of the model), or
+        any other WeightSource (the loader's DummyWeights draws every weight on the device).
+        tp: this rank's shard of a tensor-parallel model (models/sharding.py); its config
+        then has this rank's H, Hkv and I, and its vocabulary rows are tp's. None: the
+        whole model in this process (SingleRank, whose collectives do nothing)."""
+        self.tp: TensorParallel | SingleRank = tp if tp is not None else SingleRank(config)
+        self.config, self.backend = self.tp.layout.local_config(), backend
+        c, b = self.config, backend
+        self._weights = self.tp.weights(tensors)
+        V, dim = self.tp.layout.vocab_rows, c.hidden_size  # V: a rank's rows, Vp, under tensor parallelism
 
-        self.embed = self.load(("model.embed_tokens.weight", (c.vocab_size, dim)))  # (V, dim)
-        self.layers = [self._load_layer(i) for i in _progress(range(c.num_layers), "loading weights")]
-        self.norm = self.load_norm("model.norm.weight", dim)  # (dim,)
-        if c.tie_word_embeddings or not weights.has("lm_head.weight"):
-            self.lm_head = b.prepare_linear(self.embed)
+        embed = ("model.embed_tokens.weight", (V, dim))
+        packed = self.load_packed([embed])  # the table as the checkpoint packs it, if the backend reads that
+        if packed is not None and b.reads_packed_embedding:
+            self.embed = b.prepare_linear(packed)  # (V, dim) as stored blocks, its rows read on lookup
         else:
-            self.lm_head = b.prepare_linear(self.load(("lm_head.weight", (c.vocab_size, dim))))
+            self.embed = self.load(embed)  # (V, dim)
+        self.layers = [self._load_layer(i) for i in progress(range(c.num_layers), "loading weights")]
+        self.norm = self.load_norm("model.norm.weight", dim)  # (dim,)
+        if c.tie_word_embeddings or not self._weights.has("lm_head.weight"):
+            # tied to the embedding: the same array (dense or packed), a re-laid copy, or the packed blocks
+            same = packed is not None and b.reads_packed_embedding
+            self.lm_head = self.embed if same else b.prepare_linear(packed if packed is not None else self.embed)
+        else:
+            self.lm_head = self.load_linear(("lm_head.weight", (V, dim)))
         # (max_pos, D) [cos | sin] per position, float32; Gemma 3's sliding layers have their own
-        tables = [rope_table(c)]
+        freq_factors = tensors["rope_freqs"] if self._weights.has("rope_freqs") else None  # GGUF's Llama 3
+        tables = [rope_table(c, freq_factors=freq_factors)]
         if c.rope_local_theta is not None:
             tables.append(rope_table(c, c.rope_local_theta, None))
         self.cos_sin = [b.asarray(t, dtype=np.float32) for t in tables]
         self.expert_tokens = np.zeros((c.num_layers, max(c.num_experts, 1)), np.int64)  # MoE load, summed
+        del self._weights  # the checkpoint is not held past loading
 
     # --- loading ---------------------------------------------------------------------
     def load(self, *parts: Part) -> Array:
         """One weight on the device: the named tensors, concatenated along dim 0."""
         return self._weights.load(self.backend, list(parts))
 
-    def load_linear(self, *parts: Part) -> Array:
-        return self.backend.prepare_linear(self.load(*parts))
+    def load_packed(self, parts: list[Part]) -> QuantizedWeight | None:
+        """The weights as the checkpoint packs them, where the backend keeps that format."""
+        w = self._weights
+        return w.quantized(self.backend, parts) if isinstance(w, CheckpointWeights) else None
+
+    def load_linear(self, *parts: Part) -> Array | QuantizedWeight:
+        """A Linear weight (out, in) for backend.linear: packed (see load_packed), else dense."""
+        packed = self.load_packed(list(parts))
+        return self.backend.prepare_linear(packed if packed is not None else self.load(*parts))
 
     def load_norm(self, name: str, size: int) -> Array:
         w = self.load((name, (size,)))
@@ -120,7 +149,8 @@ class DecoderModel:
         experts = [f"{m}experts.{e}." for e in range(c.num_experts)]
         return MoEWeights.build(
             self.backend,
-            router=self.load_linear((m + "gate.weight", (c.num_experts, dim))),  # (E, dim)
+            # (E, dim), kept dense as llama.cpp keeps it: a small matrix whose top-k picks the experts
+            router=self.backend.prepare_linear(self.load((m + "gate.weight", (c.num_experts, dim)))),
             gate_up=[
                 self.load_linear((x + gate + ".weight", (inter, dim)), (x + up + ".weight", (inter, dim)))
                 for x in experts
@@ -132,10 +162,12 @@ class DecoderModel:
         c, p, dim = self.config, f"model.layers.{i}.", self.config.hidden_size
         gemma = self.sandwich_norms
         moe = self.load_moe(p) if c.layer_is_moe(i) else None
-        window = c.layer_sliding_window(i)
+        window, attn = c.layer_sliding_window(i), self.attention_parts(p)
+        bias = [(name.removesuffix("weight") + "bias", shape[:1]) for name, shape in attn]
         return DecoderLayer(
             input_norm=self.load_norm(p + "input_layernorm.weight", dim),
-            qkv=self.load_linear(*self.attention_parts(p)),
+            qkv=self.load_linear(*attn),
+            qkv_bias=self.load(*bias) if c.attention_bias else None,
             q_norm=self.load_norm(p + "self_attn.q_norm.weight", c.head_dim) if self.qk_norm else None,
             k_norm=self.load_norm(p + "self_attn.k_norm.weight", c.head_dim) if self.qk_norm else None,
             o_proj=self.load_linear((p + "self_attn.o_proj.weight", (dim, c.q_size))),
@@ -172,7 +204,7 @@ class DecoderModel:
     def forward(self, batch: ForwardBatch, kv_caches: list[tuple[Array, Array]]) -> Array:
         """Returns the final hidden states of the rows in batch.logits_indices: (N, dim)."""
         c, b = self.config, self.backend
-        h = b.embedding(batch.input_ids, self.embed)  # (T, dim)
+        h = self.tp.embedding(b, batch.input_ids, self.embed)  # (T, dim); a rank's rows, then summed
         if self.scale_embedding:
             h = self.affine(h, c.hidden_size**0.5)
         residual = None
@@ -197,7 +229,7 @@ class DecoderModel:
         c, b = self.config, self.backend
         T, (H, Hkv, D, eps) = batch.num_tokens, (c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps)
         k_cache, v_cache = kv_cache
-        qkv = b.linear(x, layer.qkv)  # (T, (H + 2 Hkv) * D)
+        qkv = b.linear(x, layer.qkv, layer.qkv_bias)  # (T, (H + 2 Hkv) * D)
         q = qkv[:, : H * D].reshape(T, H, D)
         k = qkv[:, H * D : (H + Hkv) * D].reshape(T, Hkv, D)
         v = qkv[:, (H + Hkv) * D :].reshape(T, Hkv, D)
@@ -219,7 +251,7 @@ class DecoderModel:
             sliding_window=layer.sliding_window,
             soft_cap=c.attn_logit_softcapping,
         )  # (T, H, D)
-        h = b.linear(o.reshape(T, H * D), layer.o_proj)  # (T, dim)
+        h = self.tp.all_reduce(b.linear(o.reshape(T, H * D), layer.o_proj))  # (T, dim): sums over head groups
         return h if layer.post_attn_norm is None else b.rms_norm(h, layer.post_attn_norm, eps)
 
     def feed_forward(self, i: int, layer: DecoderLayer, x: Array) -> Array:
@@ -231,12 +263,15 @@ class DecoderModel:
             )
         else:
             h = b.linear(self.activation(b.linear(x, layer.gate_up)), layer.down)
+        h = self.tp.all_reduce(h)  # (T, dim): sums over FFN columns (each expert's, in an MoE layer)
         return h if layer.post_ffn_norm is None else b.rms_norm(h, layer.post_ffn_norm, c.rms_norm_eps)
 
-    def compute_logits(self, hidden: Array) -> Array:
-        """(N, dim) -> (N, V) logits; Gemma 2 soft-caps them: cap * tanh(logits / cap)."""
-        logits = self.backend.logits(hidden, self.lm_head)
+    def compute_logits(self, hidden: Array) -> Array | None:
+        """(N, dim) -> (N, V) float32 logits; under tensor parallelism, on rank 0 only (each
+        rank computes its vocabulary rows, rank 0 gathers them), None elsewhere. Gemma 2
+        soft-caps them: cap * tanh(logits / cap)."""
+        logits = self.tp.gather_logits(self.backend.logits(hidden, self.lm_head))
         cap = self.config.final_logit_softcapping
-        if cap:  # (np.tanh is a ufunc: on CuPy arrays it runs on the GPU)
+        if cap and logits is not None:  # (np.tanh is a ufunc: on CuPy arrays it runs on the GPU)
             logits = from_float32(cap * np.tanh(to_float32(logits) / np.float32(cap)), self.backend.dtype)
         return logits

@@ -10,6 +10,7 @@ import numpy as np
 from rawpage.backends.base import Backend
 from rawpage.config import ModelConfig
 from rawpage.errors import UnsupportedModelError
+from rawpage.models.decoder import DecoderModel
 from rawpage.models.gemma import Gemma2Model, Gemma3Model
 from rawpage.models.llama import LlamaModel
 from rawpage.models.mistral import MistralModel
@@ -18,9 +19,9 @@ from rawpage.models.phi3 import Phi3Model
 from rawpage.models.qwen3 import Qwen3Model
 from rawpage.models.qwen3_moe import Qwen3MoeModel
 from rawpage.models.sharding import TensorParallel, check_shardable
-from rawpage.models.weight_source import WeightSource
+from rawpage.models.weight_source import Model, WeightSource
 
-MODEL_CLASSES: dict[str, type] = {
+MODEL_CLASSES: dict[str, type[DecoderModel]] = {
     "llama": LlamaModel,
     "qwen2": LlamaModel,
     "mistral": MistralModel,
@@ -38,7 +39,7 @@ def build_model(
     backend: Backend,
     tensors: Mapping[str, np.ndarray] | WeightSource,
     tp: TensorParallel | None = None,
-):
+) -> Model:
     """The model of config.architecture, its weights loaded onto the backend (only the
     shard of rank tp.layout.rank, under tensor parallelism)."""
     cls = MODEL_CLASSES.get(config.architecture)
@@ -46,9 +47,8 @@ def build_model(
         raise UnsupportedModelError(
             f"no model class for architecture {config.architecture!r}; rawpage runs {', '.join(MODEL_CLASSES)}"
         )
-    if tp is None:
-        return cls(config, backend, tensors)
-    check_shardable(config, tp.layout.size)  # the sharded families are LlamaModel's
+    if tp is not None:
+        check_shardable(config, tp.layout.size)
     return cls(config, backend, tensors, tp)
 
 

@@ -5,17 +5,24 @@ With P ranks, rank r holds
     q_proj rows     of query heads [r H/P, (r+1) H/P)            column-parallel
     k/v_proj rows   of KV heads [r Hkv/P, ...) when Hkv >= P;     column-parallel
                     else KV head r Hkv // P, replicated on P/Hkv ranks
+    qkv_proj rows   (Phi-3's fused [q | k | v]) its q, k and v rows, each sliced as above
     o_proj columns  of its query heads                            row-parallel -> all-reduce
     gate/up rows    [r I/P, (r+1) I/P)                            column-parallel
+    gate_up_proj    (Phi-3's fused [gate | up]) its gate rows and its up rows
     down columns    [r I/P, (r+1) I/P)                            row-parallel -> all-reduce
+    each expert     gate/up rows and down columns as a dense MLP's, of moe_intermediate_size
     embed/lm_head   vocabulary rows [r Vp, (r+1) Vp), Vp = ceil(V/P), zero-padded
-and every norm whole. So attention and the MLP run on local heads and columns with no
-communication until the two all-reduces per layer; the embedding is one masked lookup
-and one all-reduce; the logits are gathered on rank 0, the only rank that samples.
+and every norm (Gemma's four, the per-head q/k norms), the MoE router and the rope factors
+whole. So attention and the MLP (or the experts, whose weighted sum is linear in their
+down projections) run on local heads and columns with no communication until the two
+all-reduces per layer; the embedding is one masked lookup and one all-reduce; the
+logits are gathered on rank 0, the only rank that samples.
 
 A rank's model is built from `local_config` (its H, Hkv and I) and `ShardedWeights`,
 which slices each full checkpoint tensor as it is read, one tensor at a time, so no
-process ever holds the whole model.
+process ever holds the whole model. One process alone is `SingleRank`: the same
+methods, each doing nothing, so that the forward pass has one shape and at size 1
+pays no copy and no mask.
 """
 
 from __future__ import annotations
@@ -30,9 +37,7 @@ import numpy as np
 from rawpage.backends.base import Array, Backend
 from rawpage.config import ModelConfig
 from rawpage.errors import UnsupportedModelError
-
-# Families whose forward pass calls the collectives below (models/llama.py).
-SHARDED_FAMILIES = ("llama", "qwen2")
+from rawpage.models.weight_source import CheckpointWeights, WeightSource
 
 
 class Communicator(Protocol):
@@ -53,11 +58,6 @@ class Communicator(Protocol):
 def check_shardable(config: ModelConfig, size: int) -> None:
     """Refuse, before anything loads, a model that cannot be split over `size` ranks."""
     c = config
-    if c.architecture not in SHARDED_FAMILIES:
-        raise UnsupportedModelError(
-            f"--tensor-parallel-size {size}: rawpage shards only the {' and '.join(SHARDED_FAMILIES)} families; "
-            f"{c.architecture} runs with --tensor-parallel-size 1"
-        )
     problems = []
     if c.num_heads % size:
         problems.append(f"num_heads={c.num_heads} is not a multiple of it")
@@ -65,6 +65,8 @@ def check_shardable(config: ModelConfig, size: int) -> None:
         problems.append(f"num_kv_heads={c.num_kv_heads} neither divides it nor is a multiple of it")
     if c.intermediate_size % size:
         problems.append(f"intermediate_size={c.intermediate_size} is not a multiple of it")
+    if c.num_experts and c.moe_intermediate_size % size:
+        problems.append(f"moe_intermediate_size={c.moe_intermediate_size} is not a multiple of it")
     if problems:
         raise UnsupportedModelError(
             f"--tensor-parallel-size {size} cannot split {c.name or c.architecture}: {'; '.join(problems)}"
@@ -96,6 +98,10 @@ class ShardLayout:
         return self.config.intermediate_size // self.size
 
     @property
+    def moe_intermediate_size(self) -> int:  # each expert's I / P
+        return self.config.moe_intermediate_size // self.size
+
+    @property
     def vocab_rows(self) -> int:  # Vp = ceil(V / P): each rank's rows, the last one zero-padded
         return -(-self.config.vocab_size // self.size)
 
@@ -105,32 +111,57 @@ class ShardLayout:
 
     def local_config(self) -> ModelConfig:
         """The config this rank's model computes with: its heads and FFN columns."""
+        if self.size == 1:
+            return self.config
         return dataclasses.replace(
             self.config,
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
             intermediate_size=self.intermediate_size,
+            moe_intermediate_size=self.moe_intermediate_size,
         )
 
     def shard(self, name: str, full: np.ndarray) -> np.ndarray:
         """This rank's slice of the checkpoint tensor `name` (full shape)."""
-        D, H = self.config.head_dim, self.num_heads
+        c = self.config
+        # Phi-3's fused tensors first: "qkv_proj" ends like "v_proj", "gate_up_proj" like "up_proj".
+        if name.endswith("qkv_proj.weight"):  # [q | k | v] rows
+            q, k, v = np.split(full, [c.q_size, c.q_size + c.kv_size])
+            return np.concatenate([self._query_rows(q), self._kv_rows(k), self._kv_rows(v)])
+        if name.endswith("gate_up_proj.weight"):  # [gate | up] rows
+            gate, up = np.split(full, 2)
+            return np.concatenate([self._ffn(gate, c.intermediate_size), self._ffn(up, c.intermediate_size)])
         if name.endswith(("q_proj.weight", "q_proj.bias")):
-            return full[self.rank * H * D : (self.rank + 1) * H * D]
+            return self._query_rows(full)
         if name.endswith(("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias")):
-            return full[self.kv_head_start * D : (self.kv_head_start + self.num_kv_heads) * D]
+            return self._kv_rows(full)
         if name.endswith("o_proj.weight"):
-            return full[:, self.rank * H * D : (self.rank + 1) * H * D]
-        inter = self.intermediate_size
-        if name.endswith(("gate_proj.weight", "up_proj.weight")):
-            return full[self.rank * inter : (self.rank + 1) * inter]
-        if name.endswith("down_proj.weight"):
-            return full[:, self.rank * inter : (self.rank + 1) * inter]
+            return self._query_rows(full.T).T
+        inter = c.moe_intermediate_size if ".experts." in name else c.intermediate_size
+        if name.endswith(("gate_proj.weight", "up_proj.weight", ".w1.weight", ".w3.weight")):  # w1, w3: Mixtral's
+            return self._ffn(full, inter)
+        if name.endswith(("down_proj.weight", ".w2.weight")):
+            return self._ffn(full.T, inter).T
         if name in ("model.embed_tokens.weight", "lm_head.weight"):
             rows = full[self.vocab_start : self.vocab_start + self.vocab_rows]
             pad = self.vocab_rows - rows.shape[0]
             return np.concatenate([rows, np.zeros((pad, *rows.shape[1:]), rows.dtype)]) if pad else rows
-        return full  # norms, rope_freqs: every rank holds them whole
+        return full  # norms, routers, rope_freqs: every rank holds them whole
+
+    def _query_rows(self, w: np.ndarray) -> np.ndarray:
+        """(H D, ...) -> this rank's query heads' rows (H/P D, ...)."""
+        D, H = self.config.head_dim, self.num_heads
+        return w[self.rank * H * D : (self.rank + 1) * H * D]
+
+    def _kv_rows(self, w: np.ndarray) -> np.ndarray:
+        """(Hkv D, ...) -> the rows of the KV heads this rank's query heads read."""
+        D = self.config.head_dim
+        return w[self.kv_head_start * D : (self.kv_head_start + self.num_kv_heads) * D]
+
+    def _ffn(self, w: np.ndarray, inter: int) -> np.ndarray:
+        """(I, ...) -> this rank's FFN rows [r I/P, (r+1) I/P)."""
+        n = inter // self.size
+        return w[self.rank * n : (self.rank + 1) * n]
 
 
 class ShardedWeights:
@@ -160,10 +191,14 @@ class ShardedWeights:
 
 
 class TensorParallel:
-    """What a rank's forward pass calls: its layout and the collectives."""
+    """What a rank's forward pass calls: its layout, its slice of the weights, and the collectives."""
 
     def __init__(self, layout: ShardLayout, comm: Communicator) -> None:
         self.layout, self.comm = layout, comm
+
+    def weights(self, tensors: Mapping[str, np.ndarray] | WeightSource) -> ShardedWeights:
+        """The checkpoint as this rank reads it: each tensor sliced as it is read (kept dense)."""
+        return ShardedWeights(tensors, self.layout)
 
     def embedding(self, backend: Backend, ids: Array, table: Array) -> Array:
         """ids (T,) -> (T, dim): each rank looks up the ids in its vocabulary rows (zeros
@@ -180,3 +215,24 @@ class TensorParallel:
         """(N, Vp) per rank -> (N, V) on rank 0 (the padding cut off); None on the others."""
         full = self.comm.gather(logits)
         return None if full is None else full[:, : self.layout.config.vocab_size]
+
+
+class SingleRank:
+    """TensorParallel's methods for a model in one process: the whole checkpoint (packed
+    where the backend keeps it so), a plain lookup, and collectives that return their
+    input. The forward pass calls them unconditionally; here each is one Python call."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.layout = ShardLayout(config, 0, 1)
+
+    def weights(self, tensors: Mapping[str, np.ndarray] | WeightSource) -> WeightSource:
+        return tensors if isinstance(tensors, WeightSource) else CheckpointWeights(tensors)
+
+    def embedding(self, backend: Backend, ids: Array, table: Array) -> Array:
+        return backend.embedding(ids, table)  # ids (T,) -> (T, dim)
+
+    def all_reduce(self, x: Array) -> Array:
+        return x
+
+    def gather_logits(self, logits: Array) -> Array:
+        return logits

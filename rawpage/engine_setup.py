@@ -17,8 +17,8 @@ from rawpage.kv_cache_scales import calibrate_kv_cache_scales
 from rawpage.lora.manager import LoRAManager
 from rawpage.memory import DraftMemory, GiB, MemoryPlan, PoolLayout, plan_cpu_default, plan_fixed, profile_gpu
 from rawpage.model_runner import ModelRunner, kv_bytes_per_block
-from rawpage.models.llama import LlamaModel
 from rawpage.models.registry import build_model, supports_cuda_graphs
+from rawpage.models.weight_source import Model
 from rawpage.profile_run import profile_run
 from rawpage.quantization.select import apply_quantization_flag
 from rawpage.spec_decode.draft_model import load_draft_model
@@ -56,12 +56,12 @@ def resolve_max_model_len(max_model_len: int | None, limit: int) -> int:
 
 def plan_kv_cache(
     a: EngineArgs,
-    model: LlamaModel,
+    model: Model,
     backend: Backend,
     max_num_batched_tokens: int,
     max_model_len: int,
     lora: LoRAManager | None = None,
-    draft: LlamaModel | None = None,
+    draft: Model | None = None,
 ) -> MemoryPlan:
     """How many KV blocks the pool gets: on the GPU, whatever --gpu-memory-utilization leaves
     after measuring a worst-case step; else --num-gpu-blocks-override or --kv-cache-memory.
@@ -75,12 +75,12 @@ def plan_kv_cache(
 
 def _plan_kv_cache(
     a: EngineArgs,
-    model: LlamaModel,
+    model: Model,
     backend: Backend,
     max_num_batched_tokens: int,
     max_model_len: int,
     lora: LoRAManager | None,
-    draft: LlamaModel | None,
+    draft: Model | None,
 ) -> MemoryPlan:
     fp8, half = setup_fp8_kv_cache(a, model, backend), setup_float16_kv_cache(a, backend)
     itemsize = 1 if fp8 else 2 if half else backend.dtype.itemsize  # the draft's cache takes the same dtype
@@ -180,7 +180,7 @@ def cuda_graph_shapes(a: EngineArgs, backend: Backend, config: ModelConfig) -> l
 
 def make_runner(
     group: Any,
-    model: Any,
+    model: Model,
     backend: Backend,
     a: EngineArgs,
     num_blocks: int,

@@ -20,6 +20,7 @@ from rawpage.config import ModelConfig
 from rawpage.decode_graphs import DecodeGraphs
 from rawpage.device_logits import DeviceLogits
 from rawpage.lora.manager import LoRAManager
+from rawpage.models.weight_source import Model
 from rawpage.sequence import Sequence
 
 
@@ -31,7 +32,7 @@ def kv_bytes_per_block(config: ModelConfig, block_size: int, itemsize: int) -> i
 class ModelRunner:
     def __init__(
         self,
-        model,
+        model: Model,
         backend: Backend,
         block_size: int,
         num_blocks: int,

@@ -26,7 +26,7 @@ def weights(model):
     """Every weight, as loaded (every backend keeps Linear weights (out, in))."""
     out = {"embed": model.embed, "norm": model.norm, "lm_head": model.lm_head}
     for i, layer in enumerate(model.layers):
-        out.update({f"{i}.{k}": v for k, v in vars(layer).items() if v is not None})
+        out.update({f"{i}.{k}": v for k, v in vars(layer).items() if hasattr(v, "shape")})  # (not the window)
     return {k: model.backend.to_numpy(v) for k, v in out.items()}
 
 

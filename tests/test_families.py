@@ -34,8 +34,11 @@ def folders(tmp_path_factory):
 
 
 def model_of(folder: str, device: str = "cpu"):
+    """device: a backend, or cpu-numpy / cpu-native for the CPU's kernels."""
     ckpt = load_checkpoint(folder)
-    return build_model(ckpt.config, get_backend(device), ckpt.tensors)
+    backend, _, kernels = device.partition("-")
+    backend = get_backend(backend, cpu_kernels=kernels) if kernels else get_backend(backend)
+    return build_model(ckpt.config, backend, ckpt.tensors)
 
 
 def logits_of(model, ids: list[int]) -> np.ndarray:
@@ -156,6 +159,33 @@ def test_gguf_names_of_each_family(tmp_path, family):
     assert load_checkpoint(path).config.architecture == family
     ids = DATA["families"][family]["cases"][1]["ids"]
     np.testing.assert_allclose(logits_of(model_of(path), ids), logits_of(model_of(folder), ids), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "mixtral", "qwen3_moe", "gemma2", "gemma3", "phi3"])
+def test_q8_0_gguf_of_each_family_stays_packed(tmp_path, family):
+    """A Q8_0 GGUF of each family keeps its blocks on the native CPU backend: every
+    attention and dense-MLP weight (Phi-3's fused ones too), the embedding and the LM
+    head (tied or not). Its logits are those of the same blocks dequantized at load
+    (NumPy), within the int8 activations' rounding, at every position but where that
+    rounding flips a near-tie of an MoE router (measured: 2 of 40 Mixtral rows). (Mistral's
+    GGUF is a Llama's; write_gguf stacks experts in float32, which stay dense.)"""
+    from rawpage.quantization.weight import QuantizedWeight
+    from tests.native.test_float_checkpoint import Q8_0_TOLERANCE
+
+    tok, cfg = train_tokenizer(), family_config(family)
+    if family.startswith("gemma"):
+        cfg["query_pre_attn_scalar"] = cfg["head_dim"]  # (as in test_gguf_names_of_each_family)
+    path = write_gguf(str(tmp_path / f"{family}.gguf"), cfg, hub_tensors(cfg), tok, qtype="Q8_0")
+    packed, dense = model_of(path, "cpu-native"), model_of(path, "cpu-numpy")
+    weights = [packed.embed, packed.lm_head]
+    for layer in packed.layers:
+        weights += [layer.qkv, layer.o_proj, *([] if layer.moe else [layer.gate_up, layer.down])]
+    assert all(isinstance(w, QuantizedWeight) and w.qtype == "Q8_0" for w in weights)
+    assert packed.num_bytes() < (0.8 if packed.config.num_experts else 0.5) * dense.num_bytes()
+    ids = DATA["families"][family]["cases"][1]["ids"]
+    got, want = logits_of(packed, ids), logits_of(dense, ids)  # (n, V)
+    err = np.abs(got - want).max(axis=1) / np.abs(want).max()  # (n,)
+    assert np.quantile(err, 0.8 if packed.config.num_experts else 1.0) < Q8_0_TOLERANCE, err
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -1,6 +1,6 @@
 """Tensor parallelism (issue 22): shard shapes, logits of P in-process ranks against one
-rank, greedy tokens of the spawned-worker engine against --tensor-parallel-size 1, and
-a worker that dies mid-step."""
+rank (every family: issue 32), greedy tokens of the spawned-worker engine against
+--tensor-parallel-size 1, and a worker that dies mid-step."""
 
 from __future__ import annotations
 
@@ -20,8 +20,12 @@ from rawpage.distributed.communicator import PipeCommunicator
 from rawpage.errors import UnsupportedModelError, WorkerDiedError
 from rawpage.loader import load_checkpoint
 from rawpage.models.llama import LlamaModel
+from rawpage.models.registry import build_model
 from rawpage.models.sharding import ShardLayout, TensorParallel, check_shardable
 from tests.model_harness import SingleSequence
+from tests.test_families import DATA
+from tests.tiny_families import FAMILIES, write_family
+from tests.tiny_models import random_tensors, tiny_config, train_tokenizer, write_hf_folder
 
 PROMPTS = ["The quick brown fox", "Hello world! Numbers 0123", "café, naïve", "def f(x):\n\t"]
 
@@ -78,9 +82,34 @@ def test_unshardable_models_are_refused_with_the_reason():
         check_shardable(gqa_config(num_heads=9, num_kv_heads=3), 2)
     with pytest.raises(UnsupportedModelError, match="num_kv_heads=3 neither divides"):
         check_shardable(gqa_config(num_heads=12, num_kv_heads=3), 2)
-    with pytest.raises(UnsupportedModelError, match="shards only the llama and qwen2"):
-        check_shardable(gqa_config(architecture="mistral"), 2)
+    with pytest.raises(UnsupportedModelError, match="moe_intermediate_size=36 is not a multiple"):
+        check_shardable(gqa_config(architecture="qwen3_moe", num_experts=4, moe_intermediate_size=36), 8)
     check_shardable(gqa_config(num_heads=8, num_kv_heads=1), 8)
+    check_shardable(gqa_config(architecture="gemma2"), 2)  # every family shards
+
+
+def test_fused_and_expert_tensors_split_as_their_parts():
+    """Phi-3's qkv_proj is [q | k | v] and gate_up_proj [gate | up]: a rank's slice is its
+    slice of each part, fused back in that order (not the first rows of the whole). An
+    expert's projections split like a dense MLP's, at moe_intermediate_size."""
+    c = gqa_config(num_experts=4, moe_intermediate_size=32)
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((n, c.hidden_size)) for n in (c.q_size, c.kv_size, c.kv_size))
+    gate, up = rng.standard_normal((2, c.intermediate_size, c.hidden_size))
+    w1, w2 = rng.standard_normal((32, c.hidden_size)), rng.standard_normal((c.hidden_size, 32))
+    router = rng.standard_normal((4, c.hidden_size))
+    for size in (2, 4, 8):  # at 4 and 8 the KV heads are replicated
+        for lay in (ShardLayout(c, r, size) for r in range(size)):
+            qkv = lay.shard("self_attn.qkv_proj.weight", np.concatenate([q, k, v]))
+            parts = [lay.shard(f"self_attn.{n}_proj.weight", w) for n, w in zip("qkv", (q, k, v))]
+            np.testing.assert_array_equal(qkv, np.concatenate(parts))
+            gate_up = lay.shard("mlp.gate_up_proj.weight", np.concatenate([gate, up]))
+            want = [lay.shard("mlp.gate_proj.weight", gate), lay.shard("mlp.up_proj.weight", up)]
+            np.testing.assert_array_equal(gate_up, np.concatenate(want))
+            lo, hi = lay.rank * 32 // size, (lay.rank + 1) * 32 // size
+            np.testing.assert_array_equal(lay.shard("block_sparse_moe.experts.3.w1.weight", w1), w1[lo:hi])
+            np.testing.assert_array_equal(lay.shard("mlp.experts.0.down_proj.weight", w2), w2[:, lo:hi])
+            assert lay.shard("mlp.gate.weight", router) is router  # replicated
 
 
 def shard_logits(ckpt, size: int, prompt: list[int], steps: int) -> list[np.ndarray]:
@@ -91,7 +120,7 @@ def shard_logits(ckpt, size: int, prompt: list[int], steps: int) -> list[np.ndar
     comms += [PipeCommunicator(r, size, [pipes[r - 1][1]]) for r in range(1, size)]
     b = get_backend("cpu")
     models = [
-        LlamaModel(ckpt.config, b, ckpt.tensors, TensorParallel(ShardLayout(ckpt.config, r, size), comms[r]))
+        build_model(ckpt.config, b, ckpt.tensors, TensorParallel(ShardLayout(ckpt.config, r, size), comms[r]))
         for r in range(size)
     ]
     out: list[np.ndarray] = []
@@ -134,6 +163,30 @@ def test_float32_logits_match_one_rank(tiny_model_dir, size):
     ckpt = load_checkpoint(tiny_model_dir)
     prompt = ckpt.tokenizer.encode(PROMPTS[0])
     one_rank = LlamaModel(ckpt.config, get_backend("cpu"), ckpt.tensors)
+    for got, want in zip(shard_logits(ckpt, size, prompt, 4), reference_logits(one_rank, prompt, 4), strict=True):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def family_folders(tmp_path_factory):
+    tok, d = train_tokenizer(), tmp_path_factory.mktemp("tp-families")
+    folders = {f: write_family(str(d / f), f, tok=tok) for f in FAMILIES}
+    qwen2 = tiny_config("qwen2", attention_bias=True)  # q/k/v bias, sliced with its heads
+    folders["qwen2"] = write_hf_folder(str(d / "qwen2"), qwen2, random_tensors(qwen2), tok)
+    return folders
+
+
+@pytest.mark.parametrize(
+    "family,size", [(f, 2) for f in ["qwen2", *FAMILIES]] + [("phi3", 4), ("qwen3_moe", 4), ("gemma3", 4)]
+)
+def test_every_family_sharded_matches_one_rank(family_folders, family, size):
+    """Each family split over ranks gives one rank's logits: q/k norms, Gemma's norms and
+    soft caps, Phi-3's fused tensors, experts, sliding windows (the prompt is the recorded
+    one longer than the window). At 4 ranks the 2 KV heads are replicated."""
+    ckpt = load_checkpoint(family_folders[family])
+    prompt = DATA["families"].get(family, DATA["families"]["mistral"])["cases"][1]["ids"]
+    one_rank = build_model(ckpt.config, get_backend("cpu"), ckpt.tensors)
     for got, want in zip(shard_logits(ckpt, size, prompt, 4), reference_logits(one_rank, prompt, 4), strict=True):
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)

@@ -120,7 +120,7 @@ def hf_state_dict(model) -> dict[str, Any]:
         sd[p + "mlp.up_proj.weight"] = gate_up[inter:]
         sd[p + "mlp.down_proj.weight"] = linear(layer.down, c.hidden_size)
         sd[p + "input_layernorm.weight"] = to_torch(layer.input_norm)
-        sd[p + "post_attention_layernorm.weight"] = to_torch(layer.post_norm)
+        sd[p + "post_attention_layernorm.weight"] = to_torch(layer.pre_ffn_norm)
     return sd
 
 
