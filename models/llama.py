@@ -19,6 +19,7 @@ from rawpage.errors import ModelLoadError
 from rawpage.forward_batch import ForwardBatch
 from rawpage.models.sharding import ShardedWeights, TensorParallel
 from rawpage.models.weight_source import WeightSource
+from rawpage.ops.attention_metadata import AttentionOptions
 from rawpage.ops.rope import cos_sin_cache
 from rawpage.quantization.weight import QuantizedWeight, concat_rows
 
@@ -67,6 +68,7 @@ class LlamaModel:
         else:
             self.embed = self._load(embed)  # (V, dim)
         self.layers = [self._load_layer(i) for i in _progress(range(c.num_layers), "loading weights")]
+        self.attn_opts = AttentionOptions(scale=c.head_dim**-0.5)  # every layer's: full attention, no cap
         self.norm = self._load(("model.norm.weight", (c.hidden_size,)))  # (dim,)
         if c.tie_word_embeddings or not self._weights.has("lm_head.weight"):
             # tied to the embedding: the same array (dense or packed), a re-laid copy, or the packed blocks
@@ -121,7 +123,6 @@ class LlamaModel:
         c, b = self.config, self.backend
         T = batch.num_tokens
         H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
-        scale = D**-0.5
 
         tp = self.tp  # tensor parallel: heads and FFN columns are this rank's; sums all-reduced
         h = b.embedding(batch.input_ids, self.embed) if tp is None else tp.embedding(b, batch.input_ids, self.embed)
@@ -138,17 +139,7 @@ class LlamaModel:
             v = qkv[:, (H + Hkv) * D :].reshape(T, Hkv, D)
             b.rope(batch.positions, q, k, self.cos_sin, True)
             b.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
-            o = b.paged_attention(
-                q,
-                k_cache,
-                v_cache,
-                batch.block_tables,
-                batch.seq_lens,
-                batch.query_start_loc,
-                scale,
-                batch.max_query_len,
-                batch.max_seq_len,
-            )  # (T, H, D)
+            o = b.paged_attention(q, k_cache, v_cache, batch.attn, self.attn_opts)  # (T, H, D)
             h = b.linear(o.reshape(T, H * D), layer.o_proj)  # (T, dim)
             h = h if tp is None else tp.all_reduce(h)  # row-parallel: partial sums over head groups
 
