@@ -24,6 +24,7 @@ from rawpage.models.moe import MoEWeights, moe_forward
 from rawpage.models.rotary import rope_table
 from rawpage.models.sharding import SingleRank, TensorParallel
 from rawpage.models.weight_source import CheckpointWeights, Part, WeightSource, progress
+from rawpage.ops.attention_metadata import AttentionOptions
 from rawpage.quantization.weight import QuantizedWeight
 
 
@@ -45,7 +46,7 @@ class DecoderLayer:
     gate_up: Array | None  # (2 I, dim)   [gate | up]; None in an MoE layer
     down: Array | None  # (dim, I)
     moe: MoEWeights | None  # router + experts; None in a dense layer
-    sliding_window: int | None  # this layer's attention window, None = full
+    attn_opts: AttentionOptions  # this layer's scale, sliding window (None = full) and soft cap
     rope: int  # index of this layer's rotary table in DecoderModel.cos_sin
 
 
@@ -179,7 +180,11 @@ class DecoderModel:
             gate_up=None if moe else self.load_linear(*self.mlp_parts(p)),
             down=None if moe else self.load_linear((p + "mlp.down_proj.weight", (dim, c.intermediate_size))),
             moe=moe,
-            sliding_window=window,
+            attn_opts=AttentionOptions(
+                scale=(c.query_pre_attn_scalar or c.head_dim) ** -0.5,  # Gemma scales by its own constant
+                sliding_window=window,
+                soft_cap=c.attn_logit_softcapping,
+            ),
             rope=1 if window and c.rope_local_theta is not None else 0,
         )
 
@@ -238,19 +243,7 @@ class DecoderModel:
             k = b.rms_norm(k.reshape(T * Hkv, D), layer.k_norm, eps).reshape(T, Hkv, D)
         b.rope(batch.positions, q, k, self.cos_sin[layer.rope], True)
         b.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
-        o = b.paged_attention(
-            q,
-            k_cache,
-            v_cache,
-            batch.block_tables,
-            batch.seq_lens,
-            batch.query_start_loc,
-            (c.query_pre_attn_scalar or D) ** -0.5,  # Gemma scales by its own constant
-            batch.max_query_len,
-            batch.max_seq_len,
-            sliding_window=layer.sliding_window,
-            soft_cap=c.attn_logit_softcapping,
-        )  # (T, H, D)
+        o = b.paged_attention(q, k_cache, v_cache, batch.attn, layer.attn_opts)  # (T, H, D)
         h = self.tp.all_reduce(b.linear(o.reshape(T, H * D), layer.o_proj))  # (T, dim): sums over head groups
         return h if layer.post_attn_norm is None else b.rms_norm(h, layer.post_attn_norm, eps)
 

@@ -15,37 +15,20 @@ the decode graphs (rawpage/decode_graphs.py) rely on that.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from rawpage.backends.base import Backend
-from rawpage.forward_batch import ForwardBatch
+from rawpage.forward_batch import BatchArrays, ForwardBatch
 
-FIELDS = (
-    "input_ids",
-    "positions",
-    "slot_mapping",
-    "seq_lens",
-    "query_start_loc",
-    "logits_indices",
-    "block_tables",
-    "lora_slots",
-)
+FIELDS = tuple(f.name for f in fields(BatchArrays))  # the packing order
 
 
 @dataclass
-class HostBatch:
-    """One step's metadata on the host, all int32 (see ForwardBatch for the meaning)."""
-
-    input_ids: np.ndarray  # (T,)
-    positions: np.ndarray  # (T,)
-    slot_mapping: np.ndarray  # (T,), -1 = do not store
-    seq_lens: np.ndarray  # (B,)
-    query_start_loc: np.ndarray  # (B+1,)
-    logits_indices: np.ndarray  # (N,)
-    block_tables: np.ndarray  # (B, W)
-    lora_slots: np.ndarray | None = None  # (B,), -1 = no adapter; None = no adapter at all
+class HostBatch(BatchArrays):
+    """One step's metadata on the host, all int32 NumPy arrays (BatchArrays says what
+    each is); lora_slots None: no adapter at all."""
 
     def __post_init__(self) -> None:
         if self.lora_slots is None:

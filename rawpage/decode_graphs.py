@@ -63,6 +63,7 @@ import bisect
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -188,7 +189,7 @@ class DecodeGraphs:
             empty = HostBatch(*(np.zeros(0, np.int32) for _ in range(6)), np.zeros((0, 1), np.int32))
             batch = self.buffer.upload(pad_batch(empty, size, q, self.width))
             # Freeze the attention launch for the longest context any sequence can reach.
-            batch.host_seq_lens = np.full(size, max_model_len, np.int32)
+            batch.attn = replace(batch.attn, max_seq_len=max_model_len)
             self.graphs[size, q] = backend.capture_graph(lambda batch=batch: forward(batch))
         self.buffer.frozen = True
         self._log_captured(time.perf_counter() - start)

@@ -91,6 +91,10 @@ def test_upload_is_one_copy_into_views_of_one_buffer():
         np.testing.assert_array_equal(getattr(batch, f), getattr(hb, f))
         assert np.shares_memory(getattr(batch, f), buffer.device)
     np.testing.assert_array_equal(batch.host_query_lens, np.diff(hb.query_start_loc))
+    # attention's metadata, built once per step: the same device views, the maxima from the host
+    assert batch.attn.block_tables is batch.block_tables and batch.attn.seq_lens is batch.seq_lens
+    assert batch.attn.query_start_loc is batch.query_start_loc
+    assert (batch.attn.max_query_len, batch.attn.max_seq_len) == (hb.query_lens.max(), hb.seq_lens.max())
     assert buffer.device.shape[0] >= hb.num_ints(), "an unfrozen buffer grows to fit"
 
 

@@ -74,20 +74,13 @@ LONG_FUNCTIONS: dict[str, str] = {  # path:function -> why it may be longer
 
 # Parameters a function takes (self and cls aside; *args and **kwargs count one each).
 MAX_PARAMETERS = 7
-TO_ATTENTION_METADATA = "temporary: the paged-attention contract becomes one AttentionMetadata (issue 32)"
+ATTENTION_LAUNCH = "a kernel launch: the arrays, AttentionMetadata / AttentionOptions and the launch's own knobs"
 MANY_PARAMETERS: dict[str, str] = {  # path:function -> why it takes more
-    "rawpage/ops/paged_attention.py:launch_paged_attention": TO_ATTENTION_METADATA,
-    "rawpage/ops/paged_attention.py:_launch_decode": TO_ATTENTION_METADATA,
-    "rawpage/ops/paged_attention.py:_launch_prefill": TO_ATTENTION_METADATA,
-    "rawpage/ops/paged_attention.py:paged_attention_ref": TO_ATTENTION_METADATA,
-    "rawpage/native/attention.py:paged_attention": TO_ATTENTION_METADATA,
-    "rawpage/backends/base.py:paged_attention": TO_ATTENTION_METADATA,
-    "rawpage/backends/kernel_backend.py:paged_attention": TO_ATTENTION_METADATA,
-    "rawpage/backends/cpu_native.py:paged_attention": TO_ATTENTION_METADATA,
-    "rawpage/backends/cpu.py:paged_attention": TO_ATTENTION_METADATA,
-    "rawpage/backends/cpu.py:decode_attention": TO_ATTENTION_METADATA
-    + "; its options were packed into a tuple to keep paged_attention at 50 lines (ab6d727)",
-    "rawpage/backends/cpu.py:_decode_chunk": TO_ATTENTION_METADATA,
+    "rawpage/ops/paged_attention.py:launch_paged_attention": ATTENTION_LAUNCH,
+    "rawpage/ops/paged_attention.py:_launch_decode": ATTENTION_LAUNCH,
+    "rawpage/ops/paged_attention.py:_launch_prefill": ATTENTION_LAUNCH,
+    "rawpage/backends/cpu.py:decode_attention": "temporary: the NumPy path's batched decode attention, with its pool "
+    + "and thread count (issue 30 item 5 simplifies it)",
     "rawpage/ops/kv_cache_fp8.py:launch_write_kv_fp8": "a kernel launch: the kernel's own arguments, named",
     "rawpage/ops/gguf_linear.py:launch_gguf_linear": "a kernel launch: the kernel's own arguments, named",
     "rawpage/backends/cublas_ctypes.py:__call__": "one cuBLAS call: the C function's own arguments",

@@ -160,8 +160,14 @@ def test_padded_replay_equals_eager_and_reads_the_fixed_buffer(device):
     # partitions (the simulator's 16 SMs want 64 blocks), so on sim the replays also
     # run the split path and the reduce; every context here fits in its first
     # 64-token partition, and the others are empty.
+    seen, attend = [], backend.paged_attention  # the max_seq_len each captured launch is chosen for
+    backend.paged_attention = lambda q, kc, vc, meta, opts: (
+        seen.append(meta.max_seq_len) or attend(q, kc, vc, meta, opts)
+    )
     graphs = DecodeGraphs(model, rec, kv, graph_shapes(8), max_model_len=1024, block_size=BS)
+    del backend.paged_attention
     assert rec.captured == [8, 4, 2, 1], "one capture per bucket, largest first"
+    assert set(seen) == {1024}, "every capture's attention launch is frozen for the longest context"
     assert graphs.buffer.frozen
     device_buffer = graphs.buffer.device
 

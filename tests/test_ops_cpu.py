@@ -8,6 +8,7 @@ import pytest
 
 import rawpage.backends.cpu as cpu_backend
 from rawpage.backends.cpu import CPUBackend, decode_attention
+from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
 from rawpage.ops.paged_attention import paged_attention_ref
 from rawpage.ops.rope import cos_sin_cache, rope_ref
 from rawpage.ops.write_kv import write_kv_ref
@@ -56,7 +57,7 @@ def test_paged_attention_ref_matches_dense(H, Hkv):
     D, BS = 16, 4
     q_lens, ctx = [5, 1, 3], [5, 9, 12]
     q, kc, vc, bt, sl, qsl = _random_paged_batch(rng, q_lens, ctx, H, Hkv, D, BS, 16)
-    out = paged_attention_ref(q, kc, vc, bt, sl, qsl, 0.25)
+    out = paged_attention_ref(q, kc, vc, AttentionMetadata.from_host(bt, sl, qsl), AttentionOptions(0.25))
     for i, L in enumerate(ctx):
         blocks = bt[i, : -(-L // BS)]
         k = kc[blocks].reshape(-1, Hkv, D)[:L]
@@ -73,11 +74,10 @@ def test_sliding_window_and_soft_cap(window, cap):
     D, BS, H, Hkv = 16, 4, 8, 2
     q_lens, ctx = [5, 1, 9, 1, 1], [5, 23, 30, 4, 17]
     q, kc, vc, bt, sl, qsl = _random_paged_batch(rng, q_lens, ctx, H, Hkv, D, BS, 40)
-    ref = paged_attention_ref(q, kc, vc, bt, sl, qsl, 0.25, window, cap)
-    cpu = CPUBackend().paged_attention(
-        q, kc, vc, bt, sl, qsl, 0.25, int(np.diff(qsl).max()), int(sl.max()), sliding_window=window, soft_cap=cap
-    )
-    plain = paged_attention_ref(q, kc, vc, bt, sl, qsl, 0.25)
+    meta, opts = AttentionMetadata.from_host(bt, sl, qsl), AttentionOptions(0.25, window, cap)
+    ref = paged_attention_ref(q, kc, vc, meta, opts)
+    cpu = CPUBackend().paged_attention(q, kc, vc, meta, opts)
+    plain = paged_attention_ref(q, kc, vc, meta, AttentionOptions(0.25))
     assert np.abs(ref - plain).max() > 1e-2  # the option changes the result
     for i, L in enumerate(ctx):
         blocks = bt[i, : -(-L // BS)]
@@ -95,8 +95,9 @@ def test_one_decoding_sequence_alone(window, cap, ctx):
     reference's result, with windows inside the context, past it, and soft caps."""
     rng = np.random.default_rng(ctx)
     q, kc, vc, bt, sl, qsl = _random_paged_batch(rng, [1], [ctx], 8, 2, 16, 4, 20)
-    ref = paged_attention_ref(q, kc, vc, bt, sl, qsl, 0.25, window, cap)
-    got = CPUBackend().paged_attention(q, kc, vc, bt, sl, qsl, 0.25, 1, ctx, sliding_window=window, soft_cap=cap)
+    meta, opts = AttentionMetadata(bt, sl, qsl, max_query_len=1, max_seq_len=ctx), AttentionOptions(0.25, window, cap)
+    ref = paged_attention_ref(q, kc, vc, meta, opts)
+    got = CPUBackend().paged_attention(q, kc, vc, meta, opts)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
 
 
@@ -105,8 +106,9 @@ def test_cpu_batched_decode_matches_ref():
     q_lens = [1, 1, 7, 1, 1]
     ctx = [1, 40, 7, 17, 33]
     q, kc, vc, bt, sl, qsl = _random_paged_batch(rng, q_lens, ctx, 8, 2, 32, 16, 32)
-    got = CPUBackend().paged_attention(q, kc, vc, bt, sl, qsl, 0.2, int(np.diff(qsl).max()), int(sl.max()))
-    want = paged_attention_ref(q, kc, vc, bt, sl, qsl, 0.2)
+    meta, opts = AttentionMetadata.from_host(bt, sl, qsl), AttentionOptions(0.2)
+    got = CPUBackend().paged_attention(q, kc, vc, meta, opts)
+    want = paged_attention_ref(q, kc, vc, meta, opts)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -116,8 +118,10 @@ def test_decode_attention_on_two_threads_is_the_one_thread_result(monkeypatch):
     rng = np.random.default_rng(3)
     ctx = rng.integers(1, 60, 21).tolist()
     q, kc, vc, bt, sl, qsl = _random_paged_batch(rng, [1] * 21, ctx, 8, 2, 16, 4, 400)
-    serial = decode_attention(q, kc, vc, bt, sl, 0.25)
-    np.testing.assert_allclose(serial, paged_attention_ref(q, kc, vc, bt, sl, qsl, 0.25), rtol=1e-5, atol=1e-6)
+    opts = AttentionOptions(0.25)
+    serial = decode_attention(q, kc, vc, bt, sl, opts)
+    want = paged_attention_ref(q, kc, vc, AttentionMetadata.from_host(bt, sl, qsl), opts)
+    np.testing.assert_allclose(serial, want, rtol=1e-5, atol=1e-6)
     ran_on, chunk = [], cpu_backend._decode_chunk
 
     def recording(q, *args):
@@ -126,11 +130,11 @@ def test_decode_attention_on_two_threads_is_the_one_thread_result(monkeypatch):
 
     monkeypatch.setattr(cpu_backend, "_decode_chunk", recording)
     with ThreadPoolExecutor(1, thread_name_prefix="pool") as pool:
-        got = decode_attention(q, kc, vc, bt, sl, 0.25, pool=pool, threads=2)
+        got = decode_attention(q, kc, vc, bt, sl, opts, pool=pool, threads=2)
         np.testing.assert_array_equal(got, serial)
         assert sorted(ran_on) == [("MainThread", 5), ("MainThread", 8), ("pool_0", 8)]
         ran_on.clear()
-        decode_attention(q[:8], kc, vc, bt[:8], sl[:8], 0.25, pool=pool, threads=2)
+        decode_attention(q[:8], kc, vc, bt[:8], sl[:8], opts, pool=pool, threads=2)
         assert ran_on == [("MainThread", 8)]  # one chunk stays on one thread
 
 
@@ -148,11 +152,12 @@ def test_cpu_backend_threads_decode_attention_only_while_blas_sleeps(monkeypatch
     )
     rng = np.random.default_rng(4)
     q, kc, vc, bt, sl, qsl = _random_paged_batch(rng, [1] * 20, rng.integers(1, 40, 20).tolist(), 8, 2, 16, 4, 300)
-    want = paged_attention_ref(q, kc, vc, bt, sl, qsl, 0.25)
+    meta, opts = AttentionMetadata.from_host(bt, sl, qsl), AttentionOptions(0.25)
+    want = paged_attention_ref(q, kc, vc, meta, opts)
     for flag, threads in ((2, {"MainThread", "rawpage-cpu_0"}), (1, {"MainThread"})):
         be, ran_on = CPUBackend(cpu_threads=flag), set()
         be.embedding(np.zeros(20, np.int64), np.zeros((4, 2), np.float32))  # sets the pass's thread count
-        got = be.paged_attention(q, kc, vc, bt, sl, qsl, 0.25, 1, int(sl.max()))
+        got = be.paged_attention(q, kc, vc, meta, opts)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         assert ran_on == threads
 
@@ -210,7 +215,8 @@ def test_prefill_attention_of_several_sequences_runs_on_the_threads(monkeypatch)
     rng = np.random.default_rng(7)
     q_lens, ctx = [40, 1, 25, 60, 7], [90, 33, 25, 70, 50]
     q, kc, vc, bt, sl, qsl = _random_paged_batch(rng, q_lens, ctx, 8, 2, 16, 4, 200)
-    want = paged_attention_ref(q, kc, vc, bt, sl, qsl, 0.25)
+    meta, opts = AttentionMetadata.from_host(bt, sl, qsl), AttentionOptions(0.25)
+    want = paged_attention_ref(q, kc, vc, meta, opts)
     ran_on, attend, blas_then, backend = [], cpu_backend.prefill_attention, set(), {}
 
     def recording(q, *args):
@@ -228,7 +234,7 @@ def test_prefill_attention_of_several_sequences_runs_on_the_threads(monkeypatch)
         blas_then.clear()
         try:
             be.embedding(np.zeros(len(q), np.int64), np.zeros((4, 2), np.float32))
-            got = be.paged_attention(q, kc, vc, bt, sl, qsl, 0.25, max(q_lens), max(ctx))
+            got = be.paged_attention(q, kc, vc, meta, opts)
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
             by_thread = {name: sorted((n for t, n in ran_on if t == name), reverse=True) for name, _ in ran_on}
             assert by_thread == parts  # costs 60 x 70 + 7 x 50 = 4550 against 40 x 90 + 25 x 25 + 1 x 33 = 4258

@@ -58,19 +58,21 @@ def time_calls(fn, caches: list, min_time: float, min_calls: int) -> float:
 
 def cell(lib, backend, batch: int, context: int, dtype: str, args) -> dict:
     from rawpage.native.attention import paged_attention
+    from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
 
     rng = np.random.default_rng(batch * context)
     caches, tables = pools(rng, batch, context, np.dtype(dtype), args.cold_bytes)
     q = rng.standard_normal((batch, H, D)).astype(np.float32)
     seq_lens = np.full(batch, context, np.int32)
     qsl = np.arange(batch + 1, dtype=np.int32)
-    scale = D**-0.5
+    meta = AttentionMetadata(tables, seq_lens, qsl, max_query_len=1, max_seq_len=context)
+    opts = AttentionOptions(D**-0.5)
 
     def native(k, v):
-        paged_attention(lib, q, k, v, tables, seq_lens, qsl, scale, None, None, args.threads)
+        paged_attention(lib, q, k, v, meta, opts, args.threads)
 
     def numpy_path(k, v):
-        backend.paged_attention(q, k, v, tables, seq_lens, qsl, scale, 1, context)
+        backend.paged_attention(q, k, v, meta, opts)
 
     kv_bytes = 2 * batch * context * HKV * D * np.dtype(dtype).itemsize
     row = {"dtype": dtype, "batch": batch, "context": context, "layers": len(caches)}

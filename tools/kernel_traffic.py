@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rawpage.ops.activation import launch_silu_and_mul
+from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
 from rawpage.ops.paged_attention import launch_paged_attention
 from rawpage.ops.rms_norm import launch_fused_add_rms_norm, launch_rms_norm
 from rawpage.ops.rope import cos_sin_cache, launch_rope
@@ -115,19 +116,8 @@ def attention_case(
         if fp8:  # any codes will do for counting bytes; keep them finite
             k_cache, v_cache = (rng.integers(0, 0x7E, c.shape).astype(np.uint8) for c in (k_cache, v_cache))
             scales = np.array([0.01, 0.01], np.float32)
-        launch_paged_attention(
-            np,
-            loader,
-            q,
-            k_cache,
-            v_cache,
-            *rest,
-            D**-0.5,
-            max(q_lens),
-            max(ctx),
-            sliding_window=window,
-            kv_scales=scales,
-        )
+        meta, opts = AttentionMetadata.from_host(*rest), AttentionOptions(D**-0.5, sliding_window=window)
+        launch_paged_attention(np, loader, q, k_cache, v_cache, meta, opts, kv_scales=scales)
 
     what = f"H={H} Hkv={Hkv} D={D} BS={BS} ctx={ctx} q={q_lens} f16" + (f", {sm_count} SMs" if sm_count != 2 else "")
     what += (f", window {window}" if window else "") + (", fp8 KV" if fp8 else "")

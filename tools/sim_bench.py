@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from rawpage.ops.activation import launch_silu_and_mul
+from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
 from rawpage.ops.paged_attention import launch_paged_attention
 from rawpage.ops.rms_norm import launch_rms_norm
 from rawpage.ops.rope import cos_sin_cache, launch_rope
@@ -41,7 +42,7 @@ def attention_case(rng, B, q_len, ctx, H, Hkv, D, BS=16, dtype=np.float16):
     q = rng.standard_normal((B * q_len, H, D)).astype(dtype)
     seq_lens = np.full(B, ctx, np.int32)
     qsl = np.arange(B + 1, dtype=np.int32) * q_len
-    return q, k_cache, v_cache, tables, seq_lens, qsl
+    return q, k_cache, v_cache, AttentionMetadata.from_host(tables, seq_lens, qsl)
 
 
 def main() -> None:
@@ -58,6 +59,7 @@ def main() -> None:
     cs = cos_sin_cache(1.0 / (10000.0 ** (np.arange(0, 64, 2) / 64)), 128)
     q, k = qkv[:, : 9 * 64].reshape(64, 9, 64), qkv[:, 9 * 64 : 12 * 64].reshape(64, 3, 64)
     decode = attention_case(rng, B=8, q_len=1, ctx=512, H=32, Hkv=8, D=128)
+    opts = AttentionOptions(0.1)
     prefill = attention_case(rng, B=1, q_len=256, ctx=256, H=8, Hkv=2, D=128)
     cases = [
         ("rms_norm f16, 64 x 4096", lambda: launch_rms_norm(np, loader, x, w, 1e-5)),
@@ -68,15 +70,15 @@ def main() -> None:
         ),
         (
             "decode f16, B=8, H=32/Hkv=8, D=128, 512 tokens, 1 partition",
-            lambda: launch_paged_attention(np, loader, *decode, 0.1, 1, 512, partitions=1),
+            lambda: launch_paged_attention(np, loader, *decode, opts, partitions=1),
         ),
         (
             "decode f16, same, split into 4 partitions + reduce",
-            lambda: launch_paged_attention(np, loader, *decode, 0.1, 1, 512, partitions=4),
+            lambda: launch_paged_attention(np, loader, *decode, opts, partitions=4),
         ),
         (
             "prefill f16, 256-token prompt, H=8/Hkv=2, D=128",
-            lambda: launch_paged_attention(np, loader, *prefill, 0.1, 256, 256),
+            lambda: launch_paged_attention(np, loader, *prefill, opts),
         ),
     ]
     workers = loader.module("rms_norm.cu").workers

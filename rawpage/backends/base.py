@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from rawpage.dtypes import from_float32
+from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
 from rawpage.ops.lora import LoRALinear, add_lora_grouped
 from rawpage.quantization.weight import QuantizedWeight, dequantize
 
@@ -172,25 +173,11 @@ class Backend:
         raise NotImplementedError
 
     def paged_attention(
-        self,
-        q: Array,
-        k_cache: Array,
-        v_cache: Array,
-        block_tables: Array,
-        seq_lens: Array,
-        query_start_loc: Array,
-        scale: float,
-        max_query_len: int,
-        max_seq_len: int,
-        sliding_window: int | None = None,
-        soft_cap: float | None = None,
+        self, q: Array, k_cache: Array, v_cache: Array, meta: AttentionMetadata, opts: AttentionOptions
     ) -> Array:
-        """q: (T, H, D), caches: (NB, BS, Hkv, D), block_tables: (B, max_blocks),
-        seq_lens: (B,), query_start_loc: (B+1,) -> (T, H, D). max_query_len and
-        max_seq_len are host-side facts about the batch (ForwardBatch has them), so
-        that a kernel backend picks its launch without reading device memory.
-        sliding_window W: a query at position p sees keys p-W+1..p only (Mistral,
-        Gemma's local layers). soft_cap c: scores become c * tanh(scores / c) (Gemma 2)."""
+        """q: (T, H, D), caches: (NB, BS, Hkv, D) -> (T, H, D). meta: the step's batch,
+        the same for every layer (ForwardBatch.attn); opts: this layer's scale, sliding
+        window and soft cap (rawpage/ops/attention_metadata.py)."""
         raise NotImplementedError
 
     def silu_and_mul(self, x: Array) -> Array:

@@ -24,6 +24,7 @@ from rawpage.backends.base import Backend
 from rawpage.backends.cpu_malloc import keep_freed_memory
 from rawpage.backends.cpu_threads import CpuThreads
 from rawpage.ops.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
+from rawpage.ops.attention_metadata import AttentionOptions
 from rawpage.ops.cache_ops import copy_blocks_ref, swap_blocks_ref
 from rawpage.ops.kv_cache_fp8 import dequantize_kv, write_kv_fp8_ref
 from rawpage.ops.paged_attention import gather_kv
@@ -191,20 +192,9 @@ class CPUBackend(Backend):
     def swap_blocks(self, src, dst, block_mapping):
         swap_blocks_ref(src, dst, block_mapping)
 
-    def paged_attention(
-        self,
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        query_start_loc,
-        scale,
-        max_query_len,
-        max_seq_len,
-        sliding_window=None,
-        soft_cap=None,
-    ):
+    def paged_attention(self, q, k_cache, v_cache, meta, opts):
+        block_tables, seq_lens, query_start_loc = meta.block_tables, meta.seq_lens, meta.query_start_loc
+        window = opts.sliding_window
         out = np.empty_like(q)
         q_lens = np.diff(query_start_loc)
         # Decoding sequences go through decode_attention's batched GEMMs, unless there is
@@ -215,17 +205,26 @@ class CPUBackend(Backend):
         scales = self.fp8_scales() if k_cache.dtype == np.uint8 else None
         if batched.any():
             rows = query_start_loc[:-1][batched]
-            options = (scale, sliding_window, soft_cap, scales, self.pool, self.own_threads())
-            out[rows] = decode_attention(q[rows], k_cache, v_cache, block_tables[batched], seq_lens[batched], *options)
+            out[rows] = decode_attention(
+                q[rows],
+                k_cache,
+                v_cache,
+                block_tables[batched],
+                seq_lens[batched],
+                opts,
+                scales,
+                self.pool,
+                self.own_threads(),
+            )
 
         def attend(seqs: list[int]) -> None:
             for i in seqs:
                 s, e, L = int(query_start_loc[i]), int(query_start_loc[i + 1]), int(seq_lens[i])
                 # Keys older than the window of the chunk's first query are never seen: skip them.
-                first = max(0, L - (e - s) - sliding_window + 1) if sliding_window else 0
+                first = max(0, L - (e - s) - window + 1) if window else 0
                 k = dequantize_kv(gather_kv(k_cache, block_tables[i], L, first), scales, 0)
                 v = dequantize_kv(gather_kv(v_cache, block_tables[i], L, first), scales, 1)
-                out[s:e] = prefill_attention(q[s:e], k, v, scale, sliding_window, soft_cap)
+                out[s:e] = prefill_attention(q[s:e], k, v, opts)
 
         own = np.flatnonzero(~batched).tolist()
         costs = (q_lens * seq_lens)[own].tolist()  # score entries: queries x keys
@@ -238,16 +237,10 @@ class CPUBackend(Backend):
         return out
 
 
-def prefill_attention(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    scale: float,
-    sliding_window: int | None = None,
-    soft_cap: float | None = None,
-) -> np.ndarray:
+def prefill_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, opts: AttentionOptions) -> np.ndarray:
     """Causal attention of the last n positions of a context (or of its last L keys).
     q: (n, H, D), k and v: (L, Hkv, D) -> (n, H, D). Batched GEMMs over KV heads."""
+    scale, sliding_window, soft_cap = opts.scale, opts.sliding_window, opts.soft_cap
     n, H, D = q.shape
     L, Hkv = k.shape[:2]
     G = H // Hkv
@@ -305,9 +298,7 @@ def decode_attention(
     v_cache: np.ndarray,
     block_tables: np.ndarray,
     seq_lens: np.ndarray,
-    scale: float,
-    sliding_window: int | None = None,
-    soft_cap: float | None = None,
+    opts: AttentionOptions,
     kv_scales: np.ndarray | None = None,
     pool: ThreadPoolExecutor | None = None,
     threads: int = 1,
@@ -329,9 +320,7 @@ def decode_attention(
 
     def run(part: list[np.ndarray]) -> None:
         for idx in part:
-            out[idx] = _decode_chunk(
-                q[idx], k_cache, v_cache, block_tables[idx], seq_lens[idx], scale, sliding_window, soft_cap, kv_scales
-            )
+            out[idx] = _decode_chunk(q[idx], k_cache, v_cache, block_tables[idx], seq_lens[idx], opts, kv_scales)
 
     run_in_parts(pool, [chunks[t::threads] for t in range(threads)], run)
     return out
@@ -364,14 +353,13 @@ def _decode_chunk(
     v_cache: np.ndarray,
     block_tables: np.ndarray,
     seq_lens: np.ndarray,
-    scale: float,
-    sliding_window: int | None,
-    soft_cap: float | None,
+    opts: AttentionOptions,
     kv_scales: np.ndarray | None = None,
 ) -> np.ndarray:
     """Gathers the chunk's blocks into (B, L_max, Hkv, D), padding short contexts, and
     masks the padding before the softmax: a few batched GEMMs, no loop over sequences.
     With a sliding window, only the blocks from the oldest visible key on are gathered."""
+    scale, sliding_window, soft_cap = opts.scale, opts.sliding_window, opts.soft_cap
     B, H, D = q.shape
     bs, Hkv = k_cache.shape[1], k_cache.shape[2]
     G = H // Hkv

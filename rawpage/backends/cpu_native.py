@@ -113,44 +113,7 @@ class NativeCPUBackend(CPUBackend):
             return super().write_kv(k, v, k_cache, v_cache, slot_mapping)
         layer_ops.write_kv(self.lib, k, v, k_cache, v_cache, slot_mapping, self.kernel_threads)
 
-    def paged_attention(
-        self,
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        query_start_loc,
-        scale,
-        max_query_len,
-        max_seq_len,
-        sliding_window=None,
-        soft_cap=None,
-    ):
+    def paged_attention(self, q, k_cache, v_cache, meta, opts):
         if k_cache.dtype == np.uint8:  # FP8 KV: the NumPy path
-            return super().paged_attention(
-                q,
-                k_cache,
-                v_cache,
-                block_tables,
-                seq_lens,
-                query_start_loc,
-                scale,
-                max_query_len,
-                max_seq_len,
-                sliding_window,
-                soft_cap,
-            )
-        return attention.paged_attention(
-            self.lib,
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            seq_lens,
-            query_start_loc,
-            scale,
-            sliding_window,
-            soft_cap,
-            self.kernel_threads,
-        )
+            return super().paged_attention(q, k_cache, v_cache, meta, opts)
+        return attention.paged_attention(self.lib, q, k_cache, v_cache, meta, opts, self.kernel_threads)

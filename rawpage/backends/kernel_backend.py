@@ -33,6 +33,7 @@ from rawpage.dtypes import (
     to_float32,
 )
 from rawpage.ops.activation import launch_silu_and_mul
+from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
 from rawpage.ops.cache_ops import launch_copy_blocks
 from rawpage.ops.fp8_linear import launch_fp8_linear
 from rawpage.ops.gguf_linear import GGUF_BLOCKS, launch_gguf_linear
@@ -151,35 +152,10 @@ class KernelBackend(Backend):
         launch_write_kv(self.xp, self.loader, k, v, k_cache, v_cache, slot_mapping)
 
     def paged_attention(
-        self,
-        q: Array,
-        k_cache: Array,
-        v_cache: Array,
-        block_tables: Array,
-        seq_lens: Array,
-        query_start_loc: Array,
-        scale: float,
-        max_query_len: int,
-        max_seq_len: int,
-        sliding_window: int | None = None,
-        soft_cap: float | None = None,
+        self, q: Array, k_cache: Array, v_cache: Array, meta: AttentionMetadata, opts: AttentionOptions
     ) -> Array:
-        return launch_paged_attention(
-            self.xp,
-            self.loader,
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            seq_lens,
-            query_start_loc,
-            scale,
-            max_query_len=max_query_len,
-            max_seq_len=max_seq_len,
-            sliding_window=sliding_window,
-            soft_cap=soft_cap,
-            kv_scales=self.fp8_scales() if k_cache.dtype == np.uint8 else None,
-        )
+        kv_scales = self.fp8_scales() if k_cache.dtype == np.uint8 else None
+        return launch_paged_attention(self.xp, self.loader, q, k_cache, v_cache, meta, opts, kv_scales=kv_scales)
 
     def silu_and_mul(self, x: Array) -> Array:
         return launch_silu_and_mul(self.xp, self.loader, x)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from rawpage.native.library import NativeLibrary, addr, c_float, c_int, c_int64, c_void_p, float_rows, int32_rows
+from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
 
 KV_DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}  # the kernel's kv_dtype
 MAX_HEAD_SIZE = 256  # the kernel's per-tile buffers (RP_ATTN_MAX_D)
@@ -51,28 +52,25 @@ def paged_attention(
     q: np.ndarray,
     k_cache: np.ndarray,
     v_cache: np.ndarray,
-    block_tables: np.ndarray,
-    seq_lens: np.ndarray,
-    query_start_loc: np.ndarray,
-    scale: float,
-    sliding_window: int | None,
-    soft_cap: float | None,
+    meta: AttentionMetadata,
+    opts: AttentionOptions,
     nthreads: int,
 ) -> np.ndarray:
     """q: (T, H, D) float32, its rows may be a view into a wider buffer (q inside the
     fused qkv output: row stride (H + 2 Hkv) D); caches: (NB, BS, Hkv, D) float32 or
-    float16, C-contiguous; block_tables: (B, max_blocks); seq_lens: (B,);
-    query_start_loc: (B+1,), covering rows 0..T. Returns (T, H, D) float32.
-    sliding_window / soft_cap: None or 0 = off."""
+    float16, C-contiguous; meta's arrays on the host, query_start_loc covering rows
+    0..T. Returns (T, H, D) float32."""
     T, H, D = q.shape
     BS, Hkv = k_cache.shape[1:3]
     kv_dtype = check_caches(q, k_cache, v_cache)
     q, stride = float_rows(q)
-    tables, lens, starts = int32_rows(block_tables), int32_rows(seq_lens), int32_rows(query_start_loc)
+    tables, lens, starts = int32_rows(meta.block_tables), int32_rows(meta.seq_lens), int32_rows(meta.query_start_loc)
     out = np.empty((T, H, D), np.float32)
     if T:
-        caches = (addr(k_cache), addr(v_cache), kv_dtype)
-        batch = (addr(tables), tables.shape[1], addr(lens), addr(starts), len(lens))
-        options = (scale, sliding_window or 0, soft_cap or 0.0, nthreads)
-        _kernel(lib)(addr(out), addr(q), stride, *caches, *batch, H, Hkv, D, BS, *options)
+        _kernel(lib)(  # in the groups _kernel declares
+            *(addr(out), addr(q), stride, addr(k_cache), addr(v_cache), kv_dtype),
+            *(addr(tables), tables.shape[1], addr(lens), addr(starts)),
+            *(len(lens), H, Hkv, D, BS),
+            *(opts.scale, opts.sliding_window or 0, opts.soft_cap or 0.0, nthreads),  # window, cap: 0 = off
+        )
     return out

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
 from rawpage.ops.launch import (
     KernelLoader,
     dtype_suffix,
@@ -69,13 +70,18 @@ def dequantize_kv(cache_rows: np.ndarray, kv_scales: np.ndarray | None, which: i
 
 
 def paged_attention_fp8_ref(
-    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, kv_scales: np.ndarray, *args: Any
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    kv_scales: np.ndarray,
+    meta: AttentionMetadata,
+    opts: AttentionOptions,
 ) -> np.ndarray:
     """paged_attention_ref on the dequantized cache: what both attention kernels must
-    compute when they convert on load (args as paged_attention_ref's after the caches)."""
+    compute when they convert on load. kv_scales: (2,) float32, k_scale and v_scale."""
     k = e4m3_to_f32(k_cache) * kv_scales[0]
     v = e4m3_to_f32(v_cache) * kv_scales[1]
-    return paged_attention_ref(q, k, v, *args)
+    return paged_attention_ref(q, k, v, meta, opts)
 
 
 # --- launch (cuda/write_kv_fp8.cu) -----------------------------------------------------

@@ -19,15 +19,20 @@ both kernels:
 and an FP8 (e4m3) cache, uint8 arrays with per-tensor kv_scales (see
 rawpage/ops/kv_cache_fp8.py): the kernels convert on load and compute in float32.
 
-With GQA, query head h reads KV head h // (H / Hkv).
+With GQA, query head h reads KV head h // (H / Hkv). Every implementation takes
+(q, k_cache, v_cache, meta, opts): the batch's block_tables, seq_lens and
+query_start_loc in an AttentionMetadata, scale, W and c in an AttentionOptions
+(rawpage/ops/attention_metadata.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
 from rawpage.ops.launch import (
     KernelLoader,
     ceil_div,
@@ -48,19 +53,12 @@ def gather_kv(cache: np.ndarray, block_table: np.ndarray, seq_len: int, first: i
 
 
 def paged_attention_ref(
-    q: np.ndarray,
-    k_cache: np.ndarray,
-    v_cache: np.ndarray,
-    block_tables: np.ndarray,
-    seq_lens: np.ndarray,
-    query_start_loc: np.ndarray,
-    scale: float,
-    sliding_window: int | None = None,
-    soft_cap: float | None = None,
+    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata, opts: AttentionOptions
 ) -> np.ndarray:
-    """q: (T, H, D); caches: (NB, BS, Hkv, D); block_tables: (B, max_blocks) int;
-    seq_lens: (B,) context length incl. new tokens; query_start_loc: (B+1,).
+    """q: (T, H, D); caches: (NB, BS, Hkv, D); meta's arrays on the host.
     Returns (T, H, D). Softmax in float32."""
+    block_tables, seq_lens, query_start_loc = meta.block_tables, meta.seq_lens, meta.query_start_loc
+    scale, sliding_window, soft_cap = opts.scale, opts.sliding_window, opts.soft_cap
     T, H, D = q.shape
     Hkv = k_cache.shape[2]
     G = H // Hkv  # query heads per KV head
@@ -139,29 +137,22 @@ def launch_paged_attention(
     q: Any,
     k_cache: Any,
     v_cache: Any,
-    block_tables: Any,
-    seq_lens: Any,
-    query_start_loc: Any,
-    scale: float,
-    max_query_len: int,
-    max_seq_len: int,
+    meta: AttentionMetadata,
+    opts: AttentionOptions,
     partitions: int | None = None,
     sm_count: int | None = None,
     min_partition: int = DECODE_MIN_PARTITION,
-    sliding_window: int | None = None,
-    soft_cap: float | None = None,
     kv_scales: Any = None,
 ) -> Any:
-    """Same contract as paged_attention_ref; q may be a view with contiguous rows. With
-    kv_scales ((2,) float32 on the device: k_scale, v_scale) the caches are uint8 e4m3
-    (paged_attention_fp8_ref's contract). max_query_len and max_seq_len are host-side
-    facts about the batch (an upper bound is enough: a CUDA graph is captured with the
-    longest context). A batch in which every sequence decodes goes to the decode
-    kernel, split into `partitions` per sequence when given, else as decode_partitions()
-    picks for `sm_count` SMs (default: the loader's), with partitions of at least
-    `min_partition` tokens (a multiple of 16); any other batch goes to the prefill kernel."""
+    """Same contract as paged_attention_ref, meta's arrays on the device; q may be a view
+    with contiguous rows. With kv_scales ((2,) float32 on the device: k_scale, v_scale)
+    the caches are uint8 e4m3 (paged_attention_fp8_ref's contract). A batch in which
+    every sequence decodes (meta.max_query_len 1) goes to the decode kernel, split into
+    `partitions` per sequence when given, else as decode_partitions() picks for
+    `sm_count` SMs (default: the loader's), with partitions of at least `min_partition`
+    tokens (a multiple of 16); any other batch goes to the prefill kernel."""
     _check_shapes(q, k_cache, v_cache, kv_scales)
-    window, cap = _attention_options(sliding_window, soft_cap)
+    window, _ = _kernel_options(opts)
     (T, H, D), Hkv = q.shape, k_cache.shape[2]
     out = xp.empty((T, H, D), dtype=q.dtype)
     if T == 0:
@@ -169,18 +160,22 @@ def launch_paged_attention(
     q = q if token_stride(q) is not None else xp.ascontiguousarray(q)
     for name, a, stride in (("q", q, token_stride(q) * q.itemsize), ("k_cache", k_cache, 0), ("v_cache", v_cache, 0)):
         require_aligned(name, a, stride)
-    block_tables, seq_lens, query_start_loc = (int32_array(xp, a) for a in (block_tables, seq_lens, query_start_loc))
-    common, options = (k_cache, v_cache, block_tables, seq_lens, query_start_loc), (window, cap, kv_scales)
-    if max_query_len == 1:
+    meta = replace(
+        meta,
+        block_tables=int32_array(xp, meta.block_tables),
+        seq_lens=int32_array(xp, meta.seq_lens),
+        query_start_loc=int32_array(xp, meta.query_start_loc),
+    )
+    if meta.max_query_len == 1:
         if k_cache.shape[1] & (k_cache.shape[1] - 1):
             raise ValueError(f"decode attention needs a power-of-two block size, got {k_cache.shape[1]}")
         if partitions is None:
             sms = sm_count or int(getattr(loader, "sm_count", 132))
-            visible = min(max_seq_len, window) if window else max_seq_len  # keys a query reads
-            partitions = decode_partitions(block_tables.shape[0], _decode_blocks_per_seq(H, Hkv), visible, sms)
-        _launch_decode(xp, loader, out, q, *common, scale, partitions, min_partition, options)
+            visible = min(meta.max_seq_len, window) if window else meta.max_seq_len  # keys a query reads
+            partitions = decode_partitions(meta.block_tables.shape[0], _decode_blocks_per_seq(H, Hkv), visible, sms)
+        _launch_decode(xp, loader, out, q, k_cache, v_cache, meta, opts, kv_scales, partitions, min_partition)
     else:
-        _launch_prefill(loader, out, q, *common, scale, max_query_len, options)
+        _launch_prefill(loader, out, q, k_cache, v_cache, meta, opts, kv_scales)
     return out
 
 
@@ -196,13 +191,13 @@ def _check_shapes(q: Any, k_cache: Any, v_cache: Any, kv_scales: Any) -> None:
         raise ValueError(f"q {q.shape} does not match the caches {k_cache.shape}")
 
 
-def _attention_options(sliding_window: int | None, soft_cap: float | None) -> tuple[np.int32, np.float32]:
+def _kernel_options(opts: AttentionOptions) -> tuple[np.int32, np.float32]:
     """The kernels' (window, cap) arguments; 0 means off."""
-    if sliding_window is not None and sliding_window < 1:
-        raise ValueError(f"sliding_window must be a positive number of tokens, got {sliding_window}")
-    if soft_cap is not None and not soft_cap > 0:
-        raise ValueError(f"soft_cap must be positive, got {soft_cap}")
-    return np.int32(sliding_window or 0), np.float32(soft_cap or 0.0)
+    if opts.sliding_window is not None and opts.sliding_window < 1:
+        raise ValueError(f"sliding_window must be a positive number of tokens, got {opts.sliding_window}")
+    if opts.soft_cap is not None and not opts.soft_cap > 0:
+        raise ValueError(f"soft_cap must be positive, got {opts.soft_cap}")
+    return np.int32(opts.sliding_window or 0), np.float32(opts.soft_cap or 0.0)
 
 
 def _kernel_suffix(q: Any, kv_scales: Any) -> str:
@@ -231,9 +226,7 @@ def decode_partitions(B: int, blocks_per_partition: int, max_seq_len: int, sm_co
     return max(1, min(want, ceil_div(max_seq_len, DECODE_MIN_PARTITION)))
 
 
-def _launch_decode(
-    xp, loader, out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, P, min_partition, options
-) -> None:
+def _launch_decode(xp, loader, out, q, k_cache, v_cache, meta, opts, kv_scales, P, min_partition) -> None:
     # Grid: (Hkv * chunks, B, P): one block per KV head (and chunk of up to 8 of
     # its query heads), sequence and partition. Block: 4 warps; a warp takes a
     # few consecutive keys per step, each key shared by D*itemsize/16 lanes that
@@ -241,12 +234,12 @@ def _launch_decode(
     # With P > 1 the reduce kernel merges partitions: grid (H, B), threads over D.
     T, H, D = q.shape
     Hkv = k_cache.shape[2]
-    B = block_tables.shape[0]
+    B = meta.block_tables.shape[0]
     G = decode_group(H, Hkv)
     chunks = ceil_div(H // Hkv, G)
     part_o = xp.empty((B, H, P, D) if P > 1 else (1,), dtype=np.float32)
     part_ml = xp.empty((B, H, P, 2) if P > 1 else (1,), dtype=np.float32)
-    window, cap, kv_scales = options
+    window, cap = _kernel_options(opts)
     kernel = loader.get_function(
         "paged_attention_decode.cu", f"paged_attention_decode_{_kernel_suffix(q, kv_scales)}_d{D}_g{G}"
     )
@@ -257,15 +250,15 @@ def _launch_decode(
         q,
         k_cache,
         v_cache,
-        block_tables,
-        seq_lens,
-        query_start_loc,
-        np.int32(block_tables.shape[1]),
+        meta.block_tables,
+        meta.seq_lens,
+        meta.query_start_loc,
+        np.int32(meta.block_tables.shape[1]),
         np.int32(H),
         np.int32(Hkv),
         np.int32(k_cache.shape[1]),
         np.int32(token_stride(q)),
-        np.float32(scale),
+        np.float32(opts.scale),
         np.int32(min_partition),
         window,
         cap,
@@ -273,24 +266,12 @@ def _launch_decode(
     kernel((Hkv * chunks, B, P), (DECODE_THREADS,), args)
     if P > 1:
         reduce = loader.get_function("paged_attention_decode.cu", f"paged_attention_decode_reduce_{dtype_suffix(q)}")
-        args = (out, part_o, part_ml, seq_lens, query_start_loc, np.int32(D), np.int32(P), np.int32(min_partition))
-        args += (window,)
+        args = (out, part_o, part_ml, meta.seq_lens, meta.query_start_loc, np.int32(D), np.int32(P))
+        args += (np.int32(min_partition), window)
         reduce((H, B), (DECODE_THREADS,), args, shared_mem=4 * P)
 
 
-def _launch_prefill(
-    loader,
-    out,
-    q,
-    k_cache,
-    v_cache,
-    block_tables,
-    seq_lens,
-    query_start_loc,
-    scale,
-    max_query_len,
-    options,
-) -> None:
+def _launch_prefill(loader, out, q, k_cache, v_cache, meta, opts, kv_scales) -> None:
     # Grid: (ceil(max_query_len / 64), H, B): one block per 64-row query tile Q_i,
     # head and sequence (x runs backwards in the kernel: heaviest tiles first);
     # tiles past a sequence's chunk exit at once. Block: 4 warps, each owning 16
@@ -298,8 +279,8 @@ def _launch_prefill(
     # float16/bfloat16 double-buffer in shared memory. float32 has its own
     # scalar kernel file with the same arguments.
     T, H, D = q.shape
-    B = block_tables.shape[0]
-    window, cap, kv_scales = options
+    B = meta.block_tables.shape[0]
+    window, cap = _kernel_options(opts)
     suffix = dtype_suffix(q)
     key_tile = prefill_key_tile(suffix, D)
     smem = prefill_smem_bytes(D, key_tile, q.itemsize)
@@ -311,16 +292,16 @@ def _launch_prefill(
         q,
         k_cache,
         v_cache,
-        block_tables,
-        seq_lens,
-        query_start_loc,
-        np.int32(block_tables.shape[1]),
+        meta.block_tables,
+        meta.seq_lens,
+        meta.query_start_loc,
+        np.int32(meta.block_tables.shape[1]),
         np.int32(k_cache.shape[2]),
         np.int32(k_cache.shape[1]),
         np.int32(token_stride(q)),
-        np.float32(scale),
+        np.float32(opts.scale),
         np.int32(smem),
         window,
         cap,
     ) + ((kv_scales,) if kv_scales is not None else ())
-    kernel((ceil_div(max_query_len, PREFILL_ROWS), H, B), (PREFILL_THREADS,), args, shared_mem=smem)
+    kernel((ceil_div(meta.max_query_len, PREFILL_ROWS), H, B), (PREFILL_THREADS,), args, shared_mem=smem)

@@ -10,6 +10,7 @@ simulator's fences or returns NaN.
 import numpy as np
 import pytest
 
+from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
 from rawpage.ops.paged_attention import launch_paged_attention, paged_attention_ref
 from tests.kernels.conftest import DTYPES, assert_close
 from tests.kernels.test_paged_attention import UNUSED_BLOCK, paged_batch
@@ -33,20 +34,12 @@ def check(device, dtype, rng, q_lens, ctx, H, Hkv, D, BS, window, cap, partition
     host, dev = paged_batch(device, dtype, rng, q_lens, ctx, H, Hkv, D, BS)
     if window:
         host, dev = free_out_of_window(host, dev, device, dtype, q_lens, window)
-    q, kc, vc, tables, seq_lens, qsl = host
-    scale = D**-0.5
-    want = paged_attention_ref(q, np.nan_to_num(kc), np.nan_to_num(vc), tables, seq_lens, qsl, scale, window, cap)
+    q, kc, vc, *arrays = host
+    opts = AttentionOptions(D**-0.5, sliding_window=window, soft_cap=cap)
+    want = paged_attention_ref(q, np.nan_to_num(kc), np.nan_to_num(vc), AttentionMetadata.from_host(*arrays), opts)
+    meta = AttentionMetadata(*dev[3:], max_query_len=max(q_lens), max_seq_len=max(ctx))
     got = launch_paged_attention(
-        device.xp,
-        device.loader,
-        *dev,
-        scale,
-        max_query_len=max(q_lens),
-        max_seq_len=max(ctx),
-        partitions=partitions,
-        min_partition=16,
-        sliding_window=window,
-        soft_cap=cap,
+        device.xp, device.loader, *dev[:3], meta, opts, partitions=partitions, min_partition=16
     )
     assert_close(device.get(got), want, dtype, f"window {window} cap {cap}")
 
@@ -83,7 +76,8 @@ def test_prefill_window_and_cap(device, dtype, window, cap, D, H, Hkv):
 def test_options_are_checked(device):
     rng = np.random.default_rng(0)
     host, dev = paged_batch(device, "float16", rng, [1], [4], 2, 2, 64, 16)
+    meta = AttentionMetadata(*dev[3:], max_query_len=1, max_seq_len=4)
     with pytest.raises(ValueError, match="sliding_window must be a positive"):
-        launch_paged_attention(device.xp, device.loader, *dev, 0.1, 1, 4, sliding_window=0)
+        launch_paged_attention(device.xp, device.loader, *dev[:3], meta, AttentionOptions(0.1, sliding_window=0))
     with pytest.raises(ValueError, match="soft_cap must be positive"):
-        launch_paged_attention(device.xp, device.loader, *dev, 0.1, 1, 4, soft_cap=-1.0)
+        launch_paged_attention(device.xp, device.loader, *dev[:3], meta, AttentionOptions(0.1, soft_cap=-1.0))

@@ -5,6 +5,7 @@ both attention kernels, converting on load, match that reference."""
 import numpy as np
 import pytest
 
+from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
 from rawpage.ops.kv_cache_fp8 import (
     kv_scales_from_amax,
     launch_write_kv_fp8,
@@ -52,9 +53,10 @@ def test_fp8_attention_reference_is_close_to_16_bit():
     write_kv_fp8_ref(k.reshape(-1, Hkv, D), v.reshape(-1, Hkv, D), kc, vc, slots, scales)
     q = rng.standard_normal((3, H, D)).astype(np.float32)
     tables = rng.permutation(NB).astype(np.int32).reshape(2, 4)
-    meta = (tables, np.array([40, 64], np.int32), np.array([0, 1, 3], np.int32), D**-0.5)
-    want = paged_attention_ref(q, k, v, *meta)
-    got = paged_attention_fp8_ref(q, kc, vc, scales, *meta)
+    meta = AttentionMetadata.from_host(tables, np.array([40, 64], np.int32), np.array([0, 1, 3], np.int32))
+    opts = AttentionOptions(D**-0.5)
+    want = paged_attention_ref(q, k, v, meta, opts)
+    got = paged_attention_fp8_ref(q, kc, vc, scales, meta, opts)
     assert np.abs(got - want).max() < 0.1 * np.abs(want).max()  # e4m3: a relative step of 1/8 to 1/16
 
 
@@ -81,22 +83,24 @@ def fp8_batch(device, dtype, rng, q_lens, ctx, H, Hkv, D, BS):
 
 
 def fp8_reference(host, scales, scale, window=None, cap=None):
-    q, kc, vc, tables, seq_lens, qsl = host
+    q, kc, vc, *arrays = host
     k, v = (np.where(c == FP8_POISON, 0, c).astype(np.uint8) for c in (kc, vc))
-    return paged_attention_fp8_ref(q, k, v, scales, tables, seq_lens, qsl, scale, window, cap)
+    opts = AttentionOptions(scale, sliding_window=window, soft_cap=cap)
+    return paged_attention_fp8_ref(q, k, v, scales, AttentionMetadata.from_host(*arrays), opts)
 
 
-def run_fp8(device, dev, scales, scale, q_lens, ctx, **kw):
+def run_fp8(device, dev, scales, scale, q_lens, ctx, partitions=None, window=None, cap=None):
+    meta = AttentionMetadata(*dev[3:], max_query_len=max(q_lens), max_seq_len=max(ctx))
+    opts = AttentionOptions(scale, sliding_window=window, soft_cap=cap)
     out = launch_paged_attention(
         device.xp,
         device.loader,
-        *dev,
-        scale,
-        max_query_len=max(q_lens),
-        max_seq_len=max(ctx),
-        kv_scales=device.put_raw(scales),
+        *dev[:3],
+        meta,
+        opts,
+        partitions=partitions,
         min_partition=16,
-        **kw,
+        kv_scales=device.put_raw(scales),
     )
     return device.get(out)
 
@@ -113,7 +117,7 @@ def test_fp8_decode_matches_reference(device, dtype, D, H, Hkv):
         got = run_fp8(device, dev, scales, D**-0.5, [1] * 5, ctx, partitions=P)
         assert_close(got, want, dtype, f"{P} partitions")
     want = fp8_reference(host, scales, D**-0.5, 20, 3.0)
-    got = run_fp8(device, dev, scales, D**-0.5, [1] * 5, ctx, partitions=2, sliding_window=20, soft_cap=3.0)
+    got = run_fp8(device, dev, scales, D**-0.5, [1] * 5, ctx, partitions=2, window=20, cap=3.0)
     assert_close(got, want, dtype, "window 20, cap 3")
 
 
@@ -126,13 +130,14 @@ def test_fp8_prefill_matches_reference(device, dtype, D, H, Hkv):
     q_lens, ctx = [70, 9, 1], [70, 60, 50]
     host, dev, scales = fp8_batch(device, dtype, rng, q_lens, ctx, H, Hkv, D, 16)
     assert_close(run_fp8(device, dev, scales, 0.2, q_lens, ctx), fp8_reference(host, scales, 0.2), dtype)
-    got = run_fp8(device, dev, scales, 0.2, q_lens, ctx, sliding_window=24)
+    got = run_fp8(device, dev, scales, 0.2, q_lens, ctx, window=24)
     assert_close(got, fp8_reference(host, scales, 0.2, 24), dtype, "window 24")
 
 
 def test_fp8_cache_with_16_bit_kernels_is_refused(device):
     rng = np.random.default_rng(0)
     host, dev, scales = fp8_batch(device, "float16", rng, [1], [4], 2, 2, 64, 16)
-    q, kc, vc, *rest = dev
+    q, kc, vc, *arrays = dev
+    meta, opts = AttentionMetadata(*arrays, max_query_len=1, max_seq_len=4), AttentionOptions(0.1)
     with pytest.raises(ValueError, match="kv_scales go with an FP8"):
-        launch_paged_attention(device.xp, device.loader, q, q[:0], q[:0], *rest, 0.1, 1, 4, kv_scales=scales)
+        launch_paged_attention(device.xp, device.loader, q, q[:0], q[:0], meta, opts, kv_scales=scales)

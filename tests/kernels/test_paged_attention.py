@@ -10,6 +10,7 @@ or returns NaN.
 import numpy as np
 import pytest
 
+from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
 from rawpage.ops.paged_attention import (
     PREFILL_ROWS,
     decode_group,
@@ -59,23 +60,17 @@ def paged_batch(device, dtype, rng, q_lens, ctx_lens, H, Hkv, D, BS):
 
 
 def run(device, dev, scale, q_lens, ctx_lens, partitions=None):
-    return device.get(
-        launch_paged_attention(
-            device.xp,
-            device.loader,
-            *dev,
-            scale,
-            max_query_len=max(q_lens),
-            max_seq_len=max(ctx_lens),
-            partitions=partitions,
-        )
-    )
+    q, kc, vc, *arrays = dev
+    meta = AttentionMetadata(*arrays, max_query_len=max(q_lens), max_seq_len=max(ctx_lens))
+    opts = AttentionOptions(scale)
+    return device.get(launch_paged_attention(device.xp, device.loader, q, kc, vc, meta, opts, partitions=partitions))
 
 
 def reference(host, scale):
-    q, kc, vc, tables, seq_lens, qsl = host
+    q, kc, vc, *arrays = host
     # The reference may read the NaN padding of the last block, then slice it off.
-    return paged_attention_ref(q, np.nan_to_num(kc), np.nan_to_num(vc), tables, seq_lens, qsl, scale)
+    meta = AttentionMetadata.from_host(*arrays)
+    return paged_attention_ref(q, np.nan_to_num(kc), np.nan_to_num(vc), meta, AttentionOptions(scale))
 
 
 # ---- decode ------------------------------------------------------------------------
@@ -92,18 +87,20 @@ def decode_contexts(BS: int) -> list[int]:
 
 
 def run_decode(device, dev, scale, ctx, partitions=None, min_partition=16, max_seq_len=None):
-    return device.get(
-        launch_paged_attention(
-            device.xp,
-            device.loader,
-            *dev,
-            scale,
-            max_query_len=1,
-            max_seq_len=max_seq_len or max(ctx),
-            partitions=partitions,
-            min_partition=min_partition,
-        )
+    q, kc, vc, *arrays = dev
+    meta = AttentionMetadata(*arrays, max_query_len=1, max_seq_len=max_seq_len or max(ctx))
+    out = launch_paged_attention(
+        device.xp,
+        device.loader,
+        q,
+        kc,
+        vc,
+        meta,
+        AttentionOptions(scale),
+        partitions=partitions,
+        min_partition=min_partition,
     )
+    return device.get(out)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from rawpage.native.attention import paged_attention
+from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
 from rawpage.ops.paged_attention import paged_attention_ref
 
 NEVER_READ = 10**9  # a block id outside every pool
@@ -22,8 +23,8 @@ ATOL_SOFT_CAP = 2e-5  # tanh's absolute error (~1e-7) times the cap (30)
 
 
 def make_batch(rng, lens, H, Hkv, D, BS, kv_dtype, window=None):
-    """(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc) for sequences
-    of (q_len, seq_len) in `lens`, their blocks scattered over the pool."""
+    """(q, k_cache, v_cache, AttentionMetadata) for sequences of (q_len, seq_len) in
+    `lens`, their blocks scattered over the pool."""
     max_blocks = max(-(-L // BS) for _, L in lens) + 2
     NB = sum(-(-L // BS) for _, L in lens) + 7
     free = rng.permutation(NB).tolist()
@@ -38,17 +39,15 @@ def make_batch(rng, lens, H, Hkv, D, BS, kv_dtype, window=None):
     v_cache = rng.standard_normal((NB, BS, Hkv, D)).astype(kv_dtype)
     seq_lens = np.array([L for _, L in lens], np.int32)
     qsl = np.concatenate([[0], np.cumsum([n for n, _ in lens])]).astype(np.int32)
-    return q, k_cache, v_cache, tables, seq_lens, qsl
+    return q, k_cache, v_cache, AttentionMetadata.from_host(tables, seq_lens, qsl)
 
 
-def check(lib, batch, scale, window=None, cap=None, atol=ATOL):
+def check(lib, batch, opts, atol=ATOL):
     """The kernel on 1 and 2 threads against the reference; 1 and 2 threads agree bit for bit."""
-    q, kc, vc, tables, seq_lens, qsl = batch
-    ref = paged_attention_ref(
-        q, kc.astype(np.float32), vc.astype(np.float32), tables, seq_lens, qsl, scale, window, cap
-    )
-    one = paged_attention(lib, q, kc, vc, tables, seq_lens, qsl, scale, window, cap, 1)
-    two = paged_attention(lib, q, kc, vc, tables, seq_lens, qsl, scale, window, cap, 2)
+    q, kc, vc, meta = batch
+    ref = paged_attention_ref(q, kc.astype(np.float32), vc.astype(np.float32), meta, opts)
+    one = paged_attention(lib, q, kc, vc, meta, opts, 1)
+    two = paged_attention(lib, q, kc, vc, meta, opts, 2)
     np.testing.assert_allclose(one, ref, rtol=RTOL, atol=atol)
     np.testing.assert_array_equal(one, two)
 
@@ -65,7 +64,7 @@ MIXED = [(1, 37), (9, 9), (1, 1), (23, 140), (1, 260), (70, 150), (2, 17)]
 def test_mixed_batch(lib, D, G, BS, kv_dtype):
     rng = np.random.default_rng(D * 100 + G * 10 + BS)
     batch = make_batch(rng, MIXED, 2 * G, 2, D, BS, kv_dtype)
-    check(lib, batch, D**-0.5)
+    check(lib, batch, AttentionOptions(D**-0.5))
 
 
 @pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
@@ -75,7 +74,7 @@ def test_mixed_batch(lib, D, G, BS, kv_dtype):
 def test_sliding_window_and_soft_cap(lib, D, G, window, cap, kv_dtype):
     rng = np.random.default_rng(D + G + (window or 0))
     batch = make_batch(rng, MIXED, 3 * G, 3, D, 16, kv_dtype, window)
-    check(lib, batch, D**-0.5, window, cap, ATOL_SOFT_CAP if cap else ATOL)
+    check(lib, batch, AttentionOptions(D**-0.5, window, cap), ATOL_SOFT_CAP if cap else ATOL)
 
 
 @pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
@@ -85,8 +84,8 @@ def test_decode_cut_into_parts(lib, seq_len, kv_dtype):
     # into parts merged afterwards (flash-decoding); the default model's shape.
     rng = np.random.default_rng(seq_len)
     batch = make_batch(rng, [(1, seq_len), (1, seq_len // 2 + 1)], 9, 3, 64, 16, kv_dtype)
-    check(lib, batch, 0.125)
-    check(lib, batch, 0.125, window=300)
+    check(lib, batch, AttentionOptions(0.125))
+    check(lib, batch, AttentionOptions(0.125, sliding_window=300))
 
 
 @pytest.mark.parametrize("H, Hkv, D", [(40, 1, 64), (4, 4, 256), (6, 2, 32)])
@@ -94,27 +93,28 @@ def test_head_groups_beyond_a_tile_and_large_heads(lib, H, Hkv, D):
     # G = 40 splits a KV head's query heads over two tiles; D = 256 is the largest.
     rng = np.random.default_rng(H + D)
     batch = make_batch(rng, [(1, 50), (3, 80), (1, 3)], H, Hkv, D, 16, np.float16)
-    check(lib, batch, D**-0.5)
+    check(lib, batch, AttentionOptions(D**-0.5))
 
 
 def test_q_as_a_view_into_the_fused_qkv(lib):
     rng = np.random.default_rng(1)
     H, Hkv, D = 9, 3, 64
-    q, kc, vc, tables, seq_lens, qsl = make_batch(rng, MIXED, H, Hkv, D, 16, np.float32)
+    q, kc, vc, meta = make_batch(rng, MIXED, H, Hkv, D, 16, np.float32)
     qkv = rng.standard_normal((len(q), (H + 2 * Hkv) * D)).astype(np.float32)
     qkv[:, : H * D] = q.reshape(len(q), -1)
     view = qkv[:, : H * D].reshape(len(q), H, D)  # row stride (H + 2 Hkv) D
-    got = paged_attention(lib, view, kc, vc, tables, seq_lens, qsl, 0.125, None, None, 2)
-    np.testing.assert_array_equal(got, paged_attention(lib, q, kc, vc, tables, seq_lens, qsl, 0.125, None, None, 2))
+    opts = AttentionOptions(0.125)
+    got = paged_attention(lib, view, kc, vc, meta, opts, 2)
+    np.testing.assert_array_equal(got, paged_attention(lib, q, kc, vc, meta, opts, 2))
 
 
 def test_refuses_what_it_cannot_read(lib):
     rng = np.random.default_rng(2)
-    q, kc, vc, tables, seq_lens, qsl = make_batch(rng, [(1, 5)], 4, 2, 64, 16, np.float32)
+    q, kc, vc, meta = make_batch(rng, [(1, 5)], 4, 2, 64, 16, np.float32)
     with pytest.raises(TypeError, match="float32 or float16"):
-        paged_attention(lib, q, kc.view(np.uint8), vc.view(np.uint8), tables, seq_lens, qsl, 1.0, None, None, 1)
+        paged_attention(lib, q, kc.view(np.uint8), vc.view(np.uint8), meta, AttentionOptions(1.0), 1)
     with pytest.raises(ValueError, match="does not fit"):
-        paged_attention(lib, q[:, :3], kc, vc, tables, seq_lens, qsl, 1.0, None, None, 1)
+        paged_attention(lib, q[:, :3], kc, vc, meta, AttentionOptions(1.0), 1)
 
 
 def test_a_sequence_attends_the_same_alone_or_batched(lib):
@@ -129,7 +129,8 @@ def test_a_sequence_attends_the_same_alone_or_batched(lib):
     q = rng.standard_normal((len(lens), H, D)).astype(np.float32)  # one decode query each
 
     def run(rows, q_rows, seq_lens, starts):
-        return paged_attention(lib, q_rows, k_cache, v_cache, tables[rows], seq_lens, starts, 0.125, None, None, 2)
+        meta = AttentionMetadata.from_host(tables[rows], seq_lens, starts)
+        return paged_attention(lib, q_rows, k_cache, v_cache, meta, AttentionOptions(0.125), 2)
 
     batched = run(np.arange(len(lens)), q, lens, np.arange(len(lens) + 1, dtype=np.int32))
     for i in range(len(lens)):

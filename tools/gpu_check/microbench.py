@@ -68,6 +68,7 @@ def bench_decode(context: int, batch: int = 64, sets: int = 2, window: int | Non
 
     from rawpage.backends.cuda import CupyKernelLoader
     from rawpage.dtypes import bf16_from_f32
+    from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
     from rawpage.ops.paged_attention import launch_paged_attention
 
     loader, rng = CupyKernelLoader(), np.random.default_rng(0)
@@ -77,11 +78,12 @@ def bench_decode(context: int, batch: int = 64, sets: int = 2, window: int | Non
     seq_lens = cupy.full(batch, context, cupy.int32)
     qsl = cupy.arange(batch + 1, dtype=cupy.int32)
 
+    opts = AttentionOptions(D**-0.5, sliding_window=window)
+
     def run(i: int) -> None:
         k, v, tables = inputs[i % sets]
-        launch_paged_attention(
-            cupy, loader, q, k, v, tables, seq_lens, qsl, D**-0.5, 1, context, sliding_window=window, kv_scales=scales
-        )
+        meta = AttentionMetadata(tables, seq_lens, qsl, max_query_len=1, max_seq_len=context)
+        launch_paged_attention(cupy, loader, q, k, v, meta, opts, kv_scales=scales)
 
     ms = median_ms_cupy(run, iters=50)
     nbytes = decode_bytes(batch, min(context, window or context), kv_itemsize=1 if fp8 else 2)
@@ -121,6 +123,7 @@ def bench_prefill(batch: int = 8, length: int = 2048, sets: int = 2) -> dict:
 
     from rawpage.backends.cuda import CupyKernelLoader
     from rawpage.dtypes import bf16_from_f32
+    from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
     from rawpage.ops.paged_attention import launch_paged_attention
 
     loader, rng = CupyKernelLoader(), np.random.default_rng(0)
@@ -129,9 +132,12 @@ def bench_prefill(batch: int = 8, length: int = 2048, sets: int = 2) -> dict:
     seq_lens = cupy.full(batch, length, cupy.int32)
     qsl = cupy.arange(0, batch * length + 1, length, dtype=cupy.int32)
 
+    opts = AttentionOptions(D**-0.5)
+
     def run(i: int) -> None:
         k, v, tables = inputs[i % sets]
-        launch_paged_attention(cupy, loader, q, k, v, tables, seq_lens, qsl, D**-0.5, length, length)
+        meta = AttentionMetadata(tables, seq_lens, qsl, max_query_len=length, max_seq_len=length)
+        launch_paged_attention(cupy, loader, q, k, v, meta, opts)
 
     ms = median_ms_cupy(run, iters=20, warmup=3)
     return {"batch": batch, "length": length, "ms": ms, "tflops": prefill_flops(batch, length) / (ms * 1e-3) / 1e12}
