@@ -234,7 +234,7 @@ class LLMEngine:
         start = seq.num_computed_tokens
         is_decode = seq.num_output_tokens > 0 and start == seq.num_tokens - 1 - seq.num_draft_tokens
         seq.num_computed_tokens += n
-        self.block_manager.cache_full_blocks(seq)
+        self.block_manager.prefix_cache.cache_full_blocks(seq)
         metrics = seq.request.metrics
         if metrics.first_scheduled_time is None:
             metrics.first_scheduled_time = time.time()
