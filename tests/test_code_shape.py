@@ -11,9 +11,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Each lower area, and the rawpage modules outside it that it may import. Anything else
 # it imports is upward (the engine, the scheduler, the loader, the server...).
-# rawpage.quantization's weight type and format codecs (fp8, int4) are data formats,
-# like dtypes; only its `select` module reads checkpoints and flags (loader level).
-FORMATS = ["rawpage.quantization.weight", "rawpage.quantization.fp8", "rawpage.quantization.int4"]
+# rawpage.quantization's weight type and format codecs (fp8, int4, gguf: NumPy
+# dequantizers) are data formats, like dtypes; only its `select` module reads flags and
+# checkpoints (loader level). The checkpoint adapters live in loader/quantized_checkpoint.py.
+FORMATS = [
+    "rawpage.quantization.weight",
+    "rawpage.quantization.fp8",
+    "rawpage.quantization.int4",
+    "rawpage.quantization.gguf",
+]
 ALLOWED = {
     "rawpage.ops": ["rawpage.cuda", "rawpage.dtypes", "rawpage.errors", *FORMATS],
     "rawpage.sim": ["rawpage.ops", "rawpage.cuda", "rawpage.dtypes", "rawpage.errors", "rawpage.compile_cache"],
@@ -40,7 +46,6 @@ ALLOWED = {
     ],
     "rawpage.loader": [
         "rawpage.backends.base",
-        "rawpage.ops",  # tables of block formats (ops/gguf_linear.py)
         "rawpage.quantization",
         "rawpage.config",
         "rawpage.tokenizer",
