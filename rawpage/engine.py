@@ -24,14 +24,7 @@ from rawpage.block_manager import BlockManager
 from rawpage.chat_template import ChatTemplate
 from rawpage.device_logits import DeviceLogits
 from rawpage.engine_args import EngineArgs
-from rawpage.engine_setup import (
-    backend_for,
-    cuda_graph_shapes,
-    load_model,
-    make_runner,
-    num_swap_blocks,
-    resolve_max_model_len,
-)
+from rawpage.engine_setup import cuda_graph_shapes, load_model, make_runner, num_swap_blocks, resolve_max_model_len
 from rawpage.errors import WorkerDiedError
 from rawpage.forking import Forker
 from rawpage.grammar_compiler import GrammarCompiler
@@ -39,6 +32,7 @@ from rawpage.loader import load_checkpoint
 from rawpage.lora.manager import LoRARequest, resolve_lora
 from rawpage.output_processor import OutputProcessor
 from rawpage.outputs import RequestOutput
+from rawpage.rank_setup import backend_for
 from rawpage.request_checks import check_request, check_salt_and_priority
 from rawpage.sampler import Sampler
 from rawpage.sampling_params import SamplingParams
@@ -70,9 +64,8 @@ class LLMEngine:
         self.max_model_len = resolve_max_model_len(args.max_model_len, c.max_position_embeddings)
         self.block_size = args.block_size
         batched = args.max_num_batched_tokens or (8192 if self.backend.name == "cuda" else 2048)
-        self.model, self.memory, self.workers, self.lora, self.draft_model = load_model(
-            args, c, self.backend, ckpt.tensors, batched, self.max_model_len
-        )
+        loaded = load_model(args, ckpt, self.backend, batched, self.max_model_len)
+        self.model, self.memory, self.workers, self.lora = loaded.model, loaded.memory, loaded.workers, loaded.lora
         num_blocks, num_cpu_blocks = self.memory.num_blocks, num_swap_blocks(args, self.memory.bytes_per_block)
         caching, window = args.enable_prefix_caching, self.memory.sliding_window  # window: see memory.py
         self.block_manager = BlockManager(
@@ -95,7 +88,7 @@ class LLMEngine:
         self.output = OutputProcessor(
             self.tokenizer, c.eos_token_ids, c.vocab_size, self.max_model_len, self.scheduler.finish
         )
-        self.spec = build_spec_decoder(self)  # speculative decoding's hooks (rawpage/spec_decode/)
+        self.spec = build_spec_decoder(args, loaded.draft, self.scheduler, self.sampler, self.output, self._fail_seq)
         self.requests: dict[str, Request] = {}
         self._aborted: list[Request] = []  # to report as finished at the end of the next step
         self._batch: dict[str, Request] | None = None  # the requests of the step in progress

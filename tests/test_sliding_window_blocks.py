@@ -7,7 +7,7 @@ import pytest
 from rawpage import LLM, SamplingParams
 from rawpage.block_manager import BlockManager
 from rawpage.config import ModelConfig
-from rawpage.engine_setup import kv_cache_window
+from rawpage.rank_setup import kv_cache_window
 from rawpage.sequence import NULL_BLOCK
 from tests.model_harness import assert_no_leaks
 from tests.test_scheduler import make_seq
