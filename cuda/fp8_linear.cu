@@ -16,10 +16,10 @@
 //                   float32 product cuBLASLt wrote. Grid: flat over T N. Block: 256.
 #include "common.cuh"
 #include "fp8.cuh"
+#include "gemv.cuh"  // kMaxTokens
 
 using namespace rawpage;
 
-constexpr int kMaxTokens = 8;  // rawpage/ops/gguf_linear.py GEMV_MAX_TOKENS
 
 template <typename T>
 __device__ void fp8_gemv(T* __restrict__ out,                 // [T, N]

@@ -26,10 +26,10 @@
 //                 Grid: ceil(N / 8). Block: 8 warps x 32 threads.
 #include "common.cuh"
 #include "gguf_blocks.cuh"
+#include "gemv.cuh"  // kMaxTokens
 
 using namespace rawpage;
 
-constexpr int kMaxTokens = 8;  // rawpage/ops/gguf_linear.py GEMV_MAX_TOKENS
 
 // 4 bytes at a 2-byte-aligned address (every GGUF block size and field offset is even).
 __device__ __forceinline__ int ld32(const u8* p) {

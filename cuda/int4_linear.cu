@@ -23,6 +23,7 @@
 //   int4_dequantize: prefill. W -> dense (N, K) scratch for the GEMM.
 //                    Grid: (N). Block: threads stride over the row's chunks.
 #include "common.cuh"
+#include "gemv.cuh"  // kMaxTokens
 
 using namespace rawpage;
 
@@ -36,7 +37,6 @@ __device__ __forceinline__ void unpack_chunk(const unsigned* __restrict__ w, int
     for (int j = 0; j < 8; ++j) q[8 * i + j] = float((words[i] >> (4 * j)) & 15u);
 }
 
-constexpr int kMaxTokens = 8;  // rawpage/ops/gguf_linear.py GEMV_MAX_TOKENS
 
 template <typename T>
 __device__ void int4_gemv(T* __restrict__ out,               // [T, N]

@@ -1,9 +1,11 @@
 """rawpage: PagedAttention and continuous batching, on NumPy, CuPy and our own CUDA kernels."""
+# ruff: noqa: E402  (the imports after `__path__ +=` need the folders it adds)
 
-from rawpage import (
-    _blas_env,  # noqa: F401  (first: before anything loads NumPy, and with it OpenBLAS)
-    _checkout,  # noqa: F401  (makes rawpage.models importable from a checkout)
-)
+from rawpage import _blas_env  # noqa: F401  (first: before anything loads NumPy, and with it OpenBLAS)
+from rawpage._checkout import checkout_folders
+
+__path__ += checkout_folders()  # rawpage.models and rawpage.cuda importable from a checkout
+
 from rawpage.engine_args import EngineArgs
 from rawpage.llm import LLM
 from rawpage.lora import LoRARequest

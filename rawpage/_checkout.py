@@ -5,14 +5,17 @@ rawpage.models and rawpage.cuda live in models/ and cuda/ at the top of the
 repository; pyproject's package-dir maps them when rawpage is installed. From a
 checkout, the package path has to point there too. Installed (a wheel, or
 editable), this changes nothing: the wheel has rawpage/models, and an editable
-install maps the same folders this adds.
+install maps the same folders this adds. rawpage/__init__.py adds them to its
+own __path__ (this module does not import the package that imports it).
 """
 
 from pathlib import Path
 
-import rawpage
 
-_package = Path(rawpage.__file__).resolve().parent
-_root = _package.parent
-if not (_package / "models").is_dir() and (_root / "models" / "llama.py").is_file():
-    rawpage.__path__.append(str(_root))
+def checkout_folders() -> list[str]:
+    """The folders rawpage's __path__ lacks: the checkout's root when run from one, else none."""
+    package = Path(__file__).resolve().parent
+    root = package.parent
+    if not (package / "models").is_dir() and (root / "models" / "llama.py").is_file():
+        return [str(root)]
+    return []

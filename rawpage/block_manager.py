@@ -24,13 +24,14 @@ kept; no kernel reads them). They keep the prefix-cache names they got when they
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Collection
 
-from rawpage.kv_usage import NULL_BLOCK, KVUsage, kv_usage
-from rawpage.prefix_cache import PrefixCaching
-from rawpage.sequence import Sequence
+from rawpage.kv_usage import KVUsage, stored_tokens
+from rawpage.prefix_cache import PrefixCache
+from rawpage.sequence import NULL_BLOCK, Sequence
 
 
-class BlockManager(PrefixCaching):
+class BlockManager:
     def __init__(
         self,
         num_blocks: int,
@@ -44,11 +45,9 @@ class BlockManager(PrefixCaching):
         self.sliding_window = sliding_window
         self.num_window_releases = 0  # block references dropped out of the window
         self.block_size = block_size
-        self.enable_prefix_caching = enable_prefix_caching
+        self.prefix_cache = PrefixCache(num_blocks, block_size, enable_prefix_caching)
         self.watermark_blocks = int(watermark * num_blocks)
         self.ref_counts = [0] * num_blocks
-        self.block_hash: list[bytes | None] = [None] * num_blocks
-        self.cached: dict[bytes, int] = {}  # block name -> physical block
         self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) for the runner
         self.num_cow_copies = 0
@@ -75,9 +74,15 @@ class BlockManager(PrefixCaching):
         """Physical blocks saved by sharing: each extra reference to a block is one block not stored twice."""
         return sum(r - 1 for r in self.ref_counts if r > 1)
 
+    def cached_block_ids(self) -> Collection[int]:
+        """Blocks whose content is named in the prefix cache, in use or free."""
+        return self.prefix_cache.cached.values()
+
     def usage(self, seqs: list[Sequence]) -> KVUsage:
         """Account for the blocks of the given sequences (the ones holding GPU blocks)."""
-        return kv_usage(self, seqs)
+        used, free, stored = self.num_used_blocks, self.num_free_blocks, stored_tokens(seqs, self.block_size)
+        logical, waste = sum(s.num_computed_tokens for s in seqs), used * self.block_size - stored
+        return KVUsage(used, free, logical, stored, waste, self.num_shared_blocks_saved(), self.num_window_releases)
 
     # --- allocation ----------------------------------------------------------------------
     def can_allocate(self, seq: Sequence, num_new_tokens: int, cached_blocks: list[int]) -> bool:
@@ -97,7 +102,7 @@ class BlockManager(PrefixCaching):
     def allocate(self, seq: Sequence, cached_blocks: list[int]) -> None:
         """Start a sequence on its cached prefix; append_slots adds the rest."""
         assert not seq.block_table
-        if self.enable_prefix_caching:
+        if self.prefix_cache.enabled:
             self.prefix_queries += seq.num_tokens
             self.prefix_hits += len(cached_blocks) * self.block_size
         for b in cached_blocks:
@@ -204,11 +209,6 @@ class BlockManager(PrefixCaching):
 
     def _take_free_block(self) -> int:
         block, _ = self.free_queue.popitem(last=False)
-        h = self.block_hash[block]
-        if h is not None:  # evict: the block's old content is about to be overwritten
-            self.num_evictions += 1
-            self.block_hash[block] = None
-            if self.cached.get(h) == block:
-                del self.cached[h]
+        self.num_evictions += self.prefix_cache.forget(block)  # its old content is about to be overwritten
         self.ref_counts[block] = 1
         return block

@@ -24,14 +24,7 @@ from rawpage.block_manager import BlockManager
 from rawpage.chat_template import ChatTemplate
 from rawpage.device_logits import DeviceLogits
 from rawpage.engine_args import EngineArgs
-from rawpage.engine_setup import (
-    backend_for,
-    cuda_graph_shapes,
-    load_model,
-    make_runner,
-    num_swap_blocks,
-    resolve_max_model_len,
-)
+from rawpage.engine_setup import cuda_graph_shapes, load_model, make_runner, num_swap_blocks, resolve_max_model_len
 from rawpage.errors import WorkerDiedError
 from rawpage.forking import Forker
 from rawpage.grammar_compiler import GrammarCompiler
@@ -39,6 +32,7 @@ from rawpage.loader import load_checkpoint
 from rawpage.lora.manager import LoRARequest, resolve_lora
 from rawpage.output_processor import OutputProcessor
 from rawpage.outputs import RequestOutput
+from rawpage.rank_setup import backend_for
 from rawpage.request_checks import check_request, check_salt_and_priority
 from rawpage.sampler import Sampler
 from rawpage.sampling_params import SamplingParams
@@ -70,9 +64,8 @@ class LLMEngine:
         self.max_model_len = resolve_max_model_len(args.max_model_len, c.max_position_embeddings)
         self.block_size = args.block_size
         batched = args.batched_tokens(self.backend.name)
-        self.model, self.memory, self.workers, self.lora, self.draft_model = load_model(
-            args, c, self.backend, ckpt.tensors, batched, self.max_model_len
-        )
+        loaded = load_model(args, ckpt, self.backend, batched, self.max_model_len)
+        self.model, self.memory, self.workers, self.lora = loaded.model, loaded.memory, loaded.workers, loaded.lora
         num_blocks = self.memory.num_blocks
         num_cpu_blocks = num_swap_blocks(args, self.memory.bytes_per_block)
         self.block_manager = BlockManager(
@@ -108,7 +101,7 @@ class LLMEngine:
         self.output = OutputProcessor(
             self.tokenizer, c.eos_token_ids, c.vocab_size, self.max_model_len, self.scheduler.finish
         )
-        self.spec = build_spec_decoder(self)  # speculative decoding's hooks (rawpage/spec_decode/)
+        self.spec = build_spec_decoder(args, loaded.draft, self.scheduler, self.sampler, self.output, self._fail_seq)
         self.requests: dict[str, Request] = {}
         self._aborted: list[Request] = []  # to report as finished at the end of the next step
         self.batch: list[tuple[Sequence, int]] | None = None  # this (or the last) step's; None until scheduled
@@ -247,7 +240,7 @@ class LLMEngine:
         start = seq.num_computed_tokens
         is_decode = seq.num_output_tokens > 0 and start == seq.num_tokens - 1 - seq.num_draft_tokens
         seq.num_computed_tokens += n
-        self.block_manager.cache_full_blocks(seq)
+        self.block_manager.prefix_cache.cache_full_blocks(seq)
         metrics = seq.request.metrics
         if metrics.first_scheduled_time is None:
             metrics.first_scheduled_time = time.time()

@@ -1,49 +1,28 @@
-"""What the engine decides once, at startup: the dtype, the context length, and how
-many KV blocks fit (measured on the GPU, from a fixed budget on the CPU)."""
+"""What the engine decides once, at startup: the context length, the model with its
+tensor-parallel workers, LoRA slots and draft model, the KV pool they agree on, the swap
+space and the CUDA graph shapes. What each rank decides for itself (its dtype, its
+shard, its KV blocks): rank_setup.py."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import dataclass
 
-import numpy as np
-
-from rawpage.backends import cuda_available, get_backend
 from rawpage.backends.base import Backend
 from rawpage.config import ModelConfig
 from rawpage.decode_graphs import graph_shapes
-from rawpage.engine_args import EngineArgs, parse_kv_cache_scales
-from rawpage.kv_cache_scales import calibrate_kv_cache_scales
+from rawpage.distributed.executor import ParallelModelRunner, TensorParallelGroup
+from rawpage.engine_args import EngineArgs
+from rawpage.loader import Checkpoint
 from rawpage.lora.manager import LoRAManager
-from rawpage.memory import DraftMemory, GiB, MemoryPlan, PoolLayout, plan_cpu_default, plan_fixed, profile_gpu
-from rawpage.model_runner import ModelRunner, kv_bytes_per_block
-from rawpage.models.registry import build_model, supports_cuda_graphs
+from rawpage.memory import GiB, MemoryPlan
+from rawpage.model_runner import ModelRunner
+from rawpage.models.registry import supports_cuda_graphs
 from rawpage.models.weight_source import Model
-from rawpage.profile_run import profile_run
-from rawpage.quantization.select import apply_quantization_flag
+from rawpage.rank_setup import build_rank, plan_kv_cache
 from rawpage.spec_decode.draft_model import load_draft_model
 
 logger = logging.getLogger("rawpage")
-
-
-def resolve_dtype(dtype: str, device: str, checkpoint_dtype: str) -> str | None:
-    """--dtype auto: float32 on cpu and sim; on cuda bfloat16 for bfloat16 checkpoints, else float16."""
-    if dtype == "half":
-        return "float16"
-    if dtype != "auto":
-        return dtype
-    if device in ("cuda", "auto") and cuda_available():
-        return "bfloat16" if "bfloat16" in checkpoint_dtype else "float16"
-    return None
-
-
-def backend_for(args: EngineArgs, device: str, checkpoint_dtype: str) -> Backend:
-    """The backend these flags ask for on `device` (the engine's, or a worker's), after
-    which the flags that cannot apply to it each log their one line."""
-    dtype = resolve_dtype(args.dtype, device, checkpoint_dtype)
-    backend = get_backend(device, dtype, args.cpu_threads, args.cpu_kernels)
-    args.log_inert_flags(backend)
-    return backend
 
 
 def resolve_max_model_len(max_model_len: int | None, limit: int) -> int:
@@ -52,91 +31,6 @@ def resolve_max_model_len(max_model_len: int | None, limit: int) -> int:
     if want > limit:
         raise ValueError(f"--max-model-len {want} exceeds the model's context length {limit}")
     return want
-
-
-def plan_kv_cache(
-    a: EngineArgs,
-    model: Model,
-    backend: Backend,
-    max_num_batched_tokens: int,
-    max_model_len: int,
-    lora: LoRAManager | None = None,
-    draft: Model | None = None,
-) -> MemoryPlan:
-    """How many KV blocks the pool gets: on the GPU, whatever --gpu-memory-utilization leaves
-    after measuring a worst-case step; else --num-gpu-blocks-override or --kv-cache-memory.
-    LoRA slots (already allocated) count with the weights; a draft model (already loaded)
-    with its weights, and with its own pool of as many blocks, in the same budget."""
-    plan = _plan_kv_cache(a, model, backend, max_num_batched_tokens, max_model_len, lora, draft)
-    if lora is not None:
-        plan.lora_bytes, plan.lora_text = lora.slot_bytes(), lora.describe()
-    return plan
-
-
-def _plan_kv_cache(
-    a: EngineArgs,
-    model: Model,
-    backend: Backend,
-    max_num_batched_tokens: int,
-    max_model_len: int,
-    lora: LoRAManager | None,
-    draft: Model | None,
-) -> MemoryPlan:
-    fp8, half = setup_fp8_kv_cache(a, model, backend), setup_float16_kv_cache(a, backend)
-    itemsize = 1 if fp8 else 2 if half else backend.dtype.itemsize  # the draft's cache takes the same dtype
-    per_block = kv_bytes_per_block(model.config, a.block_size, itemsize)
-    weights = model.num_bytes() + (lora.slot_bytes() if lora is not None else 0)
-    draft_mem = draft and DraftMemory(draft.num_bytes(), kv_bytes_per_block(draft.config, a.block_size, itemsize))
-    dtype = "fp8" if fp8 else "float16" if half else "auto"
-    layout = PoolLayout(per_block, a.block_size, max_model_len, kv_cache_window(model.config), dtype, draft_mem)
-    if backend.memory is not None and not a.num_gpu_blocks_override and not a.kv_cache_memory:
-
-        def worst_case() -> None:  # the draft runs passes of the same size, one model at a time
-            for m in (model, draft):
-                if m is not None:
-                    profile_run(m, backend, max_num_batched_tokens, a.max_num_seqs, a.block_size)
-
-        return profile_gpu(backend.memory, weights, worst_case, a.gpu_memory_utilization, layout)
-    if a.num_gpu_blocks_override:
-        budget = a.num_gpu_blocks_override * (per_block + (draft_mem.bytes_per_block if draft_mem else 0))
-        return plan_fixed(budget, layout, weights, 0, "--num-gpu-blocks-override")
-    if a.kv_cache_memory:
-        return plan_fixed(a.kv_cache_memory, layout, weights)
-    return plan_cpu_default(a.max_num_seqs, layout, weights)
-
-
-def kv_cache_window(config: ModelConfig) -> int | None:
-    """The sliding window out of which KV blocks may be released: only when every layer
-    has one (a global layer, as in Gemma 2 and 3, reads every key of the context)."""
-    windows = [config.layer_sliding_window(i) for i in range(config.num_layers)]
-    return max(windows) if windows and all(windows) else None
-
-
-def setup_fp8_kv_cache(a: EngineArgs, model, backend: Backend) -> bool:
-    """--kv-cache-dtype fp8: give the backend its scales (set, or calibrated now, before the
-    pool exists; the runner then allocates uint8 caches). False for a model-dtype cache."""
-    if not a.fp8_kv_cache:
-        return False
-    scales = parse_kv_cache_scales(a.kv_cache_scales)
-    if scales is None:
-        scales = calibrate_kv_cache_scales(model, backend, a.block_size, model.config.vocab_size)
-    backend.set_kv_scales(scales)
-    logger.info("FP8 KV cache: k_scale %.4g, v_scale %.4g (%s)", scales[0], scales[1], a.kv_cache_scales)
-    return True
-
-
-def setup_float16_kv_cache(a: EngineArgs, backend: Backend) -> bool:
-    """--kv-cache-dtype float16 on the CPU: the runner allocates float16 caches (half the
-    bytes of float32; attention reads them as float32). False for a model-dtype cache."""
-    if a.kv_cache_dtype != "float16":
-        return False
-    if backend.name != "cpu":
-        raise ValueError(
-            f"--kv-cache-dtype float16 runs on --device cpu only, not {backend.name}: there the KV cache "
-            "takes the model dtype (--kv-cache-dtype auto; --dtype float16 for a 16-bit one) or fp8"
-        )
-    backend.kv_cache_dtype = np.dtype(np.float16)
-    return True
 
 
 def num_swap_blocks(a: EngineArgs, bytes_per_block: int) -> int:
@@ -148,25 +42,34 @@ def num_swap_blocks(a: EngineArgs, bytes_per_block: int) -> int:
     return n
 
 
+@dataclass
+class LoadedModel:
+    """What load_model brings up before the KV pool exists."""
+
+    model: Model  # rank 0's (its shard, under tensor parallelism)
+    memory: MemoryPlan  # the KV pool every rank fits
+    workers: TensorParallelGroup | None  # ranks 1..P-1, or None at --tensor-parallel-size 1
+    lora: LoRAManager | None  # the adapter slots, with --enable-lora
+    draft: Model | None  # the draft model of --speculative-config
+
+
 def load_model(
-    a: EngineArgs, config: Any, backend: Backend, tensors: Any, max_num_batched_tokens: int, max_model_len: int
-) -> tuple[Any, MemoryPlan, Any, LoRAManager | None, Any]:
+    a: EngineArgs, ckpt: Checkpoint, backend: Backend, max_num_batched_tokens: int, max_model_len: int
+) -> LoadedModel:
     """The model on the backend, the plan of its KV pool, the tensor-parallel workers, the
     LoRA slots and the draft model. With --tensor-parallel-size P > 1 this process holds
-    rank 0's shard, P - 1 spawned workers hold the others (else None), and the pool is the
-    smallest any rank fits. With --enable-lora the adapter slots, and with a draft model in
+    rank 0's shard, P - 1 spawned workers hold the others, and the pool is the smallest
+    any rank fits. With --enable-lora the adapter slots, and with a draft model in
     --speculative-config that model (whole, on this rank), are loaded before the pool is sized."""
-    group = None
+    config, group = ckpt.config, None
     if a.tensor_parallel_size > 1:
-        from rawpage.distributed.executor import TensorParallelGroup
-
         group = TensorParallelGroup(a, backend.name, config, max_num_batched_tokens, max_model_len)
-    model = build_model(config, backend, apply_quantization_flag(tensors, a.quantization), group and group.tp)
+    model = build_rank(ckpt, backend, a.quantization, group and group.tp)
     lora = LoRAManager.from_args(a, model, backend)  # None without --enable-lora
     spec = a.speculative_config
     draft = load_draft_model(spec.model, backend, config.vocab_size, a.seed) if spec and spec.model else None
     plan = plan_kv_cache(a, model, backend, max_num_batched_tokens, max_model_len, lora, draft)
-    return model, plan if group is None else group.agree_on_pool(plan), group, lora, draft
+    return LoadedModel(model, plan if group is None else group.agree_on_pool(plan), group, lora, draft)
 
 
 def cuda_graph_shapes(a: EngineArgs, backend: Backend, config: ModelConfig) -> list[tuple[int, int]] | None:
@@ -179,7 +82,7 @@ def cuda_graph_shapes(a: EngineArgs, backend: Backend, config: ModelConfig) -> l
 
 
 def make_runner(
-    group: Any,
+    group: TensorParallelGroup | None,
     model: Model,
     backend: Backend,
     a: EngineArgs,
@@ -193,7 +96,5 @@ def make_runner(
     runner_args = (model, backend, a.block_size, num_blocks, num_cpu_blocks, graph_shapes, max_model_len)
     if group is None:
         return ModelRunner(*runner_args, lora)
-    from rawpage.distributed.executor import ParallelModelRunner
-
     group.start_runners(num_blocks, num_cpu_blocks, graph_shapes)
     return ParallelModelRunner(group, *runner_args)

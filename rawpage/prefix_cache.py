@@ -1,32 +1,24 @@
-"""Prefix caching: the part of the BlockManager that names full blocks by their content.
+"""Prefix caching: the BlockManager's index of full blocks by their content.
 
 A full block's name is a SHA-256 of its tokens chained on the previous block's name
 and rooted in the request's extra keys (cache salt; rawpage/block_hash.py), so a
-new request with the same prefix finds the blocks an earlier one filled. Mixed into
-BlockManager (rawpage/block_manager.py), whose allocator forgets a name only when it
-reuses the block: this class reads and writes the manager's `block_hash` (physical
-block -> name), `cached` (name -> physical block), `ref_counts` and `block_size`.
+new request with the same prefix finds the blocks an earlier one filled. The
+BlockManager (rawpage/block_manager.py) owns one PrefixCache, and names are
+forgotten only when the allocator reuses a block (`forget`) or on a reset.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
-
 from rawpage.block_hash import block_digest
-from rawpage.kv_usage import NULL_BLOCK
-from rawpage.sequence import Sequence
+from rawpage.sequence import NULL_BLOCK, Sequence
 
 
-class PrefixCaching:
-    block_size: int
-    enable_prefix_caching: bool
-    ref_counts: list[int]
-    block_hash: list[bytes | None]
-    cached: dict[bytes, int]
-
-    def cached_block_ids(self) -> Collection[int]:
-        """Blocks whose content is named in the prefix cache, in use or free."""
-        return self.cached.values()
+class PrefixCache:
+    def __init__(self, num_blocks: int, block_size: int, enabled: bool = True) -> None:
+        self.block_size = block_size
+        self.enabled = enabled
+        self.block_hash: list[bytes | None] = [None] * num_blocks  # physical block -> its name
+        self.cached: dict[bytes, int] = {}  # block name -> physical block
 
     def block_hashes(self, seq: Sequence, num_full_blocks: int) -> list[bytes]:
         """Chained names of the sequence's first full blocks, memoised on the sequence
@@ -41,7 +33,7 @@ class PrefixCaching:
     def match_prefix(self, seq: Sequence) -> list[int]:
         """Physical blocks holding the longest cached prefix of a sequence that has none yet.
         At least one token is always left to compute, so the step yields its logits."""
-        if not self.enable_prefix_caching:
+        if not self.enabled:
             return []
         matched = []
         for h in self.block_hashes(seq, (seq.num_tokens - 1) // self.block_size):
@@ -53,7 +45,7 @@ class PrefixCaching:
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Name the sequence's newly completed blocks by their content, after a forward pass."""
-        if not self.enable_prefix_caching:
+        if not self.enabled:
             return
         n_full = (seq.num_computed_tokens - seq.num_draft_tokens) // self.block_size  # never a drafted token
         hashes = self.block_hashes(seq, n_full)
@@ -64,8 +56,16 @@ class PrefixCaching:
                 self.cached[h] = block
         seq.num_hashed_blocks = n_full
 
-    def reset_prefix_cache(self) -> None:
+    def forget(self, block: int) -> bool:
+        """The allocator is about to overwrite `block`: drop its name. True if it had one (an eviction)."""
+        h, self.block_hash[block] = self.block_hash[block], None
+        if h is not None and self.cached.get(h) == block:
+            del self.cached[h]
+        return h is not None
+
+    def reset(self, ref_counts: list[int]) -> None:
+        """Forget the names of the blocks no sequence holds (ref_counts[b] == 0)."""
         for b, h in enumerate(self.block_hash):
-            if h is not None and self.ref_counts[b] == 0:
+            if h is not None and ref_counts[b] == 0:
                 self.block_hash[b] = None
                 del self.cached[h]

@@ -142,7 +142,7 @@ class Scheduler:
             if not lora_fits(seq, self.running, self.config.max_loras) or (seq.grammar and not seq.grammar.ready):
                 i += 1
                 continue
-            cached = bm.match_prefix(seq) if seq.request.params.prompt_logprobs is None else []
+            cached = bm.prefix_cache.match_prefix(seq) if seq.request.params.prompt_logprobs is None else []
             n = self._tokens_that_fit(seq, cached, budget)
             if n == 0 or not bm.can_allocate(seq, n, cached):
                 break

@@ -20,6 +20,8 @@ import numpy as np
 from rawpage.block_hash import root_digest
 from rawpage.sampling_params import SamplingParams
 
+NULL_BLOCK = -1  # a block_table entry the sliding window released: positions kept, no kernel reads it
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"  # no KV blocks; (re)starts from num_computed_tokens

@@ -6,6 +6,7 @@ import ast
 import re
 import subprocess
 import sys
+from collections import deque
 from pathlib import Path
 
 from tools.path_files import core_closure, path_files
@@ -14,10 +15,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Each lower area, and the rawpage modules outside it that it may import. Anything else
 # it imports is upward (the engine, the scheduler, the loader, the server...).
-# rawpage.quantization's weight type and format codecs (fp8, int4) are data formats,
-# like dtypes; only its `select` module reads checkpoints and flags (loader level).
-FORMATS = ["rawpage.quantization.weight", "rawpage.quantization.fp8", "rawpage.quantization.int4"]
+# rawpage.quantization's weight type and format codecs (fp8, int4, gguf: NumPy
+# dequantizers) are data formats, like dtypes; only its `select` module reads flags and
+# checkpoints (loader level). The checkpoint adapters live in loader/quantized_checkpoint.py.
+FORMATS = [
+    "rawpage.quantization.weight",
+    "rawpage.quantization.fp8",
+    "rawpage.quantization.int4",
+    "rawpage.quantization.gguf",
+]
 ALLOWED = {
+    # the formats themselves sit below ops/ and loader/: they read no checkpoint and launch no kernel
+    **{module: ["rawpage.dtypes", "rawpage.errors", *FORMATS] for module in FORMATS},
     "rawpage.ops": ["rawpage.cuda", "rawpage.dtypes", "rawpage.errors", *FORMATS],
     "rawpage.sim": ["rawpage.ops", "rawpage.cuda", "rawpage.dtypes", "rawpage.errors", "rawpage.compile_cache"],
     # the CPU kernels: C sources and their ctypes wrappers, beside the simulator
@@ -43,7 +52,6 @@ ALLOWED = {
     ],
     "rawpage.loader": [
         "rawpage.backends.base",
-        "rawpage.ops",  # tables of block formats (ops/gguf_linear.py)
         "rawpage.quantization",
         "rawpage.config",
         "rawpage.tokenizer",
@@ -147,9 +155,87 @@ def test_the_import_check_catches_an_upward_import():
     assert upward_imports("rawpage.models.llama", {"rawpage.loader.dummy"}) == ["rawpage.loader.dummy"]
     assert upward_imports("rawpage.backends.cuda", {"rawpage.engine", "rawpage.ops.rope"}) == ["rawpage.engine"]
     assert upward_imports("rawpage.scheduler", {"rawpage.server.app"}) == ["rawpage.server.app"]
+    assert upward_imports("rawpage.quantization.int4", {"rawpage.loader.tensors"}) == ["rawpage.loader.tensors"]
     assert upward_imports("rawpage.models.llama", {"rawpage.models.weight_source", "rawpage.ops.rope"}) == []
     assert module_name(ROOT / "models" / "llama.py") == "rawpage.models.llama"
     assert module_name(ROOT / "rawpage" / "backends" / "__init__.py") == "rawpage.backends"
+
+
+def imported_modules(module: str, source: str, modules: set[str]) -> set[str]:
+    """The rawpage modules a source file imports, every import counted: at the top, inside
+    functions (lazy), under `if TYPE_CHECKING:`. `from rawpage.x import y` imports the module
+    rawpage.x.y when there is one, else rawpage.x (or its nearest ancestor in `modules`)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{module}: a relative import, which this check does not resolve"
+            names = [f"{node.module}.{a.name}" for a in node.names] if node.module.startswith("rawpage") else []
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names if a.name.startswith("rawpage")]
+        else:
+            continue
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            found.add(name)
+    return found - {module, ""}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """rawpage module -> the rawpage modules it imports; models/ is rawpage.models, and
+    cuda/ (kernel sources, no Python) the module rawpage.cuda."""
+    sources = {module_name(path): path.read_text() for path in source_files()}
+    modules = {*sources, "rawpage.cuda"}
+    return {"rawpage.cuda": set()} | {m: imported_modules(m, src, modules) for m, src in sources.items()}
+
+
+def cycle_through(graph: dict[str, set[str]], start: str) -> list[str]:
+    """The shortest circle of imports from `start` back to itself (start first and last), or []."""
+    parent: dict[str, str | None] = {start: None}
+    queue = deque([start])
+    while queue:
+        module = queue.popleft()
+        for imported in sorted(graph[module]):
+            if imported == start:
+                path = [module]
+                while parent[path[-1]] is not None:
+                    path.append(parent[path[-1]])
+                return [*reversed(path), start]
+            if imported not in parent:
+                parent[imported] = module
+                queue.append(imported)
+    return []
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every circle of imports, one for each set of modules that closes one (the shortest
+    circle through each module, duplicates dropped)."""
+    cycles: dict[frozenset[str], list[str]] = {}
+    for module in sorted(graph):
+        cycle = cycle_through(graph, module)
+        cycles.setdefault(frozenset(cycle), cycle)
+    return [c for key, c in cycles.items() if key]
+
+
+def test_no_import_cycles():
+    """Imports point one way, lazy and type-checking-only ones included (issue 32): a
+    function-local import that closes a circle hides a layering problem, it does not solve it."""
+    cycles = import_cycles(import_graph())
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_sees_lazy_and_type_checking_imports():
+    sources = {
+        "rawpage.a": "def f():\n    from rawpage.b import helper\n",
+        "rawpage.b": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rawpage import c\n",
+        "rawpage.c": "import rawpage.a.inner\n",  # no such module: rawpage.a
+        "rawpage.d": "from rawpage.a import f\n",  # on no circle
+    }
+    graph = {m: imported_modules(m, src, set(sources)) for m, src in sources.items()}
+    a, b, c = "rawpage.a", "rawpage.b", "rawpage.c"
+    assert graph == {a: {b}, b: {c}, c: {a}, "rawpage.d": {a}}
+    assert import_cycles(graph) == [[a, b, c, a]]
+    assert import_cycles({**graph, c: set()}) == []
 
 
 def test_the_engine_core_fits_its_line_budget():

@@ -23,7 +23,7 @@ def check_snapshot(engine, snap: dict) -> None:
     assert len(state) == len(owner) == len(refs) == bm.num_blocks
     for b in range(bm.num_blocks):
         r = bm.ref_counts[b]
-        want = SHARED if r > 1 else USED if r == 1 else CACHED if bm.block_hash[b] is not None else FREE
+        want = SHARED if r > 1 else USED if r == 1 else CACHED if bm.prefix_cache.block_hash[b] is not None else FREE
         assert state[b] == want, f"block {b}"
         assert refs[b] == r
         holders = [s.seq_id for s in sc.running if b in s.block_table]

@@ -4,8 +4,10 @@ to the internal int4 layout gives back exactly what was quantized."""
 import numpy as np
 import pytest
 
-from rawpage.quantization.int4 import awq_to_int4, gptq_to_int4, int4_dequantize_ref, unpack_nibbles
+from rawpage.loader.quantized_checkpoint import awq_to_int4, gptq_to_int4
+from rawpage.quantization.int4 import unpack_nibbles
 from rawpage.quantization.int4_pack import dequantize_packed, pack_awq, pack_gptq
+from rawpage.quantization.weight import dequantize
 
 
 def weight(N=24, K=256, seed=0):
@@ -29,7 +31,7 @@ def test_gptq_round_trip(group_size, sym, act_order):
     iw = gptq_to_int4(t["qweight"], t["qzeros"], t["scales"], t["g_idx"], group_size)
     assert (iw.perm is not None) == reordered
     want = dequantize_packed(w, t["g_idx"], sym)
-    np.testing.assert_array_equal(int4_dequantize_ref(iw), want)
+    np.testing.assert_array_equal(dequantize(iw), want)
     # within half a step (sym: step = max|w| / 7), or one step when the zero point is rounded too
     step = np.abs(w).max() * (1 / 7 if sym else 2 / 15)
     assert np.abs(want - w).max() <= step * (0.5 if sym else 1.0) * 1.01
@@ -41,7 +43,7 @@ def test_awq_round_trip(group_size):
     t = pack_awq(w, group_size)
     assert t["qweight"].shape == (256, 3) and t["qzeros"].shape == (256 // group_size, 3)
     iw = awq_to_int4(t["qweight"], t["qzeros"], t["scales"])
-    np.testing.assert_array_equal(int4_dequantize_ref(iw), dequantize_packed(w, np.arange(256) // group_size, False))
+    np.testing.assert_array_equal(dequantize(iw), dequantize_packed(w, np.arange(256) // group_size, False))
 
 
 def test_awq_interleaves_columns_in_each_word():

@@ -195,9 +195,9 @@ def test_a_budget_that_holds_the_target_but_not_its_draft_says_what_to_change():
 
 
 def test_gpu_path_profiles_the_draft_and_plans_its_pool(tiny_model_dir, monkeypatch):
-    """engine_setup on a (fake) GPU: the worst-case pass runs the target then the draft,
+    """rank_setup on a (fake) GPU: the worst-case pass runs the target then the draft,
     and the plan counts the loaded draft's weights and gives it as many blocks."""
-    from rawpage import engine_setup
+    from rawpage import rank_setup
     from rawpage.backends import get_backend
     from rawpage.engine_args import EngineArgs
     from rawpage.model_runner import kv_bytes_per_block
@@ -210,9 +210,9 @@ def test_gpu_path_profiles_the_draft_and_plans_its_pool(tiny_model_dir, monkeypa
     dev.alloc(target.num_bytes() + draft.num_bytes())
     monkeypatch.setattr(backend, "memory", dev)
     profiled = []
-    monkeypatch.setattr(engine_setup, "profile_run", lambda m, *_: profiled.append(m))
+    monkeypatch.setattr(rank_setup, "profile_run", lambda m, *_: profiled.append(m))
     a = EngineArgs(model=tiny_model_dir, gpu_memory_utilization=0.5)
-    plan = engine_setup.plan_kv_cache(a, target, backend, 2048, 1024, draft=draft)
+    plan = rank_setup.plan_kv_cache(a, target, backend, 2048, 1024, draft=draft)
     assert profiled == [target, draft]
     assert plan.other_bytes == 100 * MiB and plan.draft.weights_bytes == draft.num_bytes()
     per_block = kv_bytes_per_block(target.config, 16, 4)

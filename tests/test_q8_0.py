@@ -11,7 +11,7 @@ from gguf.quants import quantize
 from rawpage.errors import UnsupportedModelError
 from rawpage.loader import load_checkpoint
 from rawpage.loader.tensors import TensorSource
-from rawpage.ops.gguf_linear import gguf_dequantize_ref
+from rawpage.quantization.gguf import gguf_dequantize_ref
 from rawpage.quantization.q8_0 import quantize_q8_0
 from rawpage.quantization.select import apply_quantization_flag
 from rawpage.quantization.weight import QuantizedWeight

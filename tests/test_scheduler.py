@@ -37,7 +37,7 @@ def fake_step(sched):
     out = sched.schedule()
     for seq, n in out.scheduled:
         seq.num_computed_tokens += n
-        sched.block_manager.cache_full_blocks(seq)
+        sched.block_manager.prefix_cache.cache_full_blocks(seq)
         if seq.num_computed_tokens == seq.num_tokens:
             seq.append_token(7, 0.0)
     return out
@@ -162,7 +162,7 @@ def test_prefix_cache_reuses_full_blocks_and_evicts_lru():
     assert out.scheduled == [(b, 2)]  # two cached blocks reused, two tokens computed
     assert b.request.num_cached_tokens == 8
     sched.finish(b)
-    bm.reset_prefix_cache()
+    bm.prefix_cache.reset(bm.ref_counts)
     c = make_seq(10, 2.0)
     sched.add(c)
     assert sched.schedule().scheduled == [(c, 10)]

@@ -5,9 +5,10 @@ windowed model with a pool far smaller than its sequences."""
 import pytest
 
 from rawpage import LLM, SamplingParams
-from rawpage.block_manager import NULL_BLOCK, BlockManager
+from rawpage.block_manager import BlockManager
 from rawpage.config import ModelConfig
-from rawpage.engine_setup import kv_cache_window
+from rawpage.rank_setup import kv_cache_window
+from rawpage.sequence import NULL_BLOCK
 from tests.model_harness import assert_no_leaks
 from tests.test_scheduler import make_seq
 from tests.test_sharing import run_tracking_peak
@@ -19,7 +20,7 @@ def run(bm, seq, n):
     """Schedule n more tokens of seq and mark them computed, as one engine step would."""
     assert bm.append_slots(seq, n)
     seq.num_computed_tokens += n
-    bm.cache_full_blocks(seq)
+    bm.prefix_cache.cache_full_blocks(seq)
 
 
 def test_blocks_wholly_before_the_next_tokens_window_are_released():
@@ -74,9 +75,9 @@ def test_released_blocks_keep_their_prefix_names_and_are_never_published_as_null
     run(bm, first, 12)
     bm.append_slots(first, 1)  # token 12 sees 9..12: blocks 0 and 1 released, still named
     assert first.block_table[:2] == [NULL_BLOCK] * 2
-    assert NULL_BLOCK not in bm.cached.values() and len(bm.cached) == 3
+    assert NULL_BLOCK not in bm.prefix_cache.cached.values() and len(bm.prefix_cache.cached) == 3
     second = make_seq(13, 1.0)  # the same 13 prompt tokens
-    cached = bm.match_prefix(second)
+    cached = bm.prefix_cache.match_prefix(second)
     assert len(cached) == 3 and NULL_BLOCK not in cached
     bm.allocate(second, cached)
     assert bm.ref_counts[cached[2]] == 2  # block 2 is still first's too

@@ -146,7 +146,7 @@ def test_prefix_cache_never_holds_a_rejected_draft(tiny_model_dir, other_tiny_di
     ref = LLM(tiny_model_dir)
     full = [{"prompt_token_ids": p["prompt_token_ids"] + t} for p, t in zip(prompts, tokens(outs))]
     ref.generate(full, SamplingParams(max_tokens=1), use_tqdm=False)
-    sb, rb = spec.engine.block_manager, ref.engine.block_manager
+    sb, rb = spec.engine.block_manager.prefix_cache, ref.engine.block_manager.prefix_cache
     common = set(sb.cached) & set(rb.cached)
     assert len(common) >= 20
     for h in common:

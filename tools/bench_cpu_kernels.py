@@ -52,7 +52,7 @@ from rawpage.native.bf16 import bf16_matmul
 from rawpage.native.gguf import gguf_matmul, gguf_rows
 from rawpage.native.library import load_path
 from rawpage.native.lm_head import lm_head_q8_0
-from rawpage.ops.gguf_linear import GGUF_BLOCKS
+from rawpage.quantization.gguf import GGUF_BLOCKS
 from rawpage.quantization.q8_0 import quantize_q8_0
 
 # (name, qtype, N, K): the default model's weights, then larger ones

@@ -39,10 +39,10 @@ def busy_engine(num_blocks: int, num_seqs: int, block_size: int = 16) -> SimpleN
     for i in range(0, num_seqs, 2):
         req = Request(f"r{i}", None, system + [1000 + i] * (tokens_each - len(system)), SamplingParams(n=2))
         parent = Sequence(i, req, req.prompt_token_ids, 0, 0)
-        bm.allocate(parent, bm.match_prefix(parent))
+        bm.allocate(parent, bm.prefix_cache.match_prefix(parent))
         assert bm.append_slots(parent, parent.num_uncomputed_tokens), "pool too small"
         parent.num_computed_tokens = parent.num_tokens
-        bm.cache_full_blocks(parent)
+        bm.prefix_cache.cache_full_blocks(parent)
         sc.add_running(parent)
         if i + 1 < num_seqs:
             child = parent.fork(i + 1, 1, 0)

@@ -13,7 +13,8 @@ directly:
   stream, which the warm-up run just before the capture (CudaGraph) did.
 
 `CublasGemm` takes any object with the two functions as attributes, so the
-tests drive it with a fake library that records the calls.
+tests drive it with a fake library that records the calls. `cublas_matmul` runs
+a plan of cublas_gemm.py (pure: shapes and dtypes to a call) on the process's one.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import re
 from pathlib import Path
 from typing import Any, Protocol
 
-from rawpage.backends.cublas_gemm import GemmCall
+from rawpage.backends.cublas_gemm import GemmCall, gemm_matmul
 
 c_int, c_void_p = ctypes.c_int, ctypes.c_void_p
 
@@ -187,3 +188,12 @@ def default_gemm() -> CublasGemm:
             raise RuntimeError("CuPy created a cuBLAS handle but no libcublas.so is mapped in this process") from None
         _default = CublasGemm(lib)
     return _default
+
+
+def cublas_matmul(x: Any, w: Any, bias: Any | None = None, out_dtype: Any = None) -> Any:
+    """x (T, K) @ w (N, K).T + bias (N,) -> (T, N) in out_dtype (default: x's), on the
+    current CuPy stream. x, w and bias share a dtype; rows must be contiguous."""
+    import cupy
+
+    handle, stream = cupy.cuda.device.get_cublas_handle(), cupy.cuda.get_current_stream()
+    return gemm_matmul(cupy, default_gemm(), handle, stream, x, w, bias, out_dtype)

@@ -28,8 +28,9 @@ and the GEMM adds to it (beta = 1), so the sum is formed in float32 and rounded
 once. y is always a fresh array: for T = 1, `ascontiguousarray(broadcast_to(bias,
 (1, N)))` is the bias itself, and the GEMM would write into the weight.
 
-The call itself goes through ctypes on CuPy's handle (cublas_ctypes.py), so that
-CUDA graphs can capture it.
+This module is the plan only (pure, no CuPy). The call itself goes through ctypes
+on CuPy's handle (cublas_ctypes.py, which imports this one, and has cublas_matmul),
+so that CUDA graphs can capture it.
 """
 
 from __future__ import annotations
@@ -128,19 +129,8 @@ def gemm_ref(call: GemmCall, a: np.ndarray, b: np.ndarray, c: np.ndarray, alpha:
         c[i + j * call.ldc] = flat.astype(c.dtype)
 
 
-def cublas_matmul(x: Any, w: Any, bias: Any | None = None, out_dtype: Any = None) -> Any:
-    """x (T, K) @ w (N, K).T + bias (N,) -> (T, N) in out_dtype (default: x's), on the
-    current CuPy stream. x, w and bias share a dtype; rows must be contiguous."""
-    import cupy
-
-    from rawpage.backends.cublas_ctypes import default_gemm
-
-    handle, stream = cupy.cuda.device.get_cublas_handle(), cupy.cuda.get_current_stream()
-    return gemm_matmul(cupy, default_gemm(), handle, stream, x, w, bias, out_dtype)
-
-
 def gemm_matmul(xp: Any, gemm: Any, handle: int, stream: Any, x: Any, w: Any, bias: Any | None, out_dtype: Any) -> Any:
-    """cublas_matmul with its array module, CublasGemm, handle and stream passed in:
+    """cublas_matmul (cublas_ctypes.py) with its array module, CublasGemm, handle and stream passed in:
     the tests run it on NumPy arrays with a fake library that replays gemm_ref."""
     out_dtype = np.dtype(out_dtype or x.dtype)
     if not x.flags.c_contiguous:

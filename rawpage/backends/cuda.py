@@ -22,8 +22,7 @@ from typing import Any
 import numpy as np
 
 from rawpage.backends.base import Array
-from rawpage.backends.cublas_ctypes import default_gemm
-from rawpage.backends.cublas_gemm import cublas_matmul
+from rawpage.backends.cublas_ctypes import cublas_matmul, default_gemm
 from rawpage.backends.cublaslt_fp8 import CupyFp8Gemm, fp8_gemm_supported
 from rawpage.backends.kernel_backend import KernelBackend
 from rawpage.dtypes import BFLOAT16, from_float32

@@ -36,7 +36,7 @@ from rawpage.ops.activation import launch_silu_and_mul
 from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
 from rawpage.ops.cache_ops import launch_copy_blocks
 from rawpage.ops.fp8_linear import launch_fp8_linear
-from rawpage.ops.gguf_linear import GGUF_BLOCKS, launch_gguf_linear
+from rawpage.ops.gguf_linear import launch_gguf_linear
 from rawpage.ops.int4_linear import launch_int4_linear
 from rawpage.ops.kv_cache_fp8 import launch_write_kv_fp8
 from rawpage.ops.launch import KernelLoader
@@ -46,6 +46,7 @@ from rawpage.ops.paged_attention import launch_paged_attention
 from rawpage.ops.rms_norm import launch_fused_add_rms_norm, launch_rms_norm
 from rawpage.ops.rope import launch_rope
 from rawpage.ops.write_kv import launch_write_kv
+from rawpage.quantization.gguf import GGUF_BLOCKS
 from rawpage.quantization.weight import QuantizedWeight, dequantize
 
 

@@ -22,7 +22,12 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
+from rawpage.distributed.communicator import NcclCommunicator, PipeCommunicator
 from rawpage.engine_args import EngineArgs
+from rawpage.loader import load_checkpoint
+from rawpage.model_runner import ModelRunner
+from rawpage.models.sharding import ShardLayout, TensorParallel
+from rawpage.rank_setup import backend_for, build_rank, plan_kv_cache
 
 logger = logging.getLogger("rawpage")
 
@@ -53,14 +58,6 @@ def run_worker(
 
 
 def _start(rank, size, args, device, control, comm_endpoint, batched, max_model_len):
-    from rawpage.distributed.communicator import NcclCommunicator, PipeCommunicator
-    from rawpage.engine_setup import backend_for, plan_kv_cache
-    from rawpage.loader import load_checkpoint
-    from rawpage.model_runner import ModelRunner
-    from rawpage.models.registry import build_model
-    from rawpage.models.sharding import ShardLayout, TensorParallel
-    from rawpage.quantization.select import apply_quantization_flag
-
     if device == "cuda":
         import cupy
 
@@ -68,10 +65,9 @@ def _start(rank, size, args, device, control, comm_endpoint, batched, max_model_
         comm = NcclCommunicator(rank, size, comm_endpoint)
     else:
         comm = PipeCommunicator(rank, size, [comm_endpoint])
-    ckpt = load_checkpoint(args.model, args.load_format, args.seed, args.revision)
+    ckpt = load_checkpoint(args.model, args.load_format, args.seed, args.revision, args.download_dir)
     backend = backend_for(args, device, ckpt.config.torch_dtype)
-    tp = TensorParallel(ShardLayout(ckpt.config, rank, size), comm)
-    model = build_model(ckpt.config, backend, apply_quantization_flag(ckpt.tensors, args.quantization), tp)
+    model = build_rank(ckpt, backend, args.quantization, TensorParallel(ShardLayout(ckpt.config, rank, size), comm))
     plan = plan_kv_cache(args, model, backend, batched, max_model_len)
     control.send(("ready", plan.num_blocks))
     msg = control.recv()

@@ -72,7 +72,7 @@ def _load_hf_folder(folder: str) -> Checkpoint:
     tensors = hf_folder.open_safetensors(folder)
     qconfig = hf_folder.read_json(os.path.join(folder, "config.json")).get("quantization_config")
     if qconfig:  # AWQ / GPTQ / FP8: packed Linear weights (rawpage/quantization/)
-        from rawpage.quantization.select import checkpoint_tensors
+        from rawpage.loader.quantized_checkpoint import checkpoint_tensors
 
         tensors = checkpoint_tensors(tensors, qconfig, folder)
     tokenizer_config = hf_folder.read_json(os.path.join(folder, "tokenizer_config.json"))

@@ -13,11 +13,11 @@ from rawpage.config import ModelConfig
 from rawpage.errors import ModelLoadError, UnsupportedModelError
 from rawpage.loader.gguf_reader import GGUFTensorInfo, read_gguf
 from rawpage.loader.tensors import TensorSource
-from rawpage.ops.gguf_linear import GGUF_BLOCKS
+from rawpage.quantization.gguf import GGUF_BLOCKS
 from rawpage.quantization.weight import QuantizedWeight
 
 SUPPORTED_TENSOR_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"}
-# Block formats that sim and cuda keep quantized on the device (ops/gguf_linear.py).
+# Block formats that sim and cuda keep quantized on the device (quantization/gguf.py).
 KEPT_QUANTIZED = set(GGUF_BLOCKS)
 # llama with experts is Mixtral
 SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"}

@@ -17,7 +17,7 @@ import threading
 import numpy as np
 
 from rawpage.native.library import NativeLibrary, addr, c_int, c_int64, c_void_p, ptr, weight_address
-from rawpage.ops.gguf_linear import GGUF_BLOCKS
+from rawpage.quantization.gguf import GGUF_BLOCKS
 
 # GGML's type ids (gguf.GGMLQuantizationType), as gguf_matmul.c takes them.
 _GGML_TYPE = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}

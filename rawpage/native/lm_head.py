@@ -2,8 +2,8 @@
 
     lm_head_q8_0(lib, x, data, (N, K), nthreads)   logits (T, N) = x (T, K) W^T
 
-Reference: x @ gguf_dequantize_ref(data, "Q8_0", (N, K)).T (rawpage/ops/gguf_linear.py
-gguf_linear_ref). Why float and not int8 activations here: the file's header.
+Reference: x @ gguf_dequantize_ref(data, "Q8_0", (N, K)).T (rawpage/quantization/gguf.py;
+ops/gguf_linear.py gguf_linear_ref). Why float and not int8 activations here: the file's header.
 """
 
 from __future__ import annotations

@@ -14,15 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from rawpage.ops.gguf_linear import GEMV_MAX_TOKENS, GEMV_WARPS, gemv_buffers
+from rawpage.ops.gemv import GEMV_MAX_TOKENS, GEMV_WARPS, gemv_buffers
 from rawpage.ops.launch import KernelLoader, ceil_div, dtype_suffix, require_aligned
-from rawpage.quantization.fp8 import E4M3_MAX, e4m3_from_f32, e4m3_to_f32
+from rawpage.quantization.fp8 import E4M3_MAX, e4m3_from_f32, e4m3_to_f32, fp8_dequantize_ref
 from rawpage.quantization.weight import QuantizedWeight
-
-
-def fp8_dequantize_ref(w: QuantizedWeight) -> np.ndarray:
-    """kind "fp8" -> float32 (N, K)."""
-    return e4m3_to_f32(np.asarray(w.data)) * np.asarray(w.scales, np.float32)[:, None]
 
 
 def check_fp8(w: QuantizedWeight) -> None:
@@ -106,7 +101,7 @@ def fp8_quantize_rows_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def fp8_gemm_linear_ref(x: np.ndarray, w: QuantizedWeight, bias: np.ndarray | None = None) -> np.ndarray:
     """What the FP8 GEMM path computes: the product with x rounded to e4m3 per token."""
     xq, sx = fp8_quantize_rows_ref(x)
-    y = (e4m3_to_f32(xq) * sx[:, None]) @ fp8_dequantize_ref(w).T
+    y = (e4m3_to_f32(xq) * sx[:, None]) @ fp8_dequantize_ref(w.data, w.scales).T
     return y + bias if bias is not None else y
 
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from rawpage.ops.gguf_linear import GEMV_MAX_TOKENS, GEMV_WARPS, check_gguf_shape, gguf_dequantize_ref
+from rawpage.ops.gemv import GEMV_MAX_TOKENS, GEMV_WARPS
 from rawpage.ops.launch import KernelLoader, ceil_div, dtype_suffix, require_aligned
+from rawpage.quantization.gguf import check_gguf_shape, gguf_dequantize_ref
 
 
 def quantize_q8_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -9,15 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from rawpage.ops.gguf_linear import GEMV_MAX_TOKENS, GEMV_WARPS, gemv_buffers
+from rawpage.ops.gemv import GEMV_MAX_TOKENS, GEMV_WARPS, gemv_buffers
 from rawpage.ops.launch import KernelLoader, ceil_div, dtype_suffix, require_aligned
-from rawpage.quantization.int4 import int4_dequantize_ref
-from rawpage.quantization.weight import QuantizedWeight
+from rawpage.quantization.weight import QuantizedWeight, dequantize
 
 
 def int4_linear_ref(x: np.ndarray, w: QuantizedWeight, bias: np.ndarray | None = None) -> np.ndarray:
     """x: (T, K) float32, in the checkpoint's column order -> (T, N)."""
-    y = x @ int4_dequantize_ref(w).T
+    y = x @ dequantize(w).T
     return y + bias if bias is not None else y
 
 

@@ -51,3 +51,8 @@ def quantize_fp8(w: np.ndarray, per_channel: bool = True) -> tuple[np.ndarray, n
     amax = np.abs(w).max(axis=1) if per_channel else np.full(w.shape[0], np.abs(w).max())
     scales = (np.maximum(amax, 1e-12) / E4M3_MAX).astype(np.float32)
     return e4m3_from_f32(w / scales[:, None]), scales
+
+
+def fp8_dequantize_ref(bits: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """bits (N, K) e4m3, scales (N,) -> float32 (N, K) = s[n] e4m3(bits[n])."""
+    return e4m3_to_f32(np.asarray(bits)) * np.asarray(scales, np.float32)[:, None]

@@ -8,7 +8,7 @@ Per block of 32 consecutive values of a row:
     q_i = round(w_i * (1 / d))     int8, half away from zero; 0 where d = 0
 
 so a block is 34 bytes, 1.0625 bytes a weight, and value i reads back as
-f16(d) q_i (ops/gguf_linear.py gguf_dequantize_ref). Every step is float32 and
+f16(d) q_i (quantization/gguf.py gguf_dequantize_ref). Every step is float32 and
 in the order of ggml's quantize_row_q8_0_ref (multiply by 1 / d, not divide by
 d), so the bytes equal `gguf.quants.quantize(w, Q8_0)`'s bit for bit
 (tests/test_q8_0.py). d is rounded to float16 after q is chosen from the float32

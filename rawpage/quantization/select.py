@@ -25,7 +25,7 @@ import numpy as np
 
 from rawpage.errors import UnsupportedModelError
 from rawpage.loader.tensors import TensorSource, is_linear_weight
-from rawpage.quantization.fp8 import e4m3_to_f32, quantize_fp8
+from rawpage.quantization.fp8 import quantize_fp8
 from rawpage.quantization.q8_0 import Q8_0_BLOCK, quantize_q8_0
 from rawpage.quantization.weight import QuantizedWeight, dequantize
 
@@ -35,17 +35,6 @@ CHECKPOINT_METHODS = {"gguf": "gguf", "awq": "int4", "gptq": "int4"}
 
 
 QUANTIZATION_FLAG_CHOICES = (*QUANTIZATION_CHOICES, *CHECKPOINT_METHODS)
-
-
-def checkpoint_tensors(tensors: TensorSource, qconfig: dict[str, Any] | None, path: str) -> TensorSource:
-    """A Hugging Face folder's tensors as its quantization_config says they are packed."""
-    if not qconfig:
-        return tensors
-    if qconfig.get("quant_method") == "fp8":
-        return fp8_checkpoint_tensors(tensors, path)
-    from rawpage.quantization.int4 import int4_tensor_source
-
-    return int4_tensor_source(tensors, qconfig, path)
 
 
 def apply_quantization_flag(tensors: Any, method: str | None) -> Any:
@@ -121,23 +110,3 @@ def _q8_0_rounded(w: np.ndarray) -> np.ndarray:
 def _to_fp8(w: np.ndarray) -> QuantizedWeight:
     bits, scales = quantize_fp8(w, per_channel=True)
     return QuantizedWeight("fp8", (w.shape[0], w.shape[1]), bits, scales=scales)
-
-
-def fp8_checkpoint_tensors(tensors: TensorSource, path: str) -> TensorSource:
-    """vLLM / llm-compressor FP8 checkpoints: `X.weight` F8_E4M3 (N, K) and
-    `X.weight_scale` float32, one per tensor (a scalar) or per channel (N, 1).
-    `X.input_scale` (static activation scales) is not needed by weight-only paths."""
-    packed = [name[: -len("_scale")] for name in tensors if name.endswith(".weight_scale")]
-
-    def convert(name: str) -> QuantizedWeight:
-        bits = np.array(tensors.raw(name)).view(np.uint8)  # a copy: aligned for 16-byte loads, unlike the mapping
-        if bits.ndim != 2:
-            raise UnsupportedModelError(f"{path}: FP8 tensor {name!r} has shape {bits.shape}; want (out, in)")
-        scale = np.asarray(tensors.raw(name + "_scale"), np.float32).reshape(-1)
-        scales = np.broadcast_to(scale, (bits.shape[0],)).copy()
-        return QuantizedWeight("fp8", (bits.shape[0], bits.shape[1]), bits, scales=scales)
-
-    skip = {n + "_scale" for n in packed} | {n[: -len("weight")] + "input_scale" for n in packed}
-    readers = {n: (lambda n=n: tensors.raw(n)) for n in tensors if n not in skip}
-    readers |= {n: (lambda n=n: e4m3_to_f32(convert(n).data) * convert(n).scales[:, None]) for n in packed}
-    return TensorSource(readers, {n: (lambda n=n: convert(n)) for n in packed})

@@ -1,7 +1,7 @@
 """One type for every quantized Linear weight, whatever format it came from.
 
     kind "gguf":  data = (out, row_bytes) uint8, each row whole GGUF blocks as stored
-                  in the file (`qtype` names the block format, see ops/gguf_linear.py).
+                  in the file (`qtype` names the block format, see quantization/gguf.py).
     kind "int4":  AWQ and GPTQ, converted at load: data (out, in/8) uint32 nibbles,
                   scales and zeros per group, perm for act-order (quantization/int4.py).
     kind "fp8":   data (out, in) uint8 e4m3 bits, scales (out,) float32 (quantization/fp8.py).
@@ -24,6 +24,9 @@ from typing import Any
 import numpy as np
 
 from rawpage.dtypes import bf16_to_f32
+from rawpage.quantization.fp8 import fp8_dequantize_ref
+from rawpage.quantization.gguf import gguf_dequantize_ref
+from rawpage.quantization.int4 import int4_dequantize_ref
 
 Array = Any  # numpy.ndarray on the host and under sim, cupy.ndarray on cuda
 
@@ -57,19 +60,13 @@ _ARRAYS = ("data", "scales", "zeros", "perm")
 def dequantize(w: QuantizedWeight) -> np.ndarray:
     """A host QuantizedWeight -> its dense float32 weight (out, in)."""
     if w.kind == "gguf":
-        from rawpage.ops.gguf_linear import gguf_dequantize_ref
-
         return gguf_dequantize_ref(np.asarray(w.data), w.qtype, w.shape)
     if w.kind == "fp8":
-        from rawpage.ops.fp8_linear import fp8_dequantize_ref
-
-        return fp8_dequantize_ref(w)
+        return fp8_dequantize_ref(w.data, w.scales)
     if w.kind == "bf16":
         return bf16_to_f32(np.asarray(w.data))  # exact: bf16 is float32's top half
     if w.kind == "int4":
-        from rawpage.quantization.int4 import int4_dequantize_ref
-
-        return int4_dequantize_ref(w)
+        return int4_dequantize_ref(w.data, w.scales, w.zeros, w.perm)
     raise ValueError(f"unknown quantized weight kind {w.kind!r}")
 
 

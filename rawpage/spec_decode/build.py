@@ -4,10 +4,14 @@ with the proposer it names, or NoSpeculation (each hook does nothing) when it is
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from rawpage.device_logits import DeviceLogits
-from rawpage.scheduler import SchedulerOutput
+from rawpage.engine_args import EngineArgs
+from rawpage.output_processor import OutputProcessor
+from rawpage.sampler import Sampler
+from rawpage.scheduler import Scheduler, SchedulerOutput
 from rawpage.sequence import Sequence
 from rawpage.spec_decode.config import SpeculativeConfig
 from rawpage.spec_decode.decoder import SpecDecoder
@@ -32,24 +36,33 @@ class NoSpeculation:
         return ready, 0
 
 
-def build_spec_decoder(engine: Any) -> SpecDecoder | NoSpeculation:
-    """From engine.args.speculative_config: the proposer it names, wired to the engine's parts."""
-    config: SpeculativeConfig | None = engine.args.speculative_config
+def build_spec_decoder(
+    args: EngineArgs,
+    draft_model: Any,
+    scheduler: Scheduler,
+    sampler: Sampler,
+    output: OutputProcessor,
+    on_error: Callable[[Sequence, Exception], None],
+) -> SpecDecoder | NoSpeculation:
+    """The proposer args.speculative_config names, wired to the engine's parts. draft_model:
+    loaded on the engine's backend, and its pool planned, with the target (engine_setup.load_model),
+    or None; on_error fails one sequence (the engine's)."""
+    config: SpeculativeConfig | None = args.speculative_config
     if config is None:
         return NoSpeculation()
+    limits = scheduler.config
     if config.method == "ngram":
         proposer: Any = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
     else:
-        bm = engine.block_manager
-        c = engine.model_config
+        bm = scheduler.block_manager
         proposer = DraftModelProposer(
-            engine.draft_model,  # loaded, and its pool planned, with the target (engine_setup.load_model)
-            engine.backend,
+            draft_model,
+            draft_model.backend,
             bm.block_size,
             bm.num_blocks,
-            engine.max_model_len,
-            c.vocab_size,
-            engine.scheduler.config.max_num_batched_tokens,
+            limits.max_model_len,
+            sampler.vocab_size,
+            limits.max_num_batched_tokens,
         )
     logger.info(
         "speculative decoding: %s, %d tokens per step%s",
@@ -57,6 +70,4 @@ def build_spec_decoder(engine: Any) -> SpecDecoder | NoSpeculation:
         config.num_speculative_tokens,
         f", lookup {config.prompt_lookup_min}..{config.prompt_lookup_max}" if config.method == "ngram" else "",
     )
-    return SpecDecoder(
-        config, proposer, engine.scheduler, engine.sampler, engine.output, engine.max_model_len, engine._fail_seq
-    )
+    return SpecDecoder(config, proposer, scheduler, sampler, output, limits.max_model_len, on_error)

@@ -264,4 +264,4 @@ class SpecDecoder:
         seq.num_computed_tokens = seq.num_tokens - 1
         bm = self.scheduler.block_manager
         bm.trim(seq)
-        bm.cache_full_blocks(seq)
+        bm.prefix_cache.cache_full_blocks(seq)

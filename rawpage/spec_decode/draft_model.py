@@ -24,8 +24,7 @@ from rawpage.backends.base import Backend
 from rawpage.block_manager import BlockManager
 from rawpage.loader import load_checkpoint
 from rawpage.model_runner import ModelRunner
-from rawpage.models.registry import build_model
-from rawpage.quantization.select import apply_quantization_flag
+from rawpage.rank_setup import build_rank
 from rawpage.sampler import Sampler
 from rawpage.sequence import Sequence, SequenceStatus
 
@@ -60,7 +59,7 @@ def load_draft_model(model_path: str, backend: Backend, vocab_size: int, seed: i
             f"speculative_config: the draft model {model_path} has a vocabulary of {ckpt.config.vocab_size} "
             f"tokens, the target {vocab_size}; a draft model must share the target's tokenizer"
         )
-    return build_model(ckpt.config, backend, apply_quantization_flag(ckpt.tensors, "auto"))
+    return build_rank(ckpt, backend, "auto")
 
 
 class DraftModelProposer:

@@ -4,14 +4,8 @@ dequantizers (llama.cpp's Python port), on random blocks of every format."""
 import numpy as np
 import pytest
 
-from rawpage.ops.gguf_linear import (
-    GGUF_BLOCKS,
-    gguf_dequantize_ref,
-    gguf_linear_ref,
-    launch_gguf_dequantize,
-    launch_gguf_gemv,
-    launch_gguf_linear,
-)
+from rawpage.ops.gguf_linear import gguf_linear_ref, launch_gguf_dequantize, launch_gguf_gemv, launch_gguf_linear
+from rawpage.quantization.gguf import GGUF_BLOCKS, gguf_dequantize_ref
 from tests.kernels.conftest import DTYPES, assert_close
 
 # Byte offsets of each format's float16 fields in a block (the rest is random bits).

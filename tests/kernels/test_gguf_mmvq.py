@@ -2,11 +2,15 @@
 reference, on random blocks of every format (every bit of every field), odd N,
 K of odd numbers of blocks, and 1..8 tokens."""
 
+import re
+
 import numpy as np
 import pytest
 
-from rawpage.ops.gguf_linear import GEMV_MAX_TOKENS, gguf_linear_ref
+from rawpage.ops.gemv import GEMV_MAX_TOKENS
+from rawpage.ops.gguf_linear import gguf_linear_ref
 from rawpage.ops.gguf_mmvq import gguf_mmvq_ref, launch_gguf_mmvq, launch_quantize_q8, quantize_q8_ref
+from rawpage.ops.launch import cuda_source_dir
 from tests.kernels.conftest import DTYPES, assert_close
 from tests.kernels.test_gguf_linear import CASES, random_blocks
 
@@ -59,12 +63,13 @@ def test_refuses_more_tokens_than_it_holds(device):
         launch_gguf_mmvq(device.xp, device.loader, x, device.put_raw(data), "Q8_0", (4, 32))
 
 
+def test_the_gemv_header_holds_as_many_tokens_as_the_crossover_sends():
+    """cuda/gemv.cuh's kMaxTokens (the kernels' accumulators) is GEMV_MAX_TOKENS (what the launch code sends)."""
+    header = (cuda_source_dir() / "gemv.cuh").read_text()
+    assert int(re.search(r"constexpr int kMaxTokens = (\d+);", header).group(1)) == GEMV_MAX_TOKENS
+
+
 @pytest.mark.parametrize("source", ["gguf_mmvq.cu", "int4_linear.cu", "fp8_linear.cu"])
-def test_kernel_holds_as_many_tokens_as_the_crossover_sends_it(source):
-    """Each multi-token GEMV's kMaxTokens and GEMV_MAX_TOKENS must move together."""
-    import re
-
-    from rawpage.ops.launch import cuda_source_dir
-
+def test_each_multi_token_gemv_takes_its_limit_from_the_header(source):
     text = (cuda_source_dir() / source).read_text()
-    assert int(re.search(r"kMaxTokens = (\d+);", text).group(1)) == GEMV_MAX_TOKENS
+    assert '#include "gemv.cuh"' in text and "kMaxTokens =" not in text

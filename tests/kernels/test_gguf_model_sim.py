@@ -9,7 +9,7 @@ from rawpage.backends import get_backend
 from rawpage.loader.tensors import TensorSource
 from rawpage.models.llama import LlamaModel
 from rawpage.ops import gguf_linear
-from rawpage.ops.gguf_linear import GGUF_BLOCKS, gguf_dequantize_ref
+from rawpage.quantization.gguf import GGUF_BLOCKS, gguf_dequantize_ref
 from rawpage.quantization.weight import QuantizedWeight
 from tests.kernels.test_gguf_linear import _F16_FIELDS, random_blocks
 from tests.kernels.test_model_sim import Runner, schedule, tiny_llama

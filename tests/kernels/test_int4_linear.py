@@ -4,9 +4,10 @@ reference, for every group size, act-order, odd N, through the real launch code.
 import numpy as np
 import pytest
 
+from rawpage.loader.quantized_checkpoint import awq_to_int4, gptq_to_int4
 from rawpage.ops.int4_linear import int4_linear_ref, launch_int4_dequantize, launch_int4_gemv, launch_int4_linear
-from rawpage.quantization.int4 import awq_to_int4, gptq_to_int4, int4_dequantize_ref
 from rawpage.quantization.int4_pack import pack_awq, pack_gptq
+from rawpage.quantization.weight import dequantize
 from tests.kernels.conftest import DTYPES, assert_close
 
 
@@ -38,7 +39,7 @@ CASES = [
 def test_dequantize_matches_reference(device, fmt, T, N, K, group_size):
     w = packed(fmt, N, K, group_size)
     got = device.get(launch_int4_dequantize(device.xp, device.loader, on_device(device, w), np.float32))
-    dense = int4_dequantize_ref(w)
+    dense = dequantize(w)
     if w.perm is not None:
         dense = dense[:, w.perm]  # the kernel writes stored column order
     np.testing.assert_allclose(got, dense, rtol=1e-6, atol=1e-7)
@@ -86,7 +87,7 @@ def test_rejects_group_size_not_a_multiple_of_32(device):
 
 
 def test_gemv_refuses_more_tokens_than_it_holds(device):
-    from rawpage.ops.gguf_linear import GEMV_MAX_TOKENS
+    from rawpage.ops.gemv import GEMV_MAX_TOKENS
 
     w = on_device(device, packed("awq", 8, 64, 32))
     with pytest.raises(ValueError, match="at most"):

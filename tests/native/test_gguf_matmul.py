@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from rawpage.native.gguf import NATIVE_GGUF, gguf_matmul, gguf_rows, quantize_q8
-from rawpage.ops.gguf_linear import GGUF_BLOCKS, gguf_dequantize_ref
 from rawpage.ops.gguf_mmvq import quantize_q8_ref
+from rawpage.quantization.gguf import GGUF_BLOCKS, gguf_dequantize_ref
 from tests.kernels.test_gguf_linear import random_blocks
 
 TOKENS = [1, 2, 3, 5, 8, 17, 64]

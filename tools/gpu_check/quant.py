@@ -11,7 +11,7 @@
   bfloat16 cuBLAS alone. Target: >= 0.8x bfloat16's speed.
 - crossover: the GEMV kernels (GGUF Q4_K integer MMVQ, int4) against their scratch +
   cuBLAS path at T = 1 .. 16 on a 4096 x 4096 weight: the first T where the scratch
-  wins, to check GEMV_MAX_TOKENS (rawpage/ops/gguf_linear.py) against.
+  wins, to check GEMV_MAX_TOKENS (rawpage/ops/gemv.py) against.
 - parity: Llama-3.2-1B shapes (scaled to --layers layers), every Linear packed by
   our AWQ packer and kept int4 on the device, against transformers in bfloat16
   with the dequantized weights. Target: max |ours - hf| / max |hf| <= 5e-2.
@@ -136,8 +136,9 @@ def parity_config(layers: int, tiny: bool) -> dict:
 def packed_llama(cfg: dict, seed: int = 0) -> tuple[dict, dict]:
     """Random weights (N(0, 0.02), norms 1) with every Linear packed by our AWQ packer:
     ({name: dense float32, Linears dequantized}, {Linear name: int4 QuantizedWeight})."""
-    from rawpage.quantization.int4 import awq_to_int4, int4_dequantize_ref
+    from rawpage.loader.quantized_checkpoint import awq_to_int4
     from rawpage.quantization.int4_pack import pack_awq
+    from rawpage.quantization.weight import dequantize
 
     rng = np.random.default_rng(seed)
     dim, inter, D = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
@@ -156,7 +157,7 @@ def packed_llama(cfg: dict, seed: int = 0) -> tuple[dict, dict]:
             t = pack_awq(rng.standard_normal(shape, np.float32) * 0.02, GROUP)
             w = awq_to_int4(t["qweight"], t["qzeros"], t["scales"])
             packed[p + name + ".weight"] = w
-            dense[p + name + ".weight"] = int4_dequantize_ref(w)
+            dense[p + name + ".weight"] = dequantize(w)
     return dense, packed
 
 
