@@ -68,8 +68,7 @@ from dataclasses import replace
 import numpy as np
 
 from rawpage.backends.base import Array, Backend, Graph
-from rawpage.batch_buffer import BatchBuffer, HostBatch
-from rawpage.forward_batch import ForwardBatch
+from rawpage.forward_batch import BatchBuffer, ForwardBatch, HostBatch
 
 logger = logging.getLogger("rawpage")
 

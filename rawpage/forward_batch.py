@@ -1,20 +1,31 @@
-"""What one forward pass needs to know about the batch, built by the model runner.
+"""What one forward pass needs to know about the batch: built on the host with NumPy
+by the model runner, sent to the device in one copy.
 
 The batch is flat: the T tokens of all B sequences laid end to end, each
 sequence's new tokens contiguous (a prefill chunk, or one decode token).
 
 BatchArrays declares the batch's int32 arrays once. The runner fills them on the
-host (batch_buffer.HostBatch), BatchBuffer packs them in this order into one
-device buffer, and the model reads them as views into it (ForwardBatch).
+host (HostBatch: vectorized NumPy, no per-token Python per layer); `BatchBuffer.upload`
+packs them end to end into one host array, copies that to the device in one
+host-to-device transfer, and hands the model a ForwardBatch whose arrays are views
+into the one device buffer:
+
+    [input_ids T | positions T | slot_mapping T | seq_lens B | query_start_loc B+1
+     | logits_indices N | block_tables B*W | lora_slots B]
+
+The device buffer never moves. So a CUDA graph captured on the views of a given
+(T, B, N, W) reads the new step's data when the same shapes are uploaded again:
+the decode graphs (rawpage/decode_graphs.py) rely on that.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
+from rawpage.backends.base import Backend
 from rawpage.ops.attention_metadata import AttentionMetadata
 
 
@@ -53,3 +64,54 @@ class ForwardBatch(BatchArrays):
     @property
     def num_tokens(self) -> int:
         return int(self.host_query_lens.sum())
+
+
+FIELDS = tuple(f.name for f in fields(BatchArrays))  # the packing order
+
+
+@dataclass
+class HostBatch(BatchArrays):
+    """One step's metadata on the host, all int32 NumPy arrays (BatchArrays says what
+    each is); lora_slots None: no adapter at all."""
+
+    def __post_init__(self) -> None:
+        if self.lora_slots is None:
+            self.lora_slots = np.full(len(self.seq_lens), -1, np.int32)
+
+    @property
+    def query_lens(self) -> np.ndarray:
+        return np.diff(self.query_start_loc)
+
+    @property
+    def is_decode(self) -> bool:
+        """Every sequence has exactly one new token (the decode kernel's case)."""
+        return len(self.seq_lens) > 0 and len(self.input_ids) == len(self.seq_lens)
+
+    def num_ints(self) -> int:
+        return sum(getattr(self, f).size for f in FIELDS)
+
+
+class BatchBuffer:
+    """A device int32 buffer that receives each step's HostBatch in one copy."""
+
+    def __init__(self, backend: Backend, capacity: int = 1 << 16) -> None:
+        self.backend = backend
+        self.device = backend.zeros((capacity,), np.int32)
+        self.frozen = False  # set once graphs hold views into self.device
+
+    def upload(self, hb: HostBatch) -> ForwardBatch:
+        n = hb.num_ints()
+        if n > self.device.shape[0]:
+            if self.frozen:
+                raise RuntimeError(
+                    f"batch metadata of {n} ints does not fit the {self.device.shape[0]} captured graphs read from"
+                )
+            self.device = self.backend.zeros((max(n, 2 * self.device.shape[0]),), np.int32)
+        flat = np.concatenate([getattr(hb, f).ravel() for f in FIELDS]).astype(np.int32, copy=False)
+        self.backend.copy_from_host(self.device[:n], flat)
+        views, start = {}, 0
+        for f in FIELDS:
+            a = getattr(hb, f)
+            views[f] = self.device[start : start + a.size].reshape(a.shape)
+            start += a.size
+        return ForwardBatch(**views, host_query_lens=hb.query_lens, host_seq_lens=hb.seq_lens)

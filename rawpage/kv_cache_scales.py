@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from rawpage.backends.base import Backend
-from rawpage.batch_buffer import BatchBuffer, HostBatch
+from rawpage.forward_batch import BatchBuffer, HostBatch
 from rawpage.ops.kv_cache_fp8 import kv_scales_from_amax
 
 CALIBRATION_TOKENS = 64

@@ -3,7 +3,7 @@
 It turns the scheduler's list of (sequence, new tokens) into the flat arrays the
 model reads (input_ids, positions, slot_mapping, block_tables, seq_lens,
 query_start_loc), built with vectorized NumPy and copied to the device once
-(rawpage/batch_buffer.py), then runs the forward pass (a decode or verification
+(rawpage/forward_batch.py), then runs the forward pass (a decode or verification
 step replays a CUDA graph when it has them: rawpage/decode_graphs.py) and returns the
 logits rows the engine asked for, still on the device (rawpage/device_logits.py).
 """
@@ -15,10 +15,10 @@ import itertools
 import numpy as np
 
 from rawpage.backends.base import Array, Backend
-from rawpage.batch_buffer import BatchBuffer, HostBatch
 from rawpage.config import ModelConfig
 from rawpage.decode_graphs import DecodeGraphs
 from rawpage.device_logits import DeviceLogits
+from rawpage.forward_batch import BatchBuffer, HostBatch
 from rawpage.lora.manager import LoRAManager
 from rawpage.models.weight_source import Model
 from rawpage.sequence import Sequence

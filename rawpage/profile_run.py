@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from rawpage.backends.base import Backend
-from rawpage.batch_buffer import BatchBuffer, HostBatch
 from rawpage.device_logits import DeviceLogits
+from rawpage.forward_batch import BatchBuffer, HostBatch
 
 
 def worst_case_batch(num_tokens: int, num_seqs: int, block_size: int) -> HostBatch:

@@ -9,8 +9,8 @@ import pytest
 
 from rawpage.backends import get_backend
 from rawpage.backends.base import Graph
-from rawpage.batch_buffer import BatchBuffer, HostBatch
 from rawpage.decode_graphs import DecodeGraphs, graph_batch_sizes, graph_shapes, pad_batch, padded_rows, pick_bucket
+from rawpage.forward_batch import BatchBuffer, HostBatch
 from rawpage.models.llama import LlamaModel
 from tests.kernels.test_model_sim import tiny_llama
 from tests.model_harness import assert_no_leaks

@@ -8,7 +8,7 @@ issues the next. A graph replays them all from one cudaGraphLaunch.
 What a replay assumes, and how it holds:
 - Inputs are read from the same device addresses every time: the runner
   captures on views of its metadata buffer and rewrites that buffer in place
-  before each replay (rawpage/batch_buffer.py). Weights and KV caches never move.
+  before each replay (rawpage/forward_batch.py). Weights and KV caches never move.
 - The graph's own temporaries come from a memory pool of its own
   (`GraphMemory`), shared by all captured graphs. Nothing outside a capture
   allocates from it, so no live array can ever sit where a replay writes. Graphs

@@ -22,13 +22,13 @@ import multiprocessing as mp
 import weakref
 from typing import Any
 
-from rawpage.batch_buffer import HostBatch
 from rawpage.config import ModelConfig
 from rawpage.device_logits import DeviceLogits
 from rawpage.distributed.communicator import NcclCommunicator, PipeCommunicator
 from rawpage.distributed.worker import run_worker
 from rawpage.engine_args import EngineArgs
 from rawpage.errors import WorkerDiedError
+from rawpage.forward_batch import HostBatch
 from rawpage.memory import MemoryPlan
 from rawpage.model_runner import ModelRunner
 from rawpage.models.sharding import ShardLayout, TensorParallel, check_shardable

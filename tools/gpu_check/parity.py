@@ -27,8 +27,8 @@ TOLERANCE = {"float32": 1e-3, "float16": 2e-2, "bfloat16": 5e-2}
 
 def our_logits(model, prompts: list[list[int]], next_tokens: list[int], block_size: int = 16, seed: int = 0):
     """(prefill logits per prompt (L_i, V), decode logits (B, V)), float32 on the host."""
-    from rawpage.batch_buffer import BatchBuffer, HostBatch
     from rawpage.dtypes import to_float32
+    from rawpage.forward_batch import BatchBuffer, HostBatch
 
     c, b = model.config, model.backend
     lens = np.array([len(p) for p in prompts])

@@ -4,7 +4,7 @@ sequences, and BatchBuffer's single host-to-device copy into views of one buffer
 import numpy as np
 
 from rawpage.backends import get_backend
-from rawpage.batch_buffer import FIELDS, BatchBuffer, HostBatch
+from rawpage.forward_batch import FIELDS, BatchBuffer, HostBatch
 from rawpage.model_runner import ModelRunner
 
 BS = 16
