@@ -1,6 +1,6 @@
 """The shape of the code (issues 13 and 32): imports point down, the engine core a reader
 follows stays small, functions stay short and take few parameters, the path from
-`rawpage serve` to the decode kernel stays short, and the reading guide names files that exist."""
+`rawpage serve` to the decode kernel stays short, and the reading guide names functions that exist, at their lines."""
 
 import ast
 import re
@@ -9,6 +9,7 @@ import sys
 from collections import deque
 from pathlib import Path
 
+from tools import reading_guide
 from tools.path_files import core_closure, path_files
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -300,12 +301,23 @@ def test_the_parameter_count_counts_what_a_caller_passes():
     assert (parameter_count(f), parameter_count(g)) == (5, 2)
 
 
-def test_the_reading_guide_names_files_that_exist():
+def test_the_reading_guide_names_what_exists_at_its_lines():
+    """Every `path:line Name` of the reading guide is defined in that file on that line
+    (`python tools/reading_guide.py` fixes the lines), every path and link it names
+    exists, and it links the kernels' guide."""
     guide = (ROOT / "docs" / "reading-guide.md").read_text()
-    paths = re.findall(r"`([\w./-]+\.(?:py|cu|cuh|md|toml))`", guide)
-    assert "rawpage/cli.py" in paths and "cuda/paged_attention_decode.cu" in paths
-    missing = [p for p in paths if not (ROOT / p).exists()]
-    assert not missing, f"docs/reading-guide.md names files that do not exist: {missing}"
+    _, stale, missing = reading_guide.fix(guide)
+    assert not missing, f"docs/reading-guide.md names what does not exist: {missing}"
+    assert not stale, f"stale line numbers ({stale}); run: python tools/reading_guide.py"
+    hops = {m["name"] for m in reading_guide.REFERENCE.finditer(guide)}
+    assert {"LLMEngine.step", "DecodeGraphs.run", "get_backend", "launch_paged_attention"} <= hops
+    # The checker itself notices a misnamed hop.
+    assert reading_guide.fix(guide.replace(" LLMEngine.step`", " LLMEngine.stepp`"))[2]
+    paths = re.findall(r"`([\w./-]+\.(?:py|c|h|cpp|cu|cuh|md|toml))[`:]", guide)
+    links = [str(Path("docs", link)) for link in re.findall(r"\]\(([^)#:]+)\)", guide)]
+    assert "../cuda/README.md" in guide and "rawpage/cli.py" in paths
+    gone = [p for p in paths + links if not (ROOT / p).exists()]
+    assert not gone, f"docs/reading-guide.md names paths that do not exist: {gone}"
 
 
 def test_the_formatter_settles_the_layout():
