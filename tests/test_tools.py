@@ -14,7 +14,6 @@ TOOLS = [
     "bench_throughput.py",
     "bench_sharing.py",
     "bench_cpu_threads.py",
-    "bench_gemm_split.py",
     "cpu_burner.py",
     "bench_serving.py",
     "bench_structured.py",
@@ -115,19 +114,6 @@ def test_bench_cpu_threads_busy_ratio_on_a_tiny_model(tiny_model_dir):
     assert ratio["median_ratio"] == pytest.approx(sum(p["ratio"] for p in ratio["pairs"]) / 2)
 
 
-def test_bench_gemm_split_times_each_way_and_the_engine_ab(tiny_model_dir):
-    def run(*args: str) -> dict:
-        cmd = [sys.executable, str(ROOT / "tools" / "bench_gemm_split.py"), *args]
-        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=CHECKOUT_ENV)
-        assert r.returncode == 0, r.stderr
-        return json.loads(r.stdout)["result"]
-
-    (cell,) = run("--rows", "1000", "--batches", "2", "--reps", "2").values()
-    assert "openblas 1 thread" in cell and all(ms > 0 for ms in cell.values())
-    ab = run("--engine", "--model", str(tiny_model_dir), "--batches", "2", "--pairs", "1", "--steps", "2")["batch 2"]
-    assert len(ab["off"]) == len(ab["on"]) == 1 and ab["median on/off"] > 0
-
-
 def test_bench_structured_on_a_tiny_model(tiny_model_dir):
     cmd = [
         sys.executable,
@@ -183,4 +169,5 @@ def test_profile_step_times_a_prefill(tiny_model_dir, capsys):
     )
     out = capsys.readouterr().out
     assert "prefill: 176 prompt tokens in 3 steps" in out
-    assert "matmul" in out and "paged_attention" in out
+    # linear counts its matmul (the outermost timed call), so matmul never shows beside it
+    assert "  linear " in out and "paged_attention" in out and "  matmul " not in out

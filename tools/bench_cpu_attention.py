@@ -1,5 +1,5 @@
 """Decode attention on the CPU: the C kernel (rawpage/native/paged_attention.c) against
-the NumPy path (CPUBackend.paged_attention), in GB/s of K/V read.
+the NumPy path (CPUBackend without the kernels: paged_attention_ref), in GB/s of K/V read.
 
     python tools/bench_cpu_attention.py                        # batches 1 8 32, contexts 256 1024 4096
     python tools/bench_cpu_attention.py --batches 8 --contexts 1024 --dtypes float16 --json r.json
@@ -101,7 +101,7 @@ def main() -> None:
     lib = native_kernels()
     if lib is None:
         sys.exit("the native kernels did not build (see the log line above)")
-    backend = CPUBackend(cpu_threads=args.threads)
+    backend = CPUBackend(None, cpu_threads=args.threads)  # None: the NumPy references
     backend.threads.set_for(1)  # a decode step's thread count, as embedding() sets it
     print(f"path {lib.path}, {args.threads} threads; GB/s of K/V read, us per layer call")
     print(

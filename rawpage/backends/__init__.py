@@ -1,7 +1,7 @@
 """Backends: one implementation of every op per device.
 
-    cpu   float32 activations on the host: our C kernels (rawpage/native, via
-          backends/cpu_native.py) where they build, else NumPy (backends/cpu.py).
+    cpu   float32 activations on the host (backends/cpu.py): our C kernels
+          (rawpage/native) where they build, else each op's NumPy reference.
     sim   the CUDA kernels in cuda/ compiled for the CPU by our simulator.
     cuda  CuPy arrays, our kernels as RawModules, cuBLAS GEMMs.
 
@@ -49,24 +49,21 @@ def get_backend(
 
 
 def cpu_backend(cpu_threads: int | None, cpu_kernels: str) -> Backend:
-    """The native CPU backend where its kernels build (or --cpu-kernels native demands
-    them), else the NumPy one; the log says which, and why."""
+    """The CPU backend on the C kernels where they build (or --cpu-kernels native demands
+    them), else on the NumPy references; the log says which, and why."""
     from rawpage.backends.cpu import CPUBackend
-    from rawpage.backends.cpu_native import NativeCPUBackend
     from rawpage.native.library import native_kernels
 
     if cpu_kernels == "numpy":
         logger.info("CPU kernels: numpy (--cpu-kernels numpy: the float32 NumPy reference path)")
-        return CPUBackend(cpu_threads)
+        return CPUBackend(None, cpu_threads)
     lib = native_kernels()
-    if lib is None:
-        if cpu_kernels == "native":
-            raise ValueError(
-                "--cpu-kernels native: the CPU kernels did not build (the log line above says why); "
-                "install a C compiler (cc) or use --cpu-kernels numpy"
-            )
-        return CPUBackend(cpu_threads)
-    return NativeCPUBackend(lib, cpu_threads)
+    if lib is None and cpu_kernels == "native":
+        raise ValueError(
+            "--cpu-kernels native: the CPU kernels did not build (the log line above says why); "
+            "install a C compiler (cc) or use --cpu-kernels numpy"
+        )
+    return CPUBackend(lib, cpu_threads)
 
 
 def cuda_available() -> bool:

@@ -44,7 +44,7 @@ class Backend:
     # the device and linear() reads them as stored. Others are dequantized at load.
     keeps_quantized: frozenset[str] = frozenset()
     # Whether embedding() reads a packed table (a QuantizedWeight) by its rows, so that a
-    # quantized embedding, and the LM head tied to it, stay packed (the native CPU backend).
+    # quantized embedding, and the LM head tied to it, stay packed (the CPU backend on its kernels).
     reads_packed_embedding: bool = False
 
     # --- arrays -----------------------------------------------------------
@@ -109,7 +109,7 @@ class Backend:
     def logits(self, x: Array, lm_head: Array | QuantizedWeight) -> Array:
         """The LM head: x (N, dim) -> (N, V) float32 logits, for lm_head from prepare_linear.
         A seam of its own, because its rounding lands in the logits directly: a backend
-        may keep its activations exact where other layers round them (cpu_native.py)."""
+        may keep its activations exact where other layers round them (cpu.py's Q8_0 head)."""
         return self.linear(x, lm_head)
 
     def add_lora(self, y: Array, x: Array, w: LoRALinear) -> None:

@@ -1,4 +1,5 @@
-"""How many threads the CPU path gives BLAS (and OpenMP), per forward pass.
+"""How many threads the CPU path runs, per forward pass: the C kernels' pool
+(backends/cpu.py passes the count to each kernel) and BLAS (and OpenMP) get the same.
 
 OpenBLAS's worker threads spin while they wait for work. When another process
 keeps one of our cores busy, a spinning worker and that process fight over it,
@@ -21,8 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 from threadpoolctl import ThreadpoolController
 
@@ -128,16 +128,6 @@ class CpuThreads:
         self.current = n = threads_for(self.usable, self.cpu_threads, others)
         self._limit_blas(n)
         return n
-
-    @contextmanager
-    def blas_on_one_thread(self) -> Iterator[None]:
-        """BLAS on one thread while the backend splits work over threads of its own (each
-        thread's BLAS calls on its own core), the pass's count again after (5 us a change)."""
-        self._limit_blas(1)
-        try:
-            yield
-        finally:
-            self._limit_blas(self.current or self.usable)
 
     def _limit_blas(self, n: int) -> None:
         if n != self.blas:

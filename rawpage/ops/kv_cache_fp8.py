@@ -24,7 +24,7 @@ from rawpage.ops.launch import (
     token_stride,
 )
 from rawpage.ops.paged_attention import paged_attention_ref
-from rawpage.quantization.fp8 import E4M3_MAX, e4m3_from_f32, e4m3_to_f32
+from rawpage.quantization.fp8 import E4M3_MAX, e4m3_from_f32
 
 KV_CACHE_ITEMSIZE = {
     "auto": None,
@@ -56,19 +56,6 @@ def write_kv_fp8_ref(
     v_cache.reshape(nb * bs, *v_cache.shape[2:])[slots] = e4m3_from_f32(v[keep].astype(np.float32) * inv[1])
 
 
-def dequantize_kv(cache_rows: np.ndarray, kv_scales: np.ndarray | None, which: int) -> np.ndarray:
-    """Rows gathered from a KV cache, as float32: e4m3 codes (uint8) times the scale
-    (which: 0 for K, 1 for V); float16 (--kv-cache-dtype float16 on the CPU) cast, so
-    the GEMMs that follow run on float32; any other dtype is returned as it is."""
-    if cache_rows.dtype == np.float16:
-        return cache_rows.astype(np.float32)
-    if cache_rows.dtype != np.uint8:
-        return cache_rows
-    if kv_scales is None:
-        raise ValueError("an FP8 (uint8) KV cache needs its kv_scales")
-    return e4m3_to_f32(cache_rows) * np.float32(kv_scales[which])
-
-
 def paged_attention_fp8_ref(
     q: np.ndarray,
     k_cache: np.ndarray,
@@ -79,9 +66,7 @@ def paged_attention_fp8_ref(
 ) -> np.ndarray:
     """paged_attention_ref on the dequantized cache: what both attention kernels must
     compute when they convert on load. kv_scales: (2,) float32, k_scale and v_scale."""
-    k = e4m3_to_f32(k_cache) * kv_scales[0]
-    v = e4m3_to_f32(v_cache) * kv_scales[1]
-    return paged_attention_ref(q, k, v, meta, opts)
+    return paged_attention_ref(q, k_cache, v_cache, meta, opts, kv_scales)
 
 
 # --- launch (cuda/write_kv_fp8.cu) -----------------------------------------------------

@@ -42,6 +42,7 @@ from rawpage.ops.launch import (
     same_dtype,
     token_stride,
 )
+from rawpage.quantization.fp8 import e4m3_to_f32
 
 
 def gather_kv(cache: np.ndarray, block_table: np.ndarray, seq_len: int, first: int = 0) -> np.ndarray:
@@ -53,10 +54,16 @@ def gather_kv(cache: np.ndarray, block_table: np.ndarray, seq_len: int, first: i
 
 
 def paged_attention_ref(
-    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, meta: AttentionMetadata, opts: AttentionOptions
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    meta: AttentionMetadata,
+    opts: AttentionOptions,
+    kv_scales: np.ndarray | None = None,
 ) -> np.ndarray:
     """q: (T, H, D); caches: (NB, BS, Hkv, D); meta's arrays on the host.
-    Returns (T, H, D). Softmax in float32."""
+    Returns (T, H, D). Softmax in float32. With kv_scales ((2,) float32: k_scale,
+    v_scale) the caches are uint8 e4m3 codes, converted as each sequence's rows are read."""
     block_tables, seq_lens, query_start_loc = meta.block_tables, meta.seq_lens, meta.query_start_loc
     scale, sliding_window, soft_cap = opts.scale, opts.sliding_window, opts.soft_cap
     T, H, D = q.shape
@@ -69,10 +76,16 @@ def paged_attention_ref(
         if n == 0:
             continue
         first = max(0, L - n - sliding_window + 1) if sliding_window else 0  # oldest key any query sees
-        k = gather_kv(k_cache, block_tables[i], L, first).astype(np.float32)  # (L', Hkv, D)
-        v = gather_kv(v_cache, block_tables[i], L, first).astype(np.float32)
-        qi = q[s:e].astype(np.float32).reshape(n, Hkv, G, D)
-        scores = np.einsum("nkgd,lkd->kgnl", qi, k) * scale  # (Hkv, G, n, L')
+        k = gather_kv(k_cache, block_tables[i], L, first)  # (L', Hkv, D)
+        v = gather_kv(v_cache, block_tables[i], L, first)
+        if kv_scales is not None:
+            k, v = e4m3_to_f32(k) * kv_scales[0], e4m3_to_f32(v) * kv_scales[1]
+        k, v = k.astype(np.float32), v.astype(np.float32)
+        # One GEMM per KV head, its G query heads' n rows stacked: (Hkv, G*n, D) x (Hkv, D, L').
+        # (An einsum here runs no BLAS: 3x slower at batch-32 decode, 6x at prefill, and
+        # this is what the CPU backend runs for an FP8 KV cache and --cpu-kernels numpy.)
+        qi = q[s:e].astype(np.float32).reshape(n, Hkv, G, D).transpose(1, 2, 0, 3).reshape(Hkv, G * n, D)
+        scores = (np.matmul(qi, k.transpose(1, 2, 0)) * scale).reshape(Hkv, G, n, -1)  # (Hkv, G, n, L')
         if soft_cap:
             scores = soft_cap * np.tanh(scores / soft_cap)
         q_pos = np.arange(L - n, L)[:, None]  # (n, 1)
@@ -84,8 +97,8 @@ def paged_attention_ref(
         scores -= scores.max(axis=-1, keepdims=True)
         p = np.exp(scores)
         p /= p.sum(axis=-1, keepdims=True)
-        o = np.einsum("kgnl,lkd->nkgd", p, v)  # (n, Hkv, G, D)
-        out[s:e] = o.reshape(n, H, D).astype(q.dtype)
+        o = np.matmul(p.reshape(Hkv, G * n, -1), v.transpose(1, 0, 2))  # (Hkv, G*n, D)
+        out[s:e] = o.reshape(Hkv, G, n, D).transpose(2, 0, 1, 3).reshape(n, H, D).astype(q.dtype)
     return out
 
 

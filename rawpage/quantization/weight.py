@@ -12,7 +12,7 @@
 A QuantizedWeight holds host (NumPy) arrays when a loader makes it, and device
 arrays once a backend's prepare_linear has uploaded it. The NumPy CPU backend never
 keeps one: it dequantizes at load (`dequantize`), so every checkpoint runs there.
-The native CPU backend keeps "gguf" and "bf16" (backends/cpu_native.py).
+The CPU backend on its C kernels keeps "gguf" and "bf16" (backends/cpu.py).
 """
 
 from __future__ import annotations

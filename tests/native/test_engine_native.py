@@ -1,4 +1,4 @@
-"""The native CPU backend end to end: which kernels run, the default model's logits
+"""The CPU backend on its C kernels end to end: which kernels run, the default model's logits
 against the float32 NumPy path, and the simulator's MMVQ kernel against ours."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import pytest
 
 from rawpage.backends import get_backend
 from rawpage.backends.cpu import CPUBackend
-from rawpage.backends.cpu_native import NativeCPUBackend
 from rawpage.models.llama import LlamaModel
 from rawpage.native.gguf import gguf_matmul
 from rawpage.native.library import native_kernels
@@ -38,19 +37,21 @@ PROMPTS = [
 ]
 
 
-def test_cpu_kernels_flag_picks_the_backend(caplog):
+def test_cpu_kernels_flag_picks_the_kernels(caplog):
     with caplog.at_level(logging.INFO, logger="rawpage"):
-        assert type(get_backend("cpu", cpu_kernels="numpy")) is CPUBackend
+        numpy_path = get_backend("cpu", cpu_kernels="numpy")
         assert "CPU kernels: numpy" in caplog.text
         native = get_backend("cpu", cpu_kernels="native")
-    assert isinstance(native, NativeCPUBackend)
+    assert type(numpy_path) is type(native) is CPUBackend
+    assert numpy_path.lib is None and not numpy_path.keeps_quantized and not numpy_path.reads_packed_embedding
+    assert native.lib is not None and native.keeps_quantized == {"gguf", "bf16"} and native.reads_packed_embedding
     assert "CPU kernels: native" in caplog.text
-    assert isinstance(get_backend("cpu"), NativeCPUBackend)  # auto: native where it builds
+    assert get_backend("cpu").lib is not None  # auto: native where it builds
 
 
 def test_without_a_compiler_auto_runs_numpy_and_native_is_an_error(no_compiler, caplog):
     with caplog.at_level(logging.WARNING, logger="rawpage"):
-        assert type(get_backend("cpu")) is CPUBackend
+        assert get_backend("cpu").lib is None
     assert "running the NumPy path" in caplog.text
     with pytest.raises(ValueError, match="--cpu-kernels native: the CPU kernels did not build"):
         get_backend("cpu", cpu_kernels="native")
