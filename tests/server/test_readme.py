@@ -66,6 +66,8 @@ NOT_RUN = {
     "RAWPAGE_CHAOS_SECONDS=": "a 30 s chaos run; tests/server/test_chaos.py is in the suite",
     ".venv/bin/python -c ": "builds the CUDA simulator (minutes from a cold cache); tests/kernels run it",
     ".venv/bin/pytest -m live": "collects the whole suite; the live tests need torch and transformers",
+    "python -m tools.bench_gemm_split": "history in docs/benchmarks.md: the tool went at c9c1f30 with the "
+    "NumPy row split it measured (git show 98a0348:tools/bench_gemm_split.py)",
 }
 
 
