@@ -30,6 +30,7 @@ from rawpage.forking import Forker
 from rawpage.grammar_compiler import GrammarCompiler
 from rawpage.loader import load_checkpoint
 from rawpage.lora.manager import LoRARequest, resolve_lora
+from rawpage.model_runner import KVPool
 from rawpage.output_processor import OutputProcessor
 from rawpage.outputs import RequestOutput
 from rawpage.rank_setup import backend_for
@@ -79,17 +80,8 @@ class LLMEngine:
         config = SchedulerConfig(args.max_num_seqs, batched, self.max_model_len, args.preemption_mode, max_loras)
         self.scheduler = Scheduler(config, self.block_manager)
         shapes = cuda_graph_shapes(args, self.backend, c)  # decode and verification steps replayed from graphs
-        self.runner = make_runner(
-            self.workers,
-            self.model,
-            self.backend,
-            args,
-            num_blocks,
-            num_cpu_blocks,
-            shapes,
-            self.max_model_len,
-            self.lora,
-        )
+        pool = KVPool(args.block_size, num_blocks, num_cpu_blocks)
+        self.runner = make_runner(self.workers, self.model, self.backend, pool, shapes, self.max_model_len, self.lora)
         self.grammars = GrammarCompiler.from_args(self.tokenizer.hf, c.vocab_size, c.eos_token_ids, args)
         self.masks = MaskPrefetcher(self.grammars.words)
         self.sampler = Sampler(c.vocab_size, c.eos_token_ids, self.masks)

@@ -16,7 +16,7 @@ from rawpage.engine_args import EngineArgs
 from rawpage.loader import Checkpoint
 from rawpage.lora.manager import LoRAManager
 from rawpage.memory import GiB, MemoryPlan
-from rawpage.model_runner import ModelRunner
+from rawpage.model_runner import KVPool, ModelRunner
 from rawpage.models.registry import supports_cuda_graphs
 from rawpage.models.weight_source import Model
 from rawpage.rank_setup import build_rank, plan_kv_cache
@@ -85,16 +85,13 @@ def make_runner(
     group: TensorParallelGroup | None,
     model: Model,
     backend: Backend,
-    a: EngineArgs,
-    num_blocks: int,
-    num_cpu_blocks: int,
+    pool: KVPool,
     graph_shapes: list[tuple[int, int]] | None,
     max_model_len: int,
     lora: LoRAManager | None = None,
 ) -> ModelRunner:
     """The engine's ModelRunner; under tensor parallelism, one that drives the workers' too."""
-    runner_args = (model, backend, a.block_size, num_blocks, num_cpu_blocks, graph_shapes, max_model_len)
     if group is None:
-        return ModelRunner(*runner_args, lora)
-    group.start_runners(num_blocks, num_cpu_blocks, graph_shapes)
-    return ParallelModelRunner(group, *runner_args)
+        return ModelRunner(model, backend, pool, graph_shapes, max_model_len, lora)
+    group.start_runners(pool, graph_shapes)
+    return ParallelModelRunner(group, model, backend, pool, graph_shapes, max_model_len)

@@ -11,6 +11,7 @@ logits rows the engine asked for, still on the device (rawpage/device_logits.py)
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -29,14 +30,22 @@ def kv_bytes_per_block(config: ModelConfig, block_size: int, itemsize: int) -> i
     return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * itemsize
 
 
+@dataclass(frozen=True)
+class KVPool:
+    """The KV pool's numbers: num_blocks blocks of block_size tokens on the device (every
+    layer's K and V), and num_cpu_blocks more in host memory for swapped-out sequences."""
+
+    block_size: int
+    num_blocks: int
+    num_cpu_blocks: int = 0
+
+
 class ModelRunner:
     def __init__(
         self,
         model: Model,
         backend: Backend,
-        block_size: int,
-        num_blocks: int,
-        num_cpu_blocks: int = 0,
+        pool: KVPool,
         graph_shapes: list[tuple[int, int]] | None = None,
         max_model_len: int | None = None,
         lora: LoRAManager | None = None,
@@ -46,13 +55,14 @@ class ModelRunner:
         lora: the adapter slots (--enable-lora)."""
         c = model.config
         kv_cache_dtype = np.uint8 if backend.kv_scales is not None else backend.kv_cache_dtype
+        block_size = pool.block_size
         self.model, self.backend, self.block_size, self.lora = model, backend, block_size, lora
-        shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)  # (NB, BS, Hkv, D)
+        shape = (pool.num_blocks, block_size, c.num_kv_heads, c.head_dim)  # (NB, BS, Hkv, D)
         self.kv_caches: list[tuple[Array, Array]] = [
             (backend.zeros(shape, kv_cache_dtype), backend.zeros(shape, kv_cache_dtype)) for _ in range(c.num_layers)
         ]
         # The swap pool: the same layout in host memory, (NB_cpu, BS, Hkv, D) per layer.
-        cpu_shape = (num_cpu_blocks, block_size, c.num_kv_heads, c.head_dim)
+        cpu_shape = (pool.num_cpu_blocks, block_size, c.num_kv_heads, c.head_dim)
         dtype = self.kv_caches[0][0].dtype
         self.cpu_caches = [(np.zeros(cpu_shape, dtype), np.zeros(cpu_shape, dtype)) for _ in range(c.num_layers)]
         self.buffer = BatchBuffer(backend)

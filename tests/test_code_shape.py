@@ -97,12 +97,6 @@ MANY_PARAMETERS: dict[str, str] = {  # path:function -> why it takes more
     "rawpage/backends/cublaslt_fp8.py:__call__": "one cuBLASLt matmul: the C function's own arguments",
     "rawpage/backends/cublas_gemm.py:gemm_matmul": "a GEMM's operands beside the cuBLAS handle and stream",
     "rawpage/flags.py:flag": "a declaration like dataclasses.field: each keyword is one piece of a flag's metadata",
-    "rawpage/model_runner.py:__init__": "temporary: the KV pool's numbers (block size, blocks, swap blocks) "
-    "would travel as one value; its callers are in engine_setup.py and distributed/, being edited (issue 32)",
-    "rawpage/engine_setup.py:make_runner": "temporary: as ModelRunner.__init__, which it calls (issue 32)",
-    "rawpage/distributed/worker.py:run_worker": "temporary: a worker's start arguments, to travel as one value "
-    "once distributed/ settles (issue 32)",
-    "rawpage/distributed/worker.py:_start": "temporary: as run_worker, which it starts",
 }
 
 

@@ -25,12 +25,12 @@ from typing import Any
 from rawpage.config import ModelConfig
 from rawpage.device_logits import DeviceLogits
 from rawpage.distributed.communicator import NcclCommunicator, PipeCommunicator
-from rawpage.distributed.worker import run_worker
+from rawpage.distributed.worker import WorkerSpec, run_worker
 from rawpage.engine_args import EngineArgs
 from rawpage.errors import WorkerDiedError
 from rawpage.forward_batch import HostBatch
 from rawpage.memory import MemoryPlan
-from rawpage.model_runner import ModelRunner
+from rawpage.model_runner import KVPool, ModelRunner
 from rawpage.models.sharding import ShardLayout, TensorParallel, check_shardable
 
 logger = logging.getLogger("rawpage")
@@ -66,7 +66,7 @@ class TensorParallelGroup:
                 endpoint = nccl_id
             proc = ctx.Process(
                 target=run_worker,
-                args=(rank, size, args, device, worker_control, endpoint, batched, max_model_len),
+                args=(WorkerSpec(rank, size, args, device, batched, max_model_len), worker_control, endpoint),
                 name=f"rawpage-tp-rank{rank}",
                 daemon=True,
             )
@@ -96,8 +96,8 @@ class TensorParallelGroup:
         per_block = plan.bytes_per_block
         return MemoryPlan(**{**vars(plan), "num_blocks": min(counts), "kv_bytes": min(counts) * per_block})
 
-    def start_runners(self, num_blocks: int, num_cpu_blocks: int, graph_shapes: list[tuple[int, int]] | None) -> None:
-        self.broadcast(("runner", num_blocks, num_cpu_blocks, graph_shapes))
+    def start_runners(self, pool: KVPool, graph_shapes: list[tuple[int, int]] | None) -> None:
+        self.broadcast(("runner", pool, graph_shapes))
 
     def broadcast(self, msg: tuple) -> None:
         """Send one command to every worker, first checking that each is still alive."""

@@ -19,6 +19,7 @@ import logging
 import os
 import sys
 import traceback
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -32,19 +33,22 @@ from rawpage.rank_setup import backend_for, build_rank, plan_kv_cache
 logger = logging.getLogger("rawpage")
 
 
-def run_worker(
-    rank: int,
-    size: int,
-    args: EngineArgs,
-    device: str,
-    control: Connection,
-    comm_endpoint: Any,
-    batched: int,
-    max_model_len: int,
-) -> None:
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker is started with (pickled into the spawned process)."""
+
+    rank: int
+    size: int
+    args: EngineArgs
+    device: str
+    batched: int  # --max-num-batched-tokens: the worst-case step the pool is sized after
+    max_model_len: int
+
+
+def run_worker(spec: WorkerSpec, control: Connection, comm_endpoint: Any) -> None:
     """The worker process's main: build the shard, report its KV blocks, then serve steps."""
     try:
-        runner = _start(rank, size, args, device, control, comm_endpoint, batched, max_model_len)
+        runner = _start(spec, control, comm_endpoint)
         if runner is None:
             return
         _serve(runner, control)
@@ -53,11 +57,12 @@ def run_worker(
             control.send(("error", f"{type(e).__name__}: {e}"))
         except OSError:
             pass
-        print(f"rawpage tensor-parallel rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr)
+        print(f"rawpage tensor-parallel rank {spec.rank} failed:\n{traceback.format_exc()}", file=sys.stderr)
         os._exit(1)
 
 
-def _start(rank, size, args, device, control, comm_endpoint, batched, max_model_len):
+def _start(spec: WorkerSpec, control: Connection, comm_endpoint: Any) -> ModelRunner | None:
+    rank, size, args, device = spec.rank, spec.size, spec.args, spec.device
     if device == "cuda":
         import cupy
 
@@ -68,13 +73,13 @@ def _start(rank, size, args, device, control, comm_endpoint, batched, max_model_
     ckpt = load_checkpoint(args.model, args.load_format, args.seed, args.revision, args.download_dir)
     backend = backend_for(args, device, ckpt.config.torch_dtype)
     model = build_rank(ckpt, backend, args.quantization, TensorParallel(ShardLayout(ckpt.config, rank, size), comm))
-    plan = plan_kv_cache(args, model, backend, batched, max_model_len)
+    plan = plan_kv_cache(args, model, backend, spec.batched, spec.max_model_len)
     control.send(("ready", plan.num_blocks))
     msg = control.recv()
     if msg[0] != "runner":
         return None
-    _, num_blocks, num_cpu_blocks, graph_shapes = msg
-    return ModelRunner(model, backend, args.block_size, num_blocks, num_cpu_blocks, graph_shapes, max_model_len)
+    _, pool, graph_shapes = msg
+    return ModelRunner(model, backend, pool, graph_shapes, spec.max_model_len)
 
 
 def _serve(runner, control: Connection) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 from rawpage.backends.base import Backend
 from rawpage.block_manager import BlockManager
 from rawpage.loader import load_checkpoint
-from rawpage.model_runner import ModelRunner
+from rawpage.model_runner import KVPool, ModelRunner
 from rawpage.rank_setup import build_rank
 from rawpage.sampler import Sampler
 from rawpage.sequence import Sequence, SequenceStatus
@@ -77,7 +77,7 @@ class DraftModelProposer:
         max_num_batched_tokens: the most tokens one catch-up pass runs (the profiled peak)."""
         self.model = model
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
-        self.runner = ModelRunner(self.model, backend, block_size, num_blocks, 0, None, max_model_len)
+        self.runner = ModelRunner(self.model, backend, KVPool(block_size, num_blocks), None, max_model_len)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.states: dict[int, DraftSequence] = {}  # target seq_id -> its draft record
         self.sampler = Sampler(vocab_size, [])  # q: the draft's distribution under each request's parameters
