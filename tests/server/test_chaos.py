@@ -80,7 +80,12 @@ class Chaos:
 
     async def client(self, seed: int, deadline: float) -> None:
         rnd = random.Random(seed)
-        async with httpx.AsyncClient(timeout=300) as c:
+        # A pooled connection is dropped after 2 s idle, before the server's --timeout-keep-alive
+        # (5 s) closes it: else a request sent as the server's close is in flight (this client's
+        # connection idles while `disconnect` streams on its own) dies with a ReadError, a
+        # race on the wire that no server can prevent (seen once under make test-under-load).
+        limits = httpx.Limits(keepalive_expiry=2.0)
+        async with httpx.AsyncClient(timeout=300, limits=limits) as c:
             while time.monotonic() < deadline:
                 action = rnd.choice(
                     [
