@@ -225,7 +225,8 @@ class DecoderModel:
             h = self.feed_forward(i, layer, x)  # (T, dim)
 
         # Only the rows we sample from need the final norm and the (large) LM head.
-        h, residual = h[batch.logits_indices], residual[batch.logits_indices]
+        if not batch.samples_every_row:
+            h, residual = h[batch.logits_indices], residual[batch.logits_indices]
         x, _ = b.fused_add_rms_norm(h, residual, self.norm, c.rms_norm_eps)
         return x  # (N, dim)
 

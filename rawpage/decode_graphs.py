@@ -52,9 +52,15 @@ frozen launch is valid for every later batch. (q > 1 goes to the prefill
 attention kernel, whose grid is (ceil(q / 64), H, size) whatever the contexts:
 it reads seq_lens and query_start_loc from the device.)
 
-On cpu and sim, Backend.capture_graph returns a Graph that simply runs the
-forward pass again; the engine does not use graphs there, but the tests drive
-this same bookkeeping (bucket choice, padding, buffer reuse) through it.
+On the CPU with its kernels, a graph is the pass's kernel calls, recorded and
+replayed in one C call (backends/cpu.py NativeGraph), for decode batches up to 8
+(Backend.graph_max_batch). Such a recording misses any NumPy work the pass does, so
+each one is checked against a fresh run on other inputs before it is used
+(check_replay); a pass that cannot be recorded raises GraphNotCaptured, and the
+runner then runs every step eagerly, with one log line.
+On sim, Backend.capture_graph returns a Graph that simply runs the forward pass
+again; the engine does not use graphs there, but the tests drive this same
+bookkeeping (bucket choice, padding, buffer reuse) through it.
 """
 
 from __future__ import annotations
@@ -67,7 +73,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from rawpage.backends.base import Array, Backend, Graph
+from rawpage.backends.base import Array, Backend, Graph, GraphNotCaptured
 from rawpage.forward_batch import BatchBuffer, ForwardBatch, HostBatch
 
 logger = logging.getLogger("rawpage")
@@ -189,7 +195,10 @@ class DecodeGraphs:
             batch = self.buffer.upload(pad_batch(empty, size, q, self.width))
             # Freeze the attention launch for the longest context any sequence can reach.
             batch.attn = replace(batch.attn, max_seq_len=max_model_len)
-            self.graphs[size, q] = backend.capture_graph(lambda batch=batch: forward(batch))
+            graph = backend.capture_graph(lambda batch=batch: forward(batch))  # GraphNotCaptured: see ModelRunner
+            if graph.needs_check:
+                check_replay(graph, batch, forward, backend, model.config.vocab_size)
+            self.graphs[size, q] = graph
         self.buffer.frozen = True
         self._log_captured(time.perf_counter() - start)
 
@@ -227,6 +236,24 @@ class DecodeGraphs:
         if np.array_equal(rows, np.arange(len(rows))):
             return hidden[: len(rows)]
         return hidden[self.backend.asarray(rows, np.int64)]
+
+
+def check_replay(
+    graph: Graph, batch: ForwardBatch, forward: Callable[[ForwardBatch], Array], backend: Backend, vocab: int
+) -> None:
+    """A recording that replays only its kernel calls (Graph.needs_check) misses any other
+    work the pass did: that work's result would be frozen at capture. So the pass runs
+    again on other token ids, and its replay must give the same bits; GraphNotCaptured if
+    not. (The capture batch is padding: slot -1, so neither run writes the KV cache.)"""
+    n = int(batch.input_ids.shape[0])
+    backend.copy_from_host(batch.input_ids, (np.arange(1, n + 1, dtype=np.int32) * 7919) % vocab)
+    expected = backend.to_numpy(forward(batch)).copy()
+    replayed = backend.to_numpy(graph.replay())
+    if not np.array_equal(expected, replayed):
+        raise GraphNotCaptured(
+            f"a replay of the {len(batch.host_seq_lens)}-sequence step differs from running it "
+            "(the pass does work outside the recorded kernel calls)"
+        )
 
 
 def _ranges(sizes: list[int]) -> str:

@@ -24,7 +24,7 @@ from rawpage.block_manager import BlockManager
 from rawpage.chat_template import ChatTemplate
 from rawpage.device_logits import DeviceLogits
 from rawpage.engine_args import EngineArgs
-from rawpage.engine_setup import cuda_graph_shapes, load_model, make_runner, num_swap_blocks, resolve_max_model_len
+from rawpage.engine_setup import decode_graph_shapes, load_model, make_runner, num_swap_blocks, resolve_max_model_len
 from rawpage.errors import WorkerDiedError
 from rawpage.forking import Forker
 from rawpage.grammar_compiler import GrammarCompiler
@@ -79,7 +79,7 @@ class LLMEngine:
         max_loras = self.lora.max_loras if self.lora else 0
         config = SchedulerConfig(args.max_num_seqs, batched, self.max_model_len, args.preemption_mode, max_loras)
         self.scheduler = Scheduler(config, self.block_manager)
-        shapes = cuda_graph_shapes(args, self.backend, c)  # decode and verification steps replayed from graphs
+        shapes = decode_graph_shapes(args, self.backend, c)  # decode and verification steps replayed from graphs
         pool = KVPool(args.block_size, num_blocks, num_cpu_blocks)
         self.runner = make_runner(self.workers, self.model, self.backend, pool, shapes, self.max_model_len, self.lora)
         self.grammars = GrammarCompiler.from_args(self.tokenizer.hf, c.vocab_size, c.eos_token_ids, args)

@@ -136,7 +136,9 @@ class EngineArgs:
         "recompute", "what happens to a preempted sequence's KV cache", choices=PREEMPTION_MODES
     )
     enable_prefix_caching: bool = flag(True, "reuse KV blocks of identical prompt prefixes across requests")
-    enforce_eager: bool = flag(False, "cuda: do not capture CUDA graphs")
+    enforce_eager: bool = flag(
+        False, "do not replay decode steps from graphs (CUDA graphs; cpu: recorded kernel calls)"
+    )
     chat_template: str | None = flag(None, "Jinja chat template, or a file holding one", default_text="the model's")
     max_logprobs: int = flag(20, "most logprobs (and prompt logprobs) one request may ask for")
     scheduling_policy: str = flag(
@@ -326,7 +328,7 @@ class EngineArgs:
         rules = {
             "gpu_memory_utilization": (not on_gpu and f"on {backend.name} the KV cache pool is --kv-cache-memory")
             or (self.kv_cache_memory is not None and "--kv-cache-memory sets the KV cache pool"),
-            "enforce_eager": not backend.supports_graphs and f"the {backend.name} backend captures no CUDA graphs",
+            "enforce_eager": not backend.supports_graphs and f"the {backend.name} backend captures no graphs",
             "swap_space": self.preemption_mode != "swap"
             and "preempted sequences are recomputed, not swapped (--preemption-mode swap uses it)",
             "max_loras": not self.enable_lora and "LoRA is off (--enable-lora)",

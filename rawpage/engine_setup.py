@@ -72,13 +72,16 @@ def load_model(
     return LoadedModel(model, plan if group is None else group.agree_on_pool(plan), group, lora, draft)
 
 
-def cuda_graph_shapes(a: EngineArgs, backend: Backend, config: ModelConfig) -> list[tuple[int, int]] | None:
-    """The (batch size, query length) shapes to capture as CUDA graphs: decode steps and,
-    with speculative decoding, verification steps of k + 1 tokens a sequence; None: eager."""
+def decode_graph_shapes(a: EngineArgs, backend: Backend, config: ModelConfig) -> list[tuple[int, int]] | None:
+    """The (batch size, query length) shapes to capture as graphs (CUDA graphs; on the CPU,
+    recorded kernel calls): decode steps and, with speculative decoding, verification steps
+    of k + 1 tokens a sequence, up to the backend's graph_max_batch; None: eager."""
     if not backend.supports_graphs or a.enforce_eager or not supports_cuda_graphs(config):
         return None
+    if backend.name == "cpu" and a.tensor_parallel_size > 1:
+        return None  # the ranks' collectives run on the host, outside any recording
     k = a.speculative_config.num_speculative_tokens if a.speculative_config else 0
-    return graph_shapes(a.max_num_seqs, k)
+    return graph_shapes(min(a.max_num_seqs, backend.graph_max_batch or a.max_num_seqs), k)
 
 
 def make_runner(

@@ -50,6 +50,10 @@ class ForwardBatch(BatchArrays):
 
     host_query_lens: np.ndarray = field(kw_only=True)  # (B,)
     host_seq_lens: np.ndarray = field(kw_only=True)  # (B,)
+    # logits_indices is 0 .. T-1 (every row is sampled: a decode step, a padded graph
+    # batch), so the model skips gathering them: on the CPU a gather is NumPy work that a
+    # recorded graph would not replay (backends/cpu.py capture_graph)
+    samples_every_row: bool = field(kw_only=True, default=False)
     attn: AttentionMetadata = field(init=False)  # built once per step, read by every layer
 
     def __post_init__(self) -> None:
@@ -114,4 +118,7 @@ class BatchBuffer:
             a = getattr(hb, f)
             views[f] = self.device[start : start + a.size].reshape(a.shape)
             start += a.size
-        return ForwardBatch(**views, host_query_lens=hb.query_lens, host_seq_lens=hb.seq_lens)
+        every_row = np.array_equal(hb.logits_indices, np.arange(len(hb.input_ids)))
+        return ForwardBatch(
+            **views, host_query_lens=hb.query_lens, host_seq_lens=hb.seq_lens, samples_every_row=every_row
+        )

@@ -11,11 +11,12 @@ logits rows the engine asked for, still on the device (rawpage/device_logits.py)
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 
-from rawpage.backends.base import Array, Backend
+from rawpage.backends.base import Array, Backend, GraphNotCaptured
 from rawpage.config import ModelConfig
 from rawpage.decode_graphs import DecodeGraphs
 from rawpage.device_logits import DeviceLogits
@@ -23,6 +24,8 @@ from rawpage.forward_batch import BatchBuffer, HostBatch
 from rawpage.lora.manager import LoRAManager
 from rawpage.models.weight_source import Model
 from rawpage.sequence import Sequence
+
+logger = logging.getLogger("rawpage")
 
 
 def kv_bytes_per_block(config: ModelConfig, block_size: int, itemsize: int) -> int:
@@ -70,7 +73,10 @@ class ModelRunner:
         if graph_shapes:
             max_len = max_model_len or c.max_position_embeddings
             set_lora = lora.set_batch if lora else None
-            self.graphs = DecodeGraphs(model, backend, self.kv_caches, graph_shapes, max_len, block_size, set_lora)
+            try:
+                self.graphs = DecodeGraphs(model, backend, self.kv_caches, graph_shapes, max_len, block_size, set_lora)
+            except GraphNotCaptured as e:  # the CPU's recordings need every op of the pass to be a kernel
+                logger.info("decode steps run eagerly: %s", e)
 
     def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
         """Swap-outs first: their GPU blocks may already be promised to someone else."""

@@ -1,4 +1,4 @@
-"""The decode-graph bookkeeping, run on the CPU and the simulator, where
+"""The decode-graph bookkeeping, run on the CPU's NumPy path and the simulator, where
 Backend.capture_graph records nothing and a replay runs the forward pass again:
 bucket choice, padding, the fixed metadata buffer graphs read, and that a padded
 replay computes what an unpadded eager step does, for plain decode steps and for
@@ -140,8 +140,10 @@ class RecordingBackend:
 
 
 def model_and_cache(device: str, num_blocks: int = 16, seed: int = 0):
+    """device cpu: the NumPy path, whose graphs run the pass again (the native kernels'
+    recordings are tests/native/test_graph.py's)."""
     config, tensors = tiny_llama(seed)
-    backend = get_backend(device)
+    backend = get_backend(device, cpu_kernels="numpy") if device == "cpu" else get_backend(device)
     model = LlamaModel(config, backend, tensors)
     shape = (num_blocks, BS, config.num_kv_heads, config.head_dim)
     kv = [(backend.zeros(shape), backend.zeros(shape)) for _ in range(config.num_layers)]
@@ -247,17 +249,17 @@ def test_engine_with_graphs_generates_what_eager_does(tiny_model_dir, monkeypatc
 
     prompts = [{"prompt_token_ids": list(range(3 + i, 40 + 9 * i))} for i in range(6)]
     params = [SamplingParams(temperature=0, max_tokens=6 + 3 * i, ignore_eos=True) for i in range(6)]
-    eager = LLM(tiny_model_dir, max_num_seqs=8, max_model_len=256)
+    eager = LLM(tiny_model_dir, max_num_seqs=8, max_model_len=256, cpu_kernels="numpy")
     want = [o.outputs[0].token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
     monkeypatch.setattr(CPUBackend, "supports_graphs", True)
-    llm = LLM(tiny_model_dir, max_num_seqs=8, max_model_len=256, max_num_batched_tokens=64)
+    llm = LLM(tiny_model_dir, max_num_seqs=8, max_model_len=256, max_num_batched_tokens=64, cpu_kernels="numpy")
     runner = llm.engine.runner
     assert runner.graphs is not None and runner.graphs.sizes == {1: [1, 2, 4, 8]}
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == want
     replays = runner.graphs.num_replays
     assert replays[8, 1] > 0 and replays[4, 1] > 0, f"batches shrink as requests finish: {replays}"
-    off = LLM(tiny_model_dir, max_num_seqs=8, max_model_len=256, enforce_eager=True)
+    off = LLM(tiny_model_dir, max_num_seqs=8, max_model_len=256, enforce_eager=True, cpu_kernels="numpy")
     assert off.engine.runner.graphs is None
 
 
@@ -345,12 +347,12 @@ def test_greedy_speculation_with_graphs_gives_the_plain_tokens(tiny_model_dir, m
 
     prompts = repetitive_prompts(6)
     params = [SamplingParams(temperature=0, max_tokens=12 + 3 * i, ignore_eos=True) for i in range(6)]
-    plain = LLM(tiny_model_dir, max_num_seqs=8, max_model_len=256)
+    plain = LLM(tiny_model_dir, max_num_seqs=8, max_model_len=256, cpu_kernels="numpy")
     want = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
-    monkeypatch.setattr(CPUBackend, "supports_graphs", True)
-    kw = dict(max_model_len=256)
+    monkeypatch.setattr(CPUBackend, "supports_graphs", True)  # the NumPy path's Graph runs the pass again
+    kw = dict(max_model_len=256, cpu_kernels="numpy")
     if pool == "preempting":  # 12 blocks of 16 tokens for 6 sequences of up to 65; prefill in chunks of 40
-        kw = dict(max_model_len=128, num_gpu_blocks_override=12, max_num_batched_tokens=40)
+        kw = dict(max_model_len=128, num_gpu_blocks_override=12, max_num_batched_tokens=40, cpu_kernels="numpy")
     with caplog.at_level(logging.INFO, logger="rawpage"):
         llm = LLM(tiny_model_dir, max_num_seqs=8, speculative_config=NGRAM3, **kw)
     assert "4 decode graphs (batch sizes 1..8) and 4 verification graphs (4 query tokens" in caplog.text
@@ -393,9 +395,11 @@ def test_verification_graphs_under_a_sliding_window(tmp_path, monkeypatch, devic
 
     folder = write_family(str(tmp_path / "mistral"), "mistral")
     prompts, p = repetitive_prompts(3), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    want = [o.outputs[0].token_ids for o in LLM(folder).generate(prompts, p, use_tqdm=False)]
+    kernels = dict(cpu_kernels="numpy")  # the NumPy path's Graph runs the pass again (and is sim's reference)
+    want = [o.outputs[0].token_ids for o in LLM(folder, **kernels).generate(prompts, p, use_tqdm=False)]
     monkeypatch.setattr(CPUBackend if device == "cpu" else SimBackend, "supports_graphs", True)
-    llm = LLM(folder, device=device, speculative_config=NGRAM3, max_num_seqs=4, max_model_len=128)
+    kw = dict(speculative_config=NGRAM3, max_num_seqs=4, max_model_len=128, **(kernels if device == "cpu" else {}))
+    llm = LLM(folder, device=device, **kw)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, p, use_tqdm=False)] == want
     assert llm.engine.block_manager.num_window_releases > 0
     replays = llm.engine.runner.graphs.num_replays

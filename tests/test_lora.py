@@ -141,7 +141,7 @@ def test_lora_modules_flag_and_errors(lora_setup, tmp_path):
 
 @pytest.mark.parametrize("device", ["cpu", "sim"])
 def test_decode_graphs_read_each_steps_adapter_slots(lora_setup, llm, monkeypatch, device):
-    """With decode graphs on (forced here: cpu and sim replay by calling again), the
+    """With decode graphs on (forced here: cpu's NumPy path and sim replay by calling again), the
     adapter slots are graph inputs: a mixed batch replays and gives the eager engine's
     tokens. On sim the forward pass runs cuda/lora.cu's kernels, as on a GPU."""
     from rawpage.backends.cpu import CPUBackend
@@ -149,9 +149,13 @@ def test_decode_graphs_read_each_steps_adapter_slots(lora_setup, llm, monkeypatc
 
     model, _, paths, _ = lora_setup
     reqs = list(_requests(paths).values()) + [None]
-    want = _greedy(llm, PROMPTS, reqs, n=5)
-    monkeypatch.setattr(CPUBackend if device == "cpu" else SimBackend, "supports_graphs", True)
     kw = dict(device=device, enable_lora=True, max_loras=3, max_lora_rank=16, max_num_seqs=4, max_model_len=64)
+    if device == "cpu":  # the NumPy path, whose Graph calls again (the kernels' recordings refuse LoRA)
+        kw["cpu_kernels"] = "numpy"
+        want = _greedy(LLM(model, kv_cache_memory="4MiB", enforce_eager=True, **kw), PROMPTS, reqs, n=5)
+    else:
+        want = _greedy(llm, PROMPTS, reqs, n=5)
+    monkeypatch.setattr(CPUBackend if device == "cpu" else SimBackend, "supports_graphs", True)
     graphed = LLM(model, kv_cache_memory="4MiB", **kw)
     assert _greedy(graphed, PROMPTS, reqs, n=5) == want
     assert sum(graphed.engine.runner.graphs.num_replays.values()) > 0

@@ -18,7 +18,7 @@ from rawpage.engine_args import EngineArgs
 from rawpage.server import app as server_app
 from rawpage.server.args import ServerConfig
 
-CPU = SimpleNamespace(name="cpu", memory=None, supports_graphs=False)
+CPU = SimpleNamespace(name="cpu", memory=None, supports_graphs=False)  # the NumPy path
 
 
 def parsed(*argv: str) -> tuple[EngineArgs, ServerConfig]:
@@ -63,7 +63,7 @@ def test_several_served_names_first_is_reported_all_are_accepted():
 INERT = {
     "--gpu-memory-utilization 0.5": "--gpu-memory-utilization has no effect: on cpu the KV cache pool is "
     "--kv-cache-memory",
-    "--enforce-eager": "--enforce-eager has no effect: the cpu backend captures no CUDA graphs",
+    "--enforce-eager": "--enforce-eager has no effect: the cpu backend captures no graphs",
     "--swap-space 8": "--swap-space has no effect: preempted sequences are recomputed, not swapped",
     "--max-loras 2": "--max-loras has no effect: LoRA is off (--enable-lora)",
     "--max-lora-rank 8": "--max-lora-rank has no effect: LoRA is off (--enable-lora)",

@@ -18,9 +18,14 @@ Array = Any  # numpy.ndarray on cpu and sim, cupy.ndarray on cuda
 
 class Graph:
     """A recorded forward pass that can run again on the same buffers: `replay()` returns
-    the output array. Here (cpu, sim) it simply calls the function again; the cuda
-    backend records a CUDA graph (rawpage/backends/cuda_graph_capture.py). Either way, a replay
+    the output array. Here (sim, and cpu without its kernels) it simply calls the function
+    again; the cuda backend records a CUDA graph (rawpage/backends/cuda_graph_capture.py),
+    the cpu backend its kernel calls (backends/cpu.py NativeGraph). Either way, a replay
     reads whatever its input buffers hold at that moment."""
+
+    # Whether a replay can miss work the pass did outside the recorded calls (NumPy on
+    # the CPU), so that DecodeGraphs checks it against a fresh run before using it.
+    needs_check = False
 
     def __init__(self, fn: Callable[[], Array]) -> None:
         self.fn = fn
@@ -31,12 +36,20 @@ class Graph:
         return self.output
 
 
+class GraphNotCaptured(RuntimeError):
+    """This forward pass cannot be replayed from a recording (the message says why): the
+    engine runs its steps eagerly."""
+
+
 class Backend:
     name: str
     dtype: np.dtype  # activation and weight dtype
-    # Whether capture_graph() records real graphs. Where it does not (cpu, sim), the
-    # engine runs eagerly; tests can still drive the graph bookkeeping through Graph.
+    # Whether capture_graph() records real graphs (cuda; cpu with its kernels). Where it
+    # does not (sim), the engine runs eagerly; tests can still drive the graph bookkeeping
+    # through Graph.
     supports_graphs: bool = False
+    # The largest decode batch worth a graph (None: up to --max-num-seqs).
+    graph_max_batch: int | None = None
     # The device's memory, for sizing the KV cache by profiling (memory.DeviceMemory);
     # None where the KV cache has a fixed budget (cpu, sim).
     memory: Any = None
@@ -70,7 +83,8 @@ class Backend:
         return from_float32(x, self.dtype)
 
     def capture_graph(self, fn: Callable[[], Array]) -> Graph:
-        """Record fn (a forward pass over fixed input buffers) for replay."""
+        """Record fn (a forward pass over fixed input buffers) for replay; GraphNotCaptured
+        if it cannot be."""
         return Graph(fn)
 
     def graph_memory_bytes(self) -> int:

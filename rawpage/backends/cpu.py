@@ -29,25 +29,33 @@ the readable float32 path the kernels are tested against, not a tuned one.
 
 Each kernel splits its rows over the C thread pool (native/pool.c); how many threads
 a pass uses, there and in BLAS, is decided in one place, CpuThreads (cpu_threads.py).
+
+Graphs: with the kernels, a decode step of up to GRAPH_MAX_BATCH sequences replays a
+recording of its forward pass, every kernel call of it made again from C in one call
+(capture_graph, NativeGraph; native/graph.c): the CPU's CUDA graphs, with the same
+bookkeeping (rawpage/decode_graphs.py). A forward pass that needs work outside the
+kernels (dense weights in BLAS, LoRA, an FP8 cache) cannot be recorded and runs eagerly.
 """
 
 from __future__ import annotations
 
 import logging
 import mmap
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from rawpage._blas_env import spin_is_short
-from rawpage.backends.base import Backend
+from rawpage.backends.base import Backend, Graph, GraphNotCaptured
 from rawpage.backends.cpu_malloc import keep_freed_memory
 from rawpage.backends.cpu_threads import CpuThreads
 from rawpage.dtypes import bf16_to_f32
 from rawpage.native import attention, layer_ops
 from rawpage.native.bf16 import bf16_matmul
 from rawpage.native.gguf import NATIVE_GGUF, gguf_matmul, gguf_rows
-from rawpage.native.library import NativeLibrary
+from rawpage.native.library import NativeLibrary, NotCapturable, capturing, recording
 from rawpage.native.lm_head import lm_head_q8_0
 from rawpage.ops.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
 from rawpage.ops.cache_ops import copy_blocks_ref, swap_blocks_ref
@@ -63,6 +71,31 @@ logger = logging.getLogger("rawpage")
 # Arrays this large (the KV pool's layers, the swap space) are mapped zero pages.
 _LAZY_ZEROS_BYTES = 16 << 20
 
+# The largest decode batch replayed from a recording. A step's Python and ctypes cost
+# (~300 calls of 3-15 us for the default model) is a fixed 1-2 ms: a quarter of a
+# batch-1 step, under 5% from batch 16 on (docs/benchmarks.md). A recording holds every
+# temporary of its pass (~0.9 MB a sequence for the default model, ~8 MB at an 8B
+# model's shape), so the buckets stop where the saving does: 1, 2, 4 and 8.
+GRAPH_MAX_BATCH = 8
+
+
+class NativeGraph(Graph):
+    """A forward pass recorded as its kernel calls (native/library.py Recording) and
+    replayed in one C call. NumPy work inside fn would not be replayed: the ops that
+    would do some raise NotCapturable while recording, and DecodeGraphs checks each
+    recording against a fresh run of fn on other inputs (needs_check)."""
+
+    needs_check = True
+
+    def __init__(self, backend: CPUBackend, fn: Callable[[], np.ndarray]) -> None:
+        self.fn, self.backend = fn, backend
+        with recording(backend.lib) as self.recording:
+            self.output = fn()  # (rows, dim), written by the last recorded call
+
+    def replay(self) -> np.ndarray:
+        self.recording.replay(self.backend.threads.set_for(len(self.output)))
+        return self.output
+
 
 class CPUBackend(Backend):
     name = "cpu"
@@ -74,6 +107,7 @@ class CPUBackend(Backend):
         # The kernels read GGUF blocks and bf16 as stored, and a packed embedding by rows.
         self.keeps_quantized = frozenset({"gguf", "bf16"}) if lib else frozenset()
         self.reads_packed_embedding = lib is not None
+        self.graphs: weakref.WeakSet[NativeGraph] = weakref.WeakSet()  # the live recordings (their memory)
         keep_freed_memory()  # each layer's temporaries reuse the last layer's pages (cpu_malloc.py)
         logger.info("%s", self.threads.describe())
         if lib is not None:
@@ -88,6 +122,13 @@ class CPUBackend(Backend):
                     "rawpage, or OPENBLAS_THREAD_TIMEOUT is above 20): dense float weights' GEMMs then "
                     "hold cores the kernels' threads need (rawpage/_blas_env.py)"
                 )
+
+    graph_max_batch = GRAPH_MAX_BATCH
+
+    @property
+    def supports_graphs(self) -> bool:
+        """Forward passes are recorded (NativeGraph) where the kernels are loaded."""
+        return self.lib is not None
 
     @property
     def kernel_threads(self) -> int:
@@ -112,14 +153,37 @@ class CPUBackend(Backend):
             return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
         return np.zeros(shape, dtype=dtype)
 
+    # --- graphs -----------------------------------------------------------------------
+    def capture_graph(self, fn: Callable[[], np.ndarray]) -> Graph:
+        if self.lib is None:  # the NumPy path: a Graph that runs fn again (the tests' bookkeeping)
+            return super().capture_graph(fn)
+        try:
+            graph = NativeGraph(self, fn)
+        except NotCapturable as e:
+            raise GraphNotCaptured(str(e)) from e
+        self.graphs.add(graph)
+        return graph
+
+    def graph_memory_bytes(self) -> int:
+        return sum(g.recording.temporaries for g in self.graphs)
+
+    def _host_work(self, what: str) -> None:
+        """Before work outside the kernels: refused while a graph is recorded."""
+        if capturing():
+            raise NotCapturable(f"{what} runs outside the native kernels")
+
     # --- weights ----------------------------------------------------------------------
     def embedding(self, ids: np.ndarray, table: np.ndarray | QuantizedWeight) -> np.ndarray:
         """ids: (T,) -> (T, dim). The first op of every forward pass, so the thread count for
         this pass (T rows) is set here. A packed table only reaches here with the kernels."""
         self.threads.set_for(len(ids))
         if not isinstance(table, QuantizedWeight):
+            if self.lib is not None and table.dtype == np.float32 and table.flags.c_contiguous:
+                return layer_ops.embedding_rows(self.lib, table, ids, self.kernel_threads)
+            self._host_work("a NumPy embedding lookup")
             return table[ids]
         if table.kind == "bf16":
+            self._host_work("a bf16 embedding table")
             return bf16_to_f32(table.data[ids])  # (T, dim): exact
         return gguf_rows(self.lib, table.data, table.qtype, table.shape, ids, self.kernel_threads)
 
@@ -140,6 +204,7 @@ class CPUBackend(Backend):
             return bf16_matmul(self.lib, x, w.data, self.kernel_threads, bias)
         if isinstance(w, QuantizedWeight):  # GGUF blocks prepare_linear kept
             return gguf_matmul(self.lib, x, w.data, w.qtype, w.shape, self.kernel_threads, bias)
+        self._host_work("a dense (BLAS) or LoRA linear layer")
         return super().linear(x, w, bias)  # dense: matmul; LoRA: the base weight, then the delta
 
     def logits(self, x: np.ndarray, lm_head: Any) -> np.ndarray:
@@ -150,6 +215,7 @@ class CPUBackend(Backend):
         return self.linear(x, lm_head)
 
     def matmul(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        self._host_work("a dense (BLAS) matmul")
         # y = (W · xᵀ)ᵀ, W (out, in) C-contiguous: OpenBLAS walks W's rows once. For a few
         # rows (speculative verification, small batches) this is 1.3-1.5x faster than
         # x @ Wᵀ with W stored (in, out), whose packing dominates at M = 2..64 (measured,
@@ -188,6 +254,7 @@ class CPUBackend(Backend):
     # --- the KV cache -----------------------------------------------------------------
     def write_kv(self, k, v, k_cache, v_cache, slot_mapping):
         if k_cache.dtype == np.uint8:  # FP8 KV: no kernel
+            self._host_work("an FP8 KV cache")
             return write_kv_fp8_ref(k, v, k_cache, v_cache, slot_mapping, self.fp8_scales())
         if self.lib is None:
             return write_kv_ref(k, v, k_cache, v_cache, slot_mapping)

@@ -6,11 +6,10 @@ float16 caches. Same contract as rawpage.ops.paged_attention.paged_attention_ref
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import numpy as np
 
-from rawpage.native.library import NativeLibrary, addr, c_float, c_int, c_int64, c_void_p, float_rows, int32_rows
+from rawpage.native.library import NativeLibrary, addr, c_float, c_int, c_int64, c_void_p, empty, float_rows, int32_rows
 from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
 
 KV_DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}  # the kernel's kv_dtype
@@ -18,7 +17,7 @@ MAX_HEAD_SIZE = 256  # the kernel's per-tile buffers (RP_ATTN_MAX_D)
 
 
 @functools.cache
-def _kernel(lib: NativeLibrary) -> Any:
+def _declare(lib: NativeLibrary) -> None:
     lib.declare(
         "rp_paged_attention",
         None,
@@ -27,7 +26,6 @@ def _kernel(lib: NativeLibrary) -> Any:
         *(c_int, c_int, c_int, c_int, c_int),  # B, H, Hkv, D, BS
         *(c_float, c_int, c_float, c_int),  # scale, sliding_window, soft_cap, nthreads
     )
-    return lib.fn.rp_paged_attention
 
 
 def check_caches(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray) -> int:
@@ -65,9 +63,11 @@ def paged_attention(
     kv_dtype = check_caches(q, k_cache, v_cache)
     q, stride = float_rows(q)
     tables, lens, starts = int32_rows(meta.block_tables), int32_rows(meta.seq_lens), int32_rows(meta.query_start_loc)
-    out = np.empty((T, H, D), np.float32)
+    out = empty((T, H, D))
     if T:
-        _kernel(lib)(  # in the groups _kernel declares
+        _declare(lib)
+        lib.call(
+            "rp_paged_attention",  # in the groups _declare names
             *(addr(out), addr(q), stride, addr(k_cache), addr(v_cache), kv_dtype),
             *(addr(tables), tables.shape[1], addr(lens), addr(starts)),
             *(len(lens), H, Hkv, D, BS),

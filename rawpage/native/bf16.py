@@ -12,19 +12,27 @@ docs/benchmarks.md. Reference: rawpage/ops/bf16_linear.py bf16_linear_ref.
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import numpy as np
 
-from rawpage.native.library import NativeLibrary, addr, c_int, c_int64, c_void_p, ptr, weight_address
+from rawpage.native.library import (
+    NativeLibrary,
+    addr,
+    c_int,
+    c_int64,
+    c_void_p,
+    contiguous_rows,
+    empty,
+    ptr,
+    weight_address,
+)
 
 
 @functools.cache
-def _kernel(lib: NativeLibrary) -> Any:
+def _declare(lib: NativeLibrary) -> None:
     P, I64 = c_void_p, c_int64
     # y, x, w, bias, T, N, K, round_x, scratch, nthreads
     lib.declare("rp_bf16_matmul", c_int, P, P, P, P, I64, I64, I64, c_int, P, c_int)
-    return lib.fn.rp_bf16_matmul
 
 
 def bf16_matmul(
@@ -37,7 +45,7 @@ def bf16_matmul(
 ) -> np.ndarray:
     """x (T, K) float32 (any layout; made C-contiguous), w (N, K) uint16 C-contiguous -> (T, N) float32."""
     N, K = w.shape
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    x = contiguous_rows(x)
     if x.ndim != 2 or x.shape[1] != K or w.dtype != np.uint16 or not w.flags.c_contiguous:
         raise ValueError(f"bf16_matmul: x {x.shape} and bf16 weight {w.shape} {w.dtype} do not make a product")
     if bias is not None:
@@ -45,9 +53,10 @@ def bf16_matmul(
         if bias.shape != (N,):
             raise ValueError(f"bias has shape {bias.shape}, want ({N},)")
     T = x.shape[0]
-    y = np.empty((T, N), dtype=np.float32)
+    y = empty((T, N))
     if T and N:
         scratch = np.empty(T * K * 6 if round_x else 0, np.uint8)  # bf16(x) as floats, then as bits
         addrs = (addr(y), addr(x), weight_address(w), ptr(bias))
-        _kernel(lib)(*addrs, T, N, K, int(round_x), ptr(scratch) if round_x else None, nthreads)
+        _declare(lib)
+        lib.call("rp_bf16_matmul", *addrs, T, N, K, int(round_x), ptr(scratch) if round_x else None, nthreads)
     return y

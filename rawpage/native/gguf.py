@@ -16,7 +16,19 @@ import threading
 
 import numpy as np
 
-from rawpage.native.library import NativeLibrary, addr, c_int, c_int64, c_void_p, ptr, weight_address
+from rawpage.native.library import (
+    NativeLibrary,
+    addr,
+    c_int,
+    c_int64,
+    c_void_p,
+    contiguous_rows,
+    empty,
+    int32_rows,
+    keep,
+    ptr,
+    weight_address,
+)
 from rawpage.quantization.gguf import GGUF_BLOCKS
 
 # GGML's type ids (gguf.GGMLQuantizationType), as gguf_matmul.c takes them.
@@ -34,7 +46,7 @@ def _declare(lib: NativeLibrary) -> None:
     P, I64 = c_void_p, c_int64
     # qtype, y, x, w, bias, T, N, K, scratch, nthreads
     lib.declare("rp_gguf_matmul", c_int, c_int, P, P, P, P, I64, I64, I64, P, c_int)
-    # qtype, out, w, ids, T, N, K, nthreads
+    # qtype, out, w, ids (int32), T, N, K, nthreads
     lib.declare("rp_gguf_rows", c_int, c_int, P, P, P, I64, I64, I64, c_int)
     lib.declare("rp_gguf_quantize_q8", None, P, P, I64, I64)  # x, scratch, T, K
     setattr(lib, _DECLARED_ATTR, True)
@@ -68,19 +80,19 @@ def gguf_matmul(
     """x (T, K) float32 (any layout; made C-contiguous), data (N, row_bytes) uint8 blocks -> (T, N) float32 C-contiguous."""
     _declare(lib)
     N, K = _check(data, qtype, shape)
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    x = contiguous_rows(x)
     if x.ndim != 2 or x.shape[1] != K:
         raise ValueError(f"x has shape {x.shape}, the {qtype} weight {shape} wants (T, {K})")
     T = x.shape[0]
-    y = np.empty((T, N), dtype=np.float32)
+    y = empty((T, N))
     if T == 0 or N == 0:
         return y
     if bias is not None:
-        bias = np.ascontiguousarray(bias, dtype=np.float32)
+        bias = np.ascontiguousarray(bias, dtype=np.float32)  # a weight: the same array each step
         if bias.shape != (N,):
             raise ValueError(f"bias has shape {bias.shape}, want ({N},)")
     addrs = (addr(y), addr(x), weight_address(data), ptr(bias))
-    rc = lib.fn.rp_gguf_matmul(_GGML_TYPE[qtype], *addrs, T, N, K, _scratch_address(T, K), nthreads)
+    rc = lib.call("rp_gguf_matmul", _GGML_TYPE[qtype], *addrs, T, N, K, _scratch_address(T, K), nthreads)
     if rc != 0:
         raise ValueError(f"rp_gguf_matmul refused {qtype} {shape} (code {rc})")
     return y
@@ -98,6 +110,7 @@ def _scratch_address(T: int, K: int) -> int:
     if buf is None or len(buf) < need:
         _scratch_buffers.buf = buf = (ctypes.c_char * max(need, 1 << 16))()
         _scratch_buffers.address = ctypes.addressof(buf)
+    keep(buf)  # a recorded call's scratch must outlive a later, larger one
     return _scratch_buffers.address
 
 
@@ -128,13 +141,13 @@ def gguf_rows(
     """ids (T,) -> the dequantized rows (T, K) float32."""
     _declare(lib)
     N, K = _check(data, qtype, shape)
-    ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+    ids = int32_rows(np.asarray(ids).reshape(-1))  # token ids: the batch's own int32 array, read in place
     if ids.size and (ids.min() < 0 or ids.max() >= N):
         raise ValueError(f"row ids must be in 0 .. {N - 1}; got {ids.min()} .. {ids.max()}")
-    out = np.empty((ids.size, K), dtype=np.float32)
+    out = empty((ids.size, K))
     if ids.size:
         addrs = (addr(out), weight_address(data), addr(ids))
-        rc = lib.fn.rp_gguf_rows(_GGML_TYPE[qtype], *addrs, ids.size, N, K, nthreads)
+        rc = lib.call("rp_gguf_rows", _GGML_TYPE[qtype], *addrs, ids.size, N, K, nthreads)
         if rc != 0:
             raise ValueError(f"rp_gguf_rows refused {qtype} {shape} (code {rc})")
     return out

@@ -244,7 +244,7 @@ typedef struct {
     const float *x;      /* (T, K) */
     const uint8_t *w;    /* (N, row_bytes) */
     const float *bias;   /* (N) or NULL */
-    const int64_t *ids;  /* gguf_rows: (T) row ids */
+    const int32_t *ids;  /* gguf_rows: (T) row ids (token ids, the batch's int32) */
     int64_t T, N, K, row_bytes;
     int8_t *xq;          /* (T, K) */
     float *dx;           /* (T, K / 32) */
@@ -762,7 +762,7 @@ static void rows_task(void *arg, int ith, int nth) {
     float a[256 / 16], b[256 / 32];
     int8_t q[256];
     for (int64_t t = t0; t < t1; t++) {
-        const uint8_t *row = c->w + c->ids[t] * c->row_bytes;
+        const uint8_t *row = c->w + (int64_t)c->ids[t] * c->row_bytes;
         float *out = c->y + t * K;
         for (int64_t i = 0; i < K / qk; i++) {
             block_scales(f, row + i * fmt_bytes(f), a, b);
@@ -775,7 +775,7 @@ static void rows_task(void *arg, int ith, int nth) {
 
 /* out (T, K) = rows ids (T) of W (N, row_bytes), dequantized. Returns 0, or -1 as above
  * (the caller checks that every id is in 0 .. N). */
-RP_EXPORT int rp_gguf_rows(int qtype, float *out, const uint8_t *w, const int64_t *ids, int64_t T, int64_t N,
+RP_EXPORT int rp_gguf_rows(int qtype, float *out, const uint8_t *w, const int32_t *ids, int64_t T, int64_t N,
                            int64_t K, int nthreads) {
     if (!known_fmt(qtype) || K <= 0 || K % fmt_qk(qtype)) return -1;
     gguf_call c = {.fmt = qtype, .y = out, .w = w, .ids = ids, .T = T, .N = N, .K = K,

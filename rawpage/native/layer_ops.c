@@ -9,6 +9,7 @@
  *     silu_and_mul         : g / (1 + exp(-g)) u               on [g | u]
  *     gelu_tanh_and_mul    : g/2 (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) u
  *     write_kv             : cache[slot_mapping[t]] = k[t], v[t]  (-1 = skip)
+ *     embedding_rows       : out[t] = table[ids[t]]  (a dense float32 embedding)
  *
  * Layouts: activations are [T, stride] float32, row t at x + t stride, its
  * elements contiguous (a view into the fused qkv output, or a row slice, needs
@@ -222,4 +223,25 @@ RP_EXPORT void rp_write_kv(const float *k, int64_t k_stride, const float *v, int
                            int nthreads) {
     write_kv_args a = {k, v, k_cache, v_cache, slot_mapping, k_stride, v_stride, T, row, kv_dtype};
     rp_parallel(write_kv_task, &a, rp_row_threads(T, 2 * row, nthreads));
+}
+
+typedef struct {
+    float *out;          /* [T, n] */
+    const float *table;  /* [V, n] */
+    const int32_t *ids;  /* [T] */
+    int64_t T, n;
+} rows_gather_args;
+
+static void embedding_rows_task(void *arg, int ith, int nth) {
+    const rows_gather_args *a = arg;
+    int64_t b, e;
+    rp_split(a->T, 1, ith, nth, &b, &e);
+    for (int64_t t = b; t < e; t++) memcpy(a->out + t * a->n, a->table + (int64_t)a->ids[t] * a->n, sizeof(float) * a->n);
+}
+
+/* out [T, n] = rows ids [T] of table [V, n] (the caller checks every id is in 0 .. V) */
+RP_EXPORT void rp_embedding_rows(float *out, const float *table, const int32_t *ids, int64_t T, int64_t n,
+                                 int nthreads) {
+    rows_gather_args a = {out, table, ids, T, n};
+    rp_parallel(embedding_rows_task, &a, rp_row_threads(T, n, nthreads));
 }

@@ -1,6 +1,6 @@
 """The small ops of a decoder layer on the CPU kernels (layer_ops.c): RMSNorm with
-and without the residual add, RoPE, SiLU/GELU-tanh gating and the K/V write into
-the paged cache. Each has the contract of its NumPy reference in rawpage/ops.
+and without the residual add, RoPE, SiLU/GELU-tanh gating, the K/V write into
+the paged cache, and a dense embedding table's rows. Each has the contract of its NumPy reference in rawpage/ops.
 
 Activations are float32. A (T, n) input whose rows are contiguous but spaced wider
 (a column slice of the fused qkv output, a row slice) is read in place through its
@@ -11,12 +11,21 @@ is copied to C order first.
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import numpy as np
 
 from rawpage.native.attention import KV_DTYPES
-from rawpage.native.library import NativeLibrary, addr, c_float, c_int, c_int64, c_void_p, float_rows, int32_rows
+from rawpage.native.library import (
+    NativeLibrary,
+    addr,
+    c_float,
+    c_int,
+    c_int64,
+    c_void_p,
+    empty,
+    float_rows,
+    int32_rows,
+)
 
 _SIGNATURES = {
     # out, x, x_stride, weight, T, n, eps, nthreads
@@ -32,6 +41,8 @@ _SIGNATURES = {
     # positions, q, q_stride, k, k_stride, cos_sin, T, H, Hkv, D, is_neox, nthreads
     "rp_rope": (c_void_p, c_void_p, c_int64, c_void_p, c_int64, c_void_p, c_int64, c_int, c_int, c_int, c_int, c_int),
     # k, k_stride, v, v_stride, k_cache, v_cache, kv_dtype, slot_mapping, T, row, nthreads
+    # out, table, ids, T, n, nthreads
+    "rp_embedding_rows": (c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_int),
     "rp_write_kv": (
         *(c_void_p, c_int64, c_void_p, c_int64, c_void_p, c_void_p, c_int),
         *(c_void_p, c_int64, c_int64, c_int),
@@ -40,10 +51,10 @@ _SIGNATURES = {
 
 
 @functools.cache
-def _kernels(lib: NativeLibrary) -> Any:
+def _kernels(lib: NativeLibrary) -> NativeLibrary:
     for name, argtypes in _SIGNATURES.items():
         lib.declare(name, None, *argtypes)
-    return lib.fn
+    return lib
 
 
 def _weight(w: np.ndarray) -> np.ndarray:
@@ -54,9 +65,9 @@ def rms_norm(lib: NativeLibrary, x: np.ndarray, weight: np.ndarray, eps: float, 
     """x: (T, dim), weight: (dim,) -> (T, dim) float32, a new array."""
     x, stride = float_rows(x)
     T, n = x.shape
-    out = np.empty((T, n), np.float32)
+    out = empty((T, n))
     if T:
-        _kernels(lib).rp_rms_norm(addr(out), addr(x), stride, addr(_weight(weight)), T, n, eps, nthreads)
+        _kernels(lib).call("rp_rms_norm", addr(out), addr(x), stride, addr(_weight(weight)), T, n, eps, nthreads)
     return out
 
 
@@ -73,10 +84,11 @@ def fused_add_rms_norm(
     x, x_stride = float_rows(x)
     residual, r_stride = float_rows(residual)
     T, n = x.shape
-    normed = x if _writable_rows(x) else np.empty((T, n), np.float32)
-    summed = residual if _writable_rows(residual) else np.empty((T, n), np.float32)
+    normed = x if _writable_rows(x) else empty((T, n))
+    summed = residual if _writable_rows(residual) else empty((T, n))
     if T:
-        _kernels(lib).rp_fused_add_rms_norm(
+        _kernels(lib).call(
+            "rp_fused_add_rms_norm",
             addr(normed),
             addr(summed),
             addr(x),
@@ -114,7 +126,8 @@ def rope(
     q_work, q_stride = float_rows(q)
     k_work, k_stride = float_rows(k)
     cos_sin = _weight(cos_sin)
-    _kernels(lib).rp_rope(
+    _kernels(lib).call(
+        "rp_rope",
         addr(int32_rows(positions)),
         addr(q_work),
         q_stride,
@@ -137,9 +150,9 @@ def rope(
 def _gated(lib: NativeLibrary, name: str, x: np.ndarray, nthreads: int) -> np.ndarray:
     x, stride = float_rows(x)
     T, I = x.shape[0], x.shape[1] // 2
-    out = np.empty((T, I), np.float32)
+    out = empty((T, I))
     if T:
-        getattr(_kernels(lib), name)(addr(out), addr(x), stride, T, I, nthreads)
+        _kernels(lib).call(name, addr(out), addr(x), stride, T, I, nthreads)
     return out
 
 
@@ -177,7 +190,8 @@ def write_kv(
         return
     k, k_stride = float_rows(k)
     v, v_stride = float_rows(v)
-    _kernels(lib).rp_write_kv(
+    _kernels(lib).call(
+        "rp_write_kv",
         addr(k),
         k_stride,
         addr(v),
@@ -190,3 +204,16 @@ def write_kv(
         k.shape[1] * k.shape[2],
         nthreads,
     )
+
+
+def embedding_rows(lib: NativeLibrary, table: np.ndarray, ids: np.ndarray, nthreads: int) -> np.ndarray:
+    """table (V, n) float32 C-contiguous, ids (T,) -> table[ids] (T, n) float32."""
+    ids = int32_rows(np.asarray(ids).reshape(-1))  # the batch's own int32 token ids, read in place
+    if ids.size and (ids.min() < 0 or ids.max() >= len(table)):
+        raise ValueError(f"token ids must be in 0 .. {len(table) - 1}; got {ids.min()} .. {ids.max()}")
+    out = empty((ids.size, table.shape[1]))
+    if ids.size:
+        _kernels(lib).call(
+            "rp_embedding_rows", addr(out), addr(_weight(table)), addr(ids), ids.size, out.shape[1], nthreads
+        )
+    return out

@@ -6,17 +6,24 @@ that says why; the CPU backend then runs the NumPy path. Tests ask for a given p
 with `load_path(path)`.
 
 Entry points are declared by the module that wraps them (rawpage/native/*.py): each
-calls `lib.declare(name, restype, *argtypes)` once and then calls `lib.fn.<name>`.
+calls `lib.declare(name, restype, *argtypes)` once and then `lib.call(name, ...)`.
 Arrays are passed by address (`ptr(a)`, or the cheaper `addr(a)`, which takes views
 too); ctypes releases the GIL for the call.
+
+Inside `with recording(lib)` every call also goes into a Recording, which replays the
+whole list later in one C call (graph.c says how; backends/cpu.py captures a decode
+step that way). While it records, the wrappers allocate their outputs with `empty()`,
+and any copy or NumPy work that a replay would not repeat raises NotCapturable.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -39,10 +46,94 @@ class NativeLibrary:
         self.so_path = so_path
         self.fn = ctypes.CDLL(so_path)
         self.declare("rp_pool_selftest", c_int64, c_int)
+        self.declare("rp_graph_op", c_int, ctypes.c_char_p)
+        self.declare("rp_graph_replay", c_int, c_void_p, c_int64, c_int)
+        self.declare("rp_graph_max_args", c_int)
 
     def declare(self, name: str, restype: Any, *argtypes: Any) -> None:
         f = getattr(self.fn, name)
         f.restype, f.argtypes = restype, list(argtypes)
+
+    def call(self, name: str, *args: Any) -> Any:
+        """Run entry point `name` (declared) on args, its last one the thread count; while
+        a graph is captured (recording()), also append the call to the recording."""
+        if _recording is not None:
+            _recording.append(name, args)
+        return getattr(self.fn, name)(*args)
+
+
+class NotCapturable(RuntimeError):
+    """A forward pass asked for work a recording cannot replay (a NumPy op, a copy)."""
+
+
+class Recording:
+    """The kernel calls of one captured forward pass, for graph.c's rp_graph_replay
+    (its header says what a record holds and what a replay reads)."""
+
+    def __init__(self, lib: NativeLibrary) -> None:
+        self.lib = lib
+        self.width = 1 + lib.fn.rp_graph_max_args()  # int64 words a record: op, then its arguments
+        self.rows: list[list[int]] = []
+        self.arrays: list[np.ndarray] = []  # every array an address was taken of, held
+        self.temporaries = 0  # bytes of the outputs allocated while recording (empty())
+        self.calls: np.ndarray | None = None  # (n, width) int64, once finished
+
+    def append(self, name: str, args: tuple) -> None:
+        op = self.lib.fn.rp_graph_op(name.encode())
+        if op < 0:
+            raise NotCapturable(f"{name} cannot be replayed from a recording")
+        row = [op]
+        for a in args:
+            if isinstance(a, float | np.floating):
+                row.append(int(np.float64(a).view(np.int64)))  # the double's bits
+            else:
+                row.append(0 if a is None else int(a))
+        self.rows.append(row + [0] * (self.width - len(row)))
+
+    def finish(self) -> None:
+        self.calls = np.array(self.rows, dtype=np.int64).reshape(-1, self.width)
+
+    def replay(self, nthreads: int) -> None:
+        rc = self.lib.fn.rp_graph_replay(self.calls.ctypes.data, len(self.calls), nthreads)
+        if rc != 0:
+            raise RuntimeError(f"rp_graph_replay refused the recording (code {rc})")
+
+
+_recording: Recording | None = None  # the one being captured (one forward pass runs at a time)
+
+
+@contextlib.contextmanager
+def recording(lib: NativeLibrary) -> Iterator[Recording]:
+    """Record the kernel calls made inside the block (they also run, as always)."""
+    global _recording
+    if _recording is not None:
+        raise RuntimeError("a recording is already being captured")
+    _recording = rec = Recording(lib)
+    try:
+        yield rec
+    finally:
+        _recording = None
+    rec.finish()
+
+
+def capturing() -> bool:
+    """Whether a recording is being captured: work outside the kernels must not run then
+    (raise NotCapturable), since a replay would not repeat it."""
+    return _recording is not None
+
+
+def keep(obj: Any) -> None:
+    """Hold obj (a scratch buffer whose address a kernel call takes) while the recording lives."""
+    if _recording is not None:
+        _recording.arrays.append(obj)
+
+
+def empty(shape: tuple[int, ...]) -> np.ndarray:
+    """A kernel's float32 output; counted as the recording's memory while one is captured."""
+    out = np.empty(shape, np.float32)
+    if _recording is not None:
+        _recording.temporaries += out.nbytes
+    return out
 
 
 def ptr(a: np.ndarray | None) -> int | None:
@@ -62,7 +153,10 @@ _F32, _I32 = np.dtype(np.float32), np.dtype(np.int32)
 
 
 def addr(a: np.ndarray) -> int:
-    """The address of an array's first element (a view's too: its own start)."""
+    """The address of an array's first element (a view's too: its own start). While a
+    graph is captured the recording holds the array, so the address stays valid."""
+    if _recording is not None:
+        _recording.arrays.append(a)
     if a.flags.c_contiguous:
         try:
             return _addressof(_from_buffer(a))
@@ -96,13 +190,28 @@ def float_rows(x: np.ndarray) -> tuple[np.ndarray, int]:
         stride = token_stride(x)
         if stride is not None:
             return x, stride
+    if capturing():
+        raise NotCapturable(f"a {x.dtype} array of strides {x.strides} would be copied")
     x = np.ascontiguousarray(x, dtype=np.float32)
     return x, x.size // len(x) if len(x) else 0
 
 
+def contiguous_rows(x: np.ndarray) -> np.ndarray:
+    """x as a C-contiguous float32 array (itself when it already is one: a kernel's output)."""
+    if x.dtype == _F32 and x.flags.c_contiguous:
+        return x
+    if capturing():
+        raise NotCapturable(f"a {x.dtype} array of strides {x.strides} would be copied")
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
 def int32_rows(a: np.ndarray) -> np.ndarray:
     """a as a C-contiguous int32 array (itself when it already is one)."""
-    return a if a.dtype == _I32 and a.flags.c_contiguous else np.ascontiguousarray(a, dtype=np.int32)
+    if a.dtype == _I32 and a.flags.c_contiguous:
+        return a
+    if capturing():
+        raise NotCapturable(f"a {a.dtype} index array would be copied")
+    return np.ascontiguousarray(a, dtype=np.int32)
 
 
 @functools.cache

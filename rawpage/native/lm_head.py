@@ -9,17 +9,15 @@ ops/gguf_linear.py gguf_linear_ref). Why float and not int8 activations here: th
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import numpy as np
 
-from rawpage.native.library import NativeLibrary, c_int, c_int64, c_void_p
+from rawpage.native.library import NativeLibrary, addr, c_int, c_int64, c_void_p, contiguous_rows, empty, weight_address
 
 
 @functools.cache
-def _kernel(lib: NativeLibrary) -> Any:
+def _declare(lib: NativeLibrary) -> None:
     lib.declare("rp_lm_head_q8_0", c_int, c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int)
-    return lib.fn.rp_lm_head_q8_0
 
 
 def lm_head_q8_0(
@@ -27,10 +25,11 @@ def lm_head_q8_0(
 ) -> np.ndarray:
     """x (T, K) float32, data (N, K / 32 * 34) uint8 Q8_0 blocks -> (T, N) float32."""
     N, K = shape
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    x = contiguous_rows(x)
     if x.ndim != 2 or x.shape[1] != K or K % 32 or data.shape != (N, K // 32 * 34) or not data.flags.c_contiguous:
         raise ValueError(f"lm_head_q8_0: x {x.shape} and Q8_0 blocks {data.shape} do not make a ({N}, {K}) weight")
-    y = np.empty((len(x), N), dtype=np.float32)
+    y = empty((len(x), N))
     if len(x):
-        _kernel(lib)(y.ctypes.data, x.ctypes.data, data.ctypes.data, len(x), N, K, nthreads)
+        _declare(lib)
+        lib.call("rp_lm_head_q8_0", addr(y), addr(x), weight_address(data), len(x), N, K, nthreads)
     return y

@@ -137,3 +137,13 @@ def test_write_kv_refuses_other_caches(lib):
     with pytest.raises(ValueError, match="do not fit"):
         cache = np.zeros((4, 16, 2, 64), np.float32)
         layer_ops.write_kv(lib, k, k, cache, cache.copy(), np.zeros(2, np.int32), 1)
+
+
+@pytest.mark.parametrize("T", [1, 5, 300])
+def test_embedding_rows(lib, T):
+    rng = np.random.default_rng(T)
+    table = rng.standard_normal((1000, 72)).astype(np.float32)
+    ids = rng.integers(0, 1000, T).astype(np.int32)
+    np.testing.assert_array_equal(layer_ops.embedding_rows(lib, table, ids, 2), table[ids])
+    with pytest.raises(ValueError, match="token ids must be in 0 .. 999"):
+        layer_ops.embedding_rows(lib, table, np.array([3, 1000], np.int32), 1)
