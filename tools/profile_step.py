@@ -4,7 +4,9 @@
 
 Fills the batch with `--batch` sequences of `--context` prompt tokens, prefills them,
 then times `--steps` decode steps, splitting each into the backend's ops, the
-sampler, the scheduler, building the batch, and everything else. With --prefill it
+sampler, the scheduler, building the batch, and everything else. A decode step
+replayed from a graph (CUDA graphs; the CPU's recorded kernel calls, batches up to 8)
+shows as one "graph replay" row; --enforce-eager splits it into its ops. With --prefill it
 times the prefill instead (`--batch 40 --context 160 --prefill`: 6,400 prompt tokens
 in chunks of --max-num-batched-tokens). For a
 mixture-of-experts model it also shows the expert load: how many tokens each
@@ -40,8 +42,9 @@ OPS = [
 _depth = [0]  # timed calls open now: a call inside another timed one is the outer one's time
 
 
-def timed(obj, name: str, totals: dict) -> None:
+def timed(obj, name: str, totals: dict, label: str | None = None) -> None:
     fn = getattr(obj, name)
+    label = label or name
 
     def wrapper(*a, **kw):
         if _depth[0]:
@@ -51,7 +54,7 @@ def timed(obj, name: str, totals: dict) -> None:
         try:
             return fn(*a, **kw)
         finally:
-            totals[name] += time.perf_counter() - t
+            totals[label] += time.perf_counter() - t
             _depth[0] -= 1
 
     setattr(obj, name, wrapper)
@@ -73,6 +76,11 @@ def main(argv: list[str] | None = None) -> None:
         help="time the prefill of the --batch prompts instead (after one untimed step), in --max-num-batched-tokens chunks",
     )
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
+    ap.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run every step eagerly, so that each op's time shows (a decode step replayed from a graph is one row)",
+    )
     args = ap.parse_args(argv)
     from rawpage import LLM, SamplingParams
 
@@ -83,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         max_num_seqs=args.batch,
         speculative_config=args.speculative_config,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        enforce_eager=args.enforce_eager,
     )
     print(f"engine ready in {time.perf_counter() - t0:.2f} s (open the model, dequantize, build weights, KV pool)")
     eng = llm.engine
@@ -101,6 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     totals: dict[str, float] = defaultdict(float)
     for op in OPS:
         timed(eng.backend, op, totals)
+    if eng.runner.graphs is not None:  # a replayed step's forward pass, every layer in one call
+        timed(eng.runner.graphs, "run", totals, "graph replay")
     timed(eng.scheduler, "schedule", totals)
     timed(eng.runner, "build_batch", totals)
     timed(eng.sampler, "sample_rows", totals)
