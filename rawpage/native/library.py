@@ -80,7 +80,7 @@ class Recording:
 
     def append(self, name: str, args: tuple) -> None:
         op = self.lib.fn.rp_graph_op(name.encode())
-        if op < 0:
+        if op < 0 or len(args) >= self.width:
             raise NotCapturable(f"{name} cannot be replayed from a recording")
         row = [op]
         for a in args:

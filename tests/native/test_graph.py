@@ -116,3 +116,20 @@ def test_a_dense_model_on_the_kernels_decodes_eagerly_and_says_so(tiny_model_dir
     assert llm.engine.runner.graphs is None
     out = llm.generate(["hello"], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 4
+
+
+def test_speculative_verification_steps_replay_recordings_too(tiny_gguf):
+    """n-gram speculation: verification steps (k + 1 query rows a sequence) replay their own
+    recordings, and the greedy tokens are those of a plain eager run."""
+    from tests.test_decode_graphs import NGRAM3, repetitive_prompts
+
+    prompts, p = repetitive_prompts(4), SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    kw = dict(max_num_seqs=4, max_model_len=128, kv_cache_memory="8MiB")
+    want = [
+        o.outputs[0].token_ids for o in LLM(tiny_gguf, enforce_eager=True, **kw).generate(prompts, p, use_tqdm=False)
+    ]
+    llm = LLM(tiny_gguf, speculative_config=NGRAM3, **kw)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, p, use_tqdm=False)] == want
+    replays = llm.engine.runner.graphs.num_replays
+    assert llm.engine.spec.stats.num_accepted_tokens > 0
+    assert sum(n for (_, q), n in replays.items() if q == 4) > 0, replays

@@ -102,13 +102,18 @@ def test_a_slow_grammar_does_not_stall_other_streams(open_gate):
     url = open_gate.url
     httpx.post(url + CMPL, json={"prompt": "hi", "max_tokens": 1, "guided_choice": ["warm"]}, timeout=60)
     stamps: list[float] = []
+    compiled: list[float] = []  # when the slow request came back
 
     def stream() -> None:
-        body = {"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "stream": True}
+        # as long as the context allows, and closed (a disconnect) 30 tokens after the
+        # compile: at ~5 ms a token a fixed length could end before the compile does
+        body = {"prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", url + CMPL, json=body, timeout=300) as r:
             for line in r.iter_lines():
                 if line.startswith("data: {"):
                     stamps.append(time.monotonic())
+                    if compiled and sum(t > compiled[0] for t in stamps[-30:]) == 30:
+                        return
 
     reader = threading.Thread(target=stream)
     reader.start()
@@ -118,6 +123,7 @@ def test_a_slow_grammar_does_not_stall_other_streams(open_gate):
     t0 = time.monotonic()
     r = httpx.post(url + CMPL, json=slow, timeout=300)
     t1 = time.monotonic()
+    compiled.append(t1)
     reader.join()
     assert r.status_code == 200, r.text
     gaps = [(b - a, a) for a, b in zip(stamps, stamps[1:])]
