@@ -3,6 +3,14 @@ the NumPy path (CPUBackend without the kernels: paged_attention_ref), in GB/s of
 
     python tools/bench_cpu_attention.py                        # batches 1 8 32, contexts 256 1024 4096
     python tools/bench_cpu_attention.py --batches 8 --contexts 1024 --dtypes float16 --json r.json
+    python tools/bench_cpu_attention.py --against OLD.so --batches 1 2 4 --contexts 64 256 600
+
+--against SO times the C kernel of another build (e.g. main's: `build_library` in a
+worktree of it prints its path) instead of the NumPy path, the two alternating in
+rounds (--rounds) in one process, so that a busy machine's load falls on both: the
+median call, its 10th percentile and the fastest (on a shared machine a call whose
+second thread the OS preempts waits ~0.5 ms: the lower columns are the undisturbed
+calls), and the ratio of the 10th percentiles (other / this build).
 
 One call is one layer of a decode step of the default model's attention shape (H 9,
 Hkv 3, D 64: SmolLM2-135M): B sequences of one query each over a context of the given
@@ -17,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -56,6 +65,24 @@ def time_calls(fn, caches: list, min_time: float, min_calls: int) -> float:
     return statistics.median(times)
 
 
+def time_rounds(fns: dict, caches: list, args) -> dict:
+    """{name: [seconds of each call]} of fns alternating in --rounds rounds (ABBA order);
+    each round starts after a pause, so that the other build's pool workers have stopped
+    spinning, and after a few calls that are not timed."""
+    times: dict = {name: [] for name in fns}
+    for r in range(args.rounds):
+        for name in list(fns)[:: 1 if r % 2 == 0 else -1]:
+            time.sleep(0.01)
+            for i in range(3):
+                fns[name](*caches[i % len(caches)])
+            for i in range(args.min_calls):
+                k, v = caches[i % len(caches)]
+                t = time.perf_counter()
+                fns[name](k, v)
+                times[name].append(time.perf_counter() - t)
+    return times
+
+
 def cell(lib, backend, batch: int, context: int, dtype: str, args) -> dict:
     from rawpage.native.attention import paged_attention
     from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
@@ -76,11 +103,44 @@ def cell(lib, backend, batch: int, context: int, dtype: str, args) -> dict:
 
     kv_bytes = 2 * batch * context * HKV * D * np.dtype(dtype).itemsize
     row = {"dtype": dtype, "batch": batch, "context": context, "layers": len(caches)}
+    if backend is None:  # --against: this build's kernel and the other's
+        fns = {
+            "c": native,
+            "against": lambda k, v: paged_attention(args.against_lib, q, k, v, meta, opts, args.threads),
+        }
+        for name, ts in time_rounds(fns, caches, args).items():
+            s = statistics.median(ts)
+            row[f"{name}_us"], row[f"{name}_gbs"] = s * 1e6, kv_bytes / s / 1e9
+            row[f"{name}_p10_us"], row[f"{name}_min_us"] = float(np.percentile(ts, 10)) * 1e6, min(ts) * 1e6
+        return row
     for name, fn in (("c", native), ("numpy", numpy_path)):
         fn(*caches[0])  # warm: page in, build
         s = time_calls(fn, caches, args.min_time, args.min_calls)
         row[f"{name}_us"], row[f"{name}_gbs"] = s * 1e6, kv_bytes / s / 1e9
     return row
+
+
+def against_table(lib, args) -> None:
+    """--against: this build's kernel and the other build's, alternating."""
+    print(f"path {lib.path}, {args.threads} threads, load {os.getloadavg()[0]:.2f}; us per layer call")
+    print(
+        f"{'dtype':8} {'B':>3} {'context':>7} {'layers':>6}   C us: median  p10   min   other: median  p10   min    x"
+    )
+    rows = []
+    for dtype in args.dtypes:
+        for batch in args.batches:
+            for context in args.contexts:
+                r = cell(lib, None, batch, context, dtype, args)
+                rows.append(r)
+                print(
+                    f"{dtype:8} {batch:>3} {context:>7} {r['layers']:>6} {r['c_us']:>14.1f} {r['c_p10_us']:>5.1f}"
+                    f" {r['c_min_us']:>5.1f} {r['against_us']:>14.1f} {r['against_p10_us']:>5.1f}"
+                    f" {r['against_min_us']:>5.1f} {r['against_p10_us'] / r['c_p10_us']:>5.2f}",
+                    flush=True,
+                )
+    print(f"load {os.getloadavg()[0]:.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
 def main() -> None:
@@ -93,14 +153,20 @@ def main() -> None:
     p.add_argument("--min-time", type=float, default=0.3, help="seconds of calls per cell and path")
     p.add_argument("--min-calls", type=int, default=5)
     p.add_argument("--json", help="also write the rows here")
+    p.add_argument("--against", help="another build's shared library to time instead of the NumPy path")
+    p.add_argument("--rounds", type=int, default=10, help="with --against: alternating rounds of --min-calls calls")
     args = p.parse_args()
 
     from rawpage.backends.cpu import CPUBackend
-    from rawpage.native.library import native_kernels
+    from rawpage.native.library import NativeLibrary, native_kernels
 
     lib = native_kernels()
     if lib is None:
         sys.exit("the native kernels did not build (see the log line above)")
+    if args.against:
+        args.against_lib = NativeLibrary(lib.path, args.against)
+        against_table(lib, args)
+        return
     backend = CPUBackend(None, cpu_threads=args.threads)  # None: the NumPy references
     backend.threads.set_for(1)  # a decode step's thread count, as embedding() sets it
     print(f"path {lib.path}, {args.threads} threads; GB/s of K/V read, us per layer call")

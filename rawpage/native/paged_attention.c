@@ -28,15 +28,21 @@
  * Work split: an item is one tile, (sequence, KV head, up to 32 query rows): the
  * rows are a few consecutive queries of the sequence times all G query heads of
  * that KV head (for a decode: its G heads), so each K/V row a tile reads from the
- * pool serves all of them. A tile whose keys cross a multiple of 512 is also cut
- * there into parts (flash-decoding, so that one long decode keeps every thread
- * busy): a part keeps (m, l, acc) of its keys and the caller merges the parts after
- * the split. The cuts sit at fixed key positions, so a query row's arithmetic
- * depends on its own sequence only: not on the batch beside it, the chunk it came
- * in, nor the thread count (a sequence decodes the same tokens alone or batched;
- * tests/test_engine.py's batch invariance). Items go to the pool's threads
- * costliest first (cost = rows x keys), each thread taking the next one left, so
- * a thread the OS slows down takes fewer.
+ * pool serves all of them. A tile whose keys cross a cut position is also cut
+ * there into parts (flash-decoding): a part keeps (m, l, acc) of its keys, and the
+ * thread that finishes a tile's last part merges them. The cut positions are 128,
+ * 256, 384, then the multiples of 512: the fine ones so that a decode of a short
+ * context still splits evenly (a lone decode of the default model is Hkv = 3 tiles:
+ * uncut, one of 2 threads did two of them while the other idled a third of the
+ * call; cut, a context of 129-511 keys is 6-12 parts), the coarse ones so that a
+ * long context does not pay a part's fixed cost (the partial's write and merge,
+ * ~0.2 us) every 128 keys. The cuts sit at fixed key positions, and a part's chunks
+ * of Bc start at its first key, so a query row's arithmetic depends on its own
+ * sequence only: not on the batch beside it, the chunk it came in, nor the thread
+ * count (a sequence decodes the same tokens alone or batched; tests/test_engine.py's
+ * batch invariance). Items go to the pool's threads costliest first (cost = rows x
+ * keys), each thread taking the next one left, so a thread the OS slows down takes
+ * fewer.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -48,7 +54,8 @@
 #define RP_ATTN_MAX_D 256
 #define RP_ATTN_ROWS 32      /* query rows (queries x heads) one tile holds */
 #define RP_ATTN_BC 64        /* keys per chunk (Bc) */
-#define RP_ATTN_PART 512 /* keys are cut into parts at the multiples of this position */
+#define RP_ATTN_PART 512      /* keys are cut into parts at the multiples of this position, */
+#define RP_ATTN_PART_NEAR 128 /* and of this one below RP_ATTN_PART */
 
 enum { RP_KV_F32 = 0, RP_KV_F16 = 1 };
 
@@ -59,6 +66,8 @@ typedef struct {
     int32_t k0, k1;     /* key positions [k0, k1) this item reads */
     int32_t slot;       /* -1: writes out; else its partial (m, l, acc) slot */
     int32_t tile_parts; /* parts its tile was cut into */
+    int32_t first_slot; /* its tile's first part's slot (the merge reads slots first_slot ..) */
+    int32_t tile;       /* its tile's index: parts_left[tile] */
     int64_t cost;
 } attn_item;
 
@@ -75,6 +84,7 @@ typedef struct {
     int n_items;
     float *part_acc; /* [slots, ROWS, D] */
     float *part_ml;  /* [slots, ROWS, 2]: m, l */
+    atomic_int *parts_left; /* [tiles] parts of each cut tile not yet done */
     atomic_int next;
 } attn_args;
 
@@ -268,7 +278,7 @@ static void attend_item(const attn_args *a, const attn_item *it) {
     }
     memset(qs + R * D, 0, sizeof(float) * (R4 - R) * D);
     memset(acc, 0, sizeof(float) * R4 * D);
-    memset(S, 0, sizeof(S)); /* padding rows score 0 and are never read back */
+    memset(S, 0, sizeof(float) * RP_ATTN_BC * RP); /* padding rows score 0 and are never read back */
 
     for (int j0 = it->k0; j0 < it->k1; j0 += RP_ATTN_BC) {
         const int nc = it->k1 - j0 < RP_ATTN_BC ? it->k1 - j0 : RP_ATTN_BC;
@@ -317,39 +327,54 @@ static void attend_item(const attn_args *a, const attn_item *it) {
     }
 }
 
+/* The first cut after key position j (see the header): the fixed cut positions are
+ * 128, 256, 384, then the multiples of 512. */
+static int next_cut(int j) {
+    const int step = j < RP_ATTN_PART ? RP_ATTN_PART_NEAR : RP_ATTN_PART;
+    return (j / step + 1) * step;
+}
+
+/* The parts a tile's keys [k0, k1) are cut into. */
+static int tile_parts(const attn_item *t) {
+    int parts = 1;
+    for (int j = next_cut(t->k0); j < t->k1; j = next_cut(j)) parts++;
+    return parts;
+}
+
+/* Merge the parts of one cut tile, `it` one of its parts (in slot order p = 0 .. parts - 1):
+ *     M = max_p m_p,  o = sum_p exp(m_p - M) acc_p / sum_p exp(m_p - M) l_p */
+static void merge_parts(const attn_args *a, const attn_item *it) {
+    const int D = a->D, G = a->H / a->Hkv, R = it->nq * it->ng, first = a->query_start_loc[it->seq];
+    for (int r = 0; r < R; r++) {
+        float M = -INFINITY, L = 0.0f;
+        for (int p = 0; p < it->tile_parts; p++) M = fmaxf(M, a->part_ml[((size_t)(it->first_slot + p) * RP_ATTN_ROWS + r) * 2]);
+        float *o = a->out + ((int64_t)(first + it->q0 + r / it->ng) * a->H + it->kh * G + it->g0 + r % it->ng) * D;
+        memset(o, 0, sizeof(float) * D);
+        for (int p = 0; p < it->tile_parts; p++) {
+            const float *ml = a->part_ml + ((size_t)(it->first_slot + p) * RP_ATTN_ROWS + r) * 2;
+            if (ml[0] == -INFINITY) continue; /* a part no key of which this row sees */
+            float w = expf(ml[0] - M);
+            L += w * ml[1];
+            rp_axpy(o, w, a->part_acc + ((size_t)(it->first_slot + p) * RP_ATTN_ROWS + r) * D, D);
+        }
+        float inv = 1.0f / L;
+        for (int d = 0; d < D; d++) o[d] *= inv;
+    }
+}
+
 static void attend_task(void *arg, int ith, int nth) {
     (void)ith, (void)nth;
     attn_args *a = arg;
     for (;;) {
         int i = atomic_fetch_add_explicit(&a->next, 1, memory_order_relaxed);
         if (i >= a->n_items) return;
-        attend_item(a, &a->items[i]);
-    }
-}
-
-/* The parts a tile's keys [k0, k1) are cut into: the RP_ATTN_PART windows they touch. */
-static int tile_parts(const attn_item *t) {
-    return t->k1 > t->k0 ? (t->k1 - 1) / RP_ATTN_PART - t->k0 / RP_ATTN_PART + 1 : 1;
-}
-
-/* Merge the parts of one cut tile, whose first part is `it`:
- *     M = max_p m_p,  o = sum_p exp(m_p - M) acc_p / sum_p exp(m_p - M) l_p */
-static void merge_parts(const attn_args *a, const attn_item *it) {
-    const int D = a->D, G = a->H / a->Hkv, R = it->nq * it->ng, first = a->query_start_loc[it->seq];
-    for (int r = 0; r < R; r++) {
-        float M = -INFINITY, L = 0.0f;
-        for (int p = 0; p < it->tile_parts; p++) M = fmaxf(M, a->part_ml[((size_t)(it->slot + p) * RP_ATTN_ROWS + r) * 2]);
-        float *o = a->out + ((int64_t)(first + it->q0 + r / it->ng) * a->H + it->kh * G + it->g0 + r % it->ng) * D;
-        memset(o, 0, sizeof(float) * D);
-        for (int p = 0; p < it->tile_parts; p++) {
-            const float *ml = a->part_ml + ((size_t)(it->slot + p) * RP_ATTN_ROWS + r) * 2;
-            if (ml[0] == -INFINITY) continue; /* a part no key of which this row sees */
-            float w = expf(ml[0] - M);
-            L += w * ml[1];
-            rp_axpy(o, w, a->part_acc + ((size_t)(it->slot + p) * RP_ATTN_ROWS + r) * D, D);
-        }
-        float inv = 1.0f / L;
-        for (int d = 0; d < D; d++) o[d] *= inv;
+        const attn_item *it = &a->items[i];
+        attend_item(a, it);
+        /* The thread that finishes a cut tile's last part merges its parts (acq_rel:
+         * it sees the partials the other parts' threads wrote). The merge reads them in
+         * slot order, so whichever thread merges, the bits are the same. */
+        if (it->slot >= 0 && atomic_fetch_sub_explicit(&a->parts_left[it->tile], 1, memory_order_acq_rel) == 1)
+            merge_parts(a, it);
     }
 }
 
@@ -374,7 +399,7 @@ static int make_tiles(const attn_args *a, int B, attn_item *items) {
                     it->seq = i, it->kh = kh, it->g0 = g0, it->ng = ng, it->q0 = q0, it->nq = nq;
                     it->k0 = a->window > 0 && p0 - a->window + 1 > 0 ? p0 - a->window + 1 : 0;
                     it->k1 = p0 + nq;
-                    it->slot = -1, it->tile_parts = 1;
+                    it->slot = -1, it->first_slot = -1, it->tile = count, it->tile_parts = 1;
                     it->cost = (int64_t)nq * ng * (it->k1 - it->k0) + 64 * nq * ng; /* + per-row setup */
                 }
             }
@@ -387,29 +412,32 @@ RP_EXPORT void rp_paged_attention(float *out, const float *q, int64_t q_stride, 
                                   const int32_t *query_start_loc, int B, int H, int Hkv, int D, int BS, float scale,
                                   int sliding_window, float soft_cap, int nthreads) {
     attn_args a = {out, q, q_stride, k_cache, v_cache, kv_dtype, block_tables, seq_lens, query_start_loc, max_blocks,
-                   H, Hkv, D, BS, sliding_window, scale, soft_cap, NULL, 0, NULL, NULL, 0};
+                   H, Hkv, D, BS, sliding_window, scale, soft_cap, NULL, 0, NULL, NULL, NULL, 0};
     const int n_tiles = make_tiles(&a, B, NULL);
     if (n_tiles == 0) return;
     attn_item *tiles = malloc(sizeof(attn_item) * n_tiles);
     make_tiles(&a, B, tiles);
 
-    /* Cut each tile's keys at the multiples of RP_ATTN_PART (see the header). */
+    /* Cut each tile's keys at the fixed cut positions (see the header). */
     int n_items = 0, n_slots = 0;
     for (int t = 0; t < n_tiles; t++) n_items += tile_parts(&tiles[t]);
     attn_item *items = tiles;
     if (n_items > n_tiles) {
         items = malloc(sizeof(attn_item) * n_items);
+        a.parts_left = malloc(sizeof(atomic_int) * (size_t)n_tiles);
         n_items = 0;
         for (int t = 0; t < n_tiles; t++) {
             const attn_item *tile = &tiles[t];
             const int parts = tile_parts(tile);
-            for (int p = 0; p < parts; p++) {
+            atomic_init(&a.parts_left[t], parts);
+            for (int p = 0, j = tile->k0; p < parts; p++, j = next_cut(j)) {
                 attn_item *it = &items[n_items++];
                 *it = *tile;
-                const int first = (tile->k0 / RP_ATTN_PART + p) * RP_ATTN_PART;
-                it->k0 = p == 0 ? tile->k0 : first;
-                it->k1 = p == parts - 1 ? tile->k1 : first + RP_ATTN_PART;
+                it->k0 = j;
+                it->k1 = p == parts - 1 ? tile->k1 : next_cut(j);
                 it->slot = parts > 1 ? n_slots++ : -1;
+                it->first_slot = it->slot - p;
+                it->tile = t;
                 it->tile_parts = parts;
                 it->cost = (int64_t)tile->nq * tile->ng * (it->k1 - it->k0) + 64 * tile->nq * tile->ng;
             }
@@ -419,21 +447,15 @@ RP_EXPORT void rp_paged_attention(float *out, const float *q, int64_t q_stride, 
         a.part_ml = malloc(sizeof(float) * ((size_t)n_slots * RP_ATTN_ROWS * 2 + 1));
     }
 
-    /* Costliest first; the parts of a tile keep their slots, so the merge finds them. */
-    attn_item *order = malloc(sizeof(attn_item) * n_items);
-    memcpy(order, items, sizeof(attn_item) * n_items);
-    qsort(order, n_items, sizeof(attn_item), by_cost_desc);
-    a.items = order;
+    /* Costliest first (the parts of a cut tile are merged by whichever thread ends its last) */
+    qsort(items, n_items, sizeof(attn_item), by_cost_desc);
+    a.items = items;
     a.n_items = n_items;
     atomic_init(&a.next, 0);
     rp_parallel(attend_task, &a, nthreads < n_items ? nthreads : n_items);
 
-    /* items[] holds each cut tile's parts side by side, in slot order */
-    for (int i = 0; i < n_items; i += items[i].tile_parts)
-        if (items[i].slot >= 0) merge_parts(&a, &items[i]);
-
-    free(order);
     free(items); /* (the tiles themselves when nothing was cut) */
     free(a.part_acc);
     free(a.part_ml);
+    free(a.parts_left);
 }

@@ -136,3 +136,30 @@ def test_a_sequence_attends_the_same_alone_or_batched(lib):
     for i in range(len(lens)):
         alone = run(np.array([i]), q[i : i + 1], lens[i : i + 1], np.array([0, 1], np.int32))
         np.testing.assert_array_equal(alone, batched[i : i + 1])
+
+
+@pytest.mark.parametrize("kv_dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("seq_len", [100, 128, 129, 200, 256, 300, 385, 511, 513, 700, 1100])
+def test_a_query_attends_the_same_decoded_or_in_a_prefill_chunk(lib, seq_len, kv_dtype):
+    """The last query of a context gets the same bits decoded alone, decoded beside
+    other sequences, or as the last row of a 40-query prefill chunk (whose tiles start
+    elsewhere and span the key cuts), on 1 and 2 threads: the keys are cut into parts
+    at fixed positions (128, 256, 384, then every 512: paged_attention.c), never where
+    a tile or the thread count would put them."""
+    rng = np.random.default_rng(seq_len)
+    H, Hkv, D, BS = 9, 3, 64, 16  # the default model's attention shape
+    q, kc, vc, meta = make_batch(rng, [(40, seq_len), (1, 37), (1, 600)], H, Hkv, D, BS, kv_dtype)
+    tables, lens = meta.block_tables, meta.seq_lens
+    opts = AttentionOptions(0.125)
+    last = q[39:40]
+
+    def decode(rows, q_rows, nthreads):
+        m = AttentionMetadata.from_host(tables[rows], lens[rows], np.arange(len(rows) + 1, dtype=np.int32))
+        return paged_attention(lib, q_rows, kc, vc, m, opts, nthreads)
+
+    chunk = paged_attention(lib, q, kc, vc, meta, opts, 2)[39]
+    others = np.concatenate([last, q[40:]])
+    for nthreads in (1, 2):
+        np.testing.assert_array_equal(decode(np.array([0]), last, nthreads)[0], chunk)
+        np.testing.assert_array_equal(decode(np.array([0, 1, 2]), others, nthreads)[0], chunk)
+        np.testing.assert_array_equal(paged_attention(lib, q, kc, vc, meta, opts, nthreads)[39], chunk)
