@@ -283,11 +283,18 @@ RP_INLINE __m512i pair_ints_zmm(const int f, const uint8_t *row, int64_t p, cons
     if (f == GGML_Q4_0 || f == GGML_Q4_1) {
         const int bytes = f == GGML_Q4_0 ? 18 : 20;
         const uint8_t *qs = row + 2 * p * bytes + (f == GGML_Q4_0 ? 2 : 4);
-        /* 128-bit lanes [qs0, qs0, qs1, qs1], the odd ones shifted to their high nibbles */
+        /* 128-bit lanes [qs0, qs0, qs1, qs1], the odd ones then moved to their high nibbles */
         __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)qs));
         v = half ? _mm512_maskz_mov_epi32(0x00ff, v)
                  : _mm512_mask_broadcast_i32x4(v, 0xff00, _mm_loadu_si128((const __m128i *)(qs + bytes)));
+#if defined(__GFNI__)
+        /* one GF(2) affine map per byte: output bit i is the byte's bit i (lanes 0, 2) or
+         * bit i + 4 (lanes 1, 3); the matrix's row for bit i is its byte 7 - i */
+        const long long lo = 0x0102040800000000ll, hi = 0x1020408000000000ll;
+        return _mm512_gf2p8affine_epi64_epi8(v, _mm512_set_epi64(hi, hi, lo, lo, hi, hi, lo, lo), 0);
+#else
         return _mm512_and_si512(_mm512_mask_srli_epi16(v, 0xff00ff00u, v, 4), nib);
+#endif
     }
     const int64_t sb = p / 4, g = p % 4; /* 4 pairs per superblock */
     if (f == GGML_Q4_K || f == GGML_Q5_K) {
@@ -453,6 +460,12 @@ RP_INLINE void row_scales_zmm(const int f, const uint8_t *row, int64_t K, const 
     }
 }
 
+/* The scales of rows n .. n + nr, one run of blocks: in groups across the row ends
+ * (fewer short groups; row r's start at r gs). */
+RP_INLINE void tile_scales_zmm(const int f, const gguf_call *c, int64_t n, int64_t nr, float *ga, float *gb) {
+    row_scales_zmm(f, c->w + n * c->row_bytes, nr * c->K, c->w + c->N * c->row_bytes, ga, gb);
+}
+
 /* out[r NT + t] = y[t0 + t, row r] without bias, for NR rows x NT tokens (NR NT <= 4):
  * at decode 4 rows x 1 token, so that there are 8 independent accumulator chains and
  * each activation load serves 4 rows; in prefill 1 row x 4 tokens. ga, gb: the rows'
@@ -508,13 +521,12 @@ RP_INLINE void dot_tile_zmm(const int f, const int NR, const int NT, const gguf_
     for (int i = 0; i < NR * NT; i++) out[i] = sums[i];
 }
 
-/* y[:, n .. n + NR] (+ bias): the NR rows' scales once, then the tokens NT at a time. */
-RP_INLINE void rows_zmm(const int f, const int NR, const gguf_call *c, int64_t n, float *ga, float *gb, int64_t gs) {
+/* y[:, n .. n + NR] (+ bias), the tokens NT at a time, from the NR rows' scales ga, gb
+ * (tile_scales_zmm). */
+RP_INLINE void rows_zmm(const int f, const int NR, const gguf_call *c, int64_t n, const float *ga, const float *gb,
+                        int64_t gs) {
     const uint8_t *rows[4];
     for (int r = 0; r < NR; r++) rows[r] = c->w + (n + r) * c->row_bytes;
-    /* the NR rows are one run of blocks: their scales in groups across the row ends
-     * (fewer short groups; row r's start at r gs) */
-    row_scales_zmm(f, rows[0], NR * c->K, c->w + c->N * c->row_bytes, ga, gb);
     for (int64_t t0 = 0; t0 < c->T; t0 += TOKEN_TILE / NR) {
         const int nt = c->T - t0 < TOKEN_TILE / NR ? (int)(c->T - t0) : TOKEN_TILE / NR;
         float out[4];
@@ -672,14 +684,24 @@ RP_INLINE void matmul_rows(const int f, const gguf_call *c, int64_t n0, int64_t 
 #if RP_AVX512VNNI
     /* one row's group scales: a float a chunk (32-blocks), 16 a superblock (K-quants) */
     const int64_t gs = fmt_qk(f) == 32 ? K / 32 : K / 16;
-    float ga[4 * gs + 16], gb[4 * gs + 16];
-    int64_t n = n0;
-    if (T == 1) /* decode: 4 rows at a time */
-        for (; n + 4 <= n1; n += 4) rows_zmm(f, 4, c, n, ga, gb, gs);
-    if (T == 2)
-        for (; n + 2 <= n1; n += 2) rows_zmm(f, 2, c, n, ga, gb, gs);
-    for (; n < n1; n++) rows_zmm(f, 1, c, n, ga, gb, gs);
-    (void)N, (void)T;
+    float ga[2][4 * gs + 16], gb[2][4 * gs + 16];
+    /* tiles of NR rows (decode: 4 rows at a time), then single rows; each tile's scales
+     * are made while the tile before is still ahead of it (its first reads of the
+     * tile's blocks, from L2 or memory, overlap that tile's dot products, and its
+     * stores have left the store queue when they are read back) */
+    const int NR = T == 1 ? 4 : T == 2 ? 2 : 1;
+    int64_t n = n0, nr = n + NR <= n1 ? NR : 1;
+    int buf = 0;
+    if (n < n1) tile_scales_zmm(f, c, n, nr, ga[buf], gb[buf]);
+    while (n < n1) {
+        const int64_t next = n + nr, next_nr = next + NR <= n1 ? NR : 1;
+        if (next < n1) tile_scales_zmm(f, c, next, next_nr, ga[buf ^ 1], gb[buf ^ 1]);
+        if (nr == 4) rows_zmm(f, 4, c, n, ga[buf], gb[buf], gs);
+        else if (nr == 2) rows_zmm(f, 2, c, n, ga[buf], gb[buf], gs);
+        else rows_zmm(f, 1, c, n, ga[buf], gb[buf], gs);
+        n = next, nr = next_nr, buf ^= 1;
+    }
+    (void)N;
 #else
     float a[K / 16 + 16], b[K / 16 + 16]; /* the row's scales */
 #if !(RP_AVXVNNI || RP_AVX2)
