@@ -49,9 +49,13 @@
  * zmm, for even and odd chunk pairs), kept in registers: on the zmm path 4 rows x 1
  * token at T = 1 (8 independent FMA chains; each activation load serves 4 rows),
  * 2 x 2 at T = 2, else 1 row x 4 tokens; the ymm and plain-C paths take 1 x 4. A
- * tile's rows' scales (a, b) are decoded once, before the dot products, and each
- * weight block is read once for every 4 tokens: once per call at decode. The
- * activation's quantization runs first (split over tokens when it is large).
+ * tile's rows' scales (a, b) are decoded once, and each weight block is read once for
+ * every 4 tokens: once per call at decode. On the zmm path the scales are decoded one
+ * tile ahead (their first reads of the next tile's blocks overlap this tile's dot
+ * products, and their stores have drained when they are read back), and each tile
+ * prefetches the weight 16 KB ahead: a decode step reads its weights from memory.
+ * Neither changes an operation of the arithmetic. The activation's quantization runs
+ * first (split over tokens when it is large).
  * The caller (rawpage/native/gguf.py) passes the scratch: xq (T, K) int8, then
  * dx (T, K / 32) float, s (T, K / 32) float.
  */
@@ -348,17 +352,15 @@ static void make_heads_plans(void) {
         }
 }
 
-RP_INLINE __m512i group_heads_zmm(const int f, const uint8_t *g) {
-    const int bytes = fmt_bytes(f), n = 16 * bytes;
-    const heads_plan *plan = &heads_plans[f == GGML_Q4_0 ? 0 : f == GGML_Q4_1 ? 1 : 2];
+RP_INLINE __m512i group_heads_zmm(const int f, const uint8_t *g, const __m512i *idx, const __mmask32 *here) {
+    const int n = 16 * fmt_bytes(f);
     __m512i h = _mm512_setzero_si512();
     for (int w = 0; 128 * w < n; w++) { /* constant bounds and masks: unrolled */
         const int left = n - 128 * w;
         const __mmask64 m0 = left >= 64 ? ~0ull : (1ull << left) - 1;
         const __mmask64 m1 = left >= 128 ? ~0ull : left > 64 ? (1ull << (left - 64)) - 1 : 0;
         const __m512i lo = _mm512_maskz_loadu_epi8(m0, g + 128 * w), hi = _mm512_maskz_loadu_epi8(m1, g + 128 * w + 64);
-        const __m512i idx = _mm512_loadu_si512(plan->idx[w]);
-        h = _mm512_mask_mov_epi16(h, plan->here[w], _mm512_permutex2var_epi16(lo, idx, hi));
+        h = _mm512_mask_mov_epi16(h, here[w], _mm512_permutex2var_epi16(lo, idx[w], hi));
     }
     return h;
 }
@@ -366,10 +368,11 @@ RP_INLINE __m512i group_heads_zmm(const int f, const uint8_t *g) {
 /* The scales of the group of chunks from chunk c0, in registers: a, one lane per
  * scale group (a chunk; Q6_K: 16 values), and b, one lane per chunk. A group is 16
  * 32-blocks (the row's last one shorter) or one superblock (8 chunks). */
-RP_INLINE void group_scales_zmm(const int f, const uint8_t *row, int64_t c0, __m512 *a, __m512 *b) {
+RP_INLINE void group_scales_zmm(const int f, const uint8_t *row, int64_t c0, const __m512i *idx, const __mmask32 *here,
+                                __m512 *a, __m512 *b) {
     if (fmt_qk(f) == 32) {
         /* a short group is read as a whole one: the caller zeroes the extra lanes */
-        const __m512i h = group_heads_zmm(f, row + c0 * fmt_bytes(f));
+        const __m512i h = group_heads_zmm(f, row + c0 * fmt_bytes(f), idx, here);
         *a = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
         *b = f == GGML_Q4_1 ? _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1))
                             : _mm512_mul_ps(*a, _mm512_set1_ps(-8.0f)); /* Q4_0; Q8_0 has no b */
@@ -436,15 +439,20 @@ RP_INLINE void pair_fma_zmm(const int f, const int NR, const int NT, const uint8
  * the accumulators, and once per row for all token tiles. */
 RP_INLINE void row_scales_zmm(const int f, const uint8_t *row, int64_t K, const uint8_t *end, float *a, float *b) {
     const int64_t nc = K / 32, gc = fmt_qk(f) == 32 ? 16 : 8;
+    /* the heads plan's permutes and masks, in registers for the whole run */
+    const heads_plan *plan = &heads_plans[f == GGML_Q4_0 ? 0 : f == GGML_Q4_1 ? 1 : 2];
+    __m512i idx[5];
+    __mmask32 here[5];
+    for (int w = 0; w < 5; w++) idx[w] = _mm512_loadu_si512(plan->idx[w]), here[w] = plan->here[w];
     for (int64_t c0 = 0, g = 0; c0 < nc; c0 += gc, g++) {
         __m512 av, bv = _mm512_setzero_ps();
         if (nc - c0 >= gc) {
-            group_scales_zmm(f, row, c0, &av, &bv);
+            group_scales_zmm(f, row, c0, idx, here, &av, &bv);
         } else if (row + (c0 + gc) * fmt_bytes(f) <= end) {
             /* the row's short last group, read as a whole one (the next row's blocks are
              * there) and the extra lanes zeroed: they may hold any half, inf or NaN */
             const __mmask16 m = (__mmask16)((1u << (nc - c0)) - 1);
-            group_scales_zmm(f, row, c0, &av, &bv);
+            group_scales_zmm(f, row, c0, idx, here, &av, &bv);
             av = _mm512_maskz_mov_ps(m, av), bv = _mm512_maskz_mov_ps(m, bv);
         } else { /* the weight's last blocks: one at a time, reading nothing past them */
             for (int64_t i = 0; i < 16; i++) {
@@ -678,6 +686,19 @@ RP_INLINE void dot_tile(const int f, int nt, const gguf_call *c, const uint8_t *
 #undef DOT_TILE
 }
 
+#if RP_AVX512VNNI
+/* In a decode step every weight comes from memory (a model's layers do not fit the
+ * L3), and the hardware prefetchers alone keep too few of its lines in flight: each
+ * tile asks for the bytes PREFETCH_AHEAD past its own, up to the weight's end (the
+ * next thread's first rows too). 16 KB: 4 and 8 KB measured slower on the development
+ * VM, 32 KB slower. */
+#define PREFETCH_AHEAD 16384
+RP_INLINE void prefetch_ahead(const uint8_t *tile, int64_t bytes, const uint8_t *end) {
+    for (const uint8_t *p = tile + PREFETCH_AHEAD; p < tile + PREFETCH_AHEAD + bytes && p < end; p += 64)
+        _mm_prefetch((const char *)p, _MM_HINT_T0);
+}
+#endif
+
 /* Rows n0 .. n1 of y for every token. */
 RP_INLINE void matmul_rows(const int f, const gguf_call *c, int64_t n0, int64_t n1) {
     const int64_t K = c->K, T = c->T, N = c->N;
@@ -696,12 +717,12 @@ RP_INLINE void matmul_rows(const int f, const gguf_call *c, int64_t n0, int64_t 
     while (n < n1) {
         const int64_t next = n + nr, next_nr = next + NR <= n1 ? NR : 1;
         if (next < n1) tile_scales_zmm(f, c, next, next_nr, ga[buf ^ 1], gb[buf ^ 1]);
+        prefetch_ahead(c->w + n * c->row_bytes, nr * c->row_bytes, c->w + N * c->row_bytes);
         if (nr == 4) rows_zmm(f, 4, c, n, ga[buf], gb[buf], gs);
         else if (nr == 2) rows_zmm(f, 2, c, n, ga[buf], gb[buf], gs);
         else rows_zmm(f, 1, c, n, ga[buf], gb[buf], gs);
         n = next, nr = next_nr, buf ^= 1;
     }
-    (void)N;
 #else
     float a[K / 16 + 16], b[K / 16 + 16]; /* the row's scales */
 #if !(RP_AVXVNNI || RP_AVX2)
