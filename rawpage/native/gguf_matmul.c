@@ -50,12 +50,12 @@
  * token at T = 1 (8 independent FMA chains; each activation load serves 4 rows),
  * 2 x 2 at T = 2, else 1 row x 4 tokens; the ymm and plain-C paths take 1 x 4. A
  * tile's rows' scales (a, b) are decoded once, and each weight block is read once for
- * every 4 tokens: once per call at decode. On the zmm path the scales are decoded one
- * tile ahead (their first reads of the next tile's blocks overlap this tile's dot
- * products, and their stores have drained when they are read back), and each tile
- * prefetches the weight 16 KB ahead: a decode step reads its weights from memory.
- * Neither changes an operation of the arithmetic. The activation's quantization runs
- * first (split over tokens when it is large).
+ * every 4 tokens: once per call at decode. On the zmm path at T <= 2 on the 32-block
+ * formats the scales are decoded one tile ahead (their first reads of the next tile's
+ * blocks overlap this tile's dot products, and their stores have drained when they
+ * are read back), and each tile prefetches the weight 16 KB ahead: a decode step
+ * reads its weights from memory. Neither changes an operation of the arithmetic. The
+ * activation's quantization runs first (split over tokens when it is large).
  * The caller (rawpage/native/gguf.py) passes the scratch: xq (T, K) int8, then
  * dx (T, K / 32) float, s (T, K / 32) float.
  */
@@ -439,11 +439,12 @@ RP_INLINE void pair_fma_zmm(const int f, const int NR, const int NT, const uint8
  * the accumulators, and once per row for all token tiles. */
 RP_INLINE void row_scales_zmm(const int f, const uint8_t *row, int64_t K, const uint8_t *end, float *a, float *b) {
     const int64_t nc = K / 32, gc = fmt_qk(f) == 32 ? 16 : 8;
-    /* the heads plan's permutes and masks, in registers for the whole run */
+    /* the 32-block formats' heads plan: its permutes and masks in registers for the run */
     const heads_plan *plan = &heads_plans[f == GGML_Q4_0 ? 0 : f == GGML_Q4_1 ? 1 : 2];
     __m512i idx[5];
     __mmask32 here[5];
-    for (int w = 0; w < 5; w++) idx[w] = _mm512_loadu_si512(plan->idx[w]), here[w] = plan->here[w];
+    if (fmt_qk(f) == 32)
+        for (int w = 0; w < 5; w++) idx[w] = _mm512_loadu_si512(plan->idx[w]), here[w] = plan->here[w];
     for (int64_t c0 = 0, g = 0; c0 < nc; c0 += gc, g++) {
         __m512 av, bv = _mm512_setzero_ps();
         if (nc - c0 >= gc) {
@@ -706,23 +707,35 @@ RP_INLINE void matmul_rows(const int f, const gguf_call *c, int64_t n0, int64_t 
     /* one row's group scales: a float a chunk (32-blocks), 16 a superblock (K-quants) */
     const int64_t gs = fmt_qk(f) == 32 ? K / 32 : K / 16;
     float ga[2][4 * gs + 16], gb[2][4 * gs + 16];
-    /* tiles of NR rows (decode: 4 rows at a time), then single rows; each tile's scales
-     * are made while the tile before is still ahead of it (its first reads of the
-     * tile's blocks, from L2 or memory, overlap that tile's dot products, and its
-     * stores have left the store queue when they are read back) */
+    /* tiles of NR rows (decode: 4 rows at a time), then single rows */
     const int NR = T == 1 ? 4 : T == 2 ? 2 : 1;
-    int64_t n = n0, nr = n + NR <= n1 ? NR : 1;
-    int buf = 0;
-    if (n < n1) tile_scales_zmm(f, c, n, nr, ga[buf], gb[buf]);
-    while (n < n1) {
-        const int64_t next = n + nr, next_nr = next + NR <= n1 ? NR : 1;
-        if (next < n1) tile_scales_zmm(f, c, next, next_nr, ga[buf ^ 1], gb[buf ^ 1]);
-        prefetch_ahead(c->w + n * c->row_bytes, nr * c->row_bytes, c->w + N * c->row_bytes);
-        if (nr == 4) rows_zmm(f, 4, c, n, ga[buf], gb[buf], gs);
-        else if (nr == 2) rows_zmm(f, 2, c, n, ga[buf], gb[buf], gs);
-        else rows_zmm(f, 1, c, n, ga[buf], gb[buf], gs);
-        n = next, nr = next_nr, buf ^= 1;
+    int64_t n = n0;
+    if (fmt_qk(f) == 32 && T <= 2) {
+        /* decode on the 32-block formats, where the scales' gather is a quarter of the
+         * work: each tile's scales are made while the tile before is still ahead of
+         * them (their first reads of the tile's blocks, from L2 or memory, overlap that
+         * tile's dot products, and their stores have drained when they are read back),
+         * and the weight is prefetched. (Not with more tokens: 5-10% slower from T = 8
+         * on; nor on the K-quants, where Q6_K measured slower at T = 1.) */
+        int64_t nr = n + NR <= n1 ? NR : 1;
+        int buf = 0;
+        if (n < n1) tile_scales_zmm(f, c, n, nr, ga[buf], gb[buf]);
+        while (n < n1) {
+            const int64_t next = n + nr, next_nr = next + NR <= n1 ? NR : 1;
+            if (next < n1) tile_scales_zmm(f, c, next, next_nr, ga[buf ^ 1], gb[buf ^ 1]);
+            prefetch_ahead(c->w + n * c->row_bytes, nr * c->row_bytes, c->w + N * c->row_bytes);
+            if (nr == 4) rows_zmm(f, 4, c, n, ga[buf], gb[buf], gs);
+            else if (nr == 2) rows_zmm(f, 2, c, n, ga[buf], gb[buf], gs);
+            else rows_zmm(f, 1, c, n, ga[buf], gb[buf], gs);
+            n = next, nr = next_nr, buf ^= 1;
+        }
+        return;
     }
+    if (NR == 4)
+        for (; n + 4 <= n1; n += 4) tile_scales_zmm(f, c, n, 4, ga[0], gb[0]), rows_zmm(f, 4, c, n, ga[0], gb[0], gs);
+    if (NR == 2)
+        for (; n + 2 <= n1; n += 2) tile_scales_zmm(f, c, n, 2, ga[0], gb[0]), rows_zmm(f, 2, c, n, ga[0], gb[0], gs);
+    for (; n < n1; n++) tile_scales_zmm(f, c, n, 1, ga[0], gb[0]), rows_zmm(f, 1, c, n, ga[0], gb[0], gs);
 #else
     float a[K / 16 + 16], b[K / 16 + 16]; /* the row's scales */
 #if !(RP_AVXVNNI || RP_AVX2)
