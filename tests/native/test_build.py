@@ -47,6 +47,23 @@ def test_pool_runs_every_part_once(lib, nth):
     assert lib.fn.rp_pool_selftest(nth) == nth * (nth + 1) // 2
 
 
+@pytest.mark.parametrize("nth", [1, 2, 3])
+@pytest.mark.parametrize("words", [1, 7, 4096, 100_003])
+def test_the_read_probe_reads_every_word(lib, nth, words):
+    """read_probe.c, the benchmarks' read reference: its result is the OR of every word,
+    so one set bit anywhere (here in the last word, past the vector loop) must show."""
+    import ctypes
+
+    import numpy as np
+
+    buf = np.zeros(words, np.uint64)
+    lib.declare("rp_read_probe", ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int)
+    assert lib.fn.rp_read_probe(buf.ctypes.data, buf.nbytes, nth) == 0
+    buf[words // 2] = 3
+    buf[-1] |= np.uint64(1 << 40)
+    assert lib.fn.rp_read_probe(buf.ctypes.data, buf.nbytes, nth) == (1 << 40) | 3
+
+
 def test_without_a_compiler_the_numpy_path_runs_and_says_so(no_compiler, caplog):
     with caplog.at_level(logging.WARNING, logger="rawpage"):
         assert library.native_kernels() is None
