@@ -190,28 +190,27 @@ def float_rows(x: np.ndarray) -> tuple[np.ndarray, int]:
         stride = token_stride(x)
         if stride is not None:
             return x, stride
-    if capturing():
-        raise NotCapturable(f"a {x.dtype} array of strides {x.strides} would be copied")
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    x = contiguous_rows(x)
     return x, x.size // len(x) if len(x) else 0
+
+
+def _c_order(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """a itself where it is C-contiguous of dtype; else a copy, refused while recording."""
+    if a.dtype == dtype and a.flags.c_contiguous:
+        return a
+    if capturing():
+        raise NotCapturable(f"a {a.dtype} array of strides {a.strides} would be copied to {dtype}")
+    return np.ascontiguousarray(a, dtype=dtype)
 
 
 def contiguous_rows(x: np.ndarray) -> np.ndarray:
     """x as a C-contiguous float32 array (itself when it already is one: a kernel's output)."""
-    if x.dtype == _F32 and x.flags.c_contiguous:
-        return x
-    if capturing():
-        raise NotCapturable(f"a {x.dtype} array of strides {x.strides} would be copied")
-    return np.ascontiguousarray(x, dtype=np.float32)
+    return _c_order(x, _F32)
 
 
 def int32_rows(a: np.ndarray) -> np.ndarray:
     """a as a C-contiguous int32 array (itself when it already is one)."""
-    if a.dtype == _I32 and a.flags.c_contiguous:
-        return a
-    if capturing():
-        raise NotCapturable(f"a {a.dtype} index array would be copied")
-    return np.ascontiguousarray(a, dtype=np.int32)
+    return _c_order(a, _I32)
 
 
 @functools.cache
