@@ -1,6 +1,8 @@
-"""Decode steps replayed from CUDA graphs, one graph per shape bucket: the policy
-(which shapes get a graph, padding, when a step may replay one). The mechanism,
-recording and replaying a graph on CuPy, is rawpage/backends/cuda_graph_capture.py.
+"""Decode steps replayed from graphs, one graph per shape bucket: the policy (which
+shapes get a graph, padding, when a step may replay one). The mechanism, recording
+and replaying a graph, is the backend's: CUDA graphs on CuPy
+(rawpage/backends/cuda_graph_capture.py), recorded kernel calls on the CPU
+(rawpage/backends/cpu.py NativeGraph, rawpage/native/graph.c).
 
 A shape is (batch size, query length q): a graph runs `size` sequences of exactly q
 query tokens each. q = 1 is a plain decode step; with speculative decoding, q = k + 1

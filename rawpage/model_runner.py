@@ -4,7 +4,8 @@ It turns the scheduler's list of (sequence, new tokens) into the flat arrays the
 model reads (input_ids, positions, slot_mapping, block_tables, seq_lens,
 query_start_loc), built with vectorized NumPy and copied to the device once
 (rawpage/forward_batch.py), then runs the forward pass (a decode or verification
-step replays a CUDA graph when it has them: rawpage/decode_graphs.py) and returns the
+step replays a graph when it has them, CUDA's or the CPU's recorded kernel calls:
+rawpage/decode_graphs.py) and returns the
 logits rows the engine asked for, still on the device (rawpage/device_logits.py).
 """
 
