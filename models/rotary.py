@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from rawpage.config import ModelConfig, rope_inv_freq
-from rawpage.ops.rope import cos_sin_cache
+from rawpage.ops.layer_ops import cos_sin_cache
 
 
 def rope_table(

@@ -27,7 +27,7 @@ from rawpage.engine_args import EngineArgs
 from rawpage.engine_setup import decode_graph_shapes, load_model, make_runner, num_swap_blocks, resolve_max_model_len
 from rawpage.errors import WorkerDiedError
 from rawpage.forking import Forker
-from rawpage.grammar_compiler import GrammarCompiler
+from rawpage.grammar_compiler import GrammarCompiler, MaskPrefetcher
 from rawpage.loader import load_checkpoint
 from rawpage.lora.manager import LoRARequest, resolve_lora
 from rawpage.model_runner import KVPool
@@ -41,7 +41,6 @@ from rawpage.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from rawpage.sequence import Request, Sequence
 from rawpage.spec_decode.build import build_spec_decoder
 from rawpage.stats import EngineStats
-from rawpage.structured_output import MaskPrefetcher
 
 logger = logging.getLogger("rawpage")
 
@@ -83,8 +82,8 @@ class LLMEngine:
         pool = KVPool(args.block_size, num_blocks, num_cpu_blocks)
         self.runner = make_runner(self.workers, self.model, self.backend, pool, shapes, self.max_model_len, self.lora)
         self.grammars = GrammarCompiler.from_args(self.tokenizer.hf, c.vocab_size, c.eos_token_ids, args)
-        self.masks = MaskPrefetcher(self.grammars.words)
-        self.sampler = Sampler(c.vocab_size, c.eos_token_ids, self.masks)
+        self.masks = MaskPrefetcher()
+        self.sampler = Sampler(c.vocab_size, c.eos_token_ids, self.masks.mask)
         self._seq_ids = itertools.count()
         self.forker = Forker(self.scheduler, self._seq_ids)
         self.beam_search = BeamSearch(

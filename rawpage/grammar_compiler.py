@@ -1,4 +1,5 @@
-"""GrammarCompiler: a constraint in, a compiled llguidance matcher out, off the engine thread, once.
+"""The engine's grammar work, off its thread: compiling each constraint once (GrammarCompiler)
+and each step's allowed-token masks while the forward pass runs (MaskPrefetcher).
 
     submit(so) ──► gate (grammar_limits) ──► child validates (grammar_validator) ──► build LLMatcher
         │            a 400 naming the flag      a crash or timeout: a 400             on a big-stack thread
@@ -9,6 +10,9 @@ stream, once per prompt. Here it runs on a few threads of its own (not the serve
 template and tokenization threads), once per grammar text: each request gets a
 deep_copy() of the cached, never-advanced matcher. The scheduler leaves a sequence
 waiting until its grammar's future is done (vLLM's WAITING_FOR_FSM).
+
+Each step, MaskPrefetcher fills the bitmasks of the constrained sequences about to sample on
+a worker thread while the forward pass runs; the sampler reads them (apply_masks).
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+
+import numpy as np
 
 from rawpage.errors import InvalidRequestError
 from rawpage.grammar_limits import GrammarLimits, check_grammar_limits
@@ -282,3 +288,47 @@ def _check_satisfiable(matcher: Any, first_mask: bytes) -> None:
         raise InvalidRequestError(
             f"structured_outputs: the grammar can never be satisfied ({why})", "structured_outputs"
         )
+
+
+class MaskPrefetcher:
+    """Computes the step's bitmasks on a worker thread while the forward pass runs.
+    A mask is keyed by (seq_id, tokens so far), so a stale or missing one is simply
+    computed again at sampling time."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._job: Future | None = None
+        self._masks: dict[tuple[int, int], np.ndarray | None] = {}
+
+    def start(self, scheduled: list, rows: list) -> None:
+        """scheduled: the step's (sequence, new tokens); rows: each one's logits rows. The
+        constrained sequences that sample this step are those whose chunk completes their
+        known tokens."""
+        self.wait()
+        seqs = [
+            s
+            for (s, n), r in zip(scheduled, rows)
+            if s.grammar is not None and len(r) and s.num_computed_tokens + n == s.num_tokens
+        ]
+        self._masks = {}
+        if not seqs:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="rawpage-grammar")
+        jobs = [(s.seq_id, s.num_tokens, s.grammar) for s in seqs]
+        self._job = self._pool.submit(self._compute, jobs)
+
+    def _compute(self, jobs: list) -> dict:
+        return {(seq_id, n): g.mask() for seq_id, n, g in jobs}
+
+    def wait(self) -> None:
+        """Join the worker: matchers must not be touched (forked, advanced) while it runs."""
+        if self._job is not None:
+            self._masks = self._job.result()
+            self._job = None
+
+    def mask(self, seq) -> np.ndarray | None:
+        key = (seq.seq_id, seq.num_tokens)
+        if key not in self._masks:
+            self._masks[key] = seq.grammar.mask()
+        return self._masks[key]

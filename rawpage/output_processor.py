@@ -212,7 +212,7 @@ class OutputProcessor:
 
 
 def _end_on_grammar_error(seq: Sequence) -> None:
-    """The grammar reached its error state (GrammarState.fill_mask allowed only EOS): the
+    """The grammar reached its error state (GrammarState.mask allowed only EOS): the
     output is cut short here. It ends "length", flagged in CompletionOutput.grammar_error,
     never "stop", which would pass a broken output off as one the grammar accepted."""
     logger.warning(

@@ -12,6 +12,7 @@ Logprobs are reported from the raw model distribution (before any processing).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +20,7 @@ import numpy as np
 from rawpage.device_logits import DeviceLogits
 from rawpage.ops.sampling import log_softmax, nucleus_mask, top_k_ids
 from rawpage.sequence import Sequence
-from rawpage.structured_output import MaskPrefetcher, apply_masks
+from rawpage.structured_output import apply_masks
 
 
 @dataclass
@@ -32,10 +33,12 @@ class SamplerOutput:
 
 
 class Sampler:
-    def __init__(self, vocab_size: int, eos_token_ids: list[int], masks: MaskPrefetcher | None = None) -> None:
+    def __init__(
+        self, vocab_size: int, eos_token_ids: list[int], masks: Callable[[Sequence], np.ndarray | None] | None = None
+    ) -> None:
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
-        self.masks = masks  # grammar bitmasks of structured-output sequences, computed during the forward pass
+        self.masks = masks  # seq -> its grammar bitmask, computed during the forward pass (MaskPrefetcher.mask)
 
     def __call__(self, logits: np.ndarray, seqs: list[Sequence]) -> SamplerOutput:
         """logits: (N, V) float32, one row per sequence in `seqs`."""

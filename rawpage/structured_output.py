@@ -9,15 +9,16 @@ its state follows the sequence through forks (n > 1, beam search), preemption
 and prefix caching.
 
 Per step, the allowed-token bitmask of every constrained sequence is computed on a
-worker thread while the forward pass runs (llguidance releases the GIL), and the
-sampler turns it into -inf logits before temperature, top-k and top-p. Sequences
-without a constraint never touch any of this.
+worker thread while the forward pass runs (llguidance releases the GIL; MaskPrefetcher
+in grammar_compiler.py), and the sampler turns it into -inf logits before temperature,
+top-k and top-p (apply_masks). Sequences without a constraint never touch any of this.
 """
 
 from __future__ import annotations
 
 import json
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,11 +125,12 @@ class GrammarState:
         child._matcher = self._matcher.deep_copy() if self._matcher is not None else None
         return child
 
-    def fill_mask(self, out: np.ndarray) -> bool:
-        """Write the allowed-token bitmask into `out` ((W,) int32, bit t = token t).
-        False when the sequence is unconstrained this step."""
+    def mask(self) -> np.ndarray | None:
+        """The allowed-token bitmask, (W,) int32 with bit t = token t; None when the sequence
+        is unconstrained this step."""
         if self.matcher is None:
-            return False
+            return None
+        out = np.zeros(self.compiler.words, dtype=np.int32)
         tag = self.gate.extra_mask() if self.gate is not None else None
         self.matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
         if tag is not None:
@@ -140,67 +142,19 @@ class GrammarState:
             self.error = self.error or (self.matcher.get_error() or "the grammar allows no next token").splitlines()[0]
             for t in self.compiler.eos_token_ids:
                 out.view(np.uint8)[t >> 3] |= 1 << (t & 7)  # bit t of the little-endian row
-        return True
-
-
-class MaskPrefetcher:
-    """Computes the step's bitmasks on a worker thread while the forward pass runs.
-    A mask is keyed by (seq_id, tokens so far), so a stale or missing one is simply
-    computed again at sampling time."""
-
-    def __init__(self, words: int) -> None:
-        self.words = words
-        self._pool: ThreadPoolExecutor | None = None
-        self._job: Future | None = None
-        self._masks: dict[tuple[int, int], np.ndarray | None] = {}
-
-    def start(self, scheduled: list, rows: list) -> None:
-        """scheduled: the step's (sequence, new tokens); rows: each one's logits rows. The
-        constrained sequences that sample this step are those whose chunk completes their
-        known tokens."""
-        self.wait()
-        seqs = [
-            s
-            for (s, n), r in zip(scheduled, rows)
-            if s.grammar is not None and len(r) and s.num_computed_tokens + n == s.num_tokens
-        ]
-        self._masks = {}
-        if not seqs:
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="rawpage-grammar")
-        jobs = [(s.seq_id, s.num_tokens, s.grammar) for s in seqs]
-        self._job = self._pool.submit(self._compute, jobs)
-
-    def _compute(self, jobs: list) -> dict:
-        out = {}
-        for seq_id, n, g in jobs:
-            row = np.zeros(self.words, dtype=np.int32)
-            out[(seq_id, n)] = row if g.fill_mask(row) else None
         return out
 
-    def wait(self) -> None:
-        """Join the worker: matchers must not be touched (forked, advanced) while it runs."""
-        if self._job is not None:
-            self._masks = self._job.result()
-            self._job = None
 
-    def mask(self, seq) -> np.ndarray | None:
-        key = (seq.seq_id, seq.num_tokens)
-        if key not in self._masks:
-            row = np.zeros(self.words, dtype=np.int32)
-            self._masks[key] = row if seq.grammar.fill_mask(row) else None
-        return self._masks[key]
-
-
-def apply_masks(logits: np.ndarray, seqs: list, prefetcher: MaskPrefetcher | None) -> None:
+def apply_masks(logits: np.ndarray, seqs: list, mask_of: Callable[[Any], np.ndarray | None] | None = None) -> None:
     """-inf every token a constrained sequence's grammar forbids. logits: (N, V) in place.
+    mask_of(seq): its (W,) int32 bitmask, or None where the grammar allows anything
+    (the engine's MaskPrefetcher.mask, grammar_compiler.py); GrammarState.mask without one.
     All constrained rows at once: one unpack of (R, W) words into (R, V) bits."""
     rows, masks = [], []
     for i, s in enumerate(seqs):
         if getattr(s, "grammar", None) is None:
             continue
-        mask = prefetcher.mask(s) if prefetcher is not None else _mask_now(s)
+        mask = mask_of(s) if mask_of is not None else s.grammar.mask()
         if mask is not None:
             rows.append(i)
             masks.append(mask)
@@ -218,8 +172,3 @@ def apply_masks(logits: np.ndarray, seqs: list, prefetcher: MaskPrefetcher | Non
         target[dead] = np.where(allowed[dead], 0.0, -np.inf)
     if not whole:
         logits[rows] = target
-
-
-def _mask_now(seq) -> np.ndarray | None:
-    row = np.zeros(seq.grammar.compiler.words, dtype=np.int32)
-    return row if seq.grammar.fill_mask(row) else None

@@ -7,7 +7,7 @@ import pytest
 from rawpage.backends import get_backend
 from rawpage.backends.cpu import CPUBackend
 from rawpage.models.moe import MoEWeights, moe_forward, route
-from rawpage.ops.activation import silu_and_mul_ref
+from rawpage.ops.layer_ops import silu_and_mul_ref
 
 E, DIM, INTER = 8, 16, 12
 

@@ -8,9 +8,8 @@ from rawpage.backends.cpu import CPUBackend
 from rawpage.native.library import native_kernels
 from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
 from rawpage.ops.kv_cache_fp8 import kv_scales_from_amax, paged_attention_fp8_ref, write_kv_fp8_ref
+from rawpage.ops.layer_ops import cos_sin_cache, rope_ref, write_kv_ref
 from rawpage.ops.paged_attention import paged_attention_ref
-from rawpage.ops.rope import cos_sin_cache, rope_ref
-from rawpage.ops.write_kv import write_kv_ref
 from rawpage.quantization.fp8 import e4m3_to_f32
 
 

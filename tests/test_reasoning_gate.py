@@ -101,8 +101,8 @@ def feed(st, *tokens):
 
 
 def mask(st):
-    row = np.zeros(WORDS, dtype=np.int32)
-    return _allowed(row) if st.fill_mask(row) else None
+    row = st.mask()
+    return _allowed(row) if row is not None else None
 
 
 @pytest.mark.parametrize(

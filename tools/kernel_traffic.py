@@ -19,11 +19,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rawpage.ops.activation import launch_silu_and_mul
 from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
+from rawpage.ops.layer_ops import (
+    cos_sin_cache,
+    launch_fused_add_rms_norm,
+    launch_rms_norm,
+    launch_rope,
+    launch_silu_and_mul,
+)
 from rawpage.ops.paged_attention import launch_paged_attention
-from rawpage.ops.rms_norm import launch_fused_add_rms_norm, launch_rms_norm
-from rawpage.ops.rope import cos_sin_cache, launch_rope
 from rawpage.sim import LaunchTraffic, SimKernelLoader
 
 

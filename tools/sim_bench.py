@@ -16,11 +16,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rawpage.ops.activation import launch_silu_and_mul
 from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
+from rawpage.ops.layer_ops import cos_sin_cache, launch_rms_norm, launch_rope, launch_silu_and_mul
 from rawpage.ops.paged_attention import launch_paged_attention
-from rawpage.ops.rms_norm import launch_rms_norm
-from rawpage.ops.rope import cos_sin_cache, launch_rope
 from rawpage.sim import SimKernelLoader
 
 

@@ -57,13 +57,17 @@ from rawpage.native.bf16 import bf16_matmul
 from rawpage.native.gguf import NATIVE_GGUF, gguf_matmul, gguf_rows
 from rawpage.native.library import NativeLibrary, NotCapturable, capturing, recording
 from rawpage.native.lm_head import lm_head_q8_0
-from rawpage.ops.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
 from rawpage.ops.cache_ops import copy_blocks_ref, swap_blocks_ref
 from rawpage.ops.kv_cache_fp8 import paged_attention_fp8_ref, write_kv_fp8_ref
+from rawpage.ops.layer_ops import (
+    fused_add_rms_norm_ref,
+    gelu_tanh_and_mul_ref,
+    rms_norm_ref,
+    rope_ref,
+    silu_and_mul_ref,
+    write_kv_ref,
+)
 from rawpage.ops.paged_attention import paged_attention_ref
-from rawpage.ops.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
-from rawpage.ops.rope import rope_ref
-from rawpage.ops.write_kv import write_kv_ref
 from rawpage.quantization.weight import QuantizedWeight, dequantize
 
 logger = logging.getLogger("rawpage")

@@ -32,7 +32,6 @@ from rawpage.dtypes import (
     storage_dtype,
     to_float32,
 )
-from rawpage.ops.activation import launch_silu_and_mul
 from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
 from rawpage.ops.cache_ops import launch_copy_blocks
 from rawpage.ops.fp8_linear import launch_fp8_linear
@@ -40,12 +39,16 @@ from rawpage.ops.gguf_linear import launch_gguf_linear
 from rawpage.ops.int4_linear import launch_int4_linear
 from rawpage.ops.kv_cache_fp8 import launch_write_kv_fp8
 from rawpage.ops.launch import KernelLoader
+from rawpage.ops.layer_ops import (
+    launch_fused_add_rms_norm,
+    launch_rms_norm,
+    launch_rope,
+    launch_silu_and_mul,
+    launch_write_kv,
+)
 from rawpage.ops.lora import LoRALinear, launch_lora_expand, launch_lora_shrink
 from rawpage.ops.moe_grouped_gemm import launch_grouped_gemm
 from rawpage.ops.paged_attention import launch_paged_attention
-from rawpage.ops.rms_norm import launch_fused_add_rms_norm, launch_rms_norm
-from rawpage.ops.rope import launch_rope
-from rawpage.ops.write_kv import launch_write_kv
 from rawpage.quantization.gguf import GGUF_BLOCKS
 from rawpage.quantization.weight import QuantizedWeight, dequantize
 

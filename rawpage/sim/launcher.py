@@ -1,7 +1,7 @@
-"""Launch simulated kernels with CuPy's RawKernel calling convention.
+"""Load and launch simulated kernels with CuPy's RawKernel calling convention.
 
-    module = SimModule(Path("cuda/rms_norm.cu"))
-    kernel = module.get_function("rms_norm_f16")
+    loader = SimKernelLoader()  # the sim backend's KernelLoader: one SimModule per file in cuda/
+    kernel = loader.get_function("rms_norm.cu", "rms_norm_f16")  # SimModule(path).get_function(name)
     kernel((num_tokens,), (256,), (out, x, weight, np.float32(eps), np.int32(dim)), shared_mem=0)
 
 Arrays are NumPy arrays (their data pointer is passed, as CuPy passes a device
@@ -203,3 +203,40 @@ class SimModule:
                 raise AttributeError(f"{self.source.name} has no kernel {name!r}; it has {', '.join(self.kernels)}")
             self._functions[name] = SimFunction(self, name)
         return self._functions[name]
+
+
+# The simulated GPU's multiprocessor count, which launch code reads to size grids
+# (decode attention's split-K); $RAWPAGE_SIM_SMS overrides it.
+DEFAULT_SM_COUNT = 16
+
+
+class SimKernelLoader:
+    """The `sim` backend's KernelLoader: one SimModule per file in cuda/, built on first use.
+    traffic=True counts every launch's global-memory traffic into traffic_log
+    (rawpage/sim/traffic.py)."""
+
+    def __init__(
+        self,
+        debug: bool | None = None,
+        workers: int | None = None,
+        source_dir: Path | None = None,
+        traffic: bool = False,
+        sm_count: int | None = None,
+    ) -> None:
+        from rawpage.ops.launch import cuda_source_dir
+
+        self.debug, self.workers, self.traffic = debug, workers, traffic
+        self.sm_count = sm_count or int(os.environ.get("RAWPAGE_SIM_SMS", DEFAULT_SM_COUNT))
+        self.source_dir = Path(source_dir) if source_dir else cuda_source_dir()
+        self._modules: dict[str, SimModule] = {}
+        self.traffic_log: list[LaunchTraffic] = []
+
+    def module(self, name: str) -> SimModule:
+        if name not in self._modules:
+            self._modules[name] = SimModule(
+                self.source_dir / name, self.debug, self.workers, traffic=self.traffic, traffic_log=self.traffic_log
+            )
+        return self._modules[name]
+
+    def get_function(self, module: str, name: str) -> SimFunction:
+        return self.module(module).get_function(name)

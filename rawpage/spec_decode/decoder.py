@@ -148,10 +148,10 @@ class SpecDecoder:
         """The drafts the grammar allows, in order (cut at the first it forbids); keeps the
         grammar state after each, for verification's masks."""
         states = [seq.grammar]
-        row = np.zeros(seq.grammar.compiler.words, dtype=np.int32)
         for t in draft:
             g = states[-1]
-            if g.fill_mask(row) and not (row.view(np.uint8)[t >> 3] >> (t & 7)) & 1:
+            row = g.mask()
+            if row is not None and not (row.view(np.uint8)[t >> 3] >> (t & 7)) & 1:
                 break
             g = g.fork()
             g.accept(t)

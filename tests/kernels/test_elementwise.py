@@ -4,16 +4,20 @@ the kernels in cuda/ against the NumPy references in rawpage/ops."""
 import numpy as np
 import pytest
 
-from rawpage.ops.activation import launch_silu_and_mul, silu_and_mul_ref
 from rawpage.ops.cache_ops import copy_blocks_ref, launch_copy_blocks
-from rawpage.ops.rms_norm import (
+from rawpage.ops.layer_ops import (
+    cos_sin_cache,
     fused_add_rms_norm_ref,
     launch_fused_add_rms_norm,
     launch_rms_norm,
+    launch_rope,
+    launch_silu_and_mul,
+    launch_write_kv,
     rms_norm_ref,
+    rope_ref,
+    silu_and_mul_ref,
+    write_kv_ref,
 )
-from rawpage.ops.rope import cos_sin_cache, launch_rope, rope_ref
-from rawpage.ops.write_kv import launch_write_kv, write_kv_ref
 from tests.kernels.conftest import DTYPES, assert_close
 
 

@@ -17,8 +17,7 @@ from rawpage.decode_graphs import DecodeGraphs, graph_shapes
 from rawpage.models.llama import LlamaModel
 from rawpage.native import layer_ops
 from rawpage.native.library import NativeLibrary, NotCapturable, recording
-from rawpage.ops.activation import silu_and_mul_ref
-from rawpage.ops.rms_norm import rms_norm_ref
+from rawpage.ops.layer_ops import rms_norm_ref, silu_and_mul_ref
 from tests.kernels.test_gguf_model_sim import quantized_tiny_llama
 from tests.tiny_models import TINY_LLAMA, random_tensors, tiny_config, train_tokenizer, write_gguf
 

@@ -11,10 +11,15 @@ import numpy as np
 import pytest
 
 from rawpage.native import layer_ops
-from rawpage.ops.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
-from rawpage.ops.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
-from rawpage.ops.rope import cos_sin_cache, rope_ref
-from rawpage.ops.write_kv import write_kv_ref
+from rawpage.ops.layer_ops import (
+    cos_sin_cache,
+    fused_add_rms_norm_ref,
+    gelu_tanh_and_mul_ref,
+    rms_norm_ref,
+    rope_ref,
+    silu_and_mul_ref,
+    write_kv_ref,
+)
 
 ROWS = [1, 7, 300]  # 300 rows of 576: more than 16K elements a thread, so split
 RTOL, ATOL = 1e-5, 1e-6

@@ -169,7 +169,7 @@ def bench_rms_norm(tokens: int = 16384, dim: int = 4096, sets: int = 4) -> dict:
 
     from rawpage.backends.cuda import CupyKernelLoader
     from rawpage.dtypes import bf16_from_f32
-    from rawpage.ops.rms_norm import launch_rms_norm
+    from rawpage.ops.layer_ops import launch_rms_norm
 
     loader = CupyKernelLoader()
     xs = [bf16_from_f32(cupy.random.standard_normal((tokens, dim), dtype=cupy.float32)) for _ in range(sets)]
