@@ -1,6 +1,6 @@
 """How many files a reader opens: the import graph of rawpage, and two measures on it (issue 32).
 
-    python tools/path_files.py           # the files on the path from `rawpage serve` to the decode kernel
+    python tools/path_files.py           # the files on the path from `rawpage serve` to the decode kernel, per device
     python tools/path_files.py --static  # its first half only (no model runs)
     python tools/path_files.py --core    # the engine core's import closure, file by file
 
@@ -20,8 +20,11 @@ The path from `rawpage serve` to the decode kernel (path_files) has two halves:
     attention kernel is launched: by rawpage/native/attention.py's paged_attention (--device
     cpu, native kernels) and by rawpage/ops/paged_attention.py's launch_paged_attention (cuda
     and sim launch the same CUDA source; sim runs here). Measured with a profile hook while
-    the tiny Llama (tests/tiny_models.py) decodes on both; the union of both counts. Files
-    that run after the launch in the same step (sampling, output) are not on this path.
+    the tiny Llama (tests/tiny_models.py) decodes on each. Files that run after the launch
+    in the same step (sampling, output) are not on this path.
+A request takes one device's path (the device is the server's, fixed at startup), so the
+measure is each path's length (paths); the union over both (path_files) is what a reader
+of both forks opens, and is reported beside it.
 The functions that run are what a reader follows from step() to the kernel; the import
 chain is the way `serve` reaches the loop that calls step() (from another thread).
 
@@ -177,10 +180,16 @@ def step_to_kernel(device: str, cpu_kernels: str) -> set[str]:
     return steps[2]
 
 
-def path_files() -> list[str]:
-    """The files on the path from `rawpage serve` to the decode kernels (see the module docstring)."""
-    found = serve_to_step().union(*(step_to_kernel(*k) for k in DECODE_KERNEL_LAUNCHERS))
-    return sorted(found)
+def paths() -> dict[str, list[str]]:
+    """ "device kernels" (e.g. "cpu native") -> the files on its path from `rawpage serve` to
+    its decode kernel (see the module docstring)."""
+    serve = serve_to_step()
+    return {f"{d} {k}": sorted(serve | step_to_kernel(d, k)) for d, k in DECODE_KERNEL_LAUNCHERS}
+
+
+def path_files(found: dict[str, list[str]] | None = None) -> list[str]:
+    """The union of every device's path (`found`: paths(), measured when not given)."""
+    return sorted(set().union(*(found or paths()).values()))
 
 
 def main() -> None:
@@ -200,10 +209,11 @@ def main() -> None:
         halves |= {f"step() to the kernel, {d} {k}": step_to_kernel(d, k) for d, k in DECODE_KERNEL_LAUNCHERS}
     for name, files in halves.items():
         print(f"{name}: {len(files)} files\n" + "".join(f"  {f}\n" for f in sorted(files)))
-    step = set().union(*list(halves.values())[1:])
-    print(
-        f"step() to the kernels: {len(step)} files; rawpage serve to the kernels: {len(set().union(*halves.values()))}"
-    )
+    if not args.static:
+        serve = halves["serve to step()"]
+        for (d, k), name in zip(DECODE_KERNEL_LAUNCHERS, list(halves)[1:]):
+            print(f"rawpage serve to the decode kernel, {d} {k}: {len(serve | halves[name])} files")
+        print(f"both paths together: {len(set().union(*halves.values()))} files")
 
 
 if __name__ == "__main__":
