@@ -38,6 +38,7 @@ from rawpage.backends.base import Array, Backend
 from rawpage.config import ModelConfig
 from rawpage.errors import UnsupportedModelError
 from rawpage.models.weight_source import CheckpointWeights, WeightSource
+from rawpage.quantization.weight import QuantizedWeight, concat_rows
 
 
 class Communicator(Protocol):
@@ -121,73 +122,87 @@ class ShardLayout:
             moe_intermediate_size=self.moe_intermediate_size,
         )
 
-    def shard(self, name: str, full: np.ndarray) -> np.ndarray:
-        """This rank's slice of the checkpoint tensor `name` (full shape)."""
+    def split(self, name: str) -> tuple[str, list[tuple[int, int]]]:
+        """How this rank cuts the checkpoint tensor `name`: ("rows", [(start, stop), ...]),
+        its rows in those ranges, fused in order; ("columns", [(start, stop)]); ("vocab",
+        [(start, stop)]), rows zero-padded past the vocabulary; or ("whole", [])."""
         c = self.config
         # Phi-3's fused tensors first: "qkv_proj" ends like "v_proj", "gate_up_proj" like "up_proj".
         if name.endswith("qkv_proj.weight"):  # [q | k | v] rows
-            q, k, v = np.split(full, [c.q_size, c.q_size + c.kv_size])
-            return np.concatenate([self._query_rows(q), self._kv_rows(k), self._kv_rows(v)])
+            return "rows", [self._query(0), self._kv(c.q_size), self._kv(c.q_size + c.kv_size)]
         if name.endswith("gate_up_proj.weight"):  # [gate | up] rows
-            gate, up = np.split(full, 2)
-            return np.concatenate([self._ffn(gate, c.intermediate_size), self._ffn(up, c.intermediate_size)])
+            return "rows", [self._ffn(0, c.intermediate_size), self._ffn(c.intermediate_size, c.intermediate_size)]
         if name.endswith(("q_proj.weight", "q_proj.bias")):
-            return self._query_rows(full)
+            return "rows", [self._query(0)]
         if name.endswith(("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias")):
-            return self._kv_rows(full)
+            return "rows", [self._kv(0)]
         if name.endswith("o_proj.weight"):
-            return self._query_rows(full.T).T
+            return "columns", [self._query(0)]
         inter = c.moe_intermediate_size if ".experts." in name else c.intermediate_size
         if name.endswith(("gate_proj.weight", "up_proj.weight", ".w1.weight", ".w3.weight")):  # w1, w3: Mixtral's
-            return self._ffn(full, inter)
+            return "rows", [self._ffn(0, inter)]
         if name.endswith(("down_proj.weight", ".w2.weight")):
-            return self._ffn(full.T, inter).T
+            return "columns", [self._ffn(0, inter)]
         if name in ("model.embed_tokens.weight", "lm_head.weight"):
-            rows = full[self.vocab_start : self.vocab_start + self.vocab_rows]
+            return "vocab", [(self.vocab_start, self.vocab_start + self.vocab_rows)]
+        return "whole", []  # norms, routers, rope_freqs: every rank holds them whole
+
+    def shard(self, name: str, full: np.ndarray) -> np.ndarray:
+        """This rank's slice of the checkpoint tensor `name` (full shape)."""
+        how, ranges = self.split(name)
+        if how == "rows":
+            return full[slice(*ranges[0])] if len(ranges) == 1 else np.concatenate([full[a:b] for a, b in ranges])
+        if how == "columns":
+            return full[:, slice(*ranges[0])]
+        if how == "vocab":
+            rows = full[slice(*ranges[0])]
             pad = self.vocab_rows - rows.shape[0]
             return np.concatenate([rows, np.zeros((pad, *rows.shape[1:]), rows.dtype)]) if pad else rows
-        return full  # norms, routers, rope_freqs: every rank holds them whole
+        return full
 
-    def _query_rows(self, w: np.ndarray) -> np.ndarray:
-        """(H D, ...) -> this rank's query heads' rows (H/P D, ...)."""
-        D, H = self.config.head_dim, self.num_heads
-        return w[self.rank * H * D : (self.rank + 1) * H * D]
+    def shard_packed(self, name: str, full: QuantizedWeight) -> QuantizedWeight | None:
+        """shard() on packed blocks, or None where the cut splits a block (QuantizedWeight.
+        columns) or pads the vocabulary (the last rank's zero rows): that weight loads dense."""
+        how, ranges = self.split(name)
+        if how == "rows":
+            return concat_rows([full.rows(a, b) for a, b in ranges])
+        if how == "columns":
+            return full.columns(*ranges[0])
+        if how == "vocab":
+            start, stop = ranges[0]
+            return full.rows(start, stop) if stop <= full.shape[0] else None
+        return full
 
-    def _kv_rows(self, w: np.ndarray) -> np.ndarray:
-        """(Hkv D, ...) -> the rows of the KV heads this rank's query heads read."""
+    def _query(self, offset: int) -> tuple[int, int]:
+        """The rows (H/P D of H D) of this rank's query heads, past `offset`."""
+        n = self.num_heads * self.config.head_dim
+        return offset + self.rank * n, offset + (self.rank + 1) * n
+
+    def _kv(self, offset: int) -> tuple[int, int]:
+        """The rows of the KV heads this rank's query heads read, past `offset`."""
         D = self.config.head_dim
-        return w[self.kv_head_start * D : (self.kv_head_start + self.num_kv_heads) * D]
+        return offset + self.kv_head_start * D, offset + (self.kv_head_start + self.num_kv_heads) * D
 
-    def _ffn(self, w: np.ndarray, inter: int) -> np.ndarray:
-        """(I, ...) -> this rank's FFN rows [r I/P, (r+1) I/P)."""
+    def _ffn(self, offset: int, inter: int) -> tuple[int, int]:
+        """This rank's FFN rows [r I/P, (r+1) I/P), past `offset`."""
         n = inter // self.size
-        return w[self.rank * n : (self.rank + 1) * n]
+        return offset + self.rank * n, offset + (self.rank + 1) * n
 
 
-class ShardedWeights:
-    """A WeightSource over a checkpoint's full tensors that hands out one rank's slices.
-    The model asks with its local shapes; each full tensor is read, sliced and dropped.
-    Weights without a checkpoint (the loader's DummyWeights) are drawn at the local shape."""
+class ShardedWeights(CheckpointWeights):
+    """A checkpoint's full tensors handed out as one rank's slices: each is read, sliced
+    and dropped, packed where the backend keeps its format (shard_packed), else dense.
+    The model asks with its local shapes, which CheckpointWeights checks."""
 
-    def __init__(self, inner: Mapping[str, np.ndarray] | object, layout: ShardLayout) -> None:
-        self.inner, self.layout = inner, layout
+    def __init__(self, tensors: Mapping[str, np.ndarray], layout: ShardLayout) -> None:
+        super().__init__(tensors)
+        self.layout = layout
 
-    def has(self, name: str) -> bool:
-        return self.inner.has(name) if hasattr(self.inner, "has") else name in self.inner
+    def cut(self, name: str, full: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(self.layout.shard(name, full))
 
-    def load(self, backend: Backend, parts: list[tuple[str, tuple[int, ...]]]) -> Array:
-        if not isinstance(self.inner, Mapping):
-            return self.inner.load(backend, parts)
-        arrays = []
-        for name, shape in parts:
-            if name not in self.inner:
-                raise UnsupportedModelError(f"checkpoint has no tensor {name!r}")
-            arrays.append(np.ascontiguousarray(self.layout.shard(name, self.inner[name])))
-            if arrays[-1].shape != shape:
-                raise UnsupportedModelError(
-                    f"tensor {name!r}: rank {self.layout.rank}'s slice has shape {arrays[-1].shape}, expected {shape}"
-                )
-        return backend.asarray(arrays[0] if len(arrays) == 1 else np.concatenate(arrays))
+    def cut_packed(self, name: str, full: QuantizedWeight) -> QuantizedWeight | None:
+        return self.layout.shard_packed(name, full)
 
 
 class TensorParallel:
@@ -196,9 +211,10 @@ class TensorParallel:
     def __init__(self, layout: ShardLayout, comm: Communicator) -> None:
         self.layout, self.comm = layout, comm
 
-    def weights(self, tensors: Mapping[str, np.ndarray] | WeightSource) -> ShardedWeights:
-        """The checkpoint as this rank reads it: each tensor sliced as it is read (kept dense)."""
-        return ShardedWeights(tensors, self.layout)
+    def weights(self, tensors: Mapping[str, np.ndarray] | WeightSource) -> WeightSource:
+        """The checkpoint as this rank reads it, each tensor sliced as it is read (weights
+        without a checkpoint, the loader's DummyWeights, are drawn at the local shapes)."""
+        return tensors if isinstance(tensors, WeightSource) else ShardedWeights(tensors, self.layout)
 
     def embedding(self, backend: Backend, ids: Array, table: Array) -> Array:
         """ids (T,) -> (T, dim): each rank looks up the ids in its vocabulary rows (zeros

@@ -62,10 +62,17 @@ class CheckpointWeights:
     def has(self, name: str) -> bool:
         return name in self.tensors
 
+    def cut(self, name: str, full: np.ndarray) -> np.ndarray:
+        """What this process holds of a tensor: all of it (models/sharding.py: a rank's slice)."""
+        return full
+
+    def cut_packed(self, name: str, full: QuantizedWeight) -> QuantizedWeight | None:
+        return full  # None: it cannot stay packed (a slice that would split a block)
+
     def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         if name not in self.tensors:
             raise ModelLoadError(f"checkpoint has no tensor {name!r}")
-        t = self.tensors[name]
+        t = self.cut(name, self.tensors[name])
         if tuple(t.shape) != shape:
             raise ModelLoadError(f"tensor {name!r} has shape {tuple(t.shape)}, but the config implies {shape}")
         return t
@@ -76,7 +83,7 @@ class CheckpointWeights:
         source = getattr(self.tensors, "quantized", None)
         if source is None or not backend.keeps_quantized:
             return None
-        packed = [source(name) for name, _ in parts]
+        packed = [self.cut_packed(name, w) if (w := source(name)) is not None else None for name, _ in parts]
         if any(p is None or p.kind not in backend.keeps_quantized for p in packed):
             return None
         for p, (name, shape) in zip(packed, parts):

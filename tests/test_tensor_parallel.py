@@ -4,11 +4,13 @@ rank (every family: issue 32), greedy tokens of the spawned-worker engine agains
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
 import sys
 import threading
+import types
 from multiprocessing import Pipe
 
 import numpy as np
@@ -17,12 +19,19 @@ import pytest
 from rawpage.backends import get_backend
 from rawpage.config import ModelConfig
 from rawpage.distributed.communicator import PipeCommunicator
+from rawpage.dtypes import bf16_from_f32
 from rawpage.errors import UnsupportedModelError, WorkerDiedError
 from rawpage.loader import load_checkpoint
 from rawpage.models.llama import LlamaModel
 from rawpage.models.registry import build_model
 from rawpage.models.sharding import ShardLayout, TensorParallel, check_shardable
+from rawpage.ops import gguf_linear
+from rawpage.quantization.fp8 import quantize_fp8
+from rawpage.quantization.int4 import pack_nibbles
+from rawpage.quantization.weight import QuantizedWeight, dequantize
+from tests.kernels.test_gguf_model_sim import packed_weight, quantized_tiny_llama
 from tests.model_harness import SingleSequence
+from tests.native.test_engine_native import MAX_LOGIT_DIFF
 from tests.test_families import DATA
 from tests.tiny_families import FAMILIES, write_family
 from tests.tiny_models import random_tensors, tiny_config, train_tokenizer, write_hf_folder
@@ -112,13 +121,47 @@ def test_fused_and_expert_tensors_split_as_their_parts():
             assert lay.shard("mlp.gate.weight", router) is router  # replicated
 
 
-def shard_logits(ckpt, size: int, prompt: list[int], steps: int) -> list[np.ndarray]:
+def packed_weights(rng: np.random.Generator, N: int, K: int) -> dict[str, QuantizedWeight]:
+    """One weight (N, K) of each packed kind: GGUF blocks of 32 and of 256, bf16, fp8, int4."""
+    out = {q: packed_weight(rng, q, N, K) for q in ("Q4_1", "Q8_0", "Q4_K")}
+    dense = rng.standard_normal((N, K)).astype(np.float32)
+    out["bf16"] = QuantizedWeight("bf16", (N, K), bf16_from_f32(dense))
+    bits, scales = quantize_fp8(dense)
+    out["fp8"] = QuantizedWeight("fp8", (N, K), bits, scales=scales)
+    G = 64
+    nibbles = pack_nibbles(rng.integers(0, 16, (N, K)), axis=1)
+    scales16, zeros16 = rng.random((N, K // G)).astype(np.float16), rng.integers(0, 16, (N, K // G)).astype(np.float16)
+    out["int4"] = QuantizedWeight("int4", (N, K), nibbles, scales=scales16, zeros=zeros16, group_size=G)
+    return out
+
+
+def test_packed_weights_cut_as_their_dense_weights_do():
+    """A rank's rows (column-parallel) and block-aligned columns (row-parallel) of every
+    packed kind dequantize to the same cut of the dense weight; a cut inside a GGUF block
+    or an int4 group, or of act-order int4, is refused (that weight then loads dense)."""
+    rng = np.random.default_rng(0)
+    for kind, w in packed_weights(rng, 48, 512).items():
+        dense = dequantize(w)
+        np.testing.assert_array_equal(dequantize(w.rows(16, 40)), dense[16:40], err_msg=kind)
+        assert w.rows(16, 40).shape == (24, 512)
+        cut = w.columns(256, 512)
+        np.testing.assert_array_equal(dequantize(cut), dense[:, 256:512], err_msg=kind)
+        assert cut.shape == (48, 256) and cut.nbytes < w.nbytes
+        aligned = {"Q4_1": 32, "Q8_0": 32, "Q4_K": 256, "int4": 64, "fp8": 16}.get(kind, 1)
+        inside = w.columns(aligned // 2, 256) if aligned > 1 else None
+        assert inside is None, kind
+    int4 = packed_weights(rng, 8, 512)["int4"]
+    assert dataclasses.replace(int4, perm=np.arange(512, dtype=np.int32)).columns(0, 256) is None  # act-order
+
+
+def shard_logits(ckpt, size: int, prompt: list[int], steps: int, b=None) -> list[np.ndarray]:
     """Rank 0's logits (prefill, then greedy decode) of a model split over `size` ranks
-    that run in threads of this process, joined by PipeCommunicator's pipes."""
+    that run in threads of this process, joined by PipeCommunicator's pipes, on backend b
+    (the CPU's by default)."""
     pipes = [Pipe() for _ in range(size - 1)]
     comms = [PipeCommunicator(0, size, [a for a, _ in pipes])]
     comms += [PipeCommunicator(r, size, [pipes[r - 1][1]]) for r in range(1, size)]
-    b = get_backend("cpu")
+    b = b or get_backend("cpu")
     models = [
         build_model(ckpt.config, b, ckpt.tensors, TensorParallel(ShardLayout(ckpt.config, r, size), comms[r]))
         for r in range(size)
@@ -197,11 +240,54 @@ def test_default_model_logits_match_one_rank(default_checkpoint, default_model):
     its 30 layers the reordered float32 sums drift by up to 1.3e-4 on logits of size ~15,
     so the bound here is 1e-4 absolute plus 1e-4 relative."""
     prompt = default_checkpoint.tokenizer.encode("The capital of France is")
+    numpy = get_backend("cpu", cpu_kernels="numpy")  # float32 throughout, as default_model
     for got, want in zip(
-        shard_logits(default_checkpoint, 3, prompt, 1), reference_logits(default_model, prompt, 1), strict=True
+        shard_logits(default_checkpoint, 3, prompt, 1, numpy), reference_logits(default_model, prompt, 1), strict=True
     ):
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
         assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+@pytest.mark.skipif(get_backend("cpu").lib is None, reason="no C compiler: the CPU backend keeps no packed weights")
+def test_default_model_sharded_keeps_its_packed_blocks(default_checkpoint, default_model):
+    """On the native kernels each of 3 ranks keeps its slice of the Q4_1 / Q8_0 blocks (a
+    third of the bytes, no dense copy). Every cut falls on a 32-input block, so a rank's
+    partial products are one rank's to float rounding (tests/quantization); but the int8
+    rounding of the next layer's activations amplifies that rounding through 30 layers, so
+    the logits are held as one native rank's are (tests/native/test_engine_native.py):
+    against the float32 NumPy path, the largest difference and top-1 where it is clear."""
+    ckpt, b = default_checkpoint, get_backend("cpu")
+    one = build_model(ckpt.config, b, ckpt.tensors)
+    rank1 = build_model(ckpt.config, b, ckpt.tensors, TensorParallel(ShardLayout(ckpt.config, 1, 3), comm=None))
+    for name in ("qkv", "o_proj", "gate_up", "down"):
+        w, w1 = getattr(one.layers[0], name), getattr(rank1.layers[0], name)
+        assert isinstance(w1, QuantizedWeight) and w1.qtype == w.qtype, name
+        assert w1.data.nbytes * 3 == w.data.nbytes, name
+    assert isinstance(rank1.embed, QuantizedWeight) and rank1.embed.shape[0] == ckpt.config.vocab_size // 3
+    assert rank1.lm_head is rank1.embed
+    for prompt in ("The capital of France is", "def fibonacci(n):"):
+        ids = ckpt.tokenizer.encode(prompt)
+        (got,), want = shard_logits(ckpt, 3, ids, 0), SingleSequence(default_model).feed(ids, all_logits=True)
+        diff = np.abs(got - want).max(axis=1)
+        assert diff.max() < MAX_LOGIT_DIFF, f"largest logit difference {diff.max():.3f}"
+        top2 = np.sort(want, axis=1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] > 2 * diff
+        np.testing.assert_array_equal(got.argmax(1)[clear], want.argmax(1)[clear])
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+def test_sim_ranks_keep_packed_blocks_and_give_one_ranks_logits(qtype, monkeypatch):
+    """The GGUF kernels of cuda/ (on the simulator) on each of 2 ranks' packed slices: with
+    the float decode GEMV (exact up to summation order) the logits are one rank's."""
+    monkeypatch.setattr(gguf_linear, "DECODE_KERNEL", "float")
+    config, tensors = quantized_tiny_llama(qtype)
+    ckpt, b = types.SimpleNamespace(config=config, tensors=tensors), get_backend("sim")
+    rank1 = build_model(config, b, tensors, TensorParallel(ShardLayout(config, 1, 2), comm=None))
+    assert isinstance(rank1.layers[0].o_proj, QuantizedWeight) and rank1.layers[0].o_proj.shape == (256, 128)
+    one = build_model(config, b, tensors)
+    prompt = [5, 17, 99, 3, 50, 42]
+    for got, want in zip(shard_logits(ckpt, 2, prompt, 2, b), reference_logits(one, prompt, 2), strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
 
 
 def greedy(

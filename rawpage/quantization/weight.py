@@ -25,7 +25,7 @@ import numpy as np
 
 from rawpage.dtypes import bf16_to_f32
 from rawpage.quantization.fp8 import fp8_dequantize_ref
-from rawpage.quantization.gguf import gguf_dequantize_ref
+from rawpage.quantization.gguf import GGUF_BLOCKS, gguf_dequantize_ref
 from rawpage.quantization.int4 import int4_dequantize_ref
 
 Array = Any  # numpy.ndarray on the host and under sim, cupy.ndarray on cuda
@@ -52,6 +52,37 @@ class QuantizedWeight:
     def map_arrays(self, fn: Callable[[Array], Array]) -> QuantizedWeight:
         """The same weight over other arrays, e.g. fn = upload to the device."""
         return replace(self, **{k: None if a is None else fn(a) for k, a in self.arrays().items()})
+
+    def rows(self, start: int, stop: int) -> QuantizedWeight:
+        """Output rows [start, stop) (a column-parallel shard): every kind stores a row
+        whole, with its own scales (perm is per input, so it stays)."""
+        cut = {k: None if a is None else a if k == "perm" else a[start:stop] for k, a in self.arrays().items()}
+        return replace(self, shape=(stop - start, self.shape[1]), **cut)
+
+    def columns(self, start: int, stop: int) -> QuantizedWeight | None:
+        """Inputs [start, stop) of every row (a row-parallel shard) of a host weight, copied
+        contiguous as the kernels read it; None where the cut would split a block or group:
+        GGUF blocks (32 or 256 inputs), int4 groups and words, act-order int4 (its stored
+        columns are permuted inputs), fp8's 16-input steps (the GEMM kernels'). fp8's and
+        bf16's scales are per row: a cut keeps them."""
+        if self.kind == "fp8" and (start % 16 or stop % 16):
+            return None
+        cut: dict[str, Any] = {}
+        if self.kind in ("fp8", "bf16"):
+            cut["data"] = self.data[:, start:stop]
+        elif self.kind == "gguf":
+            elems, nbytes = GGUF_BLOCKS[self.qtype]
+            if start % elems or stop % elems:
+                return None
+            cut["data"] = self.data[:, start // elems * nbytes : stop // elems * nbytes]
+        else:  # int4
+            group = self.shape[1] // self.scales.shape[1]
+            if self.perm is not None or start % group or stop % group or start % 8 or stop % 8:
+                return None
+            g = slice(start // group, stop // group)
+            cut = {"data": self.data[:, start // 8 : stop // 8], "scales": self.scales[:, g], "zeros": self.zeros[:, g]}
+        cut = {k: np.ascontiguousarray(a) for k, a in cut.items()}
+        return replace(self, shape=(self.shape[0], stop - start), **cut)
 
 
 _ARRAYS = ("data", "scales", "zeros", "perm")
