@@ -284,7 +284,11 @@ def write_gguf(
         else:
             w.add_tensor(gname, t)
     for gname, by_expert in stacks.items():
-        w.add_tensor(gname, np.stack([by_expert[e] for e in sorted(by_expert)]))
+        stack = np.stack([by_expert[e] for e in sorted(by_expert)])  # (E, rows, cols)
+        if qtype == "F32" or stack.shape[-1] % gguf.GGML_QUANT_SIZES[q_type][0]:
+            w.add_tensor(gname, stack)  # rows that are not whole blocks stay float, as llama.cpp leaves them
+        else:  # each row's blocks, as llama.cpp quantizes a stacked expert tensor
+            w.add_tensor(gname, gguf.quants.quantize(stack, q_type), raw_dtype=q_type)
     if rope_freqs is not None:
         w.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
     w.write_header_to_file()

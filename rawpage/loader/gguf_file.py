@@ -200,9 +200,12 @@ class GGUFCheckpoint:
                     f"{self.path}: tensor {t.name!r} has GGUF type {qtype}, which rawpage "
                     f"does not dequantize (supported: {', '.join(sorted(SUPPORTED_TENSOR_TYPES))})"
                 )
-            if t.name.endswith("_exps.weight"):  # one reader per expert, each dequantizing its own rows
+            if t.name.endswith("_exps.weight"):  # one reader per expert, each of its own rows
                 for e in range(t.shape[0]):
-                    readers[self._hf_expert_name(t.name, e)] = lambda t=t, e=e: self._read(t, e)
+                    name = self._hf_expert_name(t.name, e)
+                    readers[name] = lambda t=t, e=e: self._read(t, e)
+                    if qtype in KEPT_QUANTIZED:
+                        quantized[name] = lambda t=t, qtype=qtype, e=e: self._read_blocks(t, qtype, e)
                 continue
             name = self._hf_name(t.name)
             if name is not None:
@@ -234,10 +237,13 @@ class GGUFCheckpoint:
             return f"model.layers.{layer}.{hf}"
         return None  # tensors we do not use (e.g. precomputed rope tables)
 
-    def _read_blocks(self, t: GGUFTensorInfo, qtype: str) -> QuantizedWeight:
-        """A matrix as its rows of blocks, copied out of the mapping: (rows, row_bytes) uint8."""
-        raw = np.array(self._data[t.offset : t.offset + t.nbytes].reshape(t.shape[0], -1))
-        return QuantizedWeight("gguf", (t.shape[0], t.shape[1]), self._unpermute(t.name, raw), qtype)
+    def _read_blocks(self, t: GGUFTensorInfo, qtype: str, expert: int | None = None) -> QuantizedWeight:
+        """A matrix as its rows of blocks, copied out of the mapping: (rows, row_bytes) uint8;
+        of a stacked (E, rows, cols) expert tensor, one expert's rows."""
+        rows, e = t.shape[-2], expert or 0
+        raw = self._data[t.offset : t.offset + t.nbytes].reshape(int(np.prod(t.shape[:-1])), -1)
+        raw = np.array(raw[e * rows : (e + 1) * rows])
+        return QuantizedWeight("gguf", (rows, t.shape[-1]), self._unpermute(t.name, raw), qtype)
 
     def _unpermute(self, name: str, w: np.ndarray) -> np.ndarray:
         """Rows of q/k (float values or whole rows of blocks) back to Hugging Face's order."""
