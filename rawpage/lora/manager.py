@@ -62,7 +62,7 @@ class LoRAManager:
                 setattr(layer, fused, LoRALinear(base, s, self.batch))
         self.adapters: dict[str, LoRAAdapter] = {}  # known by name: --lora-modules, loaded, or requested
         self.resident: OrderedDict[int, LoRAAdapter | None] = OrderedDict((s, None) for s in range(max_loras))
-        self.num_loads = self.num_evictions = 0
+        self.num_evictions = 0
         self._last_used: dict[str, int] = {}  # name -> a use counter's value (LRU of known adapters)
         self._uses = itertools.count()
 
@@ -185,7 +185,6 @@ class LoRAManager:
             self.backend.copy_from_host(slots.b[slot], from_float32(b, dtype))
         self.resident[slot] = adapter
         self.resident.move_to_end(slot)
-        self.num_loads += 1
         return slot
 
 

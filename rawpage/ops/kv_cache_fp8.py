@@ -26,12 +26,6 @@ from rawpage.ops.launch import (
 from rawpage.ops.paged_attention import paged_attention_ref
 from rawpage.quantization.fp8 import E4M3_MAX, e4m3_from_f32
 
-KV_CACHE_ITEMSIZE = {
-    "auto": None,
-    "fp8": 1,
-    "float16": 2,
-}  # --kv-cache-dtype -> bytes per element (None: the model dtype)
-
 
 def kv_scales_from_amax(k_amax: float, v_amax: float) -> np.ndarray:
     """Scales that map the largest |K| and |V| expected onto e4m3's largest value."""
