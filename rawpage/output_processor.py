@@ -142,31 +142,11 @@ class OutputProcessor:
         if finished:
             req.metrics.finished_time = time.time()
             self.forget(req)
-        return RequestOutput(
-            req.request_id,
-            req.prompt,
-            req.prompt_token_ids,
-            req.prompt_logprobs,
-            outs,
-            finished,
-            req.metrics,
-            req.num_cached_tokens,
-            req.error,
-        )
+        return _request_output(req, req.prompt_logprobs, outs, finished)
 
     def failed_output(self, req: Request) -> RequestOutput:
         """The final output of a request whose output could not be made: its error, no completions."""
-        return RequestOutput(
-            req.request_id,
-            req.prompt,
-            req.prompt_token_ids,
-            None,
-            [],
-            True,
-            req.metrics,
-            req.num_cached_tokens,
-            req.error,
-        )
+        return _request_output(req, None, [], True)
 
     def _logprob(self, token_id: int, logprob: float, rank: int) -> Logprob:
         """A Logprob with the token's own text, as vLLM fills decoded_token."""
@@ -198,17 +178,27 @@ class OutputProcessor:
                     )
                 )
             req.metrics.finished_time = time.time()
-        return RequestOutput(
-            req.request_id,
-            req.prompt,
-            req.prompt_token_ids,
-            req.prompt_logprobs,
-            outs,
-            req.is_finished,
-            req.metrics,
-            req.num_cached_tokens,
-            req.error,
-        )
+        return _request_output(req, req.prompt_logprobs, outs, req.is_finished)
+
+
+def _request_output(
+    req: Request,
+    prompt_logprobs: list[dict[int, Logprob] | None] | None,
+    outs: list[CompletionOutput],
+    finished: bool,
+) -> RequestOutput:
+    """The request's RequestOutput with these completions; its metrics and error as they stand."""
+    return RequestOutput(
+        req.request_id,
+        req.prompt,
+        req.prompt_token_ids,
+        prompt_logprobs,
+        outs,
+        finished,
+        req.metrics,
+        req.num_cached_tokens,
+        req.error,
+    )
 
 
 def _end_on_grammar_error(seq: Sequence) -> None:
