@@ -51,17 +51,10 @@ def _texts(blocks: Any, where: str) -> str:
         b = Body(block, f"{where}[{j}].")
         if b.str("type") != "text":
             raise APIError(f"'{where}[{j}].type' must be text; this server reads text only", param=f"{where}[{j}].type")
-        texts.append(_required_str(b, "text"))
+        texts.append(b.required_str("text"))
         cache_control(b)
         b.reject_unread()
     return "".join(texts)
-
-
-def _required_str(b: Body, name: str) -> str:
-    value = b.value(name)
-    if not isinstance(value, str):
-        raise APIError(f"'{b.path}{name}' must be a string", param=f"{b.path}{name}")
-    return value
 
 
 def chat_messages(body: Body) -> list[dict[str, Any]]:
@@ -105,9 +98,9 @@ def _user(blocks: list[Body], calls: set[str]) -> list[dict[str, Any]]:
     out, texts = [], []
     for b in blocks:
         if _block_type(b, ("text", "tool_result")) == "text":
-            texts.append(_required_str(b, "text"))
+            texts.append(b.required_str("text"))
         else:
-            use_id = _required_str(b, "tool_use_id")
+            use_id = b.required_str("tool_use_id")
             if use_id not in calls:
                 raise APIError(
                     f"'{b.path}tool_use_id' {use_id[:64]!r} matches no tool_use block in an earlier assistant message",
@@ -127,12 +120,12 @@ def _assistant(blocks: list[Body], calls: set[str]) -> list[dict[str, Any]]:
     for b in blocks:
         kind = _block_type(b, ("text", "tool_use", "thinking"))
         if kind == "text":
-            msg["content"] += _required_str(b, "text")
+            msg["content"] += b.required_str("text")
         elif kind == "thinking":
-            msg["reasoning_content"] = msg.get("reasoning_content", "") + _required_str(b, "thinking")
+            msg["reasoning_content"] = msg.get("reasoning_content", "") + b.required_str("thinking")
             b.str("signature")  # ours are empty: nothing to verify
         else:
-            use_id, name = _required_str(b, "id"), _required_str(b, "name")
+            use_id, name = b.required_str("id"), b.required_str("name")
             args = b.value("input")
             if not isinstance(args, dict):
                 raise APIError(f"'{b.path}input' must be an object", param=f"{b.path}input")

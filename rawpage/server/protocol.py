@@ -199,6 +199,13 @@ class Body:
             raise APIError(f"'{name}' must be a string", param=name)
         return v
 
+    def required_str(self, name: str) -> str:
+        """A string that must be there; the error names its full path (messages[0].content[1].text)."""
+        value = self.value(name)
+        if not isinstance(value, str):
+            raise APIError(f"'{self.path}{name}' must be a string", param=f"{self.path}{name}")
+        return value
+
     def int_list(self, name: str) -> list[int]:
         v = self._get(name, [])
         if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):

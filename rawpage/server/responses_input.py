@@ -90,17 +90,10 @@ def _text(item: Body, name: str) -> str:
                 f"'{where}[{j}].type' must be input_text or output_text; this server reads text only",
                 param=f"{where}[{j}].type",
             )
-        texts.append(_required_str(p, "text"))
+        texts.append(p.required_str("text"))
         p.value("annotations"), p.value("logprobs")  # an earlier output, sent back: nothing to act on
         p.reject_unread()
     return "".join(texts)
-
-
-def _required_str(item: Body, name: str) -> str:
-    value = item.value(name)
-    if not isinstance(value, str):
-        raise APIError(f"'{item.path}{name}' must be a string", param=f"{item.path}{name}")
-    return value
 
 
 def _reasoning(item: Body, out: list[dict[str, Any]], calls: set[str]) -> None:
@@ -122,14 +115,14 @@ def _parts(item: Body, name: str, kind: str) -> list[str]:
         p = Body(part, f"{item.path}{name}[{j}].")
         if p.str("type") != kind:
             raise APIError(f"'{p.path}type' must be {kind}", param=f"{p.path}type")
-        texts.append(_required_str(p, "text"))
+        texts.append(p.required_str("text"))
         p.reject_unread()
     return texts
 
 
 def _function_call(item: Body, out: list[dict[str, Any]], calls: set[str]) -> None:
     item.str("type"), item.str("id"), item.str("status")
-    call_id, name, arguments = (_required_str(item, k) for k in ("call_id", "name", "arguments"))
+    call_id, name, arguments = (item.required_str(k) for k in ("call_id", "name", "arguments"))
     item.reject_unread()
     call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
     last = out[-1] if out else None
@@ -142,7 +135,7 @@ def _function_call(item: Body, out: list[dict[str, Any]], calls: set[str]) -> No
 
 def _function_call_output(item: Body, out: list[dict[str, Any]], calls: set[str]) -> None:
     item.str("type"), item.str("id"), item.str("status")
-    call_id = _required_str(item, "call_id")
+    call_id = item.required_str("call_id")
     if call_id not in calls:
         raise APIError(
             f"'{item.path}call_id' {call_id[:64]!r} answers no function_call before it", param=f"{item.path}call_id"
