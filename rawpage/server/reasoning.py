@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rawpage.reasoning_gate import THINKING, prompt_phase
+from rawpage.server.tool_parsers import hold_prefix
 
 START, END = "<think>", "</think>"
 
@@ -87,16 +88,8 @@ class ReasoningStreamer:
         if len(stripped) < len(START) and START.startswith(stripped):
             return "", ""  # may yet become <think>: nothing is certain
         if reasoning is not None and not content and END not in self.text:
-            return _hold_tag_prefix(reasoning, END), ""  # the end tag may be arriving
+            return reasoning[: hold_prefix(reasoning, END)], ""  # the end tag may be arriving
         return reasoning, content
-
-
-def _hold_tag_prefix(text: str, tag: str) -> str:
-    """text minus its longest suffix that begins `tag`."""
-    for k in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:k]):
-            return text[:-k]
-    return text
 
 
 PARSERS = {

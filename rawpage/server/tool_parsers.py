@@ -60,7 +60,7 @@ def call_from_json(obj: object, args_key: str = "arguments") -> ToolCall | None:
     return call
 
 
-def _hold_prefix(text: str, tag: str) -> int:
+def hold_prefix(text: str, tag: str) -> int:
     """Length of text minus its longest suffix that begins `tag`."""
     for k in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:k]):
@@ -88,7 +88,7 @@ class HermesToolParser:
 
     def content_end(self, text: str) -> int:
         at = text.find(self.START)
-        return at if at != -1 else _hold_prefix(text, self.START)
+        return at if at != -1 else hold_prefix(text, self.START)
 
 
 class Llama3JsonToolParser:
