@@ -78,10 +78,10 @@ class Stream(Protocol):
     def is_capturing(self) -> bool: ...
 
 
-def declare(lib: Any) -> Any:
+def declare(lib: Any, signatures: dict[str, list]) -> Any:
     """Set argtypes and restype of the functions we call, so that ctypes passes 64-bit
     pointers and checks the argument count."""
-    for name, argtypes in SIGNATURES.items():
+    for name, argtypes in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, c_int
     return lib
@@ -96,7 +96,7 @@ class CublasGemm:
     """gemmEx on a cuBLAS handle, safe to capture into a CUDA graph."""
 
     def __init__(self, lib: Any) -> None:
-        self.lib = declare(lib)
+        self.lib = declare(lib, SIGNATURES)
         self.bound: dict[int, int] = {}  # handle -> the stream we last bound it to
 
     def bind_stream(self, handle: int, stream: Stream) -> None:

@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from rawpage.backends.cublas_ctypes import check, loaded_library
+from rawpage.backends.cublas_ctypes import check, declare, loaded_library
 
 c_int, c_void_p, c_size_t, c_uint64, c_int64 = (
     ctypes.c_int,
@@ -74,13 +74,6 @@ class Fp8Plan:
     d: int  # D:  float32, N x T, ld N
 
 
-def declare(lib: Any) -> Any:
-    for name, argtypes in SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, c_int
-    return lib
-
-
 def fp8_gemm_supported(compute_capability: tuple[int, int]) -> bool:
     return tuple(compute_capability) >= MIN_COMPUTE_CAPABILITY
 
@@ -89,7 +82,7 @@ class CublasLtFp8Gemm:
     """D = xq W^T in FP8 on one cuBLASLt handle, descriptors cached per shape."""
 
     def __init__(self, lib: Any) -> None:
-        self.lib = declare(lib)
+        self.lib = declare(lib, SIGNATURES)
         handle = c_void_p()
         check(self.lib.cublasLtCreate(ctypes.addressof(handle)), "cublasLtCreate")
         self.handle = handle.value
