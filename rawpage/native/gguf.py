@@ -12,6 +12,7 @@ gguf_mmvq_ref is the reference of gguf_matmul, gguf_dequantize_ref of gguf_rows.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 
 import numpy as np
@@ -36,20 +37,16 @@ _GGML_TYPE = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 1
 
 NATIVE_GGUF = frozenset(_GGML_TYPE)  # the qtypes gguf_matmul handles
 
-_DECLARED_ATTR = "_gguf_declared"
 
-
+@functools.cache
 def _declare(lib: NativeLibrary) -> None:
     """Declare the entry points once per loaded library."""
-    if getattr(lib, _DECLARED_ATTR, False):
-        return
     P, I64 = c_void_p, c_int64
     # qtype, y, x, w, bias, T, N, K, scratch, nthreads
     lib.declare("rp_gguf_matmul", c_int, c_int, P, P, P, P, I64, I64, I64, P, c_int)
     # qtype, out, w, ids (int32), T, N, K, nthreads
     lib.declare("rp_gguf_rows", c_int, c_int, P, P, P, I64, I64, I64, c_int)
     lib.declare("rp_gguf_quantize_q8", None, P, P, I64, I64)  # x, scratch, T, K
-    setattr(lib, _DECLARED_ATTR, True)
 
 
 def _check(data: np.ndarray, qtype: str, shape: tuple[int, int]) -> tuple[int, int]:
