@@ -20,6 +20,7 @@ a plan of cublas_gemm.py (pure: shapes and dtypes to a call) on the process's on
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import re
 from pathlib import Path
@@ -171,23 +172,18 @@ def open_loaded(pattern: re.Pattern[str]) -> ctypes.CDLL:
     return ctypes.CDLL(loaded_library(pattern), mode=os.RTLD_NOW | os.RTLD_NOLOAD)
 
 
-_default: CublasGemm | None = None
-
-
+@functools.cache
 def default_gemm() -> CublasGemm:
     """The process's CublasGemm, on the libcublas that CuPy loaded (loading a second
     copy would give a library whose handles CuPy's are not)."""
-    global _default
-    if _default is None:
-        import cupy
+    import cupy
 
-        cupy.cuda.device.get_cublas_handle()  # makes CuPy load libcublas if it has not yet
-        try:
-            lib = open_loaded(_LIBCUBLAS)
-        except FileNotFoundError:
-            raise RuntimeError("CuPy created a cuBLAS handle but no libcublas.so is mapped in this process") from None
-        _default = CublasGemm(lib)
-    return _default
+    cupy.cuda.device.get_cublas_handle()  # makes CuPy load libcublas if it has not yet
+    try:
+        lib = open_loaded(_LIBCUBLAS)
+    except FileNotFoundError:
+        raise RuntimeError("CuPy created a cuBLAS handle but no libcublas.so is mapped in this process") from None
+    return CublasGemm(lib)
 
 
 def cublas_matmul(x: Any, w: Any, bias: Any | None = None, out_dtype: Any = None) -> Any:

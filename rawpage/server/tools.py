@@ -11,6 +11,7 @@ conversation's earlier calls and results on their way to the chat template.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -242,11 +243,6 @@ def template_for_tools(template: ChatTemplate | None) -> ChatTemplate:
     )
 
 
-_CHATML_TOOLS: ChatTemplate | None = None
-
-
+@functools.cache
 def _chatml_tools() -> ChatTemplate:
-    global _CHATML_TOOLS
-    if _CHATML_TOOLS is None:
-        _CHATML_TOOLS = ChatTemplate.from_arg(CHATML_TOOLS_TEMPLATE)
-    return _CHATML_TOOLS
+    return ChatTemplate.from_arg(CHATML_TOOLS_TEMPLATE)
