@@ -2,24 +2,45 @@
 
 The engine thread builds it once the model has loaded (AsyncEngine). Handlers read the
 tokenizer, the template and the limits from it, and check requests with its validators,
-which read only settings fixed at startup. Everything else goes through AsyncEngine:
+which read only settings fixed at startup (and LoRAInfo, a read-only view of the adapters
+the engine thread keeps). Everything else goes through AsyncEngine:
 requests (generate, encode, abort), adapters (add_lora, remove_lora), and the snapshots
 its engine-thread observers take after each step (engine_view.py, metrics.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+import types
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass
 
 from rawpage.chat_template import ChatTemplate
 from rawpage.engine import LLMEngine
+from rawpage.lora import LoRAAdapter, LoRARequest
+from rawpage.lora.adapter import load_adapter
 from rawpage.lora.manager import LoRAManager
 from rawpage.pooler import PoolingParams
 from rawpage.pooling_engine import PoolingEngine
 from rawpage.sampling_params import SamplingParams
 from rawpage.structured_output import StructuredOutputsParams
 from rawpage.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class LoRAInfo:
+    """What handlers know of --enable-lora's adapters. Only the engine thread changes them
+    (AsyncEngine.add_lora, remove_lora); handlers read them and read new ones from disk."""
+
+    adapters: Mapping[str, LoRAAdapter]  # known by name: a read-only view the engine thread keeps current
+    read: Callable[[LoRARequest], LoRAAdapter]  # a folder, checked against the model (any thread)
+    next_id: Callable[[], int]  # an id no known adapter has
+
+    @classmethod
+    def of(cls, manager: LoRAManager) -> LoRAInfo:
+        read = functools.partial(load_adapter, config=manager.config, max_rank=manager.max_rank)
+        return cls(types.MappingProxyType(manager.adapters), read, manager.next_id)
 
 
 class EngineInfo:
@@ -32,8 +53,7 @@ class EngineInfo:
         self.max_logprobs: int = engine.args.max_logprobs  # --max-logprobs
         self.scheduling_policy: str = engine.args.scheduling_policy  # --scheduling-policy: "fcfs" or "priority"
         self.runner: str = engine.args.runner  # --runner: "generate" (chat, completions) or "pooling" (embeddings)
-        # The adapters known by name (--enable-lora), read here; only the engine thread changes them.
-        self.lora: LoRAManager | None = engine.lora
+        self.lora: LoRAInfo | None = LoRAInfo.of(engine.lora) if engine.lora is not None else None  # --enable-lora
         # Raises InvalidRequestError, naming the field, for a request that could not run to the end.
         self.validate_prompt: Callable[[list[int], SamplingParams], None] = engine.validate_prompt
         # A structured-output grammar, checked and built off the engine thread (grammar_compiler.py).

@@ -21,8 +21,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from rawpage.lora import LoRAError, LoRARequest
-from rawpage.lora.adapter import load_adapter
-from rawpage.lora.manager import LoRAManager
+from rawpage.server.engine_info import LoRAInfo
 from rawpage.server.protocol import APIError
 from rawpage.server.state import ServerState
 
@@ -50,7 +49,7 @@ def inside_lora_dir(path: str, lora_dir: str) -> str:
     return real
 
 
-def _manager(state: ServerState) -> LoRAManager:
+def _adapters(state: ServerState) -> LoRAInfo:
     lora = state.info.lora
     if lora is None:
         raise APIError("LoRA adapters are off; start the server with --enable-lora", 400)
@@ -71,7 +70,7 @@ def _name(body: Any, state: ServerState) -> str:
 async def load_lora_adapter(request: Request, state: ServerState) -> Response:
     _check_runtime_updating(state)
     body = await state.read_body(request)
-    lora = _manager(state)
+    lora = _adapters(state)
     name, given = _name(body, state), body.str("lora_path")
     if not given:
         raise APIError("'lora_path' is required", param="lora_path")
@@ -80,9 +79,7 @@ async def load_lora_adapter(request: Request, state: ServerState) -> Response:
         raise APIError(f"the LoRA adapter '{name}' is already loaded", param="lora_name")
     path = inside_lora_dir(given, state.config.lora_dir or "")
     try:  # the files in a worker thread; the engine thread only takes in the result
-        adapter = await state.off_loop(
-            load_adapter, LoRARequest(name, lora.next_id(), path), lora.config, lora.max_rank
-        )
+        adapter = await state.off_loop(lora.read, LoRARequest(name, lora.next_id(), path))
         await state.engine.add_lora(adapter)
     except LoRAError as e:  # said with the client's own path, not where --lora-dir lies
         raise APIError(str(e).replace(path, given), param="lora_path") from None
@@ -92,7 +89,7 @@ async def load_lora_adapter(request: Request, state: ServerState) -> Response:
 async def unload_lora_adapter(request: Request, state: ServerState) -> Response:
     _check_runtime_updating(state)
     body = await state.read_body(request)
-    lora = _manager(state)
+    lora = _adapters(state)
     name = _name(body, state)
     body.reject_unread(frozenset({"lora_int_id"}))  # vLLM's clients may send it; the name decides
 

@@ -40,3 +40,15 @@ def test_engine_info_states_the_engine_limits(tiny_model_dir):
     info.validate_prompt([1, 2, 3], SamplingParams(max_tokens=10))
     with pytest.raises(InvalidRequestError, match="256"):
         info.validate_prompt(list(range(1, 250)), SamplingParams(max_tokens=10))
+
+
+def test_handlers_see_adapters_read_only(tiny_model_dir):
+    """--enable-lora: handlers get a read-only view of the known adapters and a reader of
+    new ones, not the manager (only the engine thread registers or removes one)."""
+    engine = LLM(tiny_model_dir, max_model_len=256, enable_lora=True, max_lora_rank=8).engine
+    info = EngineInfo(engine)
+    assert not isinstance(info.lora, type(engine.lora)) and info.lora.next_id() == 1
+    with pytest.raises(TypeError):
+        info.lora.adapters["sql"] = None  # a mappingproxy: the engine thread's dict, not writable here
+    engine.lora.adapters["sql"] = "an adapter"  # as the engine thread's register() would
+    assert info.lora.adapters["sql"] == "an adapter"  # a live view of the engine's own dict
