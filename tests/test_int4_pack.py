@@ -6,8 +6,8 @@ import pytest
 
 from rawpage.loader.quantized_checkpoint import awq_to_int4, gptq_to_int4
 from rawpage.quantization.int4 import unpack_nibbles
-from rawpage.quantization.int4_pack import dequantize_packed, pack_awq, pack_gptq
 from rawpage.quantization.weight import dequantize
+from tools.int4_pack import dequantize_packed, pack_awq, pack_gptq
 
 
 def weight(N=24, K=256, seed=0):

@@ -6,9 +6,9 @@ import pytest
 
 from rawpage.loader.quantized_checkpoint import awq_to_int4, gptq_to_int4
 from rawpage.ops.int4_linear import int4_linear_ref, launch_int4_dequantize, launch_int4_gemv, launch_int4_linear
-from rawpage.quantization.int4_pack import pack_awq, pack_gptq
 from rawpage.quantization.weight import dequantize
 from tests.kernels.conftest import DTYPES, assert_close
+from tools.int4_pack import pack_awq, pack_gptq
 
 
 def packed(fmt: str, N: int, K: int, group_size: int, seed: int = 0):

@@ -7,10 +7,10 @@ import pytest
 from rawpage.backends import get_backend
 from rawpage.loader import load_checkpoint
 from rawpage.models.llama import LlamaModel
-from rawpage.quantization.int4_pack import pack_awq, pack_gptq
 from rawpage.quantization.weight import QuantizedWeight
 from tests.kernels.test_model_sim import Runner, schedule
 from tests.tiny_models import random_tensors, tiny_config, train_tokenizer, write_hf_folder
+from tools.int4_pack import pack_awq, pack_gptq
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

@@ -137,8 +137,8 @@ def packed_llama(cfg: dict, seed: int = 0) -> tuple[dict, dict]:
     """Random weights (N(0, 0.02), norms 1) with every Linear packed by our AWQ packer:
     ({name: dense float32, Linears dequantized}, {Linear name: int4 QuantizedWeight})."""
     from rawpage.loader.quantized_checkpoint import awq_to_int4
-    from rawpage.quantization.int4_pack import pack_awq
     from rawpage.quantization.weight import dequantize
+    from tools.int4_pack import pack_awq
 
     rng = np.random.default_rng(seed)
     dim, inter, D = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]

@@ -1,5 +1,6 @@
 """Our packer: float weights -> GPTQ or AWQ 4-bit tensors in each format's published
-layout (drawn in int4.py), for test checkpoints and the GPU check's 1B model.
+layout (drawn in rawpage/quantization/int4.py), for test checkpoints and the GPU check's
+1B model. A tool, not part of the engine: the engine reads packed checkpoints, never packs.
 
 Round-to-nearest per group (not the GPTQ/AWQ error-correcting searches: the
 layout is what we test, not the quantization quality).
