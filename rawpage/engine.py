@@ -165,6 +165,17 @@ class LLMEngine:
                     self.scheduler.finish(seq)
             self._aborted.append(req)
 
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget the prefix cache's names of every block no sequence holds (vLLM's call: after
+        the weights change, or between benchmark runs). reset_running_requests: first preempt
+        every running sequence (each recomputes its tokens later), so that none stays named.
+        True when no block is named any more."""
+        if reset_running_requests:
+            self.scheduler.preempt_all()
+        bm = self.block_manager
+        bm.prefix_cache.reset(bm.ref_counts)
+        return not bm.prefix_cache.cached
+
     def kv_usage(self):
         """Blocks in use, tokens stored, waste and blocks saved by sharing, right now."""
         return self.block_manager.usage(self.scheduler.running)

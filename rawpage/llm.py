@@ -37,6 +37,11 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget every cached prompt prefix (LLMEngine.reset_prefix_cache): the next prompts
+        compute all their blocks. True when nothing stays cached."""
+        return self.engine.reset_prefix_cache(reset_running_requests)
+
     def generate(
         self,
         prompts: PromptType | list[PromptType],

@@ -187,6 +187,17 @@ class Scheduler:
             seq.status = SequenceStatus.SWAPPED
             bisect.insort(self.swapped, seq, key=_order)
             return
-        bm.free(seq)
+        self._recompute(seq)
+
+    def preempt_all(self) -> None:
+        """Every running sequence back to waiting, its blocks freed, to recompute later (as in
+        recompute mode, whatever --preemption-mode says): LLMEngine.reset_prefix_cache."""
+        for seq in list(self.running):
+            self.running.remove(seq)
+            self.num_preemptions += 1
+            self._recompute(seq)
+
+    def _recompute(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         self.add(seq)

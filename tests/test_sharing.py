@@ -117,6 +117,31 @@ def test_prefix_caching_reuses_a_shared_system_prompt(tiny_model_dir):
     assert_no_leaks(on.engine)
 
 
+def test_reset_prefix_cache_forgets_cached_prefixes(tiny_model_dir):
+    """vLLM's LLM.reset_prefix_cache: the next run of a prompt computes all of it. With a
+    request running, its blocks stay named unless reset_running_requests preempts it
+    first; it then recomputes its tokens and ends with the tokens it would have."""
+    prompt = {"prompt_token_ids": np.random.default_rng(7).integers(3, 400, 100).tolist()}
+    llm = LLM(tiny_model_dir)
+    (first,) = llm.generate(prompt, GREEDY, use_tqdm=False)
+    assert llm.generate(prompt, GREEDY, use_tqdm=False)[0].num_cached_tokens == 96
+    assert llm.reset_prefix_cache() is True and not llm.engine.block_manager.prefix_cache.cached
+    assert llm.generate(prompt, GREEDY, use_tqdm=False)[0].num_cached_tokens == 0
+    eng, long = llm.engine, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    eng.add_request("r", prompt, long)
+    for _ in range(3):
+        eng.step()  # prefilled, decoding: its full blocks are named and held
+    assert eng.reset_prefix_cache() is False and eng.block_manager.prefix_cache.cached
+    assert eng.reset_prefix_cache(reset_running_requests=True) is True
+    assert eng.scheduler.num_preemptions == 1 and not eng.scheduler.running
+    outs = []
+    while eng.has_unfinished_requests():
+        outs += [o for o in eng.step() if o.finished]
+    assert outs[0].outputs[0].token_ids == tokens(llm.generate(prompt, long, use_tqdm=False))[0]
+    assert first.outputs[0].token_ids == outs[0].outputs[0].token_ids[: len(first.outputs[0].token_ids)]
+    assert_no_leaks(eng)
+
+
 def test_prefix_cache_eviction_under_pressure_keeps_outputs_right(tiny_model_dir):
     rng = np.random.default_rng(6)
     systems = [rng.integers(3, 400, 100).tolist() for _ in range(3)]

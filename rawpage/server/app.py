@@ -7,7 +7,8 @@ GET /v1/models   GET /v1/models/{id}
 POST /tokenize   POST /detokenize   GET /health   GET /version   GET /metrics
 GET /v1/engine/events   GET / (the web page, unless --no-web)
 vLLM's own: POST /v1/chat/completions/batch   POST /invocations   GET /load
-GET /tokenizer_info (under --enable-tokenizer-info-endpoint); see vllm_routes.py
+GET /tokenizer_info (under --enable-tokenizer-info-endpoint), POST /reset_prefix_cache
+(under --server-dev-mode); see vllm_routes.py
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from rawpage.server.request_guard import RequestGuard
 from rawpage.server.responses import cancel_response, create_response, delete_response, retrieve_response
 from rawpage.server.state import ServerState
 from rawpage.server.streaming import ClientDisconnected
-from rawpage.server.vllm_routes import ServerLoad, invocations, tokenizer_info
+from rawpage.server.vllm_routes import ServerLoad, invocations, reset_prefix_cache, tokenizer_info
 from rawpage.server.web import engine_events, index, page_info, static_file
 
 logger = logging.getLogger("rawpage.server")
@@ -159,6 +160,8 @@ def _routes(state: ServerState, view: EngineView) -> list[Route]:
     ]
     if config.enable_tokenizer_info_endpoint:
         routes.append(Route("/tokenizer_info", api(tokenizer_info), methods=["GET"]))
+    if config.server_dev_mode:  # every tenant's cached prefixes: the admin's call, if there is one
+        routes.append(Route("/reset_prefix_cache", api(reset_prefix_cache, admin=True), methods=["POST"]))
     if config.web:  # static files holding no data: no key needed (the page asks for one)
         routes += [
             Route("/", api(index, auth=False), methods=["GET"]),

@@ -138,6 +138,9 @@ class ServerConfig:
     enable_tokenizer_info_endpoint: bool = flag(
         False, "serve GET /tokenizer_info (it shows the chat template and special tokens)"
     )
+    server_dev_mode: bool = flag(
+        False, "serve vLLM's development route POST /reset_prefix_cache (also $VLLM_SERVER_DEV_MODE=1), for benchmarks"
+    )
     reasoning_parser: str | None = flag(
         None,
         "split <think>...</think> into message.reasoning_content; grammars start after it",
@@ -167,11 +170,18 @@ class ServerConfig:
         # vLLM's VLLM_API_KEY too: an operator moving from vLLM must not end up unprotected.
         env_key = os.environ.get("RAWPAGE_API_KEY") or os.environ.get("VLLM_API_KEY")
         given["api_keys"] = keys + ([env_key] if env_key and not keys else [])
-        if os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").strip().lower() in ("1", "true"):
-            given.setdefault("allow_runtime_lora_updating", True)  # vLLM's switch
+        for env, name in VLLM_SWITCHES.items():
+            if os.environ.get(env, "").strip().lower() in ("1", "true"):
+                given.setdefault(name, True)
         given["admin_api_key"] = getattr(args, "admin_api_key", None) or os.environ.get("RAWPAGE_ADMIN_API_KEY") or None
         return cls(**given)
 
+
+# vLLM's environment switches for server flags: set to 1 or true, each turns its flag on.
+VLLM_SWITCHES = {
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "allow_runtime_lora_updating",
+    "VLLM_SERVER_DEV_MODE": "server_dev_mode",
+}
 
 # The flags most people need, first in --help (with --model: see cli.py).
 FIRST_FLAGS = ("host", "port")

@@ -264,6 +264,10 @@ class AsyncEngine:
         """Forget an adapter's name (KeyError if unknown); requests running with it finish with it."""
         await self._run_in_engine_thread(lambda engine: engine.lora.remove(name))
 
+    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """LLMEngine.reset_prefix_cache, between two steps."""
+        return await self._run_in_engine_thread(lambda engine: engine.reset_prefix_cache(reset_running_requests))
+
     async def _run_in_engine_thread(self, fn: Callable[[LLMEngine], T]) -> T:
         """fn(engine) in the engine thread between two steps; its result (or exception) here."""
         done: Future = Future()

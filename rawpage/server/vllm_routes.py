@@ -7,6 +7,8 @@ GET  /load              {"server_load": requests in flight}, counted under
                         --enable-server-load-tracking (else 0), as vLLM does
 GET  /tokenizer_info    the tokenizer's settings and chat template, only under
                         --enable-tokenizer-info-endpoint (it shows the template)
+POST /reset_prefix_cache  forget the cached prompt prefixes, only under --server-dev-mode
+                        (vLLM's VLLM_SERVER_DEV_MODE=1), behind the admin key
 endpoint-load-metrics   the ORCA load report as a response header, when a request
                         asks for it with `endpoint-load-metrics-format: text|json`
 """
@@ -119,3 +121,18 @@ async def tokenizer_info(request: Request, state: ServerState) -> Response:
             "chat_template": template.source if template is not None else None,
         }
     )
+
+
+async def reset_prefix_cache(request: Request, state: ServerState) -> Response:
+    """vLLM's POST /reset_prefix_cache[?reset_running_requests=true] (benchmark tools such as
+    AIPerf call it between runs): 200 with an empty body, as vLLM answers. reset_external
+    is accepted: this server has no external KV cache (connector) to reset."""
+    flags = {}
+    for name, value in request.query_params.items():
+        if name not in ("reset_running_requests", "reset_external"):
+            raise APIError(f"the query parameter '{name[:64]}' is not supported", param=name[:64])
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise APIError(f"'{name}' must be true or false", param=name)
+        flags[name] = value.lower() in ("true", "1")
+    await state.engine.reset_prefix_cache(flags.get("reset_running_requests", False))
+    return Response(status_code=200)

@@ -223,6 +223,9 @@ def test_vllms_environment_switch_turns_runtime_updating_on(monkeypatch, tmp_pat
         ServerConfig.from_cli_args(parser.parse_args([]))
     monkeypatch.delenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING")
     assert not ServerConfig.from_cli_args(parser.parse_args([])).allow_runtime_lora_updating
+    assert not ServerConfig.from_cli_args(parser.parse_args([])).server_dev_mode
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")  # vLLM's switch for /reset_prefix_cache
+    assert ServerConfig.from_cli_args(parser.parse_args([])).server_dev_mode
 
 
 _junk = (

@@ -62,7 +62,8 @@ def test_request_chat_template_is_refused_without_the_flag(server):
 
 @pytest.fixture(scope="module")
 def trusting(tmp_path_factory):
-    """A server that accepts request templates, and shows cached tokens, CORS, two API keys and an admin key."""
+    """A server that accepts request templates, and shows cached tokens, CORS, two API keys and an admin key
+    (and vLLM's development route /reset_prefix_cache)."""
     s = ServerProcess(
         "--trust-request-chat-template",
         "--enable-prompt-tokens-details",
@@ -74,6 +75,7 @@ def trusting(tmp_path_factory):
         "https://ok.example",
         "--max-model-len",
         "2048",
+        "--server-dev-mode",
     )
     yield s
     assert s.stop() == 0, s.output()
@@ -427,3 +429,28 @@ def test_a_slow_request_head_is_closed_at_the_header_timeout():
         healthy_and_serving(s)
     finally:
         assert s.stop() == 0, s.output()
+
+
+def test_reset_prefix_cache_is_the_admins_and_forgets_cached_prefixes(trusting):
+    """vLLM's dev-mode POST /reset_prefix_cache (AIPerf calls it between runs): every
+    tenant's cached prefixes, so the admin key's call; afterwards a repeated prompt is
+    computed again (cached_tokens 0), as the first time."""
+    body = {"messages": [{"role": "user", "content": "Tell me about Japan. " * 12}], "max_tokens": 1}
+    url, admin = trusting.url, {"Authorization": "Bearer adm"}
+    cached = [
+        httpx.post(url + "/v1/chat/completions", json=body, headers=AUTH, timeout=60).json()["usage"] for _ in range(2)
+    ][1]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= 32
+    assert_error(httpx.post(url + "/reset_prefix_cache", headers=AUTH), 403, match="admin")
+    r = httpx.post(url + "/reset_prefix_cache", headers=admin)
+    assert r.status_code == 200 and r.content == b""
+    again = httpx.post(url + "/v1/chat/completions", json=body, headers=AUTH, timeout=60).json()["usage"]
+    assert again["prompt_tokens_details"]["cached_tokens"] == 0
+    r = httpx.post(url + "/reset_prefix_cache?reset_running_requests=true&reset_external=false", headers=admin)
+    assert r.status_code == 200
+    assert_error(
+        httpx.post(url + "/reset_prefix_cache?reset_running_requests=maybe", headers=admin),
+        400,
+        "reset_running_requests",
+    )
+    assert_error(httpx.post(url + "/reset_prefix_cache?everything=1", headers=admin), 400, "everything")

@@ -110,6 +110,7 @@ def test_batch_chat_completions(plain_server):
 
 def test_load_tokenizer_info_and_orca_header(plain_server):
     assert httpx.get(plain_server.url + "/load").json() == {"server_load": 0}
+    assert httpx.post(plain_server.url + "/reset_prefix_cache").status_code == 404  # --server-dev-mode only
     info = httpx.get(plain_server.url + "/tokenizer_info").json()
     assert info["eos_token"] == "<|im_end|>" and "<|im_start|>" in info["chat_template"]
     body = {"prompt": "Hi", "max_tokens": 1}
