@@ -39,7 +39,6 @@ is the least disturbed run); the load average is printed with the table.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import threading
 import time
@@ -108,7 +107,6 @@ def read_gbs(lib, nbytes: int, nthreads: int, budget: float) -> float:
     reading nbytes once a call on nthreads of the kernels' pool (wide loads, no
     arithmetic to speak of; a NumPy sum is bound by its adds, see numpy_read_gbs)."""
     buf = np.ones(max(nbytes // 8, 512), np.uint64)
-    lib.declare("rp_read_probe", ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int)
     return buf.nbytes / best_seconds(budget, lib.fn.rp_read_probe, buf.ctypes.data, buf.nbytes, nthreads) / 1e9
 
 

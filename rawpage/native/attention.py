@@ -5,27 +5,13 @@ float16 caches. Same contract as rawpage.ops.paged_attention.paged_attention_ref
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
-from rawpage.native.library import NativeLibrary, addr, c_float, c_int, c_int64, c_void_p, empty, float_rows, int32_rows
+from rawpage.native.library import NativeLibrary, addr, empty, float_rows, int32_rows
 from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
 
 KV_DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}  # the kernel's kv_dtype
 MAX_HEAD_SIZE = 256  # the kernel's per-tile buffers (RP_ATTN_MAX_D)
-
-
-@functools.cache
-def _declare(lib: NativeLibrary) -> None:
-    lib.declare(
-        "rp_paged_attention",
-        None,
-        *(c_void_p, c_void_p, c_int64, c_void_p, c_void_p, c_int),  # out, q, q_stride, k_cache, v_cache, kv_dtype
-        *(c_void_p, c_int, c_void_p, c_void_p),  # block_tables, max_blocks, seq_lens, query_start_loc
-        *(c_int, c_int, c_int, c_int, c_int),  # B, H, Hkv, D, BS
-        *(c_float, c_int, c_float, c_int),  # scale, sliding_window, soft_cap, nthreads
-    )
 
 
 def check_caches(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray) -> int:
@@ -65,12 +51,26 @@ def paged_attention(
     tables, lens, starts = int32_rows(meta.block_tables), int32_rows(meta.seq_lens), int32_rows(meta.query_start_loc)
     out = empty((T, H, D))
     if T:
-        _declare(lib)
         lib.call(
-            "rp_paged_attention",  # in the groups _declare names
-            *(addr(out), addr(q), stride, addr(k_cache), addr(v_cache), kv_dtype),
-            *(addr(tables), tables.shape[1], addr(lens), addr(starts)),
-            *(len(lens), H, Hkv, D, BS),
-            *(opts.scale, opts.sliding_window or 0, opts.soft_cap or 0.0, nthreads),  # window, cap: 0 = off
+            "rp_paged_attention",
+            out=addr(out),
+            q=addr(q),
+            q_stride=stride,
+            k_cache=addr(k_cache),
+            v_cache=addr(v_cache),
+            kv_dtype=kv_dtype,
+            block_tables=addr(tables),
+            max_blocks=tables.shape[1],
+            seq_lens=addr(lens),
+            query_start_loc=addr(starts),
+            B=len(lens),
+            H=H,
+            Hkv=Hkv,
+            D=D,
+            BS=BS,
+            scale=opts.scale,
+            sliding_window=opts.sliding_window or 0,  # 0 = off
+            soft_cap=opts.soft_cap or 0.0,  # 0 = off
+            nthreads=nthreads,
         )
     return out

@@ -11,28 +11,9 @@ docs/benchmarks.md. Reference: rawpage/ops/bf16_linear.py bf16_linear_ref.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
-from rawpage.native.library import (
-    NativeLibrary,
-    addr,
-    c_int,
-    c_int64,
-    c_void_p,
-    contiguous_rows,
-    empty,
-    ptr,
-    weight_address,
-)
-
-
-@functools.cache
-def _declare(lib: NativeLibrary) -> None:
-    P, I64 = c_void_p, c_int64
-    # y, x, w, bias, T, N, K, round_x, scratch, nthreads
-    lib.declare("rp_bf16_matmul", c_int, P, P, P, P, I64, I64, I64, c_int, P, c_int)
+from rawpage.native.library import NativeLibrary, addr, contiguous_rows, empty, ptr, weight_address
 
 
 def bf16_matmul(
@@ -56,7 +37,17 @@ def bf16_matmul(
     y = empty((T, N))
     if T and N:
         scratch = np.empty(T * K * 6 if round_x else 0, np.uint8)  # bf16(x) as floats, then as bits
-        addrs = (addr(y), addr(x), weight_address(w), ptr(bias))
-        _declare(lib)
-        lib.call("rp_bf16_matmul", *addrs, T, N, K, int(round_x), ptr(scratch) if round_x else None, nthreads)
+        lib.call(
+            "rp_bf16_matmul",
+            y=addr(y),
+            x=addr(x),
+            w=weight_address(w),
+            bias=ptr(bias),
+            T=T,
+            N=N,
+            K=K,
+            round_x=int(round_x),
+            scratch=ptr(scratch) if round_x else None,
+            nthreads=nthreads,
+        )
     return y

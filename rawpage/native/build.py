@@ -1,9 +1,11 @@
 """Compile the CPU kernels (every *.c in this folder) into one shared library per
 instruction-set path, and cache it.
 
-    cc -O3 -march=native -DRP_ISA_LEVEL=<level> -shared -fPIC -pthread *.c -o librpcpu-<path>-<hash>.so
+    cc -O3 -march=native -DRP_ISA_LEVEL=<level> -I<gen> -shared -fPIC -pthread *.c -o librpcpu-<path>-<hash>.so
 
-The digest covers the sources and headers, the flags, the compiler's version and the
+<gen> holds rp_entry_points.h, written for the build from rawpage/native/entry_points.py
+(the entry points' prototypes and replay adapters) and the format table
+(rawpage/quantization/gguf.py). The digest covers the sources and headers, that header, the flags, the compiler's version and the
 CPU's feature flags (-march=native compiles for this CPU: a cache shared across
 machines must never load another CPU's build). Cached under $RAWPAGE_CPU_CACHE, else
 $XDG_CACHE_HOME/rawpage/cpu, else ~/.cache/rawpage/cpu. $RAWPAGE_CPU_CC names the
@@ -19,6 +21,7 @@ from pathlib import Path
 import rawpage.compile_cache as compile_cache
 from rawpage.compile_cache import digest, files_digest, publish, run_compiler
 from rawpage.native import isa
+from rawpage.native.entry_points import header
 
 NATIVE_DIR = Path(__file__).resolve().parent
 
@@ -50,9 +53,11 @@ def build_library(path: str) -> Path:
     """The shared library for one instruction-set path (isa.PATHS), built if not cached.
     Raises compile_cache.CompileError with the compiler's message."""
     cc, flags = compiler(), cflags(path)
+    generated = header()
     key = digest(
         files_digest(sources() + sorted(NATIVE_DIR.glob("*.h")))
         + [
+            generated.encode(),
             " ".join(flags).encode(),
             compile_cache.compiler_version(cc).encode(),
             " ".join(sorted(isa.cpu_flags())).encode(),
@@ -64,7 +69,8 @@ def build_library(path: str) -> Path:
         return out
     with tempfile.TemporaryDirectory(dir=root) as tmp:
         tmp_out = Path(tmp) / out.name
-        cmd = [cc, *flags, "-shared", *map(str, sources()), "-o", str(tmp_out), "-lm"]
+        (Path(tmp) / "rp_entry_points.h").write_text(generated)
+        cmd = [cc, *flags, f"-I{tmp}", "-shared", *map(str, sources()), "-o", str(tmp_out), "-lm"]
         run_compiler(cmd, f"compiling the CPU kernels ({path} path)")
         publish(tmp_out, out)
     return out

@@ -103,31 +103,6 @@ static inline void rp_split(int64_t n, int64_t quantum, int ith, int nth, int64_
     *end = b * quantum < n ? b * quantum : n;
 }
 
-/* The entry points Python calls (each defined in its own file, declared here so that
- * the compiler holds each definition to this signature: graph.c replays them). */
-RP_EXPORT int rp_gguf_matmul(int qtype, float *y, const float *x, const uint8_t *w, const float *bias, int64_t T,
-                             int64_t N, int64_t K, uint8_t *scratch, int nthreads);
-RP_EXPORT int rp_gguf_rows(int qtype, float *out, const uint8_t *w, const int32_t *ids, int64_t T, int64_t N,
-                           int64_t K, int nthreads);
-RP_EXPORT int rp_bf16_matmul(float *y, const float *x, const uint16_t *w, const float *bias, int64_t T, int64_t N,
-                             int64_t K, int round_x, void *scratch, int nthreads);
-RP_EXPORT int rp_lm_head_q8_0(float *y, const float *x, const uint8_t *w, int64_t T, int64_t N, int64_t K,
-                              int nthreads);
-RP_EXPORT void rp_rms_norm(float *out, const float *x, int64_t x_stride, const float *weight, int64_t T, int64_t n,
-                           float eps, int nthreads);
-RP_EXPORT void rp_fused_add_rms_norm(float *normed, float *sum, const float *x, int64_t x_stride, const float *residual,
-                                     int64_t residual_stride, const float *weight, int64_t T, int64_t n, float eps,
-                                     int nthreads);
-RP_EXPORT void rp_silu_and_mul(float *out, const float *x, int64_t x_stride, int64_t T, int64_t I, int nthreads);
-RP_EXPORT void rp_gelu_tanh_and_mul(float *out, const float *x, int64_t x_stride, int64_t T, int64_t I, int nthreads);
-RP_EXPORT void rp_rope(const int32_t *positions, float *q, int64_t q_stride, float *k, int64_t k_stride,
-                       const float *cos_sin, int64_t T, int H, int Hkv, int D, int is_neox, int nthreads);
-RP_EXPORT void rp_write_kv(const float *k, int64_t k_stride, const float *v, int64_t v_stride, void *k_cache,
-                           void *v_cache, int kv_dtype, const int32_t *slot_mapping, int64_t T, int64_t row,
-                           int nthreads);
-RP_EXPORT void rp_embedding_rows(float *out, const float *table, const int32_t *ids, int64_t T, int64_t n,
-                                 int nthreads);
-RP_EXPORT void rp_paged_attention(float *out, const float *q, int64_t q_stride, const void *k_cache, const void *v_cache,
-                                  int kv_dtype, const int32_t *block_tables, int max_blocks, const int32_t *seq_lens,
-                                  const int32_t *query_start_loc, int B, int H, int Hkv, int D, int BS, float scale,
-                                  int sliding_window, float soft_cap, int nthreads);
+/* The entry points' prototypes (and the GGUF format traits), generated from
+ * rawpage/native/entry_points.py by build.py: each definition must match its entry. */
+#include "rp_entry_points.h"

@@ -12,7 +12,6 @@ gguf_mmvq_ref is the reference of gguf_matmul, gguf_dequantize_ref of gguf_rows.
 from __future__ import annotations
 
 import ctypes
-import functools
 import threading
 
 import numpy as np
@@ -20,9 +19,6 @@ import numpy as np
 from rawpage.native.library import (
     NativeLibrary,
     addr,
-    c_int,
-    c_int64,
-    c_void_p,
     contiguous_rows,
     empty,
     int32_rows,
@@ -36,17 +32,6 @@ from rawpage.quantization.gguf import GGUF_BLOCKS
 _GGML_TYPE = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 
 NATIVE_GGUF = frozenset(_GGML_TYPE)  # the qtypes gguf_matmul handles
-
-
-@functools.cache
-def _declare(lib: NativeLibrary) -> None:
-    """Declare the entry points once per loaded library."""
-    P, I64 = c_void_p, c_int64
-    # qtype, y, x, w, bias, T, N, K, scratch, nthreads
-    lib.declare("rp_gguf_matmul", c_int, c_int, P, P, P, P, I64, I64, I64, P, c_int)
-    # qtype, out, w, ids (int32), T, N, K, nthreads
-    lib.declare("rp_gguf_rows", c_int, c_int, P, P, P, I64, I64, I64, c_int)
-    lib.declare("rp_gguf_quantize_q8", None, P, P, I64, I64)  # x, scratch, T, K
 
 
 def _check(data: np.ndarray, qtype: str, shape: tuple[int, int]) -> tuple[int, int]:
@@ -75,7 +60,6 @@ def gguf_matmul(
     bias: np.ndarray | None = None,
 ) -> np.ndarray:
     """x (T, K) float32 (any layout; made C-contiguous), data (N, row_bytes) uint8 blocks -> (T, N) float32 C-contiguous."""
-    _declare(lib)
     N, K = _check(data, qtype, shape)
     x = contiguous_rows(x)
     if x.ndim != 2 or x.shape[1] != K:
@@ -88,8 +72,19 @@ def gguf_matmul(
         bias = np.ascontiguousarray(bias, dtype=np.float32)  # a weight: the same array each step
         if bias.shape != (N,):
             raise ValueError(f"bias has shape {bias.shape}, want ({N},)")
-    addrs = (addr(y), addr(x), weight_address(data), ptr(bias))
-    rc = lib.call("rp_gguf_matmul", _GGML_TYPE[qtype], *addrs, T, N, K, _scratch_address(T, K), nthreads)
+    rc = lib.call(
+        "rp_gguf_matmul",
+        qtype=_GGML_TYPE[qtype],
+        y=addr(y),
+        x=addr(x),
+        w=weight_address(data),
+        bias=ptr(bias),
+        T=T,
+        N=N,
+        K=K,
+        scratch=_scratch_address(T, K),
+        nthreads=nthreads,
+    )
     if rc != 0:
         raise ValueError(f"rp_gguf_matmul refused {qtype} {shape} (code {rc})")
     return y
@@ -120,7 +115,6 @@ def _scratch(T: int, K: int) -> np.ndarray:
 def quantize_q8(lib: NativeLibrary, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The kernel's own activation rounding, for the tests: x (T, K) float32, K % 32 == 0
     -> (xq (T, K) int8, dx (T, K / 32), s (T, K / 32)); must equal quantize_q8_ref."""
-    _declare(lib)
     x = np.ascontiguousarray(x, dtype=np.float32)
     T, K = x.shape
     if K % 32:
@@ -136,15 +130,23 @@ def gguf_rows(
     lib: NativeLibrary, data: np.ndarray, qtype: str, shape: tuple[int, int], ids: np.ndarray, nthreads: int
 ) -> np.ndarray:
     """ids (T,) -> the dequantized rows (T, K) float32."""
-    _declare(lib)
     N, K = _check(data, qtype, shape)
     ids = int32_rows(np.asarray(ids).reshape(-1))  # token ids: the batch's own int32 array, read in place
     if ids.size and (ids.min() < 0 or ids.max() >= N):
         raise ValueError(f"row ids must be in 0 .. {N - 1}; got {ids.min()} .. {ids.max()}")
     out = empty((ids.size, K))
     if ids.size:
-        addrs = (addr(out), weight_address(data), addr(ids))
-        rc = lib.call("rp_gguf_rows", _GGML_TYPE[qtype], *addrs, ids.size, N, K, nthreads)
+        rc = lib.call(
+            "rp_gguf_rows",
+            qtype=_GGML_TYPE[qtype],
+            out=addr(out),
+            w=weight_address(data),
+            ids=addr(ids),
+            T=ids.size,
+            N=N,
+            K=K,
+            nthreads=nthreads,
+        )
         if rc != 0:
             raise ValueError(f"rp_gguf_rows refused {qtype} {shape} (code {rc})")
     return out

@@ -23,11 +23,10 @@
  * (rawpage/decode_graphs.py), and every activation is written by a recorded call
  * before a later one reads it.
  *
- * Each op has an adapter that unpacks the words into its entry point's arguments.
+ * Each op has an adapter that unpacks the words into its entry point's arguments,
+ * generated from the entry point's one declaration (rawpage/native/entry_points.py).
  */
 #include "common.h"
-
-#define RP_GRAPH_MAX_ARGS 20
 
 typedef union {
     int64_t i;
@@ -40,63 +39,11 @@ typedef struct {
     rp_word a[RP_GRAPH_MAX_ARGS];
 } rp_call;
 
-typedef void (*rp_op)(const rp_word *a, int nth);
-
-static void op_gguf_matmul(const rp_word *a, int nth) {
-    rp_gguf_matmul((int)a[0].i, a[1].p, a[2].p, a[3].p, a[4].p, a[5].i, a[6].i, a[7].i, a[8].p, nth);
-}
-static void op_gguf_rows(const rp_word *a, int nth) {
-    rp_gguf_rows((int)a[0].i, a[1].p, a[2].p, a[3].p, a[4].i, a[5].i, a[6].i, nth);
-}
-static void op_bf16_matmul(const rp_word *a, int nth) {
-    rp_bf16_matmul(a[0].p, a[1].p, a[2].p, a[3].p, a[4].i, a[5].i, a[6].i, (int)a[7].i, a[8].p, nth);
-}
-static void op_lm_head_q8_0(const rp_word *a, int nth) {
-    rp_lm_head_q8_0(a[0].p, a[1].p, a[2].p, a[3].i, a[4].i, a[5].i, nth);
-}
-static void op_rms_norm(const rp_word *a, int nth) {
-    rp_rms_norm(a[0].p, a[1].p, a[2].i, a[3].p, a[4].i, a[5].i, (float)a[6].f, nth);
-}
-static void op_fused_add_rms_norm(const rp_word *a, int nth) {
-    rp_fused_add_rms_norm(a[0].p, a[1].p, a[2].p, a[3].i, a[4].p, a[5].i, a[6].p, a[7].i, a[8].i, (float)a[9].f, nth);
-}
-static void op_silu_and_mul(const rp_word *a, int nth) { rp_silu_and_mul(a[0].p, a[1].p, a[2].i, a[3].i, a[4].i, nth); }
-static void op_gelu_tanh_and_mul(const rp_word *a, int nth) {
-    rp_gelu_tanh_and_mul(a[0].p, a[1].p, a[2].i, a[3].i, a[4].i, nth);
-}
-static void op_rope(const rp_word *a, int nth) {
-    rp_rope(a[0].p, a[1].p, a[2].i, a[3].p, a[4].i, a[5].p, a[6].i, (int)a[7].i, (int)a[8].i, (int)a[9].i,
-            (int)a[10].i, nth);
-}
-static void op_write_kv(const rp_word *a, int nth) {
-    rp_write_kv(a[0].p, a[1].i, a[2].p, a[3].i, a[4].p, a[5].p, (int)a[6].i, a[7].p, a[8].i, a[9].i, nth);
-}
-static void op_embedding_rows(const rp_word *a, int nth) {
-    rp_embedding_rows(a[0].p, a[1].p, a[2].p, a[3].i, a[4].i, nth);
-}
-static void op_paged_attention(const rp_word *a, int nth) {
-    rp_paged_attention(a[0].p, a[1].p, a[2].i, a[3].p, a[4].p, (int)a[5].i, a[6].p, (int)a[7].i, a[8].p, a[9].p,
-                       (int)a[10].i, (int)a[11].i, (int)a[12].i, (int)a[13].i, (int)a[14].i, (float)a[15].f,
-                       (int)a[16].i, (float)a[17].f, nth);
-}
-
-static const struct {
-    const char *name;
-    rp_op run;
-} ops[] = {
-    {"rp_gguf_matmul", op_gguf_matmul},
-    {"rp_gguf_rows", op_gguf_rows},
-    {"rp_bf16_matmul", op_bf16_matmul},
-    {"rp_lm_head_q8_0", op_lm_head_q8_0},
-    {"rp_rms_norm", op_rms_norm},
-    {"rp_fused_add_rms_norm", op_fused_add_rms_norm},
-    {"rp_silu_and_mul", op_silu_and_mul},
-    {"rp_gelu_tanh_and_mul", op_gelu_tanh_and_mul},
-    {"rp_rope", op_rope},
-    {"rp_write_kv", op_write_kv},
-    {"rp_embedding_rows", op_embedding_rows},
-    {"rp_paged_attention", op_paged_attention},
-};
+/* The adapters, one per replayable entry point (op_<name>: the words, by the entry's
+ * C types, into its arguments, with the replay's thread count last), and `ops`, the
+ * table of them by name: generated from rawpage/native/entry_points.py. */
+#define RP_GRAPH_ADAPTERS
+#include "rp_entry_points.h"
 
 #define NUM_OPS ((int)(sizeof(ops) / sizeof(ops[0])))
 
@@ -111,7 +58,8 @@ RP_EXPORT int rp_graph_max_args(void) { return RP_GRAPH_MAX_ARGS; }
 
 /* Runs calls[0 .. n) in order, each on nthreads threads. Returns 0, or -1 (running
  * nothing) if a record names no op. */
-RP_EXPORT int rp_graph_replay(const rp_call *calls, int64_t n, int nthreads) {
+RP_EXPORT int rp_graph_replay(const void *records, int64_t n, int nthreads) {
+    const rp_call *calls = records;
     for (int64_t i = 0; i < n; i++)
         if (calls[i].op < 0 || calls[i].op >= NUM_OPS) return -1;
     for (int64_t i = 0; i < n; i++) ops[calls[i].op].run(calls[i].a, nthreads);

@@ -10,51 +10,10 @@ is copied to C order first.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from rawpage.native.attention import KV_DTYPES
-from rawpage.native.library import (
-    NativeLibrary,
-    addr,
-    c_float,
-    c_int,
-    c_int64,
-    c_void_p,
-    empty,
-    float_rows,
-    int32_rows,
-)
-
-_SIGNATURES = {
-    # out, x, x_stride, weight, T, n, eps, nthreads
-    "rp_rms_norm": (c_void_p, c_void_p, c_int64, c_void_p, c_int64, c_int64, c_float, c_int),
-    # normed, sum, x, x_stride, residual, residual_stride, weight, T, n, eps, nthreads
-    "rp_fused_add_rms_norm": (
-        *(c_void_p, c_void_p, c_void_p, c_int64, c_void_p, c_int64, c_void_p),
-        *(c_int64, c_int64, c_float, c_int),
-    ),
-    # out, x, x_stride, T, I, nthreads
-    "rp_silu_and_mul": (c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int),
-    "rp_gelu_tanh_and_mul": (c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int),
-    # positions, q, q_stride, k, k_stride, cos_sin, T, H, Hkv, D, is_neox, nthreads
-    "rp_rope": (c_void_p, c_void_p, c_int64, c_void_p, c_int64, c_void_p, c_int64, c_int, c_int, c_int, c_int, c_int),
-    # k, k_stride, v, v_stride, k_cache, v_cache, kv_dtype, slot_mapping, T, row, nthreads
-    # out, table, ids, T, n, nthreads
-    "rp_embedding_rows": (c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_int),
-    "rp_write_kv": (
-        *(c_void_p, c_int64, c_void_p, c_int64, c_void_p, c_void_p, c_int),
-        *(c_void_p, c_int64, c_int64, c_int),
-    ),
-}
-
-
-@functools.cache
-def _kernels(lib: NativeLibrary) -> NativeLibrary:
-    for name, argtypes in _SIGNATURES.items():
-        lib.declare(name, None, *argtypes)
-    return lib
+from rawpage.native.library import NativeLibrary, addr, empty, float_rows, int32_rows
 
 
 def _weight(w: np.ndarray) -> np.ndarray:
@@ -67,7 +26,17 @@ def rms_norm(lib: NativeLibrary, x: np.ndarray, weight: np.ndarray, eps: float, 
     T, n = x.shape
     out = empty((T, n))
     if T:
-        _kernels(lib).call("rp_rms_norm", addr(out), addr(x), stride, addr(_weight(weight)), T, n, eps, nthreads)
+        lib.call(
+            "rp_rms_norm",
+            out=addr(out),
+            x=addr(x),
+            x_stride=stride,
+            weight=addr(_weight(weight)),
+            T=T,
+            n=n,
+            eps=eps,
+            nthreads=nthreads,
+        )
     return out
 
 
@@ -87,19 +56,19 @@ def fused_add_rms_norm(
     normed = x if _writable_rows(x) else empty((T, n))
     summed = residual if _writable_rows(residual) else empty((T, n))
     if T:
-        _kernels(lib).call(
+        lib.call(
             "rp_fused_add_rms_norm",
-            addr(normed),
-            addr(summed),
-            addr(x),
-            x_stride,
-            addr(residual),
-            r_stride,
-            addr(_weight(weight)),
-            T,
-            n,
-            eps,
-            nthreads,
+            normed=addr(normed),
+            sum=addr(summed),
+            x=addr(x),
+            x_stride=x_stride,
+            residual=addr(residual),
+            residual_stride=r_stride,
+            weight=addr(_weight(weight)),
+            T=T,
+            n=n,
+            eps=eps,
+            nthreads=nthreads,
         )
     return normed, summed
 
@@ -126,20 +95,20 @@ def rope(
     q_work, q_stride = float_rows(q)
     k_work, k_stride = float_rows(k)
     cos_sin = _weight(cos_sin)
-    _kernels(lib).call(
+    lib.call(
         "rp_rope",
-        addr(int32_rows(positions)),
-        addr(q_work),
-        q_stride,
-        addr(k_work),
-        k_stride,
-        addr(cos_sin),
-        T,
-        H,
-        Hkv,
-        D,
-        int(is_neox),
-        nthreads,
+        positions=addr(int32_rows(positions)),
+        q=addr(q_work),
+        q_stride=q_stride,
+        k=addr(k_work),
+        k_stride=k_stride,
+        cos_sin=addr(cos_sin),
+        T=T,
+        H=H,
+        Hkv=Hkv,
+        D=D,
+        is_neox=int(is_neox),
+        nthreads=nthreads,
     )
     if q_work is not q:
         q[...] = q_work
@@ -152,7 +121,7 @@ def _gated(lib: NativeLibrary, name: str, x: np.ndarray, nthreads: int) -> np.nd
     T, I = x.shape[0], x.shape[1] // 2
     out = empty((T, I))
     if T:
-        _kernels(lib).call(name, addr(out), addr(x), stride, T, I, nthreads)
+        lib.call(name, out=addr(out), x=addr(x), x_stride=stride, T=T, I=I, nthreads=nthreads)
     return out
 
 
@@ -190,19 +159,19 @@ def write_kv(
         return
     k, k_stride = float_rows(k)
     v, v_stride = float_rows(v)
-    _kernels(lib).call(
+    lib.call(
         "rp_write_kv",
-        addr(k),
-        k_stride,
-        addr(v),
-        v_stride,
-        addr(k_cache),
-        addr(v_cache),
-        kv_dtype,
-        addr(int32_rows(slot_mapping)),
-        T,
-        k.shape[1] * k.shape[2],
-        nthreads,
+        k=addr(k),
+        k_stride=k_stride,
+        v=addr(v),
+        v_stride=v_stride,
+        k_cache=addr(k_cache),
+        v_cache=addr(v_cache),
+        kv_dtype=kv_dtype,
+        slot_mapping=addr(int32_rows(slot_mapping)),
+        T=T,
+        row=k.shape[1] * k.shape[2],
+        nthreads=nthreads,
     )
 
 
@@ -213,7 +182,13 @@ def embedding_rows(lib: NativeLibrary, table: np.ndarray, ids: np.ndarray, nthre
         raise ValueError(f"token ids must be in 0 .. {len(table) - 1}; got {ids.min()} .. {ids.max()}")
     out = empty((ids.size, table.shape[1]))
     if ids.size:
-        _kernels(lib).call(
-            "rp_embedding_rows", addr(out), addr(_weight(table)), addr(ids), ids.size, out.shape[1], nthreads
+        lib.call(
+            "rp_embedding_rows",
+            out=addr(out),
+            table=addr(_weight(table)),
+            ids=addr(ids),
+            T=ids.size,
+            n=out.shape[1],
+            nthreads=nthreads,
         )
     return out

@@ -5,10 +5,10 @@ None where it cannot be built (no compiler, a compiler error), after one log lin
 that says why; the CPU backend then runs the NumPy path. Tests ask for a given path
 with `load_path(path)`.
 
-Entry points are declared by the module that wraps them (rawpage/native/*.py): each
-calls `lib.declare(name, restype, *argtypes)` once and then `lib.call(name, ...)`.
-Arrays are passed by address (`ptr(a)`, or the cheaper `addr(a)`, which takes views
-too); ctypes releases the GIL for the call.
+Every entry point is declared once, in rawpage/native/entry_points.py; a loaded
+library has them all, and the module that wraps one calls `lib.call(name, arg=value,
+...)` with the arguments by their C names. Arrays are passed by address (`ptr(a)`, or
+the cheaper `addr(a)`, which takes views too); ctypes releases the GIL for the call.
 
 Inside `with recording(lib)` every call also goes into a Recording, which replays the
 whole list later in one C call (graph.c says how; backends/cpu.py captures a decode
@@ -31,11 +31,10 @@ import numpy as np
 from rawpage.compile_cache import CompileError
 from rawpage.native import isa
 from rawpage.native.build import build_library
+from rawpage.native.entry_points import ENTRY_POINTS, ctypes_of
 from rawpage.ops.launch import token_stride
 
 logger = logging.getLogger("rawpage")
-
-c_int, c_int64, c_float, c_void_p = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
 
 class NativeLibrary:
@@ -45,18 +44,17 @@ class NativeLibrary:
         self.path = path
         self.so_path = so_path
         self.fn = ctypes.CDLL(so_path)
-        self.declare("rp_pool_selftest", c_int64, c_int)
-        self.declare("rp_graph_op", c_int, ctypes.c_char_p)
-        self.declare("rp_graph_replay", c_int, c_void_p, c_int64, c_int)
-        self.declare("rp_graph_max_args", c_int)
+        for e in ENTRY_POINTS.values():  # a missing symbol fails here, at load
+            f = getattr(self.fn, e.name)
+            f.restype, f.argtypes = ctypes_of(e.restype), [ctypes_of(p.ctype) for p in e.params]
 
-    def declare(self, name: str, restype: Any, *argtypes: Any) -> None:
-        f = getattr(self.fn, name)
-        f.restype, f.argtypes = restype, list(argtypes)
-
-    def call(self, name: str, *args: Any) -> Any:
-        """Run entry point `name` (declared) on args, its last one the thread count; while
-        a graph is captured (recording()), also append the call to the recording."""
+    def call(self, name: str, /, **arguments: Any) -> Any:
+        """Run entry point `name` on its arguments, given by their C names (entry_points.py);
+        while a graph is captured (recording()), also append the call to the recording."""
+        names = ENTRY_POINTS[name].names
+        if len(arguments) != len(names):
+            raise TypeError(f"{name} takes {', '.join(names)}; got {', '.join(arguments)}")
+        args = [arguments[n] for n in names]  # a wrong name: KeyError naming it
         if _recording is not None:
             _recording.append(name, args)
         return getattr(self.fn, name)(*args)
@@ -78,7 +76,7 @@ class Recording:
         self.temporaries = 0  # bytes of the outputs allocated while recording (empty())
         self.calls: np.ndarray | None = None  # (n, width) int64, once finished
 
-    def append(self, name: str, args: tuple) -> None:
+    def append(self, name: str, args: list) -> None:
         op = self.lib.fn.rp_graph_op(name.encode())
         if op < 0 or len(args) >= self.width:
             raise NotCapturable(f"{name} cannot be replayed from a recording")

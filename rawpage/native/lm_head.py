@@ -8,16 +8,9 @@ ops/gguf_linear.py gguf_linear_ref). Why float and not int8 activations here: th
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
-from rawpage.native.library import NativeLibrary, addr, c_int, c_int64, c_void_p, contiguous_rows, empty, weight_address
-
-
-@functools.cache
-def _declare(lib: NativeLibrary) -> None:
-    lib.declare("rp_lm_head_q8_0", c_int, c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int)
+from rawpage.native.library import NativeLibrary, addr, contiguous_rows, empty, weight_address
 
 
 def lm_head_q8_0(
@@ -30,6 +23,5 @@ def lm_head_q8_0(
         raise ValueError(f"lm_head_q8_0: x {x.shape} and Q8_0 blocks {data.shape} do not make a ({N}, {K}) weight")
     y = empty((len(x), N))
     if len(x):
-        _declare(lib)
-        lib.call("rp_lm_head_q8_0", addr(y), addr(x), weight_address(data), len(x), N, K, nthreads)
+        lib.call("rp_lm_head_q8_0", y=addr(y), x=addr(x), w=weight_address(data), T=len(x), N=N, K=K, nthreads=nthreads)
     return y

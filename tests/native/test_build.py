@@ -52,12 +52,10 @@ def test_pool_runs_every_part_once(lib, nth):
 def test_the_read_probe_reads_every_word(lib, nth, words):
     """read_probe.c, the benchmarks' read reference: its result is the OR of every word,
     so one set bit anywhere (here in the last word, past the vector loop) must show."""
-    import ctypes
 
     import numpy as np
 
     buf = np.zeros(words, np.uint64)
-    lib.declare("rp_read_probe", ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int)
     assert lib.fn.rp_read_probe(buf.ctypes.data, buf.nbytes, nth) == 0
     buf[words // 2] = 3
     buf[-1] |= np.uint64(1 << 40)
@@ -70,3 +68,44 @@ def test_without_a_compiler_the_numpy_path_runs_and_says_so(no_compiler, caplog)
     assert "running the NumPy path" in caplog.text
     with pytest.raises(CompileError):
         build.build_library("scalar")
+
+
+def test_every_exported_function_is_declared_once_in_the_table():
+    """entry_points.py is the one declaration: each RP_EXPORT definition in the C sources
+    has its entry, and each entry its definition (a missing symbol fails at load)."""
+    import re
+
+    from rawpage.native.entry_points import ENTRY_POINTS
+
+    defined = set()
+    for src in build.sources():
+        defined |= set(re.findall(r"^RP_EXPORT [\w ]+?\**\s*(rp_\w+)\(", src.read_text(), re.M))
+    assert defined == set(ENTRY_POINTS)
+
+
+def test_a_definition_that_differs_from_its_entry_does_not_compile(tmp_path):
+    """The prototypes come from the table, so a kernel whose definition drifts from its
+    entry (here rp_rms_norm with eps as a double) is a compile error, not a bad call."""
+    from rawpage.compile_cache import run_compiler
+    from rawpage.native.entry_points import header
+
+    (tmp_path / "rp_entry_points.h").write_text(header())
+    good = "void rp_rms_norm(float *out, const float *x, int64_t x_stride, const float *weight, int64_t T, int64_t n, float eps, int nthreads) {}\n"
+    bad = good.replace("float eps", "double eps")
+    for name, body, ok in (("good.c", good, True), ("bad.c", bad, False)):
+        (tmp_path / name).write_text('#include "common.h"\n' + body)
+        cmd = [build.compiler(), *build.cflags("scalar"), f"-I{tmp_path}", f"-I{build.NATIVE_DIR}", "-c"]
+        cmd += [str(tmp_path / name), "-o", str(tmp_path / (name + ".o"))]
+        if ok:
+            run_compiler(cmd, "the matching definition")
+        else:
+            with pytest.raises(CompileError, match="conflicting types"):
+                run_compiler(cmd, "the drifted definition")
+
+
+def test_calls_take_the_arguments_by_their_c_names(lib):
+    with pytest.raises(TypeError, match="takes nth"):
+        lib.call("rp_pool_selftest", nth=1, extra=2)
+    with pytest.raises(KeyError, match="nth"):
+        lib.call("rp_pool_selftest", n=1)
+    assert lib.call("rp_pool_selftest", nth=3) == 6

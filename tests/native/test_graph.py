@@ -50,7 +50,7 @@ def test_copies_and_numpy_work_are_refused_while_recording(lib: NativeLibrary):
     with pytest.raises(NotCapturable, match="BLAS"), recording(lib):
         backend.matmul(np.ones((2, 8), np.float32), np.ones((4, 8), np.float32))
     with pytest.raises(NotCapturable, match="cannot be replayed"), recording(lib):
-        lib.call("rp_pool_selftest", 2)  # not an op graph.c knows
+        lib.call("rp_pool_selftest", nth=2)  # not an op graph.c knows
 
 
 def gguf_model_and_cache(qtype: str = "Q4_1"):
