@@ -192,10 +192,16 @@ FORMATS = {
         #           name      id  block bytes group bits offset sub mins  decode
         BlockFormat("Q4_0", 2, 32, 18, 32, 4, 8, False, 0, _decode_q4_0),
         BlockFormat("Q4_1", 3, 32, 20, 32, 4, 0, False, 1, _decode_q4_1),
+        BlockFormat("Q5_0", 6, 32, 22, 32, 5, 16, False, 0, _decode_q5_0),
+        BlockFormat("Q5_1", 7, 32, 24, 32, 5, 0, False, 1, _decode_q5_1),
         BlockFormat("Q8_0", 8, 32, 34, 32, 8, 128, False, 0, _decode_q8_0),
+        BlockFormat("Q2_K", 10, 256, 84, 16, 2, 0, True, 2, _decode_q2_k, scale_bits=4),
+        BlockFormat("Q3_K", 11, 256, 110, 16, 3, 4, True, 0, _decode_q3_k),
         BlockFormat("Q4_K", 12, 256, 144, 32, 4, 0, True, 2, _decode_q4_k),
         BlockFormat("Q5_K", 13, 256, 176, 32, 5, 0, True, 2, _decode_q5_k),
         BlockFormat("Q6_K", 14, 256, 210, 16, 6, 32, True, 0, _decode_q6_k),
+        BlockFormat("IQ4_NL", 20, 32, 18, 32, 4, 128, False, 0, _decode_iq4_nl, lut=_IQ4_LUT),
+        BlockFormat("IQ4_XS", 23, 256, 136, 32, 4, 128, True, 0, _decode_iq4_xs, lut=_IQ4_LUT),
     )
 }
 
@@ -241,7 +247,7 @@ def check_gguf_shape(qtype: str, shape: tuple[int, int], data: Any) -> None:
 
 def c_traits_header() -> str:
     """The table as C constants (in the header build.py generates): rp_format_traits
-    per format, and RP_GGUF_FORMATS(X), which expands X(name, traits) for each row."""
+    per format, and RP_GGUF_FORMATS(X), which expands X(name, type id, traits) for each row."""
     lines = [
         "/* GGUF block formats: rawpage/quantization/gguf.py FORMATS (its docstring has the math). */",
         "typedef struct {",
@@ -251,7 +257,7 @@ def c_traits_header() -> str:
     ]
     for f in FORMATS.values():
         t = (f.ggml_type, f.block, f.block_bytes, f.group, f.bits, f.offset, int(f.sub_scales), f.mins, f.scale_bits)
-        lines.append(f"    X({f.name}, ((rp_format_traits){{{', '.join(map(str, t))}, {int(bool(f.lut))}}})) \\")
+        lines.append(f"    X({f.name}, {f.ggml_type}, ((rp_format_traits){{{', '.join(map(str, t))}, {int(bool(f.lut))}}})) \\")
     lines.append("")
     lines.append(f"#define RP_IQ4_LUT {{{', '.join(map(str, _IQ4_LUT))}}} /* L[q] of the formats with lut = 1 */")
     return "\n".join(lines)

@@ -9,7 +9,20 @@ from rawpage.quantization.gguf import GGUF_BLOCKS, gguf_dequantize_ref
 from tests.kernels.conftest import DTYPES, assert_close
 
 # Byte offsets of each format's float16 fields in a block (the rest is random bits).
-_F16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+_F16_FIELDS = {
+    "Q8_0": (0,),
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+    "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
+}
 
 
 def random_blocks(rng: np.random.Generator, qtype: str, N: int, K: int) -> np.ndarray:
