@@ -11,7 +11,7 @@ Under tensor parallelism H, Hkv, I and V are this rank's (config is its local on
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -187,6 +187,18 @@ class DecoderModel:
             ),
             rope=1 if window and c.rope_local_theta is not None else 0,
         )
+
+    def linear_weights(self) -> Iterator[tuple[str, Array | QuantizedWeight]]:
+        """(name, weight) of every Linear weight backend.linear multiplies (not the
+        embedding table, which is looked up; MoE routers stay dense by design)."""
+        for i, layer in enumerate(self.layers):
+            names = ("qkv", "o_proj", "gate_up", "down")
+            yield from ((f"layers.{i}.{n}", getattr(layer, n)) for n in names if getattr(layer, n) is not None)
+            if layer.moe is not None:
+                for e, (gate_up, down) in enumerate(zip(layer.moe.gate_up, layer.moe.down)):
+                    yield f"layers.{i}.experts.{e}.gate_up", gate_up
+                    yield f"layers.{i}.experts.{e}.down", down
+        yield "lm_head", self.lm_head
 
     def num_bytes(self) -> int:
         """Bytes held by the weights (a tied LM head counted once)."""

@@ -33,7 +33,10 @@ logger = logging.getLogger("rawpage")
 def build_rank(ckpt: Checkpoint, backend: Backend, quantization: str | None, tp: TensorParallel | None = None):
     """The checkpoint's model on the backend, its Linear weights in the form --quantization
     asks (quantization/select.py); under tensor parallelism, `tp`'s shard of it."""
-    return build_model(ckpt.config, backend, apply_quantization_flag(ckpt.tensors, quantization), tp)
+    model = build_model(ckpt.config, backend, apply_quantization_flag(ckpt.tensors, quantization), tp)
+    if hasattr(model, "linear_weights"):
+        backend.report_weights(list(model.linear_weights()))
+    return model
 
 
 def resolve_dtype(dtype: str, device: str, checkpoint_dtype: str) -> str | None:

@@ -68,17 +68,19 @@ CORE_FORBIDDEN = ["rawpage.server", "rawpage.cli"]
 # (tools/path_files.py's core_closure says which modules count, and prints them with --core).
 # Measured at 8,264 lines in 65 files when this budget was first set (issue 32), and at
 # 8,194 lines in 66 files once its merges landed (no circles, the server's narrow
-# interface, one decoder, one CPU backend).
-CORE_CLOSURE_LINE_BUDGET = 8300
+# interface, one decoder, one CPU backend). Raised to 8,320 for issue 40's report of the
+# Linear layers a backend holds dense (DecoderModel.linear_weights, Backend.report_weights).
+CORE_CLOSURE_LINE_BUDGET = 8320
 # Files from `rawpage serve` to the decode kernel (tools/path_files.py), on each device's
 # path: issue 32's target, 20 or fewer. The union over the CPU kernels and the simulator
 # was 30 when first measured (3 from the CLI to the loop that calls step(), 27 run by a
 # decode step before its kernel launch); 29 once issue 32's merges landed (21 on the CPU
 # kernels, 24 on the simulator); 25 once a layer's small CUDA launches shared one module
 # (ops/layer_ops.py, as native/layer_ops.py does for C), the sim loader sat beside its
-# launcher and the step's grammar hooks in grammar_compiler.py (20 on each path).
-PATH_FILES_BUDGET = 20
-BOTH_PATHS_BUDGET = 25
+# launcher and the step's grammar hooks in grammar_compiler.py (20 on each path). 21 and
+# 26 with native/entry_points.py, the one declaration of each C entry point (issue 41).
+PATH_FILES_BUDGET = 21
+BOTH_PATHS_BUDGET = 26
 
 # Functions over the limit, each with its reason (issue 13: none outside cuda/ and tools/).
 MAX_FUNCTION_LINES = 50
@@ -98,6 +100,7 @@ MANY_PARAMETERS: dict[str, str] = {  # path:function -> why it takes more
     "rawpage/ops/paged_attention.py:_launch_prefill": ATTENTION_LAUNCH,
     "rawpage/ops/kv_cache_fp8.py:launch_write_kv_fp8": "a kernel launch: the kernel's own arguments, named",
     "rawpage/ops/gguf_linear.py:launch_gguf_linear": "a kernel launch: the kernel's own arguments, named",
+    "rawpage/native/gguf.py:gguf_matmul": "a kernel call: the kernel's own arguments, named",
     "rawpage/backends/cublas_ctypes.py:__call__": "one cuBLAS call: the C function's own arguments",
     "rawpage/backends/cublaslt_fp8.py:__call__": "one cuBLASLt matmul: the C function's own arguments",
     "rawpage/backends/cublas_gemm.py:gemm_matmul": "a GEMM's operands beside the cuBLAS handle and stream",

@@ -1,46 +1,39 @@
-"""The CPU's GGUF and bf16 kernels (rawpage/native/gguf_matmul.c, bf16_matmul.c) against
-the read bandwidth.
+"""The CPU's GGUF and 16-bit kernels (rawpage/native/gguf_matmul.c, half_matmul.c) against
+the read bandwidth, at the shapes of real models.
 
-    python tools/bench_cpu_kernels.py                        # the tables, this CPU's best path
+    python tools/bench_cpu_kernels.py                           # decode and prefill, 1B shapes, every format
+    python tools/bench_cpu_kernels.py --shape 3b --formats Q4_K Q6_K
+    python tools/bench_cpu_kernels.py --decode-only --threads 2
+    python tools/bench_cpu_kernels.py --float-only              # a float checkpoint's forms (part 3)
     python tools/bench_cpu_kernels.py --path avx2 --threads 1
-    python tools/bench_cpu_kernels.py --crossover-only       # prefill: int kernel vs dequantize + NumPy
-    python tools/bench_cpu_kernels.py --float-only           # a float checkpoint's forms (part 3)
-    python tools/bench_cpu_kernels.py --step-only            # a decode step's GEMVs, replayed from C
 
-Part 1, decode and small batches: y = x W^T for the default model's weights
-(SmolLM2-135M: Q4_1 576x576, gate_up 3072x576, down 576x1536, the Q8_0 LM head
-49152x576) and larger K-quant ones, at T = 1, 2, 4, 8, 32, 128 tokens, on 1 and 2
-threads. Each row: the kernel's GB/s (weight bytes / time), GFLOP/s (2 T N K / time),
-and, at T = 1, its share of the read bandwidth measured in the same run: a plain read
-(rawpage/native/read_probe.c; before 2026-12-02's third session a NumPy sum, which its
-adds bind below what the kernels reach) of an array of the weight's size (so from the same cache level: the weight is read
-call after call, as the same layer's weight is in a decode step's timing loop), split
-over the same number of threads, and over 256 MB (DRAM). The target: T = 1 at >= 80%
-of the same-size read. Then the same GEMVs as a replayed decode step makes them: 30
-layers' qkv, o, gate_up and down weights in turn (from memory), called from C by a
-recording (rawpage/native/graph.c), against the 256 MB read of the same run.
+Part 1, decode: one decode step's GEMVs (T = 1) over every layer of a model's shape
+(--shape: Llama-3.2-1B's 16 layers of qkv 3072x2048, o 2048x2048, gate_up 16384x2048,
+down 2048x8192; 3b, 8b, or SmolLM2-135M's), random blocks of each format repacked as the
+backend holds them, called from C by a recording (native/graph.c), so no Python between
+calls, as a replayed decode step makes them; the weights (hundreds of MB) come from
+memory. Each row: GB/s of weight bytes and its share of a plain read of 256 MB
+(rawpage/native/read_probe.c) on the same threads in the same run. The target (issue
+40): >= 85%. Then the LM head at the shape's vocabulary (49152 rows, SmolLM2's, as the
+shaped models) in Q6_K (Q8_0 at 135m) with the head's two roundings (parts=2).
 
-Part 2, prefill: at T = 16 .. 512 the int kernel against np.matmul on the weight
-already dequantized to float32 (today's CPU path: dense W in memory) and against
-dequantizing it (gguf_rows, all rows) and then np.matmul; the crossover is the
-smallest T where the dense path is faster.
+Part 2, prefill: the gate_up and down weights at T = 128 and 512 tokens: GFLOP/s
+(2 T N K / time) per format, and for one format the same product by BLAS on the weight
+dequantized to float32 (what the NumPy path does).
 
-Part 3, a float checkpoint's weights in the forms the native backend can hold them,
-on the default model's shapes: float32 through np.matmul (the NumPy backend; also
-what --quantization none gives), Q8_0 quantized from float (--quantization q8_0:
-quantization/q8_0.py, then gguf_matmul; the LM head row runs lm_head_q8_0, as the
-backend does), bf16 widened exactly in the kernel (a bf16 checkpoint, what the backend
-runs), and bf16 through vdpbf16ps on x rounded to bf16 (the measured alternative).
+Part 3, a float checkpoint's weights in the forms the native backend can hold them, on
+the default model's shapes: float32 through np.matmul, Q8_0 quantized from float
+(--quantization q8_0), bf16 and f16 widened exactly in the kernel, and bf16 through
+vdpbf16ps on x rounded to bf16 (the measured alternative).
 
-Times are the minimum over repeated calls (the machine may be shared; the minimum
-is the least disturbed run); the load average is printed with the table.
+Times are the minimum over repeated calls (the machine may be shared; the minimum is
+the least disturbed run); the load average is printed with each table.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import threading
 import time
 from collections.abc import Callable
 
@@ -52,34 +45,45 @@ from threadpoolctl import threadpool_limits
 
 from rawpage.dtypes import bf16_from_f32
 from rawpage.native import isa
-from rawpage.native.bf16 import bf16_matmul
-from rawpage.native.gguf import gguf_matmul, gguf_rows
+from rawpage.native.gguf import gguf_matmul, repack
+from rawpage.native.half import half_matmul
 from rawpage.native.library import load_path, recording
-from rawpage.native.lm_head import lm_head_q8_0
-from rawpage.quantization.gguf import GGUF_BLOCKS
+from rawpage.quantization.gguf import FORMATS, gguf_dequantize_ref
 from rawpage.quantization.q8_0 import quantize_q8_0
 
-# (name, qtype, N, K): the default model's weights, then larger ones
-WEIGHTS = [
-    ("attn 576x576", "Q4_1", 576, 576),
-    ("gate_up 3072x576", "Q4_1", 3072, 576),
-    ("down 576x1536", "Q4_1", 576, 1536),
-    ("lm_head 49152x576", "Q8_0", 49152, 576),
-    ("4096x4096", "Q4_K", 4096, 4096),
-    ("4096x4096", "Q6_K", 4096, 4096),
-]
-CROSSOVER_WEIGHTS = WEIGHTS[:3]
-_F16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+# name -> (layers, [(weight, N, K)]): one layer's Linear weights, q|k|v and gate|up fused as the model fuses them
+SHAPES = {
+    "135m": (30, [("qkv", 960, 576), ("o", 576, 576), ("gate_up", 3072, 576), ("down", 576, 1536)]),
+    "1b": (16, [("qkv", 3072, 2048), ("o", 2048, 2048), ("gate_up", 16384, 2048), ("down", 2048, 8192)]),
+    "3b": (28, [("qkv", 5120, 3072), ("o", 3072, 3072), ("gate_up", 16384, 3072), ("down", 3072, 8192)]),
+    "8b": (32, [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]),
+}
+VOCAB = 49152  # the shaped models' vocabulary (SmolLM2's tokenizer)
+FORMATS_DEFAULT = ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q3_K", "IQ4_XS"]
+_F16_FIELDS = {
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q8_0": (0,),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+    "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
+}
 
 
-def random_weight(rng: np.random.Generator, qtype: str, N: int, K: int) -> np.ndarray:
+def random_blocks(rng: np.random.Generator, qtype: str, N: int, K: int) -> np.ndarray:
     """(N, row_bytes) uint8: random quants, small finite float16 scales (the speed does
     not depend on the values)."""
-    block, size = GGUF_BLOCKS[qtype]
-    raw = rng.integers(0, 256, (N, K // block, size), dtype=np.uint8)
+    f = FORMATS[qtype]
+    raw = rng.integers(0, 256, (N, K // f.block, f.block_bytes), dtype=np.uint8)
     for off in _F16_FIELDS[qtype]:
-        scale = rng.uniform(0.002, 0.02, (N, K // block)).astype(np.float16)
-        raw[:, :, off : off + 2] = scale.view(np.uint8).reshape(N, K // block, 2)
+        scale = rng.uniform(0.002, 0.02, (N, K // f.block)).astype(np.float16)
+        raw[:, :, off : off + 2] = scale.view(np.uint8).reshape(N, K // f.block, 2)
     return raw.reshape(N, -1)
 
 
@@ -95,197 +99,145 @@ def best_seconds(budget: float, fn: Callable[..., object], *args: object) -> flo
     return best
 
 
-def _sum_round(part: np.ndarray, reps: int, barrier: threading.Barrier, ends: list[float]) -> None:
-    barrier.wait()
-    for _ in range(reps):
-        part.sum()
-    ends.append(time.perf_counter())
-
-
 def read_gbs(lib, nbytes: int, nthreads: int, budget: float) -> float:
     """The read bandwidth the kernels are held to: GB/s of rawpage/native/read_probe.c
     reading nbytes once a call on nthreads of the kernels' pool (wide loads, no
-    arithmetic to speak of; a NumPy sum is bound by its adds, see numpy_read_gbs)."""
+    arithmetic to speak of)."""
     buf = np.ones(max(nbytes // 8, 512), np.uint64)
     return buf.nbytes / best_seconds(budget, lib.fn.rp_read_probe, buf.ctypes.data, buf.nbytes, nthreads) / 1e9
 
 
-def numpy_read_gbs(nbytes: int, nthreads: int, budget: float) -> float:
-    """GB/s of NumPy sums over nbytes of float32, split over nthreads (NumPy lets go of
-    the GIL in the sum): the reference of the sections before 2026-12-02's third session.
-    Each thread sums its part `reps` times after a common barrier, so that starting
-    threads is not timed; like a kernel call, each sum pays Python's call overhead."""
-    parts = np.array_split(np.ones(max(nbytes // 4, 1024), dtype=np.float32), nthreads)
-    reps = max(1, int(2e-2 * 20e9 / max(nbytes, 1)))  # ~20 ms a round at 20 GB/s
-    best, start = float("inf"), time.perf_counter()
-    while best == float("inf") or time.perf_counter() - start < budget:
-        barrier, ends = threading.Barrier(nthreads), []
-        threads = [threading.Thread(target=_sum_round, args=(p, reps, barrier, ends)) for p in parts[1:]]
-        for t in threads:
-            t.start()
-        t0 = time.perf_counter()
-        _sum_round(parts[0], reps, barrier, ends)
-        for t in threads:
-            t.join()
-        best = min(best, (max(ends) - t0) / reps)
-    return nbytes / best / 1e9
-
-
-def dequantize_then_matmul(lib, x: np.ndarray, data: np.ndarray, qtype: str, shape: tuple[int, int], nth: int):
-    """The float path on a quantized weight: W (N, K) float32 from its blocks, then x W^T."""
-    return np.matmul(x, gguf_rows(lib, data, qtype, shape, np.arange(shape[0]), nth).T)
-
-
 def decode_table(lib, args) -> None:
     rng = np.random.default_rng(0)
+    layers, weights = SHAPES[args.shape]
     dram = {nth: read_gbs(lib, 256 << 20, nth, 1.0) for nth in args.threads}
     print(
-        f"\n## GGUF GEMV/GEMM, {lib.path} path, load average {os.getloadavg()[0]:.1f}; "
-        f"256 MB read: {', '.join(f'{dram[n]:.1f} GB/s on {n}' for n in args.threads)}\n"
+        f"\n## Decode GEMVs, {args.shape} shapes ({layers} layers), {lib.path} path, load average "
+        f"{os.getloadavg()[0]:.1f}; 256 MB read: {', '.join(f'{dram[n]:.1f} GB/s on {n}' for n in args.threads)}\n"
     )
-    print("| weight | type | MB | threads | same-size read GB/s | " + " | ".join(f"T={t}" for t in args.tokens) + " |")
-    print("|---|---|---|---|---|" + "---|" * len(args.tokens))
-    for name, qtype, N, K in WEIGHTS:
-        data = random_weight(rng, qtype, N, K)
-        for nth in args.threads:
-            same = read_gbs(lib, data.nbytes, nth, args.budget)
-            cells = []
-            for T in args.tokens:
-                x = rng.standard_normal((T, K)).astype(np.float32)
-                sec = best_seconds(args.budget, gguf_matmul, lib, x, data, qtype, (N, K), nth)
-                gbs, gflops = data.nbytes / sec / 1e9, 2 * T * N * K / sec / 1e9
-                share = f" ({100 * gbs / same:.0f}%)" if T == 1 else ""
-                cells.append(f"{gbs:.1f} GB/s{share}, {gflops:.0f} GF")
-            print(f"| {name} | {qtype} | {data.nbytes / 1e6:.1f} | {nth} | {same:.1f} | " + " | ".join(cells) + " |")
-
-
-# A decode step's layer GEMVs: the default model's 30 layers (SmolLM2-135M, Q4_1)
-STEP_LAYERS = 30
-STEP_WEIGHTS = [("qkv", 960, 576), ("o", 576, 576), ("gate_up", 3072, 576), ("down", 576, 1536)]
-
-
-def step_table(lib, args) -> None:
-    """The layer GEMVs at T = 1 as a replayed decode step makes them: every layer's weight
-    in turn, called from C by a recording (native/graph.c), so no Python between calls.
-    One recording per weight kind (its 30 calls; some kinds' 30 weights fit the L3 cache)
-    and one of the whole step (120 calls in layer order, 66 MB: from memory)."""
-    rng = np.random.default_rng(3)
-    layers = [{k: random_weight(rng, "Q4_1", N, K) for k, N, K in STEP_WEIGHTS} for _ in range(STEP_LAYERS)]
-    xs = {K: rng.standard_normal((1, K)).astype(np.float32) for K in {K for _, _, K in STEP_WEIGHTS}}
-    shapes = {k: (N, K) for k, N, K in STEP_WEIGHTS}
-    kinds_mb = {k: sum(layer[k].nbytes for layer in layers) / 1e6 for k, _, _ in STEP_WEIGHTS}
-    total = sum(w.nbytes for layer in layers for w in layer.values())
     print(
-        f"\n## Decode-step GEMVs (T = 1, Q4_1, {STEP_LAYERS} layers, {total / 1e6:.0f} MB), replayed from C, "
-        f"{lib.path} path, load average {os.getloadavg()[0]:.1f}\n"
+        "| format | MB a step | "
+        + " | ".join(f"{n} thread{'s' * (n > 1)}: GB/s (% of read)" for n in args.threads)
+        + " |"
     )
-    print("Each kind's 30 weights: " + ", ".join(f"{k} {mb:.0f} MB" for k, mb in kinds_mb.items()) + ".\n")
-    head = "| threads | read 256 MB | read the step's bytes | NumPy sum 256 MB | "
-    print(head + " | ".join(kinds_mb) + " | whole step |")
-    print("|---|---|---|---|" + "---|" * (len(kinds_mb) + 1))
-    for nth in args.threads:
-        dram, same = read_gbs(lib, 256 << 20, nth, 1.0), read_gbs(lib, total, nth, 1.0)
-        numpy_dram = numpy_read_gbs(256 << 20, nth, 1.0)
+    print("|---|---|" + "---|" * len(args.threads))
+    xs = {K: rng.standard_normal((1, K)).astype(np.float32) for _, _, K in weights}
+    for qtype in args.formats:
+        if any(K % FORMATS[qtype].block for _, _, K in weights):
+            print(f"| {qtype} | (K of {args.shape} is no multiple of its {FORMATS[qtype].block}-value block) |")
+            continue
+        step = [
+            [(repack(random_blocks(rng, qtype, N, K), qtype, (N, K)), N, K) for _, N, K in weights]
+            for _ in range(layers)
+        ]
+        nbytes = sum(w.nbytes for layer in step for w, _, _ in layer)
         cells = []
-        for kinds in [[k] for k in kinds_mb] + [list(kinds_mb)]:
-            with recording(lib) as rec:
-                for layer in layers:
-                    for k in kinds:
-                        gguf_matmul(lib, xs[shapes[k][1]], layer[k], "Q4_1", shapes[k], nth)
-            nbytes = sum(layer[k].nbytes for layer in layers for k in kinds)
-            gbs = nbytes / best_seconds(args.budget, rec.replay, nth) / 1e9
-            cells.append(f"{gbs:.1f} ({100 * gbs / dram:.0f}%)")
-        print(f"| {nth} | {dram:.1f} | {same:.1f} | {numpy_dram:.1f} | " + " | ".join(cells) + " |")
-    print("\n(GB/s of weight bytes; in brackets, the share of the 256 MB read (read_probe.c) in the same run)")
-
-
-def crossover_table(lib, args) -> None:
-    rng = np.random.default_rng(1)
-    print(f"\n## Prefill: int kernel vs dense float32 W + np.matmul, {lib.path} path (ms; x = fastest)\n")
-    print("| weight | threads | T | int kernel | np.matmul, W dense | dequantize + np.matmul |")
-    print("|---|---|---|---|---|---|")
-    for name, qtype, N, K in CROSSOVER_WEIGHTS:
-        data = random_weight(rng, qtype, N, K)
         for nth in args.threads:
-            dense = gguf_rows(lib, data, qtype, (N, K), np.arange(N), nth)  # (N, K) float32
-            crossed = None
-            with threadpool_limits(nth):
-                for T in args.crossover_tokens:
-                    x = rng.standard_normal((T, K)).astype(np.float32)
-                    t_int = best_seconds(args.budget, gguf_matmul, lib, x, data, qtype, (N, K), nth)
-                    t_dense = best_seconds(args.budget, np.matmul, x, dense.T)
-                    t_deq = best_seconds(args.budget, dequantize_then_matmul, lib, x, data, qtype, (N, K), nth)
-                    ms = [t_int * 1e3, t_dense * 1e3, t_deq * 1e3]
-                    mark = [f"{m:.3f}" + (" x" if m == min(ms) else "") for m in ms]
-                    print(f"| {name} {qtype} | {nth} | {T} | " + " | ".join(mark) + " |")
-                    if crossed is None and t_dense < t_int:
-                        crossed = T
-            print(f"| {name} {qtype} | {nth} | crossover (dense W faster) | T = {crossed or 'none'} | | |")
+            with recording(lib) as rec:
+                for layer in step:
+                    for w, N, K in layer:
+                        gguf_matmul(lib, xs[K], w, qtype, (N, K), nth)
+            gbs = nbytes / best_seconds(args.budget, rec.replay, nth) / 1e9
+            cells.append(f"{gbs:.1f} ({100 * gbs / dram[nth]:.0f}%)")
+        print(f"| {qtype} | {nbytes / 1e6:.0f} | " + " | ".join(cells) + " |")
+        del step
+    K = weights[1][2]
+    qhead = "Q6_K" if K % 256 == 0 else "Q8_0"  # a Q4_K_M file's head; SmolLM2's Q8_0
+    head = repack(random_blocks(rng, qhead, VOCAB, K), qhead, (VOCAB, K))
+    cells = []
+    for nth in args.threads:
+        sec = best_seconds(args.budget, gguf_matmul, lib, xs[K], head, qhead, (VOCAB, K), nth, None, 2)
+        cells.append(f"{head.nbytes / sec / 1e9:.1f} ({100 * head.nbytes / sec / 1e9 / dram[nth]:.0f}%)")
+    print(f"| LM head {VOCAB}x{K} {qhead}, parts=2 | {head.nbytes / 1e6:.0f} | " + " | ".join(cells) + " |")
+
+
+def prefill_table(lib, args) -> None:
+    rng = np.random.default_rng(1)
+    _, weights = SHAPES[args.shape]
+    print(
+        f"\n## Prefill GEMMs, {args.shape} shapes, {lib.path} path, load average {os.getloadavg()[0]:.1f} (GFLOP/s)\n"
+    )
+    cols = [(name, N, K, T) for name, N, K in weights[2:] for T in args.prefill_tokens]
+    print("| format | threads | " + " | ".join(f"{n} {N}x{K}, T={T}" for n, N, K, T in cols) + " |")
+    print("|---|---|" + "---|" * len(cols))
+    fits = [q for q in args.formats if not any(K % FORMATS[q].block for _, _, K in weights)]
+    for qtype in fits + ["BLAS, dequantized"]:
+        fmt = fits[0] if qtype.startswith("BLAS") else qtype
+        packed = {(N, K): random_blocks(rng, fmt, N, K) for _, N, K in weights[2:]}
+        for nth in args.threads:
+            cells = []
+            for _, N, K, T in cols:
+                x = rng.standard_normal((T, K)).astype(np.float32)
+                if qtype.startswith("BLAS"):
+                    dense = gguf_dequantize_ref(packed[N, K], fmt, (N, K))
+                    with threadpool_limits(nth):
+                        sec = best_seconds(args.budget, lambda x=x, dense=dense: (dense @ x.T).T)
+                else:
+                    w = repack(packed[N, K], qtype, (N, K))
+                    sec = best_seconds(args.budget, gguf_matmul, lib, x, w, qtype, (N, K), nth)
+                cells.append(f"{2 * T * N * K / sec / 1e9:.0f}")
+            label = f"BLAS, {fmt} dequantized to float32" if qtype.startswith("BLAS") else qtype
+            print(f"| {label} | {nth} | " + " | ".join(cells) + " |")
 
 
 def float_forms(w: np.ndarray, lm_head: bool) -> list[tuple[str, np.ndarray, Callable[..., np.ndarray]]]:
     """(form, weight array, fn(lib, x, nthreads)) for each way a float weight w (N, K) can be held."""
     N, K = w.shape
-    dense, q8, bf16 = np.ascontiguousarray(w), quantize_q8_0(w), bf16_from_f32(w)
-
-    def q8_0(lib, x, nth):
-        if lm_head:
-            return lm_head_q8_0(lib, x, q8, (N, K), nth)
-        return gguf_matmul(lib, x, q8, "Q8_0", (N, K), nth)
-
+    dense, bf16, f16 = np.ascontiguousarray(w), bf16_from_f32(w), w.astype(np.float16).view(np.uint16)
+    q8 = repack(quantize_q8_0(w), "Q8_0", (N, K))
+    parts = 2 if lm_head else 1
     return [
         ("float32, np.matmul", dense, lambda lib, x, nth: (dense @ x.T).T),
-        ("Q8_0 (lm_head: float x)" if lm_head else "Q8_0", q8, q8_0),
-        ("bf16 exact (FMA)", bf16, lambda lib, x, nth: bf16_matmul(lib, x, bf16, nth)),
-        ("bf16 vdpbf16ps, x rounded", bf16, lambda lib, x, nth: bf16_matmul(lib, x, bf16, nth, round_x=True)),
+        (
+            "Q8_0 (lm_head: parts=2)" if lm_head else "Q8_0",
+            q8,
+            lambda lib, x, nth: gguf_matmul(lib, x, q8, "Q8_0", (N, K), nth, None, parts),
+        ),
+        ("bf16 exact (FMA)", bf16, lambda lib, x, nth: half_matmul(lib, x, bf16, nth)),
+        ("f16 exact (F16C + FMA)", f16, lambda lib, x, nth: half_matmul(lib, x, f16, nth, f16=True)),
+        ("bf16 vdpbf16ps, x rounded", bf16, lambda lib, x, nth: half_matmul(lib, x, bf16, nth, round_x=True)),
     ]
 
 
 def float_table(lib, args) -> None:
     rng = np.random.default_rng(2)
-    print(f"\n## A float checkpoint's weights: float32, Q8_0, bf16; {lib.path} path (weight GB/s, GFLOP/s)\n")
-    print("| weight | form | MB | threads | same-size read GB/s | " + " | ".join(f"T={t}" for t in args.tokens) + " |")
-    print("|---|---|---|---|---|" + "---|" * len(args.tokens))
-    for name, _, N, K in WEIGHTS[:4]:
+    print(f"\n## A float checkpoint's weights: float32, Q8_0, bf16, f16; {lib.path} path (weight GB/s, GFLOP/s)\n")
+    print("| weight | form | MB | threads | " + " | ".join(f"T={t}" for t in args.tokens) + " |")
+    print("|---|---|---|---|" + "---|" * len(args.tokens))
+    _, weights = SHAPES["135m"]
+    for name, N, K in [*weights, ("lm_head", VOCAB, 576)]:
         w = (rng.standard_normal((N, K)) * 0.02).astype(np.float32)
-        for form, data, fn in float_forms(w, name.startswith("lm_head")):
+        for form, data, fn in float_forms(w, name == "lm_head"):
             for nth in args.threads:
-                same = read_gbs(lib, data.nbytes, nth, args.budget)
                 cells = []
                 with threadpool_limits(nth):
                     for T in args.tokens:
                         x = rng.standard_normal((T, K)).astype(np.float32)
                         sec = best_seconds(args.budget, fn, lib, x, nth)
-                        gbs, gflops = data.nbytes / sec / 1e9, 2 * T * N * K / sec / 1e9
-                        share = f" ({100 * gbs / same:.0f}%)" if T == 1 else ""
-                        cells.append(f"{gbs:.1f} GB/s{share}, {gflops:.0f} GF")
-                row = f"| {name} | {form} | {data.nbytes / 1e6:.1f} | {nth} | {same:.1f} | "
-                print(row + " | ".join(cells) + " |")
+                        cells.append(f"{data.nbytes / sec / 1e9:.1f} GB/s, {2 * T * N * K / sec / 1e9:.0f} GF")
+                print(f"| {name} {N}x{K} | {form} | {data.nbytes / 1e6:.1f} | {nth} | " + " | ".join(cells) + " |")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--path", default=isa.selected_path(), choices=isa.runnable_paths(), help="instruction-set path")
+    p.add_argument("--shape", default="1b", choices=sorted(SHAPES))
+    p.add_argument("--formats", nargs="+", default=FORMATS_DEFAULT, choices=sorted(FORMATS))
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 32, 128])
-    p.add_argument("--crossover-tokens", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512])
-    p.add_argument("--budget", type=float, default=0.15, help="seconds of repeats per measurement")
-    p.add_argument("--crossover-only", action="store_true")
-    p.add_argument("--float-only", action="store_true", help="only part 3: float32, Q8_0 and bf16 weights")
-    p.add_argument("--step-only", action="store_true", help="only the decode step's GEMVs, replayed from C")
+    p.add_argument("--prefill-tokens", type=int, nargs="+", default=[128, 512])
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32, 128], help="part 3's token counts")
+    p.add_argument("--budget", type=float, default=0.3, help="seconds of repeats per measurement")
+    part = p.add_mutually_exclusive_group()
+    part.add_argument("--decode-only", action="store_true")
+    part.add_argument("--prefill-only", action="store_true")
+    part.add_argument("--float-only", action="store_true", help="only part 3: float32, Q8_0, bf16 and f16 weights")
     args = p.parse_args()
     lib = load_path(args.path)
-    if args.step_only:
-        step_table(lib, args)
-        return
-    if args.float_only:
-        float_table(lib, args)
-        return
-    if not args.crossover_only:
+    if not (args.prefill_only or args.float_only):
         decode_table(lib, args)
-        step_table(lib, args)
-    crossover_table(lib, args)
-    if not args.crossover_only:
+    if not (args.decode_only or args.float_only):
+        prefill_table(lib, args)
+    if args.float_only:
         float_table(lib, args)
 
 

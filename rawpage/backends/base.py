@@ -107,6 +107,10 @@ class Backend:
             return self.asarray(dequantize(w))
         return w
 
+    def report_weights(self, linear_weights: list[tuple[str, Array | QuantizedWeight]]) -> None:
+        """After loading, given each Linear weight by name: log what this backend wants
+        known about the forms they took (cpu.py: the layers left dense)."""
+
     def linear(self, x: Array, w: Array | QuantizedWeight, bias: Array | None = None) -> Array:
         """The one seam every Linear layer of every model goes through: x (T, in) ->
         x @ W.T (+ bias): (T, out), for w from prepare_linear. The backend picks the

@@ -4,16 +4,20 @@ input, else to its NumPy reference in rawpage/ops.
 
 With the library (--cpu-kernels native, or auto wherever a C compiler works):
 
-    linear       GGUF blocks kept as stored, the activations quantized to int8 per 32
-                 values once per matmul, integer dot products per block, for decode and
-                 prefill alike (native/gguf_matmul.c; at 8-512 rows 2-13x faster than
-                 dequantized tiles into BLAS, docs/benchmarks.md). Each row's rounding
-                 is its own, so a sequence computes the same whatever its batch. Dense
-                 weights (float checkpoints, other formats) go to BLAS as on NumPy.
-                 bf16 weights (a bf16 safetensors checkpoint) kept as stored, widened
-                 exactly inside the kernel, float32 activations (native/bf16_matmul.c):
-                 the float32 model's results from half its bytes
-    logits       a Q8_0 LM head with float activations (native/gguf_lm_head.c)
+    linear       GGUF weights in every format of the table, repacked once at load into
+                 panels of 16 rows (the file's bytes in another order), the activations
+                 quantized to int8 per 32 values once per matmul, integer dot products
+                 of 16 rows x 4 values per instruction, for decode and prefill alike
+                 (native/gguf_matmul.c). Each token's rounding is its own, so a sequence
+                 computes the same whatever its batch. Dense weights (float checkpoints)
+                 go to BLAS as on NumPy.
+                 bf16 and f16 weights (a bf16 safetensors checkpoint, a GGUF's BF16 and
+                 F16 tensors) kept as stored, widened exactly inside the kernel, float32
+                 activations (native/half_matmul.c): the float32 model's results from
+                 half its bytes
+    logits       a GGUF LM head with the activations rounded twice (15 bits: the
+                 remainder of the int8 rounding rounded again), since its rounding
+                 lands in the logits
     embedding    a packed (or bf16) table's rows widened as they are looked up, so a
                  tied embedding / LM head is held once, in its stored format
     attention    read in place through the block table, online softmax, each K/V row
@@ -43,6 +47,7 @@ import logging
 import mmap
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -51,12 +56,10 @@ from rawpage._blas_env import spin_is_short
 from rawpage.backends.base import Backend, Graph, GraphNotCaptured
 from rawpage.backends.cpu_malloc import keep_freed_memory
 from rawpage.backends.cpu_threads import CpuThreads
-from rawpage.dtypes import bf16_to_f32
 from rawpage.native import attention, layer_ops
-from rawpage.native.bf16 import bf16_matmul
-from rawpage.native.gguf import NATIVE_GGUF, gguf_matmul, gguf_rows
+from rawpage.native.gguf import NATIVE_GGUF, gguf_matmul, gguf_rows, repack
+from rawpage.native.half import half_matmul, half_rows
 from rawpage.native.library import NativeLibrary, NotCapturable, capturing, recording
-from rawpage.native.lm_head import lm_head_q8_0
 from rawpage.ops.cache_ops import copy_blocks_ref, swap_blocks_ref
 from rawpage.ops.kv_cache_fp8 import paged_attention_fp8_ref, write_kv_fp8_ref
 from rawpage.ops.layer_ops import (
@@ -110,7 +113,7 @@ class CPUBackend(Backend):
         self.dtype = np.dtype(np.float32)
         self.threads = CpuThreads(cpu_threads)
         # The kernels read GGUF blocks and bf16 as stored, and a packed embedding by rows.
-        self.keeps_quantized = frozenset({"gguf", "bf16"}) if lib else frozenset()
+        self.keeps_quantized = frozenset({"gguf", "bf16", "f16"}) if lib else frozenset()
         self.reads_packed_embedding = lib is not None
         self.graphs: weakref.WeakSet[NativeGraph] = weakref.WeakSet()  # the live recordings (their memory)
         keep_freed_memory()  # each layer's temporaries reuse the last layer's pages (cpu_malloc.py)
@@ -187,36 +190,54 @@ class CPUBackend(Backend):
                 return layer_ops.embedding_rows(self.lib, table, ids, self.kernel_threads)
             self._host_work("a NumPy embedding lookup")
             return table[ids]
-        if table.kind == "bf16":
-            self._host_work("a bf16 embedding table")
-            return bf16_to_f32(table.data[ids])  # (T, dim): exact
+        if table.kind in ("bf16", "f16"):
+            return half_rows(self.lib, table.data, ids, self.kernel_threads, f16=table.kind == "f16")
         return gguf_rows(self.lib, table.data, table.qtype, table.shape, ids, self.kernel_threads)
 
     def prepare_linear(self, w: np.ndarray | QuantizedWeight) -> np.ndarray | QuantizedWeight:
+        if isinstance(w, QuantizedWeight) and self._kernel_reads(w) and w.kind == "gguf":
+            return replace(w, data=repack(np.asarray(w.data), w.qtype, w.shape), layout="panels")
         if isinstance(w, QuantizedWeight) and self._kernel_reads(w):
-            return w.map_arrays(np.ascontiguousarray)  # as stored: (out, row_bytes) uint8 blocks, (out, in) uint16 bf16
+            return w.map_arrays(np.ascontiguousarray)  # as stored: (out, in) uint16 bf16 / f16
         if isinstance(w, QuantizedWeight):  # any other format: dequantized at load
             w = dequantize(w)
         # Kept (out, in), as checkpoints store it: a tied LM head is the embedding table
         # itself, with no transposed copy. See matmul for why this layout.
         return np.ascontiguousarray(w)
 
+    def report_weights(self, linear_weights: list[tuple[str, Any]]) -> None:
+        """One line naming every Linear layer held dense while the kernels are loaded: those
+        run as float32 GEMMs in BLAS, read 4 bytes a weight, and keep decode steps from
+        being replayed (a BLAS call cannot be recorded)."""
+        dense = [(n, w) for n, w in linear_weights if isinstance(w, np.ndarray)]
+        if self.lib is None or not dense:
+            return
+        more = f" and {len(dense) - 4} more" if len(dense) > 4 else ""
+        logger.info(
+            "%d Linear layers are dense float32 (stored as F32, or in a form the CPU kernels do not read): %s%s. "
+            "They run in BLAS at 4 bytes a weight, and decode steps run eagerly. Fix: a checkpoint that stores "
+            "them quantized or as F16/BF16 (llama-quantize), or --quantization q8_0",
+            len(dense),
+            ", ".join(f"{n} {tuple(w.shape)}" for n, w in dense[:4]),
+            more,
+        )
+
     def _kernel_reads(self, w: QuantizedWeight) -> bool:
-        return self.lib is not None and (w.kind == "bf16" or (w.kind == "gguf" and w.qtype in NATIVE_GGUF))
+        return self.lib is not None and (w.kind in ("bf16", "f16") or (w.kind == "gguf" and w.qtype in NATIVE_GGUF))
 
     def linear(self, x: np.ndarray, w: Any, bias: np.ndarray | None = None) -> np.ndarray:
-        if isinstance(w, QuantizedWeight) and w.kind == "bf16":
-            return bf16_matmul(self.lib, x, w.data, self.kernel_threads, bias)
+        if isinstance(w, QuantizedWeight) and w.kind in ("bf16", "f16"):
+            return half_matmul(self.lib, x, w.data, self.kernel_threads, bias, f16=w.kind == "f16")
         if isinstance(w, QuantizedWeight):  # GGUF blocks prepare_linear kept
             return gguf_matmul(self.lib, x, w.data, w.qtype, w.shape, self.kernel_threads, bias)
         self._host_work("a dense (BLAS) or LoRA linear layer")
         return super().linear(x, w, bias)  # dense: matmul; LoRA: the base weight, then the delta
 
     def logits(self, x: np.ndarray, lm_head: Any) -> np.ndarray:
-        """A Q8_0 LM head (SmolLM2's tied embedding) read with float activations
-        (native/gguf_lm_head.c says why); other heads as any linear layer."""
-        if isinstance(lm_head, QuantizedWeight) and lm_head.qtype == "Q8_0":
-            return lm_head_q8_0(self.lib, x, lm_head.data, lm_head.shape, self.kernel_threads)
+        """A GGUF LM head with x rounded twice (parts=2, native/gguf_matmul.c says why);
+        other heads as any linear layer."""
+        if isinstance(lm_head, QuantizedWeight) and lm_head.kind == "gguf":
+            return gguf_matmul(self.lib, x, lm_head.data, lm_head.qtype, lm_head.shape, self.kernel_threads, parts=2)
         return self.linear(x, lm_head)
 
     def matmul(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:

@@ -1,8 +1,10 @@
-"""Load a GGUF file: metadata -> ModelConfig, tensors -> HF names, dequantized to float32.
+"""Load a GGUF file: metadata -> ModelConfig, tensors -> HF names, in their blocks.
 
 GGUF (llama.cpp's format) keeps everything in one file: hyperparameters under
 `{arch}.*`, the tokenizer under `tokenizer.ggml.*`, and tensors in ggml's block
-formats. We read it with the `gguf` package and dequantize at load time.
+formats. Every format of rawpage/quantization/gguf.py's table is kept in its blocks
+for the backends that read them (each backend says which: keeps_quantized); any
+tensor can also be read dequantized to float32 (the NumPy path, norms, biases).
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from rawpage.config import ModelConfig
 from rawpage.errors import ModelLoadError, UnsupportedModelError
 from rawpage.loader.gguf_reader import GGUFTensorInfo, read_gguf
 from rawpage.loader.tensors import TensorSource
-from rawpage.quantization.gguf import GGUF_BLOCKS
+from rawpage.quantization.gguf import GGUF_BLOCKS, gguf_dequantize_ref
 from rawpage.quantization.weight import QuantizedWeight
 
-SUPPORTED_TENSOR_TYPES = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"}
-# Block formats that sim and cuda keep quantized on the device (quantization/gguf.py).
+# Block formats kept in their blocks (quantization/gguf.py FORMATS), and the float ones;
+# F16 and BF16 matrices are offered as stored too (QuantizedWeight kinds "f16", "bf16").
 KEPT_QUANTIZED = set(GGUF_BLOCKS)
+STORED_16_BIT = {"F16": "f16", "BF16": "bf16"}
+SUPPORTED_TENSOR_TYPES = KEPT_QUANTIZED | {"F32", "F16", "BF16"}
 # llama with experts is Mixtral
 SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"}
 
@@ -192,27 +196,30 @@ class GGUFCheckpoint:
     def _tensor_source(self) -> TensorSource:
         from gguf import GGMLQuantizationType
 
-        readers, quantized = {}, {}
+        readers, quantized, kinds = {}, {}, {}
         for t in self.tensor_infos:
             qtype = GGMLQuantizationType(t.ggml_type).name
             if qtype not in SUPPORTED_TENSOR_TYPES:
                 raise UnsupportedModelError(
-                    f"{self.path}: tensor {t.name!r} has GGUF type {qtype}, which rawpage "
-                    f"does not dequantize (supported: {', '.join(sorted(SUPPORTED_TENSOR_TYPES))})"
+                    f"{self.path}: tensor {t.name!r} has GGUF type {qtype}, which rawpage does not read "
+                    f"(it reads {', '.join(sorted(SUPPORTED_TENSOR_TYPES))}; llama-quantize can "
+                    f"requantize the file to one of them, e.g. Q4_K_M)"
                 )
             if t.name.endswith("_exps.weight"):  # one reader per expert, each of its own rows
                 for e in range(t.shape[0]):
                     name = self._hf_expert_name(t.name, e)
                     readers[name] = lambda t=t, e=e: self._read(t, e)
-                    if qtype in KEPT_QUANTIZED:
-                        quantized[name] = lambda t=t, qtype=qtype, e=e: self._read_blocks(t, qtype, e)
+                    if qtype in KEPT_QUANTIZED or qtype in STORED_16_BIT:
+                        quantized[name] = lambda t=t, qtype=qtype, e=e: self._read_stored(t, qtype, e)
+                        kinds[name] = STORED_16_BIT.get(qtype, "gguf")
                 continue
             name = self._hf_name(t.name)
             if name is not None:
                 readers[name] = lambda t=t: self._read(t)
-                if qtype in KEPT_QUANTIZED and len(t.shape) == 2:
-                    quantized[name] = lambda t=t, qtype=qtype: self._read_blocks(t, qtype)
-        return TensorSource(readers, quantized)
+                if (qtype in KEPT_QUANTIZED or qtype in STORED_16_BIT) and len(t.shape) == 2:
+                    quantized[name] = lambda t=t, qtype=qtype: self._read_stored(t, qtype)
+                    kinds[name] = STORED_16_BIT.get(qtype, "gguf")
+        return TensorSource(readers, quantized, kinds)
 
     def _hf_expert_name(self, name: str, e: int) -> str:
         _, layer, stack = name.split(".", 2)
@@ -237,13 +244,16 @@ class GGUFCheckpoint:
             return f"model.layers.{layer}.{hf}"
         return None  # tensors we do not use (e.g. precomputed rope tables)
 
-    def _read_blocks(self, t: GGUFTensorInfo, qtype: str, expert: int | None = None) -> QuantizedWeight:
-        """A matrix as its rows of blocks, copied out of the mapping: (rows, row_bytes) uint8;
-        of a stacked (E, rows, cols) expert tensor, one expert's rows."""
+    def _read_stored(self, t: GGUFTensorInfo, qtype: str, expert: int | None = None) -> QuantizedWeight:
+        """A matrix as stored, copied out of the mapping: its rows of blocks (rows,
+        row_bytes) uint8, or an F16 / BF16 one's (rows, cols) uint16 bits; of a stacked
+        (E, rows, cols) expert tensor, one expert's rows."""
         rows, e = t.shape[-2], expert or 0
         raw = self._data[t.offset : t.offset + t.nbytes].reshape(int(np.prod(t.shape[:-1])), -1)
-        raw = np.array(raw[e * rows : (e + 1) * rows])
-        return QuantizedWeight("gguf", (rows, t.shape[-1]), self._unpermute(t.name, raw), qtype)
+        raw = self._unpermute(t.name, np.array(raw[e * rows : (e + 1) * rows]))
+        if qtype in STORED_16_BIT:
+            return QuantizedWeight(STORED_16_BIT[qtype], (rows, t.shape[-1]), raw.view(np.uint16))
+        return QuantizedWeight("gguf", (rows, t.shape[-1]), raw, qtype)
 
     def _unpermute(self, name: str, w: np.ndarray) -> np.ndarray:
         """Rows of q/k (float values or whole rows of blocks) back to Hugging Face's order."""
@@ -259,13 +269,17 @@ class GGUFCheckpoint:
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
+        qtype = GGMLQuantizationType(t.ggml_type).name
         rows = int(np.prod(t.shape[:-1], dtype=np.int64))
         raw = self._data[t.offset : t.offset + t.nbytes].reshape(rows, -1)  # (rows, bytes per row)
         shape = t.shape
         if expert is not None:
             n = t.shape[1]
             raw, shape = raw[expert * n : (expert + 1) * n], t.shape[1:]
-        w = dequantize(raw, GGMLQuantizationType(t.ggml_type)).astype(np.float32, copy=False)
+        if qtype in KEPT_QUANTIZED:  # our own reference dequantizer (held to gguf's in the tests)
+            w = gguf_dequantize_ref(raw, qtype, (raw.shape[0], shape[-1]))
+        else:  # F32, F16, BF16
+            w = dequantize(raw, GGMLQuantizationType(t.ggml_type)).astype(np.float32, copy=False)
         w = w.reshape(shape)
         if self.family in ("gemma2", "gemma3") and t.name.endswith("norm.weight"):
             w = w - 1.0  # llama.cpp stores Gemma's norms as the 1 + w they scale by

@@ -29,9 +29,14 @@ class TensorSource(Mapping[str, np.ndarray]):
         self,
         readers: dict[str, Callable[[], np.ndarray]],
         quantized: dict[str, Callable[[], QuantizedWeight]] | None = None,
+        kinds: dict[str, str] | None = None,
     ) -> None:
+        """kinds: each packed tensor's QuantizedWeight kind, where a source packs more
+        than one (a GGUF: blocks, and 16-bit float tensors as "f16" / "bf16"); else one
+        kind for all, found by reading the first."""
         self._readers = readers
         self._quantized = quantized or {}
+        self._kinds = kinds
 
     def quantized(self, name: str) -> QuantizedWeight | None:
         """The tensor as the checkpoint packs it, if it is a quantized Linear weight
@@ -41,6 +46,20 @@ class TensorSource(Mapping[str, np.ndarray]):
 
     def quantized_names(self) -> list[str]:
         return list(self._quantized)
+
+    def packed_kind(self, name: str) -> str | None:
+        """The kind quantized(name) has, without reading it where the source knows."""
+        if self._kinds is not None:
+            return self._kinds.get(name)
+        w = self.quantized(name)
+        return w.kind if w is not None else None
+
+    def packed_kinds(self) -> set[str]:
+        """The kinds of the packed tensors (one source packs one kind, but a GGUF)."""
+        if self._kinds is not None:
+            return set(self._kinds.values())
+        names = self.quantized_names()[:1]
+        return {k for k in map(self.packed_kind, names) if k is not None}
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor as its reader returns it (int32 packed weights stay int32)."""

@@ -71,12 +71,12 @@ def entry(name: str, restype: str, signature: str, replay: bool = False) -> Entr
 ENTRY_POINTS = {
     e.name: e
     for e in (
-        # gguf_matmul.c: linear layers on GGUF blocks, int8 activations
+        # gguf_matmul.c: linear layers and embedding rows on GGUF weights repacked in panels
         entry(
             "rp_gguf_matmul",
             "int",
             "int qtype, float *y, const float *x, const uint8_t *w, const float *bias, int64_t T, int64_t N, "
-            "int64_t K, uint8_t *scratch, int nthreads",
+            "int64_t K, int parts, uint8_t *scratch, int nthreads",
             replay=True,
         ),
         entry(
@@ -85,20 +85,23 @@ ENTRY_POINTS = {
             "int qtype, float *out, const uint8_t *w, const int32_t *ids, int64_t T, int64_t N, int64_t K, int nthreads",
             replay=True,
         ),
-        entry("rp_gguf_quantize_q8", "void", "const float *x, uint8_t *scratch, int64_t T, int64_t K"),
-        # bf16_matmul.c
         entry(
-            "rp_bf16_matmul",
+            "rp_gguf_quantize", "int", "int qtype, const float *x, int64_t T, int64_t K, int parts, uint8_t *scratch"
+        ),
+        entry("rp_gguf_scratch_bytes", "int64_t", "int qtype, int64_t T, int64_t K, int parts"),
+        entry("rp_gguf_panel_bytes", "int64_t", "int qtype, int64_t K"),
+        # half_matmul.c
+        entry(
+            "rp_half_matmul",
             "int",
-            "float *y, const float *x, const uint16_t *w, const float *bias, int64_t T, int64_t N, int64_t K, "
-            "int round_x, void *scratch, int nthreads",
+            "int f16, float *y, const float *x, const uint16_t *w, const float *bias, int64_t T, int64_t N, "
+            "int64_t K, int round_x, void *scratch, int nthreads",
             replay=True,
         ),
-        # gguf_lm_head.c
         entry(
-            "rp_lm_head_q8_0",
-            "int",
-            "float *y, const float *x, const uint8_t *w, int64_t T, int64_t N, int64_t K, int nthreads",
+            "rp_half_rows",
+            "void",
+            "int f16, float *out, const uint16_t *table, const int32_t *ids, int64_t T, int64_t n, int nthreads",
             replay=True,
         ),
         # layer_ops.c

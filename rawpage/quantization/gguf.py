@@ -257,7 +257,9 @@ def c_traits_header() -> str:
     ]
     for f in FORMATS.values():
         t = (f.ggml_type, f.block, f.block_bytes, f.group, f.bits, f.offset, int(f.sub_scales), f.mins, f.scale_bits)
-        lines.append(f"    X({f.name}, {f.ggml_type}, ((rp_format_traits){{{', '.join(map(str, t))}, {int(bool(f.lut))}}})) \\")
+        lines.append(
+            f"    X({f.name}, {f.ggml_type}, ((rp_format_traits){{{', '.join(map(str, t))}, {int(bool(f.lut))}}})) \\"
+        )
     lines.append("")
     lines.append(f"#define RP_IQ4_LUT {{{', '.join(map(str, _IQ4_LUT))}}} /* L[q] of the formats with lut = 1 */")
     return "\n".join(lines)

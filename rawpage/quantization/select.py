@@ -13,8 +13,8 @@ config.json's quantization_config and the --quantization flag.
 A backend then keeps the packed form where it has kernels for it
 (Backend.keeps_quantized) and dequantizes it at load where it has not (cpu on
 NumPy). A bf16 safetensors checkpoint offers its Linear weights as kind "bf16"
-(hf_folder.py): that is its stored form, not a quantization, so fp8 and q8_0 take
-such a checkpoint as a float one.
+(hf_folder.py), and a GGUF its F16 / BF16 tensors as "f16" / "bf16": that is their
+stored form, not a quantization, so fp8 and q8_0 take them as float weights.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ QUANTIZATION_FLAG_CHOICES = (*QUANTIZATION_CHOICES, *CHECKPOINT_METHODS)
 def apply_quantization_flag(tensors: Any, method: str | None) -> Any:
     """--quantization applied to a loaded checkpoint's tensors (see the module docstring)."""
     if method in CHECKPOINT_METHODS and isinstance(tensors, TensorSource):
-        kinds = {w.kind for w in (tensors.quantized(n) for n in tensors.quantized_names()[:1]) if w is not None}
+        kinds = tensors.packed_kinds()
         if CHECKPOINT_METHODS[method] not in kinds:
             raise UnsupportedModelError(
                 f"--quantization {method}: this checkpoint is not {method}-quantized "
@@ -65,16 +65,19 @@ def apply_quantization_flag(tensors: Any, method: str | None) -> Any:
     raise ValueError(f"unknown --quantization {method!r}; choose {', '.join(QUANTIZATION_FLAG_CHOICES)}")
 
 
+_FLOAT_KINDS = (None, "bf16", "f16")  # stored floats, not a quantization
+
+
 def _packed_kind(tensors: TensorSource) -> str | None:
-    """The kind of the checkpoint's packed weights (one source packs one kind), or None."""
-    names = tensors.quantized_names()[:1]
-    w = tensors.quantized(names[0]) if names else None
-    return w.kind if w is not None else None
+    """The kind of the checkpoint's quantized weights (a GGUF may also hold float
+    tensors: its blocks count), or None."""
+    kinds = tensors.packed_kinds()
+    return next((k for k in sorted(kinds) if k not in _FLOAT_KINDS), next(iter(kinds), None))
 
 
 def _refuse_packed(tensors: TensorSource, method: str) -> None:
     kind = _packed_kind(tensors)
-    if kind not in (None, "bf16") and not (method == "q8_0" and kind == "gguf"):
+    if kind not in _FLOAT_KINDS and not (method == "q8_0" and kind == "gguf"):
         raise UnsupportedModelError(
             f"--quantization {method} quantizes a float checkpoint; this one is already "
             f"quantized ({kind}); leave --quantization at auto"
@@ -86,7 +89,7 @@ def _q8_0_tensors(tensors: TensorSource) -> TensorSource:
     as Q8_0 blocks. A GGUF's tensors already in blocks stay as they are; the dense
     readers see the Q8_0-rounded values, so that every backend runs the same model."""
     _refuse_packed(tensors, "q8_0")
-    kept = set(tensors.quantized_names()) if _packed_kind(tensors) == "gguf" else set()
+    kept = {n for n in tensors.quantized_names() if tensors.packed_kind(n) == "gguf"}
     names = [name for name in tensors if is_linear_weight(name) and name not in kept]
     readers = {name: (lambda name=name: tensors.raw(name)) for name in tensors}
     readers |= {name: (lambda name=name: _q8_0_rounded(tensors[name])) for name in names}

@@ -1,18 +1,22 @@
 """One type for every quantized Linear weight, whatever format it came from.
 
     kind "gguf":  data = (out, row_bytes) uint8, each row whole GGUF blocks as stored
-                  in the file (`qtype` names the block format, see quantization/gguf.py).
+                  in the file (`qtype` names the block format, see quantization/gguf.py);
+                  layout "panels" (the CPU kernels, after prepare_linear): the same
+                  blocks repacked 16 rows at a time, (ceil(out / 16), panel_bytes)
+                  uint8 (rawpage/native/gguf.py).
     kind "int4":  AWQ and GPTQ, converted at load: data (out, in/8) uint32 nibbles,
                   scales and zeros per group, perm for act-order (quantization/int4.py).
     kind "fp8":   data (out, in) uint8 e4m3 bits, scales (out,) float32 (quantization/fp8.py).
     kind "bf16":  data (out, in) uint16 bfloat16 bits, a bf16 checkpoint's tensor as stored:
                   not quantized, but packed the same way, so that a backend with a bf16
                   kernel keeps it at 2 bytes a weight (native CPU) and others widen it.
+    kind "f16":   data (out, in) uint16 IEEE half bits: a GGUF's F16 tensor, as "bf16".
 
 A QuantizedWeight holds host (NumPy) arrays when a loader makes it, and device
 arrays once a backend's prepare_linear has uploaded it. The NumPy CPU backend never
 keeps one: it dequantizes at load (`dequantize`), so every checkpoint runs there.
-The CPU backend on its C kernels keeps "gguf" and "bf16" (backends/cpu.py).
+The CPU backend on its C kernels keeps "gguf", "bf16" and "f16" (backends/cpu.py).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ Array = Any  # numpy.ndarray on the host and under sim, cupy.ndarray on cuda
 
 @dataclass
 class QuantizedWeight:
-    kind: str  # "gguf" | "int4" | "fp8" | "bf16"
+    kind: str  # "gguf" | "int4" | "fp8" | "bf16" | "f16"
     shape: tuple[int, int]  # (out, in), the dense weight's shape
     data: Array  # the packed weights; layout per kind (module docstring)
     qtype: str = ""  # gguf: the block format, e.g. "Q4_K"
@@ -41,6 +45,7 @@ class QuantizedWeight:
     zeros: Array | None = None  # int4: (out, groups) float16
     perm: Array | None = None  # int4 act-order: (in,) int32, stored column -> input
     group_size: int = 0  # int4: inputs per group
+    layout: str = "blocks"  # gguf: "blocks" as stored, or "panels" (the CPU kernels' repack)
 
     def arrays(self) -> dict[str, Array]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name in _ARRAYS}
@@ -56,6 +61,7 @@ class QuantizedWeight:
     def rows(self, start: int, stop: int) -> QuantizedWeight:
         """Output rows [start, stop) (a column-parallel shard): every kind stores a row
         whole, with its own scales (perm is per input, so it stays)."""
+        self._as_stored()
         cut = {k: None if a is None else a if k == "perm" else a[start:stop] for k, a in self.arrays().items()}
         return replace(self, shape=(stop - start, self.shape[1]), **cut)
 
@@ -65,10 +71,11 @@ class QuantizedWeight:
         GGUF blocks (32 or 256 inputs), int4 groups and words, act-order int4 (its stored
         columns are permuted inputs), fp8's 16-input steps (the GEMM kernels'). fp8's and
         bf16's scales are per row: a cut keeps them."""
+        self._as_stored()
         if self.kind == "fp8" and (start % 16 or stop % 16):
             return None
         cut: dict[str, Any] = {}
-        if self.kind in ("fp8", "bf16"):
+        if self.kind in ("fp8", "bf16", "f16"):
             cut["data"] = self.data[:, start:stop]
         elif self.kind == "gguf":
             elems, nbytes = GGUF_BLOCKS[self.qtype]
@@ -84,18 +91,25 @@ class QuantizedWeight:
         cut = {k: np.ascontiguousarray(a) for k, a in cut.items()}
         return replace(self, shape=(self.shape[0], stop - start), **cut)
 
+    def _as_stored(self) -> None:
+        if self.layout != "blocks":
+            raise ValueError(f"a {self.layout} weight is a backend's layout; cut or read the weight as stored")
+
 
 _ARRAYS = ("data", "scales", "zeros", "perm")
 
 
 def dequantize(w: QuantizedWeight) -> np.ndarray:
     """A host QuantizedWeight -> its dense float32 weight (out, in)."""
+    w._as_stored()
     if w.kind == "gguf":
         return gguf_dequantize_ref(np.asarray(w.data), w.qtype, w.shape)
     if w.kind == "fp8":
         return fp8_dequantize_ref(w.data, w.scales)
     if w.kind == "bf16":
         return bf16_to_f32(np.asarray(w.data))  # exact: bf16 is float32's top half
+    if w.kind == "f16":
+        return np.asarray(w.data).view(np.float16).astype(np.float32)  # exact
     if w.kind == "int4":
         return int4_dequantize_ref(w.data, w.scales, w.zeros, w.perm)
     raise ValueError(f"unknown quantized weight kind {w.kind!r}")

@@ -12,9 +12,10 @@ import pytest
 from rawpage.backends import get_backend
 from rawpage.backends.cpu import CPUBackend
 from rawpage.models.llama import LlamaModel
-from rawpage.native.gguf import gguf_matmul
+from rawpage.native.gguf import gguf_matmul, repack
 from rawpage.native.library import native_kernels
 from rawpage.ops import gguf_linear
+from rawpage.quantization.gguf import GGUF_BLOCKS
 from rawpage.quantization.weight import QuantizedWeight
 from tests.kernels.test_gguf_model_sim import DECODE_TOLERANCE, packed_weight, quantized_tiny_llama
 from tests.kernels.test_model_sim import Runner
@@ -44,7 +45,9 @@ def test_cpu_kernels_flag_picks_the_kernels(caplog):
         native = get_backend("cpu", cpu_kernels="native")
     assert type(numpy_path) is type(native) is CPUBackend
     assert numpy_path.lib is None and not numpy_path.keeps_quantized and not numpy_path.reads_packed_embedding
-    assert native.lib is not None and native.keeps_quantized == {"gguf", "bf16"} and native.reads_packed_embedding
+    assert (
+        native.lib is not None and native.keeps_quantized == {"gguf", "bf16", "f16"} and native.reads_packed_embedding
+    )
     assert "CPU kernels: native" in caplog.text
     assert get_backend("cpu").lib is not None  # auto: native where it builds
 
@@ -86,7 +89,7 @@ def test_default_model_logits_against_the_numpy_path(native_default_model, defau
     assert agree / total >= MIN_TOP1_AGREEMENT, f"top-1 agreement {agree}/{total}"
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", sorted(GGUF_BLOCKS))
 def test_native_gguf_agrees_with_the_simulators_mmvq(qtype, monkeypatch):
     """Both quantize activations as llama.cpp does (int8 per 32 values, the same
     rounding), so on the same activations they agree to float rounding: this holds
@@ -100,7 +103,7 @@ def test_native_gguf_agrees_with_the_simulators_mmvq(qtype, monkeypatch):
     for T in (1, 3, 8):  # up to the simulator's GEMV token limit
         x = (rng.standard_normal((T, 512)) * 2).astype(np.float32)
         want = sim.to_numpy(sim.linear(sim.asarray(x), w_sim))
-        got = gguf_matmul(native_kernels(), x, w.data, qtype, w.shape, 2)
+        got = gguf_matmul(native_kernels(), x, repack(w.data, qtype, w.shape), qtype, w.shape, 2)
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
 
 

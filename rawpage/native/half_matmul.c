@@ -1,20 +1,23 @@
-/* Linear layers on bfloat16 weights, kept as the checkpoint stores them:  y = x W^T (+ bias).
+/* Linear layers on 16-bit float weights, bfloat16 or IEEE half (f16), kept as the
+ * checkpoint stores them:  y = x W^T (+ bias).
  *
  *   y     (T, N) float32
  *   x     (T, K) float32
- *   W     (N, K) bfloat16 bits (uint16), row n contiguous: a bf16 safetensors tensor as stored
+ *   W     (N, K) bfloat16 or half bits (uint16), row n contiguous: a bf16 safetensors
+ *         tensor, or a GGUF's BF16 / F16 tensor, as stored
  *   bias  (N,) float32 or NULL
  *
  * The math. bfloat16 is the top half of a float32, so widening a weight is a 16-bit
- * shift and exact:  w = float(bits << 16). The kernel reads 2 bytes a weight (half of
- * float32's, which is what decode's memory-bound GEMV pays for) and computes
+ * shift and exact:  w = float(bits << 16); a half widens exactly too (vcvtph2ps, F16C).
+ * The kernel reads 2 bytes a weight (half of float32's, which is what decode's
+ * memory-bound GEMV pays for) and computes
  *
  *     y[t, n] = sum_k float(W[n, k]) x[t, k]          (round_x = 0: what the backend runs)
  *
  * in float32 FMAs: the weights exact, the activations exact, only float32 summation
  * rounding, as a float32 GEMM on the widened weights.
  *
- * round_x = 1 measures the alternative, AVX512-BF16's vdpbf16ps (two bf16 products
+ * round_x = 1 (bf16 weights only) measures the alternative, AVX512-BF16's vdpbf16ps (two bf16 products
  * per float lane and instruction): it takes both operands in bf16, so x is rounded to
  * bf16 (8 significant bits, relative error up to 2^-9) once per call:
  *
@@ -41,9 +44,10 @@ typedef struct {
     const uint16_t *w;
     const float *bias;
     int64_t T, N, K;
-    int dp; /* vdpbf16ps on bf16 x (xh) instead of FMAs on float x */
+    int f16; /* W holds halves, not bfloat16 */
+    int dp;  /* vdpbf16ps on bf16 x (xh) instead of FMAs on float x */
     const uint16_t *xh; /* (T, K) bf16 bits of x, for dp */
-} bf16_args;
+} half_args;
 
 RP_INLINE float bf16_f32(uint16_t h) {
     const uint32_t bits = (uint32_t)h << 16;
@@ -62,7 +66,7 @@ RP_INLINE uint16_t f32_bf16(float f) {
 
 /* y[t0 .. t0 + NT, n0 .. n0 + NR] += the tile's dot products, then bias. NR <= 4, NT <= 2,
  * compile-time constants at every call, so the r and t loops unroll into registers. */
-RP_INLINE void tile(const bf16_args *a, int64_t n0, int64_t t0, const int NR, const int NT) {
+RP_INLINE void tile(const half_args *a, int64_t n0, int64_t t0, const int NR, const int NT) {
     const int64_t K = a->K;
     float s[4][2] = {{0}};
     int64_t k = 0;
@@ -88,7 +92,7 @@ RP_INLINE void tile(const bf16_args *a, int64_t n0, int64_t t0, const int NR, co
             for (int t = 0; t < NT; t++) xv[t] = _mm512_loadu_ps(a->x + (t0 + t) * K + k);
             for (int r = 0; r < NR; r++) {
                 const __m256i h = _mm256_loadu_si256((const __m256i *)(a->w + (n0 + r) * K + k));
-                const __m512 wv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+                const __m512 wv = a->f16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
                 for (int t = 0; t < NT; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
             }
         }
@@ -104,7 +108,7 @@ RP_INLINE void tile(const bf16_args *a, int64_t n0, int64_t t0, const int NR, co
         for (int t = 0; t < NT; t++) xv[t] = _mm256_loadu_ps(a->x + (t0 + t) * K + k);
         for (int r = 0; r < NR; r++) {
             const __m128i h = _mm_loadu_si128((const __m128i *)(a->w + (n0 + r) * K + k));
-            const __m256 wv = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+            const __m256 wv = a->f16 ? _mm256_cvtph_ps(h) : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
             for (int t = 0; t < NT; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
         }
     }
@@ -119,7 +123,7 @@ RP_INLINE void tile(const bf16_args *a, int64_t n0, int64_t t0, const int NR, co
     /* plain C: the whole of K on the scalar path, the tail past the vectors elsewhere */
     for (; k < K; k++)
         for (int r = 0; r < NR; r++) {
-            const float w = bf16_f32(a->w[(n0 + r) * K + k]);
+            const float w = a->f16 ? rp_f16_to_f32(a->w[(n0 + r) * K + k]) : bf16_f32(a->w[(n0 + r) * K + k]);
             for (int t = 0; t < NT; t++) s[r][t] += w * a->x[(t0 + t) * K + k];
         }
     for (int r = 0; r < NR; r++)
@@ -128,7 +132,7 @@ RP_INLINE void tile(const bf16_args *a, int64_t n0, int64_t t0, const int NR, co
 }
 
 static void matmul_part(void *p, int ith, int nth) {
-    const bf16_args *a = p;
+    const half_args *a = p;
     int64_t n0, n1;
     rp_split(a->N, 16, ith, nth, &n0, &n1);
     int64_t n = n0;
@@ -163,10 +167,11 @@ static void round_part(void *p, int ith, int nth) {
     }
 }
 
-/* Returns 0. scratch: round_x only, T K (4 + 2) bytes. */
-RP_EXPORT int rp_bf16_matmul(float *y, const float *x, const uint16_t *w, const float *bias, int64_t T, int64_t N,
-                             int64_t K, int round_x, void *scratch, int nthreads) {
-    bf16_args a = {y, x, w, bias, T, N, K, 0, NULL};
+/* Returns 0, or -1 for round_x on f16 weights. scratch: round_x only, T K (4 + 2) bytes. */
+RP_EXPORT int rp_half_matmul(int f16, float *y, const float *x, const uint16_t *w, const float *bias, int64_t T,
+                             int64_t N, int64_t K, int round_x, void *scratch, int nthreads) {
+    half_args a = {y, x, w, bias, T, N, K, f16, 0, NULL};
+    if (round_x && f16) return -1;
     if (round_x) {
         round_args r = {x, (float *)scratch, (uint16_t *)((float *)scratch + T * K), T * K};
         rp_parallel(round_part, &r, T * K >= (1 << 16) ? nthreads : 1);
@@ -178,4 +183,32 @@ RP_EXPORT int rp_bf16_matmul(float *y, const float *x, const uint16_t *w, const 
     }
     rp_parallel(matmul_part, &a, nthreads);
     return 0;
+}
+
+/* --- rows: a 16-bit embedding table -------------------------------------------------- */
+
+typedef struct {
+    float *out;         /* [T, n] */
+    const uint16_t *w;  /* [V, n] */
+    const int32_t *ids; /* [T] */
+    int64_t T, n;
+    int f16;
+} half_rows_args;
+
+static void rows_part(void *p, int ith, int nth) {
+    const half_rows_args *a = p;
+    int64_t t0, t1;
+    rp_split(a->T, 1, ith, nth, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
+        const uint16_t *row = a->w + (int64_t)a->ids[t] * a->n;
+        float *out = a->out + t * a->n;
+        for (int64_t k = 0; k < a->n; k++) out[k] = a->f16 ? rp_f16_to_f32(row[k]) : bf16_f32(row[k]);
+    }
+}
+
+/* out [T, n] = rows ids [T] of table [V, n] widened, exactly (the caller checks every id). */
+RP_EXPORT void rp_half_rows(int f16, float *out, const uint16_t *table, const int32_t *ids, int64_t T, int64_t n,
+                            int nthreads) {
+    half_rows_args a = {out, table, ids, T, n, f16};
+    rp_parallel(rows_part, &a, T * n >= (1 << 16) ? nthreads : 1);
 }
