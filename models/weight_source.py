@@ -18,7 +18,7 @@ from rawpage.backends.base import Array, Backend
 from rawpage.config import ModelConfig
 from rawpage.errors import ModelLoadError
 from rawpage.forward_batch import ForwardBatch
-from rawpage.quantization.weight import QuantizedWeight, concat_rows
+from rawpage.quantization.weight import QuantizedWeight, RowStack, concat_rows
 
 Part = tuple[str, tuple[int, ...]]  # (Hugging Face tensor name, shape)
 
@@ -77,9 +77,10 @@ class CheckpointWeights:
             raise ModelLoadError(f"tensor {name!r} has shape {tuple(t.shape)}, but the config implies {shape}")
         return t
 
-    def quantized(self, backend: Backend, parts: list[Part]) -> QuantizedWeight | None:
+    def quantized(self, backend: Backend, parts: list[Part]) -> QuantizedWeight | RowStack | None:
         """The named Linear weights fused as packed, if the checkpoint packs every one of
-        them in one format that the backend keeps quantized; else None (load them dense)."""
+        them in a kind the backend keeps quantized (GGUF blocks of different formats as
+        a RowStack); else None (load them dense)."""
         source = getattr(self.tensors, "quantized", None)
         if source is None or not backend.keeps_quantized:
             return None

@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     ap.add_argument(
+        "--max-model-len", type=int, default=None, help="for models whose own context does not fit the default KV pool"
+    )
+    ap.add_argument(
         "--enforce-eager",
         action="store_true",
         help="run every step eagerly, so that each op's time shows (a decode step replayed from a graph is one row)",
@@ -91,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         max_num_seqs=args.batch,
         speculative_config=args.speculative_config,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
         enforce_eager=args.enforce_eager,
     )
     print(f"engine ready in {time.perf_counter() - t0:.2f} s (open the model, dequantize, build weights, KV pool)")

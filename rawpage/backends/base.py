@@ -11,7 +11,7 @@ import numpy as np
 from rawpage.dtypes import from_float32
 from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
 from rawpage.ops.lora import LoRALinear, add_lora_grouped
-from rawpage.quantization.weight import QuantizedWeight, dequantize
+from rawpage.quantization.weight import QuantizedWeight, RowStack, dequantize
 
 Array = Any  # numpy.ndarray on cpu and sim, cupy.ndarray on cuda
 
@@ -103,7 +103,7 @@ class Backend:
         """A Linear layer's weight, (out, in) as checkpoints store it, in the layout this
         backend's matmul reads fastest. Called once per weight at load time. A host
         QuantizedWeight of a kind not in keeps_quantized is dequantized here."""
-        if isinstance(w, QuantizedWeight):
+        if isinstance(w, QuantizedWeight | RowStack):
             return self.asarray(dequantize(w))
         return w
 

@@ -59,7 +59,7 @@ from rawpage.backends.cpu_threads import CpuThreads
 from rawpage.native import attention, layer_ops
 from rawpage.native.gguf import NATIVE_GGUF, gguf_matmul, gguf_rows, repack
 from rawpage.native.half import half_matmul, half_rows
-from rawpage.native.library import NativeLibrary, NotCapturable, capturing, recording
+from rawpage.native.library import NativeLibrary, NotCapturable, capturing, empty, recording
 from rawpage.ops.cache_ops import copy_blocks_ref, swap_blocks_ref
 from rawpage.ops.kv_cache_fp8 import paged_attention_fp8_ref, write_kv_fp8_ref
 from rawpage.ops.layer_ops import (
@@ -71,7 +71,7 @@ from rawpage.ops.layer_ops import (
     write_kv_ref,
 )
 from rawpage.ops.paged_attention import paged_attention_ref
-from rawpage.quantization.weight import QuantizedWeight, dequantize
+from rawpage.quantization.weight import QuantizedWeight, RowStack, dequantize
 
 logger = logging.getLogger("rawpage")
 
@@ -194,12 +194,14 @@ class CPUBackend(Backend):
             return half_rows(self.lib, table.data, ids, self.kernel_threads, f16=table.kind == "f16")
         return gguf_rows(self.lib, table.data, table.qtype, table.shape, ids, self.kernel_threads)
 
-    def prepare_linear(self, w: np.ndarray | QuantizedWeight) -> np.ndarray | QuantizedWeight:
+    def prepare_linear(self, w: np.ndarray | QuantizedWeight | RowStack) -> np.ndarray | QuantizedWeight | RowStack:
+        if isinstance(w, RowStack) and all(self._kernel_reads(p) and p.kind == "gguf" for p in w.parts):
+            return RowStack([self.prepare_linear(p) for p in w.parts])  # each part into its columns (linear)
         if isinstance(w, QuantizedWeight) and self._kernel_reads(w) and w.kind == "gguf":
             return replace(w, data=repack(np.asarray(w.data), w.qtype, w.shape), layout="panels")
         if isinstance(w, QuantizedWeight) and self._kernel_reads(w):
             return w.map_arrays(np.ascontiguousarray)  # as stored: (out, in) uint16 bf16 / f16
-        if isinstance(w, QuantizedWeight):  # any other format: dequantized at load
+        if isinstance(w, QuantizedWeight | RowStack):  # any other format: dequantized at load
             w = dequantize(w)
         # Kept (out, in), as checkpoints store it: a tied LM head is the embedding table
         # itself, with no transposed copy. See matmul for why this layout.
@@ -226,6 +228,22 @@ class CPUBackend(Backend):
         return self.lib is not None and (w.kind in ("bf16", "f16") or (w.kind == "gguf" and w.qtype in NATIVE_GGUF))
 
     def linear(self, x: np.ndarray, w: Any, bias: np.ndarray | None = None) -> np.ndarray:
+        if isinstance(w, RowStack):  # a fused layer whose parts differ in format: each writes its columns
+            y, col = empty((len(x), w.shape[0])), 0
+            for p in w.parts:
+                part_bias = None if bias is None else bias[col : col + p.shape[0]]
+                gguf_matmul(
+                    self.lib,
+                    x,
+                    p.data,
+                    p.qtype,
+                    p.shape,
+                    self.kernel_threads,
+                    part_bias,
+                    out=y[:, col : col + p.shape[0]],
+                )
+                col += p.shape[0]
+            return y
         if isinstance(w, QuantizedWeight) and w.kind in ("bf16", "f16"):
             return half_matmul(self.lib, x, w.data, self.kernel_threads, bias, f16=w.kind == "f16")
         if isinstance(w, QuantizedWeight):  # GGUF blocks prepare_linear kept

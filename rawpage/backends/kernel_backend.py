@@ -50,7 +50,7 @@ from rawpage.ops.lora import LoRALinear, launch_lora_expand, launch_lora_shrink
 from rawpage.ops.moe_grouped_gemm import launch_grouped_gemm
 from rawpage.ops.paged_attention import launch_paged_attention
 from rawpage.quantization.gguf import GGUF_BLOCKS
-from rawpage.quantization.weight import QuantizedWeight, dequantize
+from rawpage.quantization.weight import QuantizedWeight, RowStack, dequantize
 
 
 class KernelBackend(Backend):
@@ -95,7 +95,13 @@ class KernelBackend(Backend):
     # --- Linear layers: dense to the GEMM, quantized to our kernels --------------
     def prepare_linear(self, w: Array | QuantizedWeight) -> Array | QuantizedWeight:
         """Dense weights stay (out, in). GGUF blocks we have kernels for, int4 and fp8 are
-        uploaded as packed; any other quantized weight is dequantized to the model dtype."""
+        uploaded as packed (a RowStack part by part); any other quantized weight is
+        dequantized to the model dtype."""
+        if isinstance(w, RowStack):
+            parts = [self.prepare_linear(p) for p in w.parts]
+            return (
+                RowStack(parts) if all(isinstance(p, QuantizedWeight) for p in parts) else self.asarray(dequantize(w))
+            )
         if isinstance(w, QuantizedWeight):
             if w.kind in ("int4", "fp8") or (w.kind == "gguf" and w.qtype in GGUF_BLOCKS):
                 return w.map_arrays(self.xp.asarray)
@@ -103,6 +109,10 @@ class KernelBackend(Backend):
         return w
 
     def linear(self, x: Array, w: Array | QuantizedWeight, bias: Array | None = None) -> Array:
+        if isinstance(w, RowStack):  # each part's columns, then side by side
+            cols = np.cumsum([0] + [p.shape[0] for p in w.parts])
+            parts = [self.linear(x, p, None if bias is None else bias[a:b]) for p, a, b in zip(w.parts, cols, cols[1:])]
+            return self.xp.concatenate(parts, axis=1)
         if isinstance(w, QuantizedWeight) and w.kind == "gguf":
             return launch_gguf_linear(self.xp, self.loader, x, w.data, w.qtype, w.shape, bias, self.matmul)
         if isinstance(w, QuantizedWeight) and w.kind == "int4":

@@ -75,8 +75,8 @@ ENTRY_POINTS = {
         entry(
             "rp_gguf_matmul",
             "int",
-            "int qtype, float *y, const float *x, const uint8_t *w, const float *bias, int64_t T, int64_t N, "
-            "int64_t K, int parts, uint8_t *scratch, int nthreads",
+            "int qtype, float *y, int64_t ldy, const float *x, const uint8_t *w, const float *bias, int64_t T, "
+            "int64_t N, int64_t K, int parts, uint8_t *scratch, int nthreads",
             replay=True,
         ),
         entry(

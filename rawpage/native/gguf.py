@@ -213,17 +213,24 @@ def gguf_matmul(
     nthreads: int,
     bias: np.ndarray | None = None,
     parts: int = 1,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """x (T, K) float32 (any layout; made C-contiguous), panels (repack) -> (T, N) float32 C-contiguous."""
+    """x (T, K) float32 (any layout; made C-contiguous), panels (repack) -> y (T, N) float32,
+    a new C-contiguous array, or written into `out`: (T, N) float32 whose rows are
+    contiguous, however far apart (the columns of a fused layer's output this part makes)."""
     N, K = _check(qtype, shape)
     _check_panels(panels, qtype, N, K)
     x = contiguous_rows(x)
     if x.ndim != 2 or x.shape[1] != K:
         raise ValueError(f"x has shape {x.shape}, the {qtype} weight {shape} wants (T, {K})")
     T = x.shape[0]
-    y = empty((T, N))
+    y = empty((T, N)) if out is None else out
+    if y.shape != (T, N) or y.dtype != np.float32:
+        raise ValueError(f"out {y.shape} {y.dtype} is not a (T, N) = ({T}, {N}) float32 array")
     if T == 0 or N == 0:
         return y
+    if (N > 1 and y.strides[1] != 4) or y.strides[0] % 4:
+        raise ValueError(f"out's rows must be contiguous float32 (strides {y.strides})")
     if bias is not None:
         bias = np.ascontiguousarray(bias, dtype=np.float32)  # a weight: the same array each step
         if bias.shape != (N,):
@@ -232,6 +239,7 @@ def gguf_matmul(
         "rp_gguf_matmul",
         qtype=FORMATS[qtype].ggml_type,
         y=addr(y),
+        ldy=y.strides[0] // 4 if T > 1 else N,
         x=addr(x),
         w=weight_address(panels),
         bias=ptr(bias),

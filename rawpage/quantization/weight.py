@@ -99,8 +99,10 @@ class QuantizedWeight:
 _ARRAYS = ("data", "scales", "zeros", "perm")
 
 
-def dequantize(w: QuantizedWeight) -> np.ndarray:
-    """A host QuantizedWeight -> its dense float32 weight (out, in)."""
+def dequantize(w: QuantizedWeight | RowStack) -> np.ndarray:
+    """A host QuantizedWeight (or RowStack) -> its dense float32 weight (out, in)."""
+    if isinstance(w, RowStack):
+        return np.concatenate([dequantize(p) for p in w.parts])
     w._as_stored()
     if w.kind == "gguf":
         return gguf_dequantize_ref(np.asarray(w.data), w.qtype, w.shape)
@@ -115,14 +117,36 @@ def dequantize(w: QuantizedWeight) -> np.ndarray:
     raise ValueError(f"unknown quantized weight kind {w.kind!r}")
 
 
-def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight | None:
+@dataclass
+class RowStack:
+    """A fused Linear weight (q|k|v, gate|up) whose parts a checkpoint stores in
+    different formats (llama.cpp's Q4_K_M keeps some layers' attn_v in Q6_K beside Q4_K
+    q and k): y = [x P_0^T | x P_1^T | ...]. A backend with a kernel for every part
+    multiplies each into its columns of one output (backends/cpu.py); the others hold
+    it dense (dequantize)."""
+
+    parts: list[QuantizedWeight]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(p.shape[0] for p in self.parts), self.parts[0].shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+
+def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight | RowStack | None:
     """Fuses the weights of several Linear layers along `out` (q|k|v, gate|up), as
-    the model does with dense weights; None when they do not share one format."""
+    the model does with dense weights; GGUF blocks of different formats as a RowStack;
+    None when they cannot be fused (other kinds that do not share one format)."""
     first = parts[0]
     if len(parts) == 1:
         return first
     key = (first.kind, first.qtype, first.shape[1], first.group_size)
     if any((p.kind, p.qtype, p.shape[1], p.group_size) != key or p.perm is not None for p in parts):
+        if all(p.kind == "gguf" and p.shape[1] == first.shape[1] for p in parts):
+            return RowStack(parts)
         return None  # (act-order weights each permute their inputs their own way)
     out = sum(p.shape[0] for p in parts)
     cat = {k: None if a is None else np.concatenate([p.arrays()[k] for p in parts]) for k, a in first.arrays().items()}
