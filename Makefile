@@ -48,10 +48,13 @@ lint: $(VENV)/.installed-dev
 
 # The CPU comparison against llama-cpp-python, llama-server and transformers (docs/benchmarks.md).
 # Builds the peers outside the repository first (tools/build_peers.sh, ~40 minutes once).
+# `make compare MODEL=../models-shaped/llama-3.2-1b-Q4_K_M.gguf` serves another GGUF instead
+# (tools/make_shaped_gguf.py makes them); ARGS="--concurrency 1,4 --only-rawpage" passes flags.
 PEERS ?= $(abspath ../peers)
 compare: setup
 	$(PY) -m pip install -q -e '.[tools]'
 	tools/build_peers.sh $(PEERS)
-	$(PY) tools/compare.py --llamacpp-python $(PEERS)/llamacpp-venv/bin/python \
+	$(PY) tools/compare.py $(if $(MODEL),--model $(MODEL)) --llamacpp-python $(PEERS)/llamacpp-venv/bin/python \
 		--llama-server $(PEERS)/llama.cpp-build/bin/llama-server \
-		--llama-server-vnni $(PEERS)/llama.cpp-build-vnni/bin/llama-server --transformers-python $(PEERS)/hf-venv/bin/python
+		--llama-server-vnni $(PEERS)/llama.cpp-build-vnni/bin/llama-server --transformers-python $(PEERS)/hf-venv/bin/python \
+		$(ARGS)

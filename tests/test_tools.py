@@ -21,6 +21,8 @@ TOOLS = [
     "compare.py",
     "make_golden.py",
     "profile_step.py",
+    "make_shaped_gguf.py",
+    "bench_cpu_kernels.py",
 ]
 
 
@@ -171,3 +173,26 @@ def test_profile_step_times_a_prefill(tiny_model_dir, capsys):
     assert "prefill: 176 prompt tokens in 3 steps" in out
     # linear counts its matmul (the outermost timed call), so matmul never shows beside it
     assert "  linear " in out and "paged_attention" in out and "  matmul " not in out
+
+
+@pytest.mark.parametrize("shape", ["tiny-llama", "tiny-qwen2"])
+def test_a_shaped_file_loads_as_its_shape(tmp_path, shape):
+    """tools/make_shaped_gguf.py writes what convert_hf_to_gguf would (names, keys, F16
+    matrices, the default model's tokenizer): rawpage reads it back at that shape."""
+    from rawpage import LLM, SamplingParams
+    from tools.make_shaped_gguf import SHAPES, write_shaped_gguf
+
+    s = SHAPES[shape]
+    path = write_shaped_gguf(tmp_path / f"{shape}.gguf", shape)
+    llm = LLM(str(path), max_model_len=64, kv_cache_memory="8MiB")
+    c = llm.engine.model_config
+    assert (c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim) == (
+        s.hidden,
+        s.layers,
+        s.heads,
+        s.kv_heads,
+        s.head_dim,
+    )
+    assert c.intermediate_size == s.ffn and c.vocab_size == s.vocab and c.tie_word_embeddings == s.tied
+    out = llm.generate(["Hello"], SamplingParams(max_tokens=4, ignore_eos=True, temperature=0))[0]
+    assert len(out.outputs[0].token_ids) == 4  # random weights never stop: fixed-length replies

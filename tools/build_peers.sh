@@ -11,8 +11,8 @@
 # twice: with AVX-512 (llama.cpp-build) and with the integer dot-product instructions
 # too (llama.cpp-build-vnni: AVX512-VNNI, AVX512-BF16, and AVX-VNNI where the CPU has it; AMX off, since a
 # GGML_NATIVE=ON build enables AMX and that segfaults at the first matmul in our VM).
-# The VNNI build is the strongest llama.cpp that runs here; compare against it. About
-# 8 + 17 + 17 minutes on 2 cores. Then:
+# The VNNI build is the strongest llama.cpp that runs here; compare against it. It also
+# builds llama-quantize (tools/make_shaped_gguf.py). About 8 + 17 + 17 minutes on 2 cores. Then:
 #   python tools/compare.py --llamacpp-python DIR/llamacpp-venv/bin/python \
 #       --llama-server DIR/llama.cpp-build/bin/llama-server \
 #       --llama-server-vnni DIR/llama.cpp-build-vnni/bin/llama-server --transformers-python DIR/hf-venv/bin/python
@@ -38,16 +38,21 @@ if [ ! -d "$DIR/sdist/llama_cpp_python-$VERSION" ]; then
   "$DIR/llamacpp-venv/bin/pip" download -q --no-binary :all: --no-deps "llama-cpp-python==$VERSION" -d "$DIR/sdist"
   tar xzf "$DIR/sdist/llama_cpp_python-$VERSION.tar.gz" -C "$DIR/sdist"
 fi
-build_server() {  # build_server BUILD_DIR FLAGS
-  if [ ! -x "$DIR/$1/bin/llama-server" ]; then
-    # shellcheck disable=SC2086
-    cmake -S "$DIR/sdist/llama_cpp_python-$VERSION/vendor/llama.cpp" -B "$DIR/$1" \
-      -DCMAKE_BUILD_TYPE=Release $2 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-    cmake --build "$DIR/$1" --config Release -j2 --target llama-server
-  fi
+build_server() {  # build_server BUILD_DIR FLAGS [EXTRA_TARGET...]
+  local build=$1 flags=$2 target
+  shift 2
+  for target in llama-server "$@"; do
+    if [ ! -x "$DIR/$build/bin/$target" ]; then
+      # shellcheck disable=SC2086
+      cmake -S "$DIR/sdist/llama_cpp_python-$VERSION/vendor/llama.cpp" -B "$DIR/$build" \
+        -DCMAKE_BUILD_TYPE=Release $flags -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+      cmake --build "$DIR/$build" --config Release -j2 --target "$target"
+    fi
+  done
 }
 build_server llama.cpp-build "$FLAGS"
-build_server llama.cpp-build-vnni "$VNNI_FLAGS"
+# llama-quantize too: tools/make_shaped_gguf.py makes each format from an F16 file with it.
+build_server llama.cpp-build-vnni "$VNNI_FLAGS" llama-quantize
 
 if [ ! -x "$DIR/hf-venv/bin/python" ]; then  # transformers on the CPU build of torch
   python3 -m venv "$DIR/hf-venv"

