@@ -107,9 +107,9 @@ class Backend:
             return self.asarray(dequantize(w))
         return w
 
-    def report_weights(self, linear_weights: list[tuple[str, Array | QuantizedWeight]]) -> None:
-        """After loading, given each Linear weight by name: log what this backend wants
-        known about the forms they took (cpu.py: the layers left dense)."""
+    def weights_loaded(self, linear_weights: list[tuple[str, Array | QuantizedWeight]]) -> None:
+        """Once the model's weights are loaded, each Linear weight by name: log what this
+        backend wants known about their forms, release what loading held (cpu.py)."""
 
     def linear(self, x: Array, w: Array | QuantizedWeight, bias: Array | None = None) -> Array:
         """The one seam every Linear layer of every model goes through: x (T, in) ->

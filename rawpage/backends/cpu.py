@@ -54,7 +54,7 @@ import numpy as np
 
 from rawpage._blas_env import spin_is_short
 from rawpage.backends.base import Backend, Graph, GraphNotCaptured
-from rawpage.backends.cpu_malloc import keep_freed_memory
+from rawpage.backends.cpu_malloc import keep_freed_memory, release_freed_memory
 from rawpage.backends.cpu_threads import CpuThreads
 from rawpage.native import attention, layer_ops
 from rawpage.native.gguf import NATIVE_GGUF, gguf_matmul, gguf_rows, repack
@@ -207,10 +207,12 @@ class CPUBackend(Backend):
         # itself, with no transposed copy. See matmul for why this layout.
         return np.ascontiguousarray(w)
 
-    def report_weights(self, linear_weights: list[tuple[str, Any]]) -> None:
+    def weights_loaded(self, linear_weights: list[tuple[str, Any]]) -> None:
         """One line naming every Linear layer held dense while the kernels are loaded: those
         run as float32 GEMMs in BLAS, read 4 bytes a weight, and keep decode steps from
-        being replayed (a BLAS call cannot be recorded)."""
+        being replayed (a BLAS call cannot be recorded). And the load's freed temporaries
+        go back to the kernel (cpu_malloc.py)."""
+        release_freed_memory()
         dense = [(n, w) for n, w in linear_weights if isinstance(w, np.ndarray)]
         if self.lib is None or not dense:
             return

@@ -43,3 +43,14 @@ def keep_freed_memory(libc: object | None = None) -> bool:
     if not ok:
         logger.debug("mallopt refused a setting; freed memory goes back to the kernel as glibc decides")
     return ok
+
+
+def release_freed_memory(libc: object | None = None) -> None:
+    """Return the heap's free pages to the kernel once (glibc's malloc_trim): after the
+    model is loaded, the load's temporaries (each weight's blocks copied out of the
+    file, its repacked panels in the making) are free but, under the thresholds above,
+    still resident. No-op where the C library has no malloc_trim."""
+    try:
+        (libc or ctypes.CDLL(None)).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

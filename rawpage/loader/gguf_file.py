@@ -278,8 +278,9 @@ class GGUFCheckpoint:
             raw, shape = raw[expert * n : (expert + 1) * n], t.shape[1:]
         if qtype in KEPT_QUANTIZED:  # our own reference dequantizer (held to gguf's in the tests)
             w = gguf_dequantize_ref(raw, qtype, (raw.shape[0], shape[-1]))
-        else:  # F32, F16, BF16
-            w = dequantize(raw, GGMLQuantizationType(t.ggml_type)).astype(np.float32, copy=False)
+        else:  # F32, F16, BF16; a copy, never a view of the mapping (a norm that views it keeps
+            # the whole file mapped, and resident, while the model lives)
+            w = np.array(dequantize(raw, GGMLQuantizationType(t.ggml_type)), dtype=np.float32)
         w = w.reshape(shape)
         if self.family in ("gemma2", "gemma3") and t.name.endswith("norm.weight"):
             w = w - 1.0  # llama.cpp stores Gemma's norms as the 1 + w they scale by

@@ -20,8 +20,8 @@
  * sign trick, and start from 0, which is the same integer). Then per group, in group
  * order, in float32:
  *
- *     acc  = fma(float(dot), a_g * dx_c, acc)      accb = fma(b_g, s[t, g], accb)
- *     y    = (acc + accb) + bias
+ *     acc  = fma(float(dot), a_g * dx_c, acc),   then with mins   acc = fma(b_g, s[t, g], acc)
+ *     y    = acc + bias
  *
  * Every path (zmm, ymm, plain C) makes these float operations in this order for each
  * (token, row), whatever the tile or the thread split: a token's y has the same bits
@@ -257,14 +257,14 @@ RP_INLINE void group_scales_zmm(const rp_format_traits F, const block_fields *b,
         *bm = dm;
 }
 
-/* acc/accb of rows r0 .. r0 + NT of the activation (parts rows) for panel p. */
+/* acc of rows r0 .. r0 + NT of the activation (parts rows) for panel p. */
 RP_INLINE void tile_zmm(const rp_format_traits F, const int NT, const gguf_call *c, int64_t p, int64_t r0,
-                        __m512 *acc, __m512 *accb) {
+                        __m512 *acc) {
     const int64_t K = c->K, G = F.group, ng = K / G, nc = K / 32;
     const int64_t pbb = panel_block_bytes(F);
     const uint8_t *blk = c->w + p * c->panel_bytes;
     const int prefetch = c->R <= 2;
-    for (int t = 0; t < NT; t++) acc[t] = accb[t] = _mm512_setzero_ps();
+    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t ib = 0; ib < K / F.block; ib++, blk += pbb) {
         const block_fields b = fields_of(F, blk);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b.d));
@@ -298,7 +298,7 @@ RP_INLINE void tile_zmm(const rp_format_traits F, const int NT, const gguf_call 
                     for (int k = 1; k < SPLIT; k++) dot[0][t] = _mm512_add_epi32(dot[0][t], dot[k][t]);
                     const __m512 scale = _mm512_mul_ps(a, _mm512_set1_ps(c->dx[(r0 + t) * nc + cg]));
                     acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[0][t]), scale, acc[t]);
-                    if (F.mins) accb[t] = _mm512_fmadd_ps(bm, _mm512_set1_ps(c->s[(r0 + t) * ng + g]), accb[t]);
+                    if (F.mins) acc[t] = _mm512_fmadd_ps(bm, _mm512_set1_ps(c->s[(r0 + t) * ng + g]), acc[t]);
                 }
             }
         }
@@ -307,14 +307,14 @@ RP_INLINE void tile_zmm(const rp_format_traits F, const int NT, const gguf_call 
 
 /* y for rows r0 .. r0 + NT of the activation (NT a multiple of parts) and panel p. */
 RP_INLINE void panel_rows_zmm(const rp_format_traits F, const int NT, const gguf_call *c, int64_t p, int64_t r0) {
-    __m512 acc[TILE], accb[TILE];
-    tile_zmm(F, NT, c, p, r0, acc, accb);
+    __m512 acc[TILE];
+    tile_zmm(F, NT, c, p, r0, acc);
     const int64_t n0 = p * PANEL;
     const __mmask16 live = c->N - n0 >= PANEL ? 0xffff : (__mmask16)((1u << (c->N - n0)) - 1);
     const __m512 bias = c->bias ? _mm512_maskz_loadu_ps(live, c->bias + n0) : _mm512_setzero_ps();
     for (int t = 0; t < NT; t += c->parts) {
-        __m512 y = _mm512_add_ps(acc[t], accb[t]);
-        if (c->parts == 2) y = _mm512_add_ps(y, _mm512_add_ps(acc[t + 1], accb[t + 1]));
+        __m512 y = acc[t];
+        if (c->parts == 2) y = _mm512_add_ps(y, acc[t + 1]);
         _mm512_mask_storeu_ps(c->y + ((r0 + t) / c->parts) * c->ldy + n0, live, _mm512_add_ps(y, bias));
     }
 }
@@ -431,8 +431,8 @@ RP_INLINE void group_scales_ymm(const rp_format_traits F, const block_fields *b,
 RP_INLINE void panel_rows_ymm(const rp_format_traits F, const int NT, const gguf_call *c, int64_t p, int64_t r0) {
     const int64_t K = c->K, G = F.group, ng = K / G, nc = K / 32, pbb = panel_block_bytes(F);
     for (int half = 0; half < 2; half++) {
-        __m256 acc[TILE], accb[TILE];
-        for (int t = 0; t < NT; t++) acc[t] = accb[t] = _mm256_setzero_ps();
+        __m256 acc[TILE];
+        for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
         const uint8_t *blk = c->w + p * c->panel_bytes;
         for (int64_t ib = 0; ib < K / F.block; ib++, blk += pbb) {
             const block_fields b = fields_of(F, blk);
@@ -458,7 +458,7 @@ RP_INLINE void panel_rows_ymm(const rp_format_traits F, const int NT, const gguf
                     for (int t = 0; t < NT; t++) {
                         const __m256 scale = _mm256_mul_ps(a, _mm256_set1_ps(c->dx[(r0 + t) * nc + cg]));
                         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), scale, acc[t]);
-                        if (F.mins) accb[t] = _mm256_fmadd_ps(bm, _mm256_set1_ps(c->s[(r0 + t) * ng + g]), accb[t]);
+                        if (F.mins) acc[t] = _mm256_fmadd_ps(bm, _mm256_set1_ps(c->s[(r0 + t) * ng + g]), acc[t]);
                     }
                 }
             }
@@ -466,8 +466,8 @@ RP_INLINE void panel_rows_ymm(const rp_format_traits F, const int NT, const gguf
         const int64_t n0 = p * PANEL + 8 * half;
         for (int t = 0; t < NT; t += c->parts) {
             float y[8], y1[8];
-            _mm256_storeu_ps(y, _mm256_add_ps(acc[t], accb[t]));
-            if (c->parts == 2) _mm256_storeu_ps(y1, _mm256_add_ps(acc[t + 1], accb[t + 1]));
+            _mm256_storeu_ps(y, acc[t]);
+            if (c->parts == 2) _mm256_storeu_ps(y1, acc[t + 1]);
             for (int i = 0; i < 8 && n0 + i < c->N; i++)
                 c->y[((r0 + t) / c->parts) * c->ldy + n0 + i] =
                     (c->parts == 2 ? y[i] + y1[i] : y[i]) + (c->bias ? c->bias[n0 + i] : 0.0f);
@@ -487,7 +487,7 @@ RP_INLINE void panel_rows_c(const rp_format_traits F, const int NT, const gguf_c
             float y = 0.0f;
             for (int part = 0; part < c->parts; part++) {
                 const int64_t row = r0 + t + part;
-                float acc = 0.0f, accb = 0.0f;
+                float acc = 0.0f;
                 const uint8_t *blk = c->w + p * c->panel_bytes;
                 for (int64_t ib = 0; ib < K / F.block; ib++, blk += pbb) {
                     const block_fields b = fields_of(F, blk);
@@ -504,11 +504,11 @@ RP_INLINE void panel_rows_c(const rp_format_traits F, const int NT, const gguf_c
                                 dot += (F.lut ? lut[q] : q) * c->xq[row * K + 32 * cg + k];
                             }
                             acc = fmaf((float)dot, a * c->dx[row * nc + cg], acc);
-                            if (F.mins) accb = fmaf(bm, c->s[row * ng + g], accb);
+                            if (F.mins) acc = fmaf(bm, c->s[row * ng + g], acc);
                         }
                     }
                 }
-                y = part ? y + (acc + accb) : acc + accb;
+                y = part ? y + acc : acc;
             }
             c->y[((r0 + t) / c->parts) * c->ldy + n] = y + (c->bias ? c->bias[n] : 0.0f);
         }
