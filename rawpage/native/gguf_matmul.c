@@ -56,8 +56,10 @@
  * Work split: token blocks of TB (the activations' int8 rows stay in L2 while every
  * panel passes), then panels split over the threads (rp_split), then tiles of up to 8
  * tokens per panel: each quad vector is unpacked once per tile and serves its tokens
- * from registers. With few panels and many tokens, the tokens are split instead. At
- * decode (T <= 2) each tile prefetches the weight stream PREFETCH_AHEAD bytes ahead.
+ * from registers. With few panels and many tokens, the tokens are split instead. Each
+ * tile prefetches the weight stream PREFETCH_AHEAD bytes ahead (the hardware prefetcher
+ * alone left decode at 4-16 tokens waiting on memory as much as computing: 1B shapes,
+ * 2 threads, T = 4 30.4 -> 24.0 ms a step, T = 8 47 -> 37, T = 128 501 -> 475).
  * The caller (native/gguf.py) passes one scratch: xq (R, K) int8, dx (R, K / 32),
  * s (R, K / G) float, xo (R, K / G) int32 with R = parts T rows.
  */
@@ -69,7 +71,7 @@
 #define PANEL 16     /* rows a panel: the 16 int32 lanes of a zmm */
 #define TILE 8       /* tokens of one register tile */
 #define TB 64        /* tokens of one block (xq rows kept in L2) */
-/* Decode's software prefetch: each chunk asks for the bytes this far past its own (the
+/* The software prefetch: each chunk asks for the bytes this far past its own (the
  * next 2-4 chunks). Measured on the development VM (1B shapes from memory, 2 threads,
  * interleaved runs): 1 KB read 87-93% of the plain read's bandwidth, 2-8 KB 70-85%, 64 KB
  * and none less, and an L2 hint was slower. -DPREFETCH_AHEAD=... to measure others. */
@@ -263,7 +265,6 @@ RP_INLINE void tile_zmm(const rp_format_traits F, const int NT, const gguf_call 
     const int64_t K = c->K, G = F.group, ng = K / G, nc = K / 32;
     const int64_t pbb = panel_block_bytes(F);
     const uint8_t *blk = c->w + p * c->panel_bytes;
-    const int prefetch = c->R <= 2;
     for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t ib = 0; ib < K / F.block; ib++, blk += pbb) {
         const block_fields b = fields_of(F, blk);
@@ -271,8 +272,8 @@ RP_INLINE void tile_zmm(const rp_format_traits F, const int NT, const gguf_call 
         const __m512 dm = F.mins ? neg_zmm(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b.dm))) : _mm512_setzero_ps();
         const uint8_t *pl = b.planes;
         for (int ch = 0; ch < F.block / 32; ch++, pl += chunk_bytes(F)) {
-            if (prefetch) /* a prefetch past the weight's end is harmless: prefetches never fault */
-                for (int l = 0; l < chunk_bytes(F); l += 64) _mm_prefetch((const char *)(pl + PREFETCH_AHEAD + l), _MM_HINT_T0);
+            /* (a prefetch past the weight's end is harmless: prefetches never fault) */
+            for (int l = 0; l < chunk_bytes(F); l += 64) _mm_prefetch((const char *)(pl + PREFETCH_AHEAD + l), _MM_HINT_T0);
             const int64_t cg = ib * (F.block / 32) + ch; /* the chunk's index in the row */
 #pragma GCC unroll 2
             for (int h = 0; h < 32 / G; h++) { /* the chunk's groups (unrolled: constant quads, shifts) */
@@ -280,9 +281,10 @@ RP_INLINE void tile_zmm(const rp_format_traits F, const int NT, const gguf_call 
                 __m512 a, bm = _mm512_setzero_ps();
                 group_scales_zmm(F, &b, (int)(g % (F.block / G)), d, dm, &a, &bm);
                 /* the group's integer dots, in SPLIT independent chains over its quads
-                 * (a chain of 8 dependent vpdpbusd would bound a 1-token tile by their
-                 * latency); integer sums: any split gives the same dot */
-                const int SPLIT = NT <= 4 ? 2 : 1;
+                 * (one chain of 8 dependent vpdpbusd would bound a 1- or 2-token tile by
+                 * their latency; measured: 2 chains beat 1 and 4 there, and past 2 tokens
+                 * the tokens' chains are enough); integer sums: any split, the same dot */
+                const int SPLIT = NT <= 2 ? 2 : 1;
                 __m512i dot[4][TILE];
                 for (int t = 0; t < NT; t++) {
                     dot[0][t] = _mm512_set1_epi32(c->xo[(r0 + t) * ng + g]);
