@@ -188,6 +188,11 @@ class DecoderModel:
             rope=1 if window and c.rope_local_theta is not None else 0,
         )
 
+    def limit_positions(self, n: int) -> None:
+        """Keep the rotary tables' first n positions (--max-model-len): a sequence never
+        reaches past them, and a 128k-context model's full tables are 32-64 MB."""
+        self.cos_sin = [t[:n].copy() if len(t) > n else t for t in self.cos_sin]
+
     def linear_weights(self) -> Iterator[tuple[str, Array | QuantizedWeight]]:
         """(name, weight) of every Linear weight backend.linear multiplies (not the
         embedding table, which is looked up; MoE routers stay dense by design)."""

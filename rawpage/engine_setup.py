@@ -9,6 +9,7 @@ import logging
 from dataclasses import dataclass
 
 from rawpage.backends.base import Backend
+from rawpage.backends.cpu_malloc import release_freed_memory
 from rawpage.config import ModelConfig
 from rawpage.decode_graphs import graph_shapes
 from rawpage.distributed.executor import ParallelModelRunner, TensorParallelGroup
@@ -65,6 +66,8 @@ def load_model(
     if a.tensor_parallel_size > 1:
         group = TensorParallelGroup(a, backend.name, config, max_num_batched_tokens, max_model_len)
     model = build_rank(ckpt, backend, a.quantization, group and group.tp)
+    model.limit_positions(max_model_len)
+    release_freed_memory()  # the load's temporaries, freed but kept by malloc (cpu_malloc.py)
     lora = LoRAManager.from_args(a, model, backend)  # None without --enable-lora
     spec = a.speculative_config
     draft = load_draft_model(spec.model, backend, config.vocab_size, a.seed) if spec and spec.model else None

@@ -34,8 +34,7 @@ def build_rank(ckpt: Checkpoint, backend: Backend, quantization: str | None, tp:
     """The checkpoint's model on the backend, its Linear weights in the form --quantization
     asks (quantization/select.py); under tensor parallelism, `tp`'s shard of it."""
     model = build_model(ckpt.config, backend, apply_quantization_flag(ckpt.tensors, quantization), tp)
-    if hasattr(model, "linear_weights"):
-        backend.report_weights(list(model.linear_weights()))
+    backend.weights_loaded(list(model.linear_weights()))
     return model
 
 

@@ -127,7 +127,7 @@ def decode_table(lib, args) -> None:
             print(f"| {qtype} | (K of {args.shape} is no multiple of its {FORMATS[qtype].block}-value block) |")
             continue
         step = [
-            [(repack(random_blocks(rng, qtype, N, K), qtype, (N, K)), N, K) for _, N, K in weights]
+            [(repack(lib, random_blocks(rng, qtype, N, K), qtype, (N, K), 2), N, K) for _, N, K in weights]
             for _ in range(layers)
         ]
         nbytes = sum(w.nbytes for layer in step for w, _, _ in layer)
@@ -143,7 +143,7 @@ def decode_table(lib, args) -> None:
         del step
     K = weights[1][2]
     qhead = "Q6_K" if K % 256 == 0 else "Q8_0"  # a Q4_K_M file's head; SmolLM2's Q8_0
-    head = repack(random_blocks(rng, qhead, VOCAB, K), qhead, (VOCAB, K))
+    head = repack(lib, random_blocks(rng, qhead, VOCAB, K), qhead, (VOCAB, K), 2)
     cells = []
     for nth in args.threads:
         sec = best_seconds(args.budget, gguf_matmul, lib, xs[K], head, qhead, (VOCAB, K), nth, None, 2)
@@ -173,18 +173,18 @@ def prefill_table(lib, args) -> None:
                     with threadpool_limits(nth):
                         sec = best_seconds(args.budget, lambda x=x, dense=dense: (dense @ x.T).T)
                 else:
-                    w = repack(packed[N, K], qtype, (N, K))
+                    w = repack(lib, packed[N, K], qtype, (N, K), 2)
                     sec = best_seconds(args.budget, gguf_matmul, lib, x, w, qtype, (N, K), nth)
                 cells.append(f"{2 * T * N * K / sec / 1e9:.0f}")
             label = f"BLAS, {fmt} dequantized to float32" if qtype.startswith("BLAS") else qtype
             print(f"| {label} | {nth} | " + " | ".join(cells) + " |")
 
 
-def float_forms(w: np.ndarray, lm_head: bool) -> list[tuple[str, np.ndarray, Callable[..., np.ndarray]]]:
+def float_forms(lib, w: np.ndarray, lm_head: bool) -> list[tuple[str, np.ndarray, Callable[..., np.ndarray]]]:
     """(form, weight array, fn(lib, x, nthreads)) for each way a float weight w (N, K) can be held."""
     N, K = w.shape
     dense, bf16, f16 = np.ascontiguousarray(w), bf16_from_f32(w), w.astype(np.float16).view(np.uint16)
-    q8 = repack(quantize_q8_0(w), "Q8_0", (N, K))
+    q8 = repack(lib, quantize_q8_0(w), "Q8_0", (N, K), 2)
     parts = 2 if lm_head else 1
     return [
         ("float32, np.matmul", dense, lambda lib, x, nth: (dense @ x.T).T),
@@ -207,7 +207,7 @@ def float_table(lib, args) -> None:
     _, weights = SHAPES["135m"]
     for name, N, K in [*weights, ("lm_head", VOCAB, 576)]:
         w = (rng.standard_normal((N, K)) * 0.02).astype(np.float32)
-        for form, data, fn in float_forms(w, name == "lm_head"):
+        for form, data, fn in float_forms(lib, w, name == "lm_head"):
             for nth in args.threads:
                 cells = []
                 with threadpool_limits(nth):

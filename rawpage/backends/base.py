@@ -109,7 +109,7 @@ class Backend:
 
     def weights_loaded(self, linear_weights: list[tuple[str, Array | QuantizedWeight]]) -> None:
         """Once the model's weights are loaded, each Linear weight by name: log what this
-        backend wants known about their forms, release what loading held (cpu.py)."""
+        backend wants known about their forms (cpu.py: the layers left dense)."""
 
     def linear(self, x: Array, w: Array | QuantizedWeight, bias: Array | None = None) -> Array:
         """The one seam every Linear layer of every model goes through: x (T, in) ->

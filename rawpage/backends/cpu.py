@@ -54,7 +54,7 @@ import numpy as np
 
 from rawpage._blas_env import spin_is_short
 from rawpage.backends.base import Backend, Graph, GraphNotCaptured
-from rawpage.backends.cpu_malloc import keep_freed_memory, release_freed_memory
+from rawpage.backends.cpu_malloc import keep_freed_memory
 from rawpage.backends.cpu_threads import CpuThreads
 from rawpage.native import attention, layer_ops
 from rawpage.native.gguf import NATIVE_GGUF, gguf_matmul, gguf_rows, repack
@@ -198,7 +198,9 @@ class CPUBackend(Backend):
         if isinstance(w, RowStack) and all(self._kernel_reads(p) and p.kind == "gguf" for p in w.parts):
             return RowStack([self.prepare_linear(p) for p in w.parts])  # each part into its columns (linear)
         if isinstance(w, QuantizedWeight) and self._kernel_reads(w) and w.kind == "gguf":
-            return replace(w, data=repack(np.asarray(w.data), w.qtype, w.shape), layout="panels")
+            return replace(
+                w, data=repack(self.lib, np.asarray(w.data), w.qtype, w.shape, self.threads.usable), layout="panels"
+            )
         if isinstance(w, QuantizedWeight) and self._kernel_reads(w):
             return w.map_arrays(np.ascontiguousarray)  # as stored: (out, in) uint16 bf16 / f16
         if isinstance(w, QuantizedWeight | RowStack):  # any other format: dequantized at load
@@ -210,9 +212,7 @@ class CPUBackend(Backend):
     def weights_loaded(self, linear_weights: list[tuple[str, Any]]) -> None:
         """One line naming every Linear layer held dense while the kernels are loaded: those
         run as float32 GEMMs in BLAS, read 4 bytes a weight, and keep decode steps from
-        being replayed (a BLAS call cannot be recorded). And the load's freed temporaries
-        go back to the kernel (cpu_malloc.py)."""
-        release_freed_memory()
+        being replayed (a BLAS call cannot be recorded)."""
         dense = [(n, w) for n, w in linear_weights if isinstance(w, np.ndarray)]
         if self.lib is None or not dense:
             return

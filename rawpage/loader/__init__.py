@@ -94,7 +94,7 @@ def _load_gguf(path: str) -> Checkpoint:
     ckpt.config.validate()
     tokenizer = Tokenizer.from_gguf(ckpt.meta)
     ckpt.config.eos_token_ids = tokenizer.eos_token_ids
-    return Checkpoint(path, ckpt.config, ckpt.tensors, tokenizer, {})
+    return Checkpoint(path, ckpt.config, ckpt.tensor_source(), tokenizer, {})
 
 
 def _load_dummy(model: str | None, seed: int) -> Checkpoint:

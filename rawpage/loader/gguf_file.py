@@ -111,7 +111,6 @@ class GGUFCheckpoint:
         if arch == "llama" and self.meta.get("llama.expert_count"):
             self.family = "mixtral"
         self.config = self._config()
-        self.tensors = self._tensor_source()
 
     def _config(self) -> ModelConfig:
         m, a = self.meta, self.arch
@@ -193,7 +192,10 @@ class GGUFCheckpoint:
         routed = {t.name.split(".")[1] for t in self.tensor_infos if t.name.endswith("ffn_gate_inp.weight")}
         return [i for i in range(n_layers) if str(i) not in routed]
 
-    def _tensor_source(self) -> TensorSource:
+    def tensor_source(self) -> TensorSource:
+        """The tensors under Hugging Face names, read lazily from the file. Not kept on
+        self: its readers hold self, and a cycle would keep the file mapped (and resident)
+        until the garbage collector ran; without one, the mapping goes with the last reader."""
         from gguf import GGMLQuantizationType
 
         readers, quantized, kinds = {}, {}, {}
@@ -245,12 +247,13 @@ class GGUFCheckpoint:
         return None  # tensors we do not use (e.g. precomputed rope tables)
 
     def _read_stored(self, t: GGUFTensorInfo, qtype: str, expert: int | None = None) -> QuantizedWeight:
-        """A matrix as stored, copied out of the mapping: its rows of blocks (rows,
-        row_bytes) uint8, or an F16 / BF16 one's (rows, cols) uint16 bits; of a stacked
-        (E, rows, cols) expert tensor, one expert's rows."""
+        """A matrix as stored: its rows of blocks (rows, row_bytes) uint8, or an F16 /
+        BF16 one's (rows, cols) uint16 bits; of a stacked (E, rows, cols) expert tensor,
+        one expert's rows. A view of the mapping (q and k of Llama: a copy, unpermuted):
+        the backend's prepare_linear makes what it keeps (panels, an upload, a dense copy)."""
         rows, e = t.shape[-2], expert or 0
         raw = self._data[t.offset : t.offset + t.nbytes].reshape(int(np.prod(t.shape[:-1])), -1)
-        raw = self._unpermute(t.name, np.array(raw[e * rows : (e + 1) * rows]))
+        raw = self._unpermute(t.name, raw[e * rows : (e + 1) * rows])
         if qtype in STORED_16_BIT:
             return QuantizedWeight(STORED_16_BIT[qtype], (rows, t.shape[-1]), raw.view(np.uint16))
         return QuantizedWeight("gguf", (rows, t.shape[-1]), raw, qtype)

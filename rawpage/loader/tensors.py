@@ -68,6 +68,9 @@ class TensorSource(Mapping[str, np.ndarray]):
     def __getitem__(self, name: str) -> np.ndarray:
         return np.ascontiguousarray(self._readers[name](), dtype=np.float32)
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._readers  # (Mapping's would read the tensor to find out)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._readers)
 

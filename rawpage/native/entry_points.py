@@ -88,6 +88,12 @@ ENTRY_POINTS = {
         entry(
             "rp_gguf_quantize", "int", "int qtype, const float *x, int64_t T, int64_t K, int parts, uint8_t *scratch"
         ),
+        entry(
+            "rp_gguf_pack",
+            "int",
+            "int qtype, uint8_t *out, const float *d, const float *dm, const int8_t *sc, const uint8_t *m, "
+            "const uint8_t *q, int64_t N, int64_t K, int nthreads",
+        ),
         entry("rp_gguf_scratch_bytes", "int64_t", "int qtype, int64_t T, int64_t K, int parts"),
         entry("rp_gguf_panel_bytes", "int64_t", "int qtype, int64_t K"),
         # half_matmul.c

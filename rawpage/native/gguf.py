@@ -1,13 +1,14 @@
 """GGUF weights on the CPU kernels (gguf_matmul.c): repacked once at load into panels
 of 16 rows, then multiplied and looked up in that layout.
 
-    repack(data, qtype, (N, K))                                   (P, panel_bytes) uint8 panels
+    repack(lib, data, qtype, (N, K), nthreads)                    (P, panel_bytes) uint8 panels
     gguf_matmul(lib, x, panels, qtype, (N, K), nthreads, bias, parts)   y (T, N) = x (T, K) W^T (+ bias)
     gguf_rows(lib, panels, qtype, (N, K), ids, nthreads)          W[ids] (T, K), dequantized
 
 `data` is (N, row_bytes) uint8, each row whole blocks exactly as in the .gguf file.
 The panel layout is drawn in gguf_matmul.c's header; `repack` writes it from each
-block's canonical form (rawpage/quantization/gguf.py FORMATS). The activation is
+block's canonical form (rawpage/quantization/gguf.py FORMATS: the decode in NumPy,
+the layout in C, rp_gguf_pack; repack_ref is its NumPy reference). The activation is
 rounded to int8 per 32 values (quantize_ref; `parts=2` rounds the remainder again:
 the LM head), so gguf_matmul's reference is the exact product with x replaced by its
 rounding (matmul_ref); gguf_rows' is the format's dequantization.
@@ -16,6 +17,7 @@ rounding (matmul_ref); gguf_rows' is the format's dequantization.
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -123,15 +125,21 @@ def _pad_rows(b: Blocks, rows: int, nb: int) -> Blocks:
     return Blocks(pad(b.d), pad(b.q), pad(b.dm), pad(b.sc), pad(b.m))
 
 
-def repack(data: np.ndarray, qtype: str, shape: tuple[int, int]) -> np.ndarray:
-    """(N, row_bytes) uint8 GGUF blocks -> (ceil(N / 16), panel_bytes) uint8 panels (a
-    few panels at a time, so that the temporaries stay in cache)."""
+def _check_blocks(data: np.ndarray, qtype: str, shape: tuple[int, int]) -> tuple[int, int, int]:
     N, K = _check(qtype, shape)
     f = FORMATS[qtype]
-    nb = K // f.block
-    if tuple(data.shape) != (N, nb * f.block_bytes) or data.dtype != np.uint8:
-        raise ValueError(f"{qtype} weight {shape}: want ({N}, {nb * f.block_bytes}) uint8 blocks, got {data.shape}")
-    P = -(-N // PANEL)
+    if tuple(data.shape) != (N, K // f.block * f.block_bytes) or data.dtype != np.uint8:
+        raise ValueError(
+            f"{qtype} weight {shape}: want ({N}, {K // f.block * f.block_bytes}) uint8 blocks, got {data.shape}"
+        )
+    return N, K, -(-N // PANEL)
+
+
+def repack_ref(data: np.ndarray, qtype: str, shape: tuple[int, int]) -> np.ndarray:
+    """(N, row_bytes) uint8 GGUF blocks -> (ceil(N / 16), panel_bytes) uint8 panels, in
+    NumPy (a few panels at a time, so that the temporaries stay in cache)."""
+    N, K, P = _check_blocks(data, qtype, shape)
+    f, nb = FORMATS[qtype], K // FORMATS[qtype].block
     out = np.empty((P, panel_bytes(qtype, K)), np.uint8)
     step = max(1, (1 << 19) // (PANEL * K))  # ~0.5M values a step
     for p0 in range(0, P, step):
@@ -139,6 +147,37 @@ def repack(data: np.ndarray, qtype: str, shape: tuple[int, int]) -> np.ndarray:
         rows = data[p0 * PANEL : min(N, p1 * PANEL)]
         b = _pad_rows(decode(rows, qtype), (p1 - p0) * PANEL, nb)
         out[p0:p1] = _repack_panels(b, f, p1 - p0, nb)
+    return out
+
+
+def repack(lib: NativeLibrary, data: np.ndarray, qtype: str, shape: tuple[int, int], nthreads: int) -> np.ndarray:
+    """repack_ref's panels, laid out by the kernel (rp_gguf_pack) from the NumPy decode of
+    about 4M values at a time, the steps on `nthreads` Python threads (NumPy's array
+    operations let go of the GIL): 8B Q4_K_M loads in 10 s, not the NumPy layout's 40."""
+    N, K, P = _check_blocks(data, qtype, shape)
+    out = np.empty((P, panel_bytes(qtype, K)), np.uint8)
+    step = PANEL * max(1, (1 << 22) // (PANEL * K))
+
+    def pack(r0: int) -> None:
+        b = decode(data[r0 : r0 + step], qtype)
+        rc = lib.call(
+            "rp_gguf_pack",
+            qtype=FORMATS[qtype].ggml_type,
+            out=out[r0 // PANEL :].ctypes.data,
+            d=b.d.ctypes.data,
+            dm=(b.d if b.dm is None else b.dm).ctypes.data,  # (read only with mins)
+            sc=None if b.sc is None else np.ascontiguousarray(b.sc).ctypes.data,
+            m=None if b.m is None else np.ascontiguousarray(b.m).ctypes.data,
+            q=np.ascontiguousarray(b.q).ctypes.data,
+            N=min(step, N - r0),
+            K=K,
+            nthreads=1,
+        )
+        if rc != 0:
+            raise ValueError(f"rp_gguf_pack refused {qtype} {shape} (code {rc})")
+
+    with ThreadPoolExecutor(max(1, min(nthreads, -(-N // step)))) as pool:
+        list(pool.map(pack, range(0, N, step)))
     return out
 
 

@@ -625,6 +625,103 @@ RP_EXPORT int rp_gguf_quantize(int qtype, const float *x, int64_t T, int64_t K, 
     return 0;
 }
 
+/* --- the repack: panels from each block's canonical form ------------------------------ */
+
+/* The canonical form of rows [0, N) (rawpage/quantization/gguf.py Blocks, decoded in
+ * NumPy, a format's one definition): per row and block d, dm (float32, as the file's
+ * halves), sc (int8) and m (uint8) per group, q (uint8) per value. */
+typedef struct {
+    int fmt;
+    uint8_t *out;
+    const float *d, *dm;  /* (N, nb) */
+    const int8_t *sc;     /* (N, nb, groups) or NULL */
+    const uint8_t *m, *q; /* (N, nb, groups) or NULL; (N, nb, block) */
+    int64_t N, K, P, panel_bytes;
+} pack_args;
+
+static void put_f16(uint8_t *p, float v) {
+    const uint16_t h = rp_f32_to_f16(v); /* exact: v came from a half */
+    memcpy(p, &h, 2);
+}
+
+/* Panel p's block ib, as gguf_matmul.c's header draws it. */
+RP_INLINE void pack_block(const rp_format_traits F, const pack_args *a, int64_t p, int64_t ib, uint8_t *blk) {
+    const int groups = F.block / F.group, nb = (int)(a->K / F.block);
+    const int nr = a->N - p * PANEL < PANEL ? (int)(a->N - p * PANEL) : PANEL; /* rows past N stay zero */
+    const block_fields b = fields_of(F, blk);
+    for (int r = 0; r < nr; r++) {
+        const int64_t rb = (p * PANEL + r) * nb + ib; /* the row's block, in the canonical arrays */
+        put_f16((uint8_t *)b.d + 2 * r, a->d[rb]);
+        if (F.mins) put_f16((uint8_t *)b.dm + 2 * r, a->dm[rb]);
+        for (int g = 0; g < groups; g++) {
+            uint8_t *sc = (uint8_t *)b.sc, *m = (uint8_t *)b.m;
+            if (F.scale_bits == 4) sc[PANEL * g + r] = (uint8_t)(a->sc[rb * groups + g] | (a->m[rb * groups + g] << 4));
+            else {
+                if (F.sub_scales) sc[PANEL * g + r] = (uint8_t)a->sc[rb * groups + g];
+                if (F.mins == 2) m[PANEL * g + r] = a->m[rb * groups + g];
+            }
+        }
+        /* each chunk's 32 values as 8 words of one quad (4 values) each, and the planes'
+         * words of row r from them (the byte layouts: gguf_matmul.c's header) */
+        for (int ch = 0; ch < F.block / 32; ch++) {
+            uint8_t *pl = (uint8_t *)b.planes + ch * chunk_bytes(F);
+            uint32_t w[8], out;
+            memcpy(w, a->q + rb * F.block + 32 * ch, 32);
+            if (F.bits == 8)
+                for (int u = 0; u < 8; u++) memcpy(pl + 64 * u + 4 * r, &w[u], 4);
+            if (F.bits >= 4 && F.bits <= 6)
+                for (int v = 0; v < 4; v++) {
+                    out = (w[v] & 0x0F0F0F0Fu) | ((w[v + 4] & 0x0F0F0F0Fu) << 4);
+                    memcpy(pl + 64 * v + 4 * r, &out, 4);
+                }
+            if (F.bits == 2 || F.bits == 3 || F.bits == 6) /* two bits: 4-5 (6-bit) or 0-1, of 4 quads */
+                for (int h = 0; h < 2; h++) {
+                    out = 0;
+                    for (int i = 0; i < 4; i++) out |= ((w[4 * h + i] >> (F.bits == 6 ? 4 : 0)) & 0x03030303u) << (2 * i);
+                    memcpy(pl + (F.bits == 6 ? 256 : 0) + 64 * h + 4 * r, &out, 4);
+                }
+            if (F.bits == 3 || F.bits == 5) { /* one bit: 2 (3-bit) or 4 (5-bit), of 8 quads */
+                out = 0;
+                for (int u = 0; u < 8; u++) out |= ((w[u] >> (F.bits == 3 ? 2 : 4)) & 0x01010101u) << u;
+                memcpy(pl + (F.bits == 3 ? 128 : 256) + 4 * r, &out, 4);
+            }
+        }
+    }
+}
+
+RP_INLINE void pack_panels(const rp_format_traits F, const pack_args *a, int64_t p0, int64_t p1) {
+    const int64_t pbb = panel_block_bytes(F);
+    for (int64_t p = p0; p < p1; p++) {
+        uint8_t *panel = a->out + p * a->panel_bytes;
+        memset(panel, 0, (size_t)a->panel_bytes);
+        for (int64_t ib = 0; ib < a->K / F.block; ib++) pack_block(F, a, p, ib, panel + ib * pbb);
+    }
+}
+
+static void pack_task(void *arg, int ith, int nth) {
+    const pack_args *a = arg;
+    int64_t p0, p1;
+    rp_split(a->P, 1, ith, nth, &p0, &p1);
+    switch (a->fmt) {
+#define RUN(name, id, traits) \
+    case id: pack_panels(traits, a, p0, p1); break;
+        RP_GGUF_FORMATS(RUN)
+#undef RUN
+    }
+}
+
+/* out (ceil(N / 16), panel bytes) = the panels of rows [0, N) of a (N, K) weight of
+ * GGML type `qtype`, from their canonical form. Returns 0, or -1 as rp_gguf_matmul. */
+RP_EXPORT int rp_gguf_pack(int qtype, uint8_t *out, const float *d, const float *dm, const int8_t *sc, const uint8_t *m,
+                           const uint8_t *q, int64_t N, int64_t K, int nthreads) {
+    const rp_format_traits F = traits_of(qtype);
+    if (!F.block || K <= 0 || K % F.block) return -1;
+    pack_args a = {.fmt = qtype, .out = out, .d = d, .dm = dm, .sc = sc, .m = m, .q = q, .N = N, .K = K,
+                   .P = (N + PANEL - 1) / PANEL, .panel_bytes = K / F.block * panel_block_bytes(F)};
+    rp_parallel(pack_task, &a, nparts(a.P, nthreads));
+    return 0;
+}
+
 /* --- rows: a packed embedding table ------------------------------------------------ */
 
 /* Row n of the weight, dequantized: w = (L[q] - offset) a_g + b_g, as the reference. */

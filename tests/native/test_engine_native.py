@@ -103,7 +103,7 @@ def test_native_gguf_agrees_with_the_simulators_mmvq(qtype, monkeypatch):
     for T in (1, 3, 8):  # up to the simulator's GEMV token limit
         x = (rng.standard_normal((T, 512)) * 2).astype(np.float32)
         want = sim.to_numpy(sim.linear(sim.asarray(x), w_sim))
-        got = gguf_matmul(native_kernels(), x, repack(w.data, qtype, w.shape), qtype, w.shape, 2)
+        got = gguf_matmul(native_kernels(), x, repack(native_kernels(), w.data, qtype, w.shape, 2), qtype, w.shape, 2)
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
 
 

@@ -27,6 +27,7 @@ from rawpage.native.gguf import (
     quantize,
     quantize_ref,
     repack,
+    repack_ref,
     scratch_bytes,
 )
 from rawpage.native.library import load_path
@@ -44,7 +45,7 @@ CASES = [(q, N, K) for q in sorted(NATIVE_GGUF) for N, K in SHAPES[FORMATS[q].bl
 def weight(qtype: str, N: int, K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(blocks (N, row_bytes), their panels, the dequantized (N, K) float64), made once."""
     data = random_blocks(np.random.default_rng(N * K), qtype, N, K)
-    return data, repack(data, qtype, (N, K)), gguf_dequantize_ref(data, qtype, (N, K)).astype(np.float64)
+    return data, repack_ref(data, qtype, (N, K)), gguf_dequantize_ref(data, qtype, (N, K)).astype(np.float64)
 
 
 def assert_close(got: np.ndarray, x: np.ndarray, w: np.ndarray, parts: int = 1, bias: np.ndarray | None = None):
@@ -120,7 +121,7 @@ def test_real_quantized_weights(lib, qtype):
     N, K = 45, 576
     data = gguf_quantize(rng.standard_normal((N, K)).astype(np.float32) * 0.05, GGMLQuantizationType[qtype])
     x = rng.standard_normal((3, K)).astype(np.float32)
-    got = gguf_matmul(lib, x, repack(data, qtype, (N, K)), qtype, (N, K), nthreads=2)
+    got = gguf_matmul(lib, x, repack(lib, data, qtype, (N, K), 2), qtype, (N, K), nthreads=2)
     assert_close(got, x, gguf_dequantize_ref(data, qtype, (N, K)).astype(np.float64))
 
 
@@ -166,6 +167,19 @@ def test_rows_are_the_formats_dequantization(lib, qtype, N, K):
     np.testing.assert_array_equal(gguf_rows(lib, panels, qtype, (N, K), big, nthreads=3), w[big])
 
 
+@pytest.mark.parametrize("qtype,N,K", CASES)
+def test_the_kernels_repack_is_the_reference(lib, qtype, N, K):
+    """rp_gguf_pack lays out the NumPy decode as repack_ref does, byte for byte (the padding
+    rows of the last panel zero), on every path and thread count; also in steps of rows
+    (a 3584-wide weight of 1200 rows is two of repack's steps)."""
+    data, panels, _ = weight(qtype, N, K)
+    for nth in (1, 3):
+        np.testing.assert_array_equal(repack(lib, data, qtype, (N, K), nth), panels)
+    big = random_blocks(np.random.default_rng(4), qtype, 1200, 3584) if K == 3584 else None
+    if big is not None:
+        np.testing.assert_array_equal(repack(lib, big, qtype, (1200, 3584), 2), repack_ref(big, qtype, (1200, 3584)))
+
+
 @pytest.mark.parametrize("qtype", sorted(NATIVE_GGUF))
 def test_the_panels_hold_the_files_bytes(lib, qtype):
     """Python's layout is the kernel's (panel and scratch sizes), and a panel holds as
@@ -191,4 +205,4 @@ def test_bad_arguments_say_what_is_wrong(lib):
     with pytest.raises(ValueError, match="row ids must be in 0 .. 4"):
         gguf_rows(lib, panels, "Q4_K", (5, 256), np.array([5]), nthreads=1)
     with pytest.raises(ValueError, match="uint8 blocks"):
-        repack(data[:, :100], "Q4_K", (5, 256))
+        repack(lib, data[:, :100], "Q4_K", (5, 256), 1)
