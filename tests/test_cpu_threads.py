@@ -134,8 +134,10 @@ def test_malloc_keeps_freed_memory_unless_the_environment_says_otherwise(monkeyp
     libc = FakeLibc()
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
     monkeypatch.setenv("MALLOC_TOP_PAD_", "0")  # the user's setting wins
     assert cpu_malloc.keep_freed_memory(libc) is True
-    assert sorted(libc.calls) == [(-3, 64 << 20), (-1, 256 << 20)]  # mmap and trim thresholds; no top pad
+    # one arena, mmap and trim thresholds; no top pad
+    assert sorted(libc.calls) == [(-8, 1), (-3, 64 << 20), (-1, 256 << 20)]
     assert cpu_malloc.keep_freed_memory(FakeLibc(answer=0)) is False  # a C library that refuses
     assert cpu_malloc.keep_freed_memory(object()) is False  # one without mallopt (macOS)

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import logging
 import mmap
-import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -59,7 +58,7 @@ from rawpage.backends.cpu_threads import CpuThreads
 from rawpage.native import attention, layer_ops
 from rawpage.native.gguf import NATIVE_GGUF, gguf_matmul, gguf_rows, repack
 from rawpage.native.half import half_matmul, half_rows
-from rawpage.native.library import NativeLibrary, NotCapturable, capturing, empty, recording
+from rawpage.native.library import Arena, NativeLibrary, NotCapturable, capturing, empty, recording
 from rawpage.ops.cache_ops import copy_blocks_ref, swap_blocks_ref
 from rawpage.ops.kv_cache_fp8 import paged_attention_fp8_ref, write_kv_fp8_ref
 from rawpage.ops.layer_ops import (
@@ -97,7 +96,7 @@ class NativeGraph(Graph):
 
     def __init__(self, backend: CPUBackend, fn: Callable[[], np.ndarray]) -> None:
         self.fn, self.backend = fn, backend
-        with recording(backend.lib) as self.recording:
+        with recording(backend.lib, backend.arena) as self.recording:
             self.output = fn()  # (rows, dim), written by the last recorded call
 
     def replay(self) -> np.ndarray:
@@ -115,7 +114,7 @@ class CPUBackend(Backend):
         # The kernels read GGUF blocks and bf16 as stored, and a packed embedding by rows.
         self.keeps_quantized = frozenset({"gguf", "bf16", "f16"}) if lib else frozenset()
         self.reads_packed_embedding = lib is not None
-        self.graphs: weakref.WeakSet[NativeGraph] = weakref.WeakSet()  # the live recordings (their memory)
+        self.arena = Arena()  # the recordings' temporaries, shared (library.Arena)
         keep_freed_memory()  # each layer's temporaries reuse the last layer's pages (cpu_malloc.py)
         logger.info("%s", self.threads.describe())
         if lib is not None:
@@ -169,11 +168,10 @@ class CPUBackend(Backend):
             graph = NativeGraph(self, fn)
         except NotCapturable as e:
             raise GraphNotCaptured(str(e)) from e
-        self.graphs.add(graph)
         return graph
 
     def graph_memory_bytes(self) -> int:
-        return sum(g.recording.temporaries for g in self.graphs)
+        return self.arena.nbytes
 
     def _host_work(self, what: str) -> None:
         """Before work outside the kernels: refused while a graph is recorded."""

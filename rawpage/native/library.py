@@ -97,20 +97,58 @@ class Recording:
             raise RuntimeError(f"rp_graph_replay refused the recording (code {rc})")
 
 
+class Arena:
+    """Memory that recordings share for their temporaries (every kernel output of the
+    pass): one replay runs at a time, and a replay writes each temporary before it reads
+    it (graph.c), so the recordings of different batch sizes may all use the same
+    bytes, and hold as much as the largest one needs, not their sum. Chunks never move
+    (recorded addresses stay valid); a recording that needs more than the ones before
+    gets a new chunk (DecodeGraphs records the largest first)."""
+
+    CHUNK = 2 << 20
+
+    def __init__(self) -> None:
+        self.chunks: list[np.ndarray] = []
+        self.chunk, self.offset = 0, 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.chunks)
+
+    def rewind(self) -> None:
+        self.chunk, self.offset = 0, 0
+
+    def take(self, shape: tuple[int, ...]) -> np.ndarray:
+        """A float32 array of `shape`, 64-byte aligned, after the ones taken since rewind()."""
+        nbytes = -(-int(np.prod(shape)) * 4 // 64) * 64
+        while self.chunk < len(self.chunks) and self.offset + nbytes > self.chunks[self.chunk].nbytes:
+            self.chunk, self.offset = self.chunk + 1, 0
+        if self.chunk == len(self.chunks):
+            raw = np.empty(max(nbytes, self.CHUNK) + 64, np.uint8)
+            self.chunks.append(raw[-raw.ctypes.data % 64 :][: max(nbytes, self.CHUNK)])
+        out = self.chunks[self.chunk][self.offset : self.offset + nbytes].view(np.float32)
+        self.offset += nbytes
+        return out[: int(np.prod(shape))].reshape(shape)
+
+
 _recording: Recording | None = None  # the one being captured (one forward pass runs at a time)
+_arena: Arena | None = None  # where its temporaries go, if it shares an arena
 
 
 @contextlib.contextmanager
-def recording(lib: NativeLibrary) -> Iterator[Recording]:
-    """Record the kernel calls made inside the block (they also run, as always)."""
-    global _recording
+def recording(lib: NativeLibrary, arena: Arena | None = None) -> Iterator[Recording]:
+    """Record the kernel calls made inside the block (they also run, as always); their
+    outputs come from `arena` when one is given (Arena says when that is safe)."""
+    global _recording, _arena
     if _recording is not None:
         raise RuntimeError("a recording is already being captured")
-    _recording = rec = Recording(lib)
+    _recording, _arena = rec, _ = Recording(lib), arena
+    if arena is not None:
+        arena.rewind()
     try:
         yield rec
     finally:
-        _recording = None
+        _recording, _arena = None, None
     rec.finish()
 
 
@@ -127,7 +165,10 @@ def keep(obj: Any) -> None:
 
 
 def empty(shape: tuple[int, ...]) -> np.ndarray:
-    """A kernel's float32 output; counted as the recording's memory while one is captured."""
+    """A kernel's float32 output; while a recording is captured, taken from its arena or
+    counted as its memory."""
+    if _arena is not None:
+        return _arena.take(shape)
     out = np.empty(shape, np.float32)
     if _recording is not None:
         _recording.temporaries += out.nbytes
