@@ -85,6 +85,7 @@ class MemoryPlan:
     kv_cache_dtype: str = "auto"
     lora_bytes: int = 0  # --enable-lora: the adapter slots, counted in weights_bytes
     lora_text: str = ""
+    weights_note: str = ""  # how the backend holds the weights (Backend.weights_note)
     draft: DraftMemory | None = None
     sizing: str = ""  # how the pool was sized, when not by its budget alone (a log line)
 
@@ -124,7 +125,8 @@ class MemoryPlan:
         peak = f"peak activations {size_text(self.activation_bytes)}, " if self.activation_bytes else ""
         lora = f" (LoRA slots {size_text(self.lora_bytes)} of it)" if self.lora_bytes else ""
         lines += [
-            f"weights {size_text(self.weights_bytes)}{lora}, {peak}KV cache {size_text(self.kv_bytes)}{other}",
+            f"weights {size_text(self.weights_bytes)}{self.weights_note}{lora}, {peak}KV cache "
+            f"{size_text(self.kv_bytes)}{other}",
             f"KV cache: {self.num_blocks} blocks x {self.block_size} tokens "
             f"({self.bytes_per_block / 2**10:.0f} KiB per block) = {self.num_tokens:,} tokens; "
             f"{self.max_full_length_seqs:.1f} sequences of --max-model-len {self.max_model_len} fit",

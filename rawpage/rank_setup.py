@@ -72,6 +72,7 @@ def plan_kv_cache(
     LoRA slots (already allocated) count with the weights; a draft model (already loaded)
     with its weights, and with its own pool of as many blocks, in the same budget."""
     plan = _plan_kv_cache(a, model, backend, max_num_batched_tokens, max_model_len, lora, draft)
+    plan.weights_note = backend.weights_note()
     if lora is not None:
         plan.lora_bytes, plan.lora_text = lora.slot_bytes(), lora.describe()
     return plan

@@ -107,6 +107,10 @@ class Backend:
             return self.asarray(dequantize(w))
         return w
 
+    def weights_note(self) -> str:
+        """What the memory plan's weights line adds about how this backend holds them."""
+        return ""
+
     def weights_loaded(self, linear_weights: list[tuple[str, Array | QuantizedWeight]]) -> None:
         """Once the model's weights are loaded, each Linear weight by name: log what this
         backend wants known about their forms (cpu.py: the layers left dense)."""

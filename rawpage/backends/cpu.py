@@ -115,6 +115,7 @@ class CPUBackend(Backend):
         self.keeps_quantized = frozenset({"gguf", "bf16", "f16"}) if lib else frozenset()
         self.reads_packed_embedding = lib is not None
         self.arena = Arena()  # the recordings' temporaries, shared (library.Arena)
+        self.repacked = [0, 0]  # bytes of GGUF blocks repacked into panels, and of the panels
         keep_freed_memory()  # each layer's temporaries reuse the last layer's pages (cpu_malloc.py)
         logger.info("%s", self.threads.describe())
         if lib is not None:
@@ -196,9 +197,9 @@ class CPUBackend(Backend):
         if isinstance(w, RowStack) and all(self._kernel_reads(p) and p.kind == "gguf" for p in w.parts):
             return RowStack([self.prepare_linear(p) for p in w.parts])  # each part into its columns (linear)
         if isinstance(w, QuantizedWeight) and self._kernel_reads(w) and w.kind == "gguf":
-            return replace(
-                w, data=repack(self.lib, np.asarray(w.data), w.qtype, w.shape, self.threads.usable), layout="panels"
-            )
+            panels = repack(self.lib, np.asarray(w.data), w.qtype, w.shape, self.threads.usable)
+            self.repacked = [self.repacked[0] + w.data.nbytes, self.repacked[1] + panels.nbytes]
+            return replace(w, data=panels, layout="panels")
         if isinstance(w, QuantizedWeight) and self._kernel_reads(w):
             return w.map_arrays(np.ascontiguousarray)  # as stored: (out, in) uint16 bf16 / f16
         if isinstance(w, QuantizedWeight | RowStack):  # any other format: dequantized at load
@@ -222,6 +223,15 @@ class CPUBackend(Backend):
             len(dense),
             ", ".join(f"{n} {tuple(w.shape)}" for n, w in dense[:4]),
             more,
+        )
+
+    def weights_note(self) -> str:
+        blocks, panels = self.repacked
+        if not blocks:
+            return ""
+        return (
+            f" (of it GGUF blocks repacked into 16-row panels for the CPU kernels: {panels / 2**30:.3f} GiB "
+            f"from {blocks / 2**30:.3f} GiB in the file, {100 * (panels / blocks - 1):+.1f}%)"
         )
 
     def _kernel_reads(self, w: QuantizedWeight) -> bool:
