@@ -79,7 +79,8 @@ def serve_must_not_load(monkeypatch):
         (
             ["--quantization", "bitsandbytes"],
             "rawpage: error: --quantization bitsandbytes: not supported; choose one of auto, fp8, q8_0, none, gguf, "
-            "awq, gptq (GGUF tensor types: BF16, F16, F32, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0)",
+            "awq, gptq (GGUF tensor types: BF16, F16, F32, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, "
+            "Q5_1, Q5_K, Q6_K, Q8_0)",
         ),
         (
             ["--tokenizer", "other/tok"],

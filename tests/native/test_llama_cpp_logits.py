@@ -87,3 +87,38 @@ def test_default_model_logits_against_llama_cpp(request, tmp_path):
     print(f"against llama.cpp: top-1 {agree}/{total}, largest logit difference {worst:.3f}")
     assert worst < MAX_LOGIT_DIFF, f"largest logit difference {worst:.3f}"
     assert agree / total >= MIN_TOP1_AGREEMENT, f"top-1 agreement {agree}/{total}"
+
+
+@pytest.mark.parametrize(
+    "arch,mix", [("llama", "Q4_K_M"), ("llama", "Q3_K_M"), ("qwen2", "IQ4_XS"), ("qwen2", "Q4_K_M")]
+)
+def test_mixed_files_against_llama_cpp(tmp_path, arch, mix):
+    """The tiny files of test_gguf_files (every K-quant, IQ4 and the fallbacks, mixed as
+    llama-quantize mixes them) in llama.cpp and here: both engines round activations to
+    int8 blocks, so the logits stay close wherever the top token is not a near-tie."""
+    python = _llama_cpp_python()
+    if python is None:
+        pytest.skip("llama-cpp-python is not installed (tools/build_peers.sh builds it into ../peers)")
+    from rawpage.backends import get_backend
+    from rawpage.loader import load_checkpoint
+    from rawpage.models.registry import build_model
+    from tests.native.test_gguf_files import write_mixed
+    from tests.tiny_models import train_tokenizer
+
+    path = write_mixed(str(tmp_path / f"{arch}-{mix}.gguf"), arch, mix, train_tokenizer())
+    ckpt = load_checkpoint(path)
+    ids = [np.random.default_rng(i).integers(3, ckpt.config.vocab_size, 64).tolist() for i in range(2)]
+    out = tmp_path / "llama_cpp_logits.npz"
+    subprocess.run(
+        [python, "-c", _SCRIPT, path, json.dumps(ids), str(out)], check=True, timeout=600, capture_output=True
+    )
+    theirs = np.load(out)
+    native = build_model(ckpt.config, get_backend("cpu", cpu_kernels="native"), ckpt.tensors)
+    got = np.concatenate([SingleSequence(native).feed(x, all_logits=True) for x in ids])
+    want = np.concatenate([theirs[str(i)] for i in range(len(ids))])
+    top = np.sort(want, axis=1)
+    clear = top[:, -1] - top[:, -2] > 0.02 * (top[:, -1] - top[:, 0])
+    agree = float((got.argmax(1) == want.argmax(1))[clear].mean())
+    rms = float(np.sqrt(((got - want) ** 2).mean() / (want**2).mean()))
+    print(f"{arch} {mix} against llama.cpp: top-1 {agree:.3f} of {clear.sum()} clear positions, rms {rms:.2%}")
+    assert agree >= 0.97 and rms < 0.05, (agree, rms)
