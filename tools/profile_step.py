@@ -6,7 +6,8 @@ Fills the batch with `--batch` sequences of `--context` prompt tokens, prefills 
 then times `--steps` decode steps, splitting each into the backend's ops, the
 sampler, the scheduler, building the batch, and everything else. A decode step
 replayed from a graph (CUDA graphs; the CPU's recorded kernel calls, batches up to 8)
-shows as one "graph replay" row; --enforce-eager splits it into its ops. With --prefill it
+shows as one "graph replay" row, split on the CPU by entry point (each call timed in C);
+--enforce-eager splits it into the backend's ops. With --prefill it
 times the prefill instead (`--batch 40 --context 160 --prefill`: 6,400 prompt tokens
 in chunks of --max-num-batched-tokens). For a
 mixture-of-experts model it also shows the expert load: how many tokens each
@@ -58,6 +59,20 @@ def timed(obj, name: str, totals: dict, label: str | None = None) -> None:
             _depth[0] -= 1
 
     setattr(obj, name, wrapper)
+
+
+def split_replay(graph, replays: dict) -> None:
+    """A CPU graph (backends/cpu.py NativeGraph) replays with each call timed in C, summed by entry point."""
+    names = graph.recording.op_names()
+
+    def replay():
+        seconds = np.zeros(len(names))
+        graph.recording.replay(graph.backend.threads.set_for(len(graph.output)), seconds)
+        for name, t in zip(names, seconds, strict=True):
+            replays[name] += t
+        return graph.output
+
+    graph.replay = replay
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -114,8 +129,12 @@ def main(argv: list[str] | None = None) -> None:
     totals: dict[str, float] = defaultdict(float)
     for op in OPS:
         timed(eng.backend, op, totals)
+    replays: dict[str, float] = defaultdict(float)  # a CPU replay's time by entry point
     if eng.runner.graphs is not None:  # a replayed step's forward pass, every layer in one call
         timed(eng.runner.graphs, "run", totals, "graph replay")
+        for graph in eng.runner.graphs.graphs.values():
+            if hasattr(graph, "recording"):
+                split_replay(graph, replays)
     timed(eng.scheduler, "schedule", totals)
     timed(eng.runner, "build_batch", totals)
     timed(eng.sampler, "sample_rows", totals)
@@ -146,6 +165,9 @@ def main(argv: list[str] | None = None) -> None:
         )
     for k, v in sorted(per.items(), key=lambda kv: -kv[1]):
         print(f"  {k:20s} {v:8.2f} ms  {100 * v / (total / steps * 1000):5.1f}%")
+        if k == "graph replay":
+            for name, t in sorted(replays.items(), key=lambda kv: -kv[1]):
+                print(f"    {name:24s} {t / steps * 1000:8.2f} ms")
     rest = total / steps * 1000 - sum(per.values())
     print(f"  {'other (Python)':20s} {rest:8.2f} ms  {100 * rest / (total / steps * 1000):5.1f}%")
     if eng.model_config.num_experts:

@@ -171,7 +171,8 @@ ENTRY_POINTS = {
         entry("rp_read_probe", "uint64_t", "const uint8_t *buf, int64_t n, int nthreads"),
         entry("rp_graph_op", "int", "const char *name"),
         entry("rp_graph_max_args", "int", ""),
-        entry("rp_graph_replay", "int", "const void *records, int64_t n, int nthreads"),
+        entry("rp_graph_replay", "int", "const void *records, int64_t n, int nthreads, double *seconds"),
+        entry("rp_graph_op_name", "const char *", "int op"),
     )
 }
 

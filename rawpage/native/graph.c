@@ -26,6 +26,8 @@
  * Each op has an adapter that unpacks the words into its entry point's arguments,
  * generated from the entry point's one declaration (rawpage/native/entry_points.py).
  */
+#include <time.h>
+
 #include "common.h"
 
 typedef union {
@@ -56,12 +58,34 @@ RP_EXPORT int rp_graph_op(const char *name) {
 
 RP_EXPORT int rp_graph_max_args(void) { return RP_GRAPH_MAX_ARGS; }
 
+static double now_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 /* Runs calls[0 .. n) in order, each on nthreads threads. Returns 0, or -1 (running
- * nothing) if a record names no op. */
-RP_EXPORT int rp_graph_replay(const void *records, int64_t n, int nthreads) {
+ * nothing) if a record names no op. With `seconds` (n doubles; NULL for none), adds
+ * each call's wall time to its slot: tools/profile_step.py splits a replay by op. */
+RP_EXPORT int rp_graph_replay(const void *records, int64_t n, int nthreads, double *seconds) {
     const rp_call *calls = records;
     for (int64_t i = 0; i < n; i++)
         if (calls[i].op < 0 || calls[i].op >= NUM_OPS) return -1;
-    for (int64_t i = 0; i < n; i++) ops[calls[i].op].run(calls[i].a, nthreads);
+    if (!seconds) {
+        for (int64_t i = 0; i < n; i++) ops[calls[i].op].run(calls[i].a, nthreads);
+        return 0;
+    }
+    double t = now_seconds();
+    for (int64_t i = 0; i < n; i++) {
+        ops[calls[i].op].run(calls[i].a, nthreads);
+        double after = now_seconds();
+        seconds[i] += after - t;
+        t = after;
+    }
     return 0;
+}
+
+/* The entry point's name of op index `op`, or NULL. */
+RP_EXPORT const char *rp_graph_op_name(int op) {
+    return op >= 0 && op < NUM_OPS ? ops[op].name : NULL;
 }

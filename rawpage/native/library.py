@@ -88,11 +88,19 @@ class Recording:
                 row.append(0 if a is None else int(a))
         self.rows.append(row + [0] * (self.width - len(row)))
 
+    def op_names(self) -> list[str]:
+        """Each recorded call's entry point, in order."""
+        return [self.lib.fn.rp_graph_op_name(int(op)).decode() for op in self.calls[:, 0]]
+
     def finish(self) -> None:
         self.calls = np.array(self.rows, dtype=np.int64).reshape(-1, self.width)
 
-    def replay(self, nthreads: int) -> None:
-        rc = self.lib.fn.rp_graph_replay(self.calls.ctypes.data, len(self.calls), nthreads)
+    def replay(self, nthreads: int, seconds: np.ndarray | None = None) -> None:
+        """Runs the calls; with `seconds` (float64, one a call) adds each call's wall time."""
+        if seconds is not None:
+            assert seconds.dtype == np.float64 and seconds.shape == (len(self.calls),)
+        out = None if seconds is None else seconds.ctypes.data
+        rc = self.lib.fn.rp_graph_replay(self.calls.ctypes.data, len(self.calls), nthreads, out)
         if rc != 0:
             raise RuntimeError(f"rp_graph_replay refused the recording (code {rc})")
 
@@ -266,7 +274,8 @@ def native_kernels() -> NativeLibrary | None:
     try:
         lib = load_path(path)
     except (CompileError, OSError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        lines = str(e).strip().splitlines() or [type(e).__name__]
+        first = " ".join([lines[0]] + [ln.strip() for ln in lines if "error" in ln][:1])  # and the compiler's first error
         logger.warning("CPU kernels: could not build the native kernels (%s); running the NumPy path", first)
         return None
     logger.info("CPU kernels: native, %s path (%s)", path, lib.so_path)

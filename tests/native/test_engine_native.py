@@ -22,9 +22,9 @@ from tests.kernels.test_model_sim import Runner
 from tests.model_harness import SingleSequence
 
 # The native kernels against the float32 NumPy path on the default model (teacher-forced,
-# the 8 prompts below, 81 positions; every layer on the int8 kernel, the LM head on its
-# float one): measured top-1 agreement 81/81 and a largest logit difference of 1.75
-# (logits span about 30).
+# the 8 prompts below, 81 positions; every layer on the int8 kernel, the LM head with its
+# activations rounded to 15 bits): measured top-1 agreement 79/81 and a largest logit
+# difference of 1.85 (logits span about 30; 2026-12-03).
 MAX_LOGIT_DIFF, MIN_TOP1_AGREEMENT = 2.5, 0.97
 PROMPTS = [
     "The capital of France is",

@@ -40,6 +40,11 @@ def test_a_replay_makes_the_recorded_calls_on_what_the_arrays_hold_now(lib: Nati
         rec.replay(threads)
         np.testing.assert_allclose(normed, rms_norm_ref(x, w, 1e-6), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(act, silu_and_mul_ref(gate_up), rtol=1e-5, atol=1e-6)
+    seconds = np.zeros(2)  # a timed replay (tools/profile_step.py) adds each call's time to its slot
+    normed[...] = 0
+    rec.replay(2, seconds)
+    assert rec.op_names() == ["rp_rms_norm", "rp_silu_and_mul"] and (seconds > 0).all()
+    np.testing.assert_allclose(normed, rms_norm_ref(x, w, 1e-6), rtol=1e-5, atol=1e-6)
 
 
 def test_copies_and_numpy_work_are_refused_while_recording(lib: NativeLibrary):
