@@ -10,7 +10,7 @@ from rawpage.engine_args import EngineArgs
 from rawpage.llm import LLM
 from rawpage.lora import LoRARequest
 from rawpage.outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
-from rawpage.pooler import PoolingParams
+from rawpage.pooling.pooler import PoolingParams
 from rawpage.sampling_params import SamplingParams
 from rawpage.structured_output import StructuredOutputsParams
 

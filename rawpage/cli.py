@@ -61,7 +61,7 @@ def _log_inert_ray_flags(args: argparse.Namespace) -> None:
 def _serve_on_ray(args: argparse.Namespace) -> int:
     args.num_replicas = 1 if args.num_replicas is None else args.num_replicas
     try:
-        from rawpage.serve_ray import run_ray_server
+        from rawpage.server.serve_ray import run_ray_server
     except ImportError as e:
         raise ValueError(f"--ray needs Ray Serve ({e}); pip install 'rawpage[ray]'") from None
     return run_ray_server(args)
@@ -101,7 +101,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_flag(first, EngineArgs, "model")
     add_server_args(serve, first)
     EngineArgs.add_cli_args(serve, skip=("model",))
-    ray = serve.add_argument_group("replicas on Ray Serve (pip install 'rawpage[ray]'; rawpage/serve_ray.py)")
+    ray = serve.add_argument_group("replicas on Ray Serve (pip install 'rawpage[ray]'; rawpage/server/serve_ray.py)")
     ray.add_argument("--ray", action="store_true", help="serve replicas on Ray Serve (a local Ray, or RAY_ADDRESS's)")
     ray.add_argument("--num-replicas", type=int, default=None, help="with --ray: replicas of the model (default: 1)")
     ray.add_argument("--max-replicas", type=int, default=None, help="with --ray: autoscale up to this many replicas")

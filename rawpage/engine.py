@@ -21,13 +21,11 @@ import numpy as np
 
 from rawpage.beam_search import BeamSearch, BeamState
 from rawpage.block_manager import BlockManager
-from rawpage.chat_template import ChatTemplate
 from rawpage.device_logits import DeviceLogits
 from rawpage.engine_args import EngineArgs
 from rawpage.engine_setup import decode_graph_shapes, load_model, make_runner, num_swap_blocks, resolve_max_model_len
 from rawpage.errors import WorkerDiedError
 from rawpage.forking import Forker
-from rawpage.grammar_compiler import GrammarCompiler, MaskPrefetcher
 from rawpage.loader import load_checkpoint
 from rawpage.lora.manager import LoRARequest, resolve_lora
 from rawpage.model_runner import KVPool
@@ -41,6 +39,8 @@ from rawpage.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from rawpage.sequence import Request, Sequence
 from rawpage.spec_decode.build import build_spec_decoder
 from rawpage.stats import EngineStats
+from rawpage.structured_output.grammar_compiler import GrammarCompiler, MaskPrefetcher
+from rawpage.text.chat_template import ChatTemplate
 
 logger = logging.getLogger("rawpage")
 

@@ -16,7 +16,7 @@ from rawpage.engine import PromptType
 from rawpage.engine_args import EngineArgs
 from rawpage.lora.adapter import LoRARequest
 from rawpage.outputs import EmbeddingRequestOutput, RequestOutput
-from rawpage.pooling_engine import embed, new_engine
+from rawpage.pooling.pooling_engine import embed, new_engine
 from rawpage.request_checks import check_messages, check_params_type
 from rawpage.sampling_params import SamplingParams
 

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from rawpage.beam_search import final_hypotheses
-from rawpage.detokenizer import IncrementalDetokenizer
 from rawpage.ops.sampling import log_softmax, top_k_ids
 from rawpage.outputs import CompletionOutput, RequestOutput
 from rawpage.sampler import SamplerOutput
 from rawpage.sequence import Logprob, Request, Sequence
 from rawpage.stop_checker import check_length, check_stop_string, check_stop_token, stop_string_holdback
-from rawpage.tokenizer import Tokenizer
+from rawpage.text.detokenizer import IncrementalDetokenizer
+from rawpage.text.tokenizer import Tokenizer
 
 logger = logging.getLogger("rawpage")
 

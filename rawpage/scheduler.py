@@ -19,7 +19,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from rawpage.block_manager import BlockManager
-from rawpage.lora_limit import lora_fits
+from rawpage.lora.lora_limit import lora_fits
 from rawpage.sequence import Sequence, SequenceStatus
 
 

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from rawpage.chat_template import ChatTemplate, ChatTemplateError
+from rawpage.text.chat_template import ChatTemplate, ChatTemplateError
 
 MSGS = [{"role": "user", "content": "hi"}]
 

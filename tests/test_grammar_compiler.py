@@ -14,9 +14,9 @@ from rawpage import LLM, SamplingParams
 from rawpage.engine import LLMEngine
 from rawpage.engine_args import EngineArgs
 from rawpage.errors import InvalidRequestError
-from rawpage.grammar_compiler import GrammarCompiler, MatcherCache
-from rawpage.grammar_limits import GrammarLimits
 from rawpage.structured_output import StructuredOutputsParams
+from rawpage.structured_output.grammar_compiler import GrammarCompiler, MatcherCache
+from rawpage.structured_output.grammar_limits import GrammarLimits
 from tests.model_harness import assert_no_leaks
 
 PROMPT = {"prompt_token_ids": list(range(5, 25))}

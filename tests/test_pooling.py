@@ -10,7 +10,7 @@ import pytest
 
 from rawpage import LLM
 from rawpage.errors import InvalidRequestError, UnsupportedModelError
-from rawpage.pooler import PoolingParams, checkpoint_pooling_type, resolve_pooling_type
+from rawpage.pooling.pooler import PoolingParams, checkpoint_pooling_type, resolve_pooling_type
 from tests.model_harness import assert_no_leaks
 from tests.tiny_families import family_config, hub_tensors, write_family
 

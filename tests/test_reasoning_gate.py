@@ -9,8 +9,8 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
-from rawpage.reasoning_gate import MAYBE, OPEN, THINKING, ReasoningGate, TokenTexts, prompt_phase
 from rawpage.structured_output import GrammarState
+from rawpage.structured_output.reasoning_gate import MAYBE, OPEN, THINKING, ReasoningGate, TokenTexts, prompt_phase
 
 VOCAB = [
     "<",

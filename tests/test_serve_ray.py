@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="needs Ray Serve: pip install 'rawpage[ray]'")
 
-from rawpage.serve_ray import SERVING_WORKER_NICENESS, serve_at_our_priority  # noqa: E402
+from rawpage.server.serve_ray import SERVING_WORKER_NICENESS, serve_at_our_priority  # noqa: E402
 from tests.server.harness import free_port  # noqa: E402
 from tests.server.test_openai_client import (  # noqa: E402, F401 - run here against the Ray replicas
     test_async_client_concurrent,
@@ -57,8 +57,8 @@ def _ray_url():
     from ray import serve
 
     from rawpage.engine_args import EngineArgs
-    from rawpage.serve_ray import build_ray_app
     from rawpage.server.args import ServerConfig
+    from rawpage.server.serve_ray import build_ray_app
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     port = free_port()
@@ -147,7 +147,7 @@ def test_errors_keep_the_openai_shape_through_the_ingress(ray_url):
 def test_prefix_key_names_the_start_of_the_prompt():
     import json
 
-    from rawpage.serve_ray import ROUTING_PREFIX_CHARS, prompt_prefix_key
+    from rawpage.server.serve_ray import ROUTING_PREFIX_CHARS, prompt_prefix_key
 
     long = "x" * ROUTING_PREFIX_CHARS
 

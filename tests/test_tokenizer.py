@@ -5,10 +5,10 @@ import os
 import numpy as np
 import pytest
 
-from rawpage.chat_template import ChatTemplate, ChatTemplateError
-from rawpage.detokenizer import IncrementalDetokenizer
 from rawpage.loader import load_checkpoint
-from rawpage.tokenizer import Tokenizer
+from rawpage.text.chat_template import ChatTemplate, ChatTemplateError
+from rawpage.text.detokenizer import IncrementalDetokenizer
+from rawpage.text.tokenizer import Tokenizer
 from tests.tiny_models import (
     random_tensors,
     tiny_config,

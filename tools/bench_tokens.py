@@ -28,7 +28,7 @@ class LocalTokenizer:
     """A tokenizer in this process: rawpage's (with chat template) or a bare tokenizer.json."""
 
     def __init__(self, path: str | None) -> None:
-        self.template_tokenizer: Any = None  # rawpage.tokenizer.Tokenizer, when loaded by rawpage
+        self.template_tokenizer: Any = None  # rawpage.text.tokenizer.Tokenizer, when loaded by rawpage
         if path and path.endswith(".json"):
             from tokenizers import Tokenizer
 

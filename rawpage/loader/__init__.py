@@ -18,7 +18,7 @@ from rawpage.loader.default_model import default_model_path
 from rawpage.loader.dummy import DummyWeights
 from rawpage.loader.hub import looks_like_hub_id, resolve_hub_id
 from rawpage.loader.tensors import TensorSource
-from rawpage.tokenizer import Tokenizer
+from rawpage.text.tokenizer import Tokenizer
 
 
 @dataclass

@@ -26,7 +26,7 @@ import zlib
 from rawpage.backends.base import Array, Backend
 from rawpage.config import ModelConfig
 from rawpage.errors import ModelLoadError
-from rawpage.tokenizer import Tokenizer
+from rawpage.text.tokenizer import Tokenizer
 
 
 class DummyWeights:

@@ -275,7 +275,9 @@ def native_kernels() -> NativeLibrary | None:
         lib = load_path(path)
     except (CompileError, OSError) as e:
         lines = str(e).strip().splitlines() or [type(e).__name__]
-        first = " ".join([lines[0]] + [ln.strip() for ln in lines if "error" in ln][:1])  # and the compiler's first error
+        first = " ".join(
+            [lines[0]] + [ln.strip() for ln in lines if "error" in ln][:1]
+        )  # and the compiler's first error
         logger.warning("CPU kernels: could not build the native kernels (%s); running the NumPy path", first)
         return None
     logger.info("CPU kernels: native, %s path (%s)", path, lib.so_path)

@@ -25,8 +25,8 @@ from rawpage.engine_args import EngineArgs
 from rawpage.errors import CONFIG_ERRORS
 from rawpage.lora import LoRAAdapter, LoRARequest
 from rawpage.outputs import RequestOutput
-from rawpage.pooler import PoolingParams
-from rawpage.pooling_engine import new_engine
+from rawpage.pooling.pooler import PoolingParams
+from rawpage.pooling.pooling_engine import new_engine
 from rawpage.sampling_params import SamplingParams
 from rawpage.server.engine_info import EngineInfo
 from rawpage.server.protocol import APIError

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from rawpage.outputs import EmbeddingRequestOutput
-from rawpage.pooler import PoolingParams
+from rawpage.pooling.pooler import PoolingParams
 from rawpage.server.protocol import APIError, Body
 from rawpage.server.state import ServerState
 from rawpage.server.streaming import final_outputs, unless_disconnected

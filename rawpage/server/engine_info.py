@@ -16,16 +16,16 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from rawpage.chat_template import ChatTemplate
 from rawpage.engine import LLMEngine
 from rawpage.lora import LoRAAdapter, LoRARequest
 from rawpage.lora.adapter import load_adapter
 from rawpage.lora.manager import LoRAManager
-from rawpage.pooler import PoolingParams
-from rawpage.pooling_engine import PoolingEngine
+from rawpage.pooling.pooler import PoolingParams
+from rawpage.pooling.pooling_engine import PoolingEngine
 from rawpage.sampling_params import SamplingParams
 from rawpage.structured_output import StructuredOutputsParams
-from rawpage.tokenizer import Tokenizer
+from rawpage.text.chat_template import ChatTemplate
+from rawpage.text.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ that does not think) starts it outside, so an output with no tags is all content
 The split goes to `message.reasoning_content` and `message.content`; streamed, to
 `delta.reasoning_content` and `delta.content`. A grammar (structured outputs, tool
 calls) constrains the output outside the block (StructuredOutputsParams.reasoning,
-rawpage/reasoning_gate.py), from the first token when the model does not think.
+rawpage/structured_output/reasoning_gate.py), from the first token when the model does not think.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from rawpage.reasoning_gate import THINKING, prompt_phase
 from rawpage.server.tool_parsers import hold_prefix
+from rawpage.structured_output.reasoning_gate import THINKING, prompt_phase
 
 START, END = "<think>", "</think>"
 

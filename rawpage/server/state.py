@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
-from rawpage.chat_template import ChatTemplate, ChatTemplateError
 from rawpage.lora import LoRARequest
 from rawpage.sampling_params import SamplingParams
 from rawpage.server.args import ServerConfig
@@ -26,6 +25,7 @@ from rawpage.server.metrics import ServerMetrics
 from rawpage.server.protocol import APIError, Body, check_json
 from rawpage.server.response_store import ResponseStore
 from rawpage.server.tools import template_for_tools
+from rawpage.text.chat_template import ChatTemplate, ChatTemplateError
 
 T = TypeVar("T")
 
@@ -224,7 +224,7 @@ class ServerState:
     async def compile_grammar(self, params: SamplingParams) -> None:
         """Compile a structured-output grammar before the request is queued, so that a bad
         one is a 400 before streaming starts: gated, validated in a child process and built
-        on the compiler's own threads (rawpage/grammar_compiler.py), never on the event loop
+        on the compiler's own threads (rawpage/structured_output/grammar_compiler.py), never on the event loop
         nor on the template and tokenization threads. The engine's add_request then finds
         it cached."""
         if params.structured_outputs is None:

@@ -19,12 +19,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from rawpage.chat_template import ChatTemplate
 from rawpage.server.args import ServerConfig
 from rawpage.server.json_schema import close_objects, rebase_refs
 from rawpage.server.protocol import APIError, Body, loads_field
 from rawpage.server.tool_parsers import TOOL_PARSERS, ToolCall, call_from_json, model_json
 from rawpage.structured_output import StructuredOutputsParams
+from rawpage.text.chat_template import ChatTemplate
 
 logger = logging.getLogger("rawpage.server")
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")

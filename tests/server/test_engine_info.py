@@ -14,7 +14,7 @@ from rawpage.server.engine_info import EngineInfo
 SERVER = Path(__file__).resolve().parents[2] / "rawpage" / "server"
 # The modules that run in the engine thread, or wire it up: they may hold the engine.
 ENGINE_SIDE = {"async_engine", "engine_info", "engine_view", "metrics", "app"}
-ENGINE_MODULES = {"rawpage.engine", "rawpage.pooling_engine"}
+ENGINE_MODULES = {"rawpage.engine", "rawpage.pooling.pooling_engine"}
 
 
 def imported(path: Path) -> set[str]:

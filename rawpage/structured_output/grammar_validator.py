@@ -3,7 +3,7 @@
 llguidance can overflow its stack on a grammar the gate (grammar_limits.py) does not
 count (SECURITY.md). The parent hands each new grammar text to a small persistent child,
 
-    python -m rawpage.grammar_validator      stdin: frames in, stdout: frames out
+    python -m rawpage.structured_output.grammar_validator      stdin: frames in, stdout: frames out
 
 which holds its own LLTokenizer (built from the tokenizer's JSON, sent first) and answers
 llguidance's verdict: "" for valid, else the error. If the child dies or runs past the
@@ -75,7 +75,7 @@ class GrammarValidator:
             self._proc = None
 
     def _start(self) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "rawpage.grammar_validator"]
+        cmd = [sys.executable, "-m", "rawpage.structured_output.grammar_validator"]
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self._proc = proc
         try:

@@ -10,7 +10,7 @@ character (U+FFFD). This is the scheme vLLM and TGI use.
 
 from __future__ import annotations
 
-from rawpage.tokenizer import Tokenizer
+from rawpage.text.tokenizer import Tokenizer
 
 # Tokens of left context kept in the decode window; enough for any merge effect.
 _CONTEXT_TOKENS = 5

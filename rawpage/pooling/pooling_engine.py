@@ -26,7 +26,7 @@ from rawpage.engine import LLMEngine, PromptType
 from rawpage.engine_args import EngineArgs
 from rawpage.errors import InvalidRequestError
 from rawpage.outputs import EmbeddingOutput, EmbeddingRequestOutput
-from rawpage.pooler import Pooler, PoolingParams, PoolingRequest, resolve_pooling_type
+from rawpage.pooling.pooler import Pooler, PoolingParams, PoolingRequest, resolve_pooling_type
 from rawpage.request_checks import check_salt_and_priority
 from rawpage.sampling_params import SamplingParams
 from rawpage.sequence import Request, Sequence

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from rawpage.errors import InvalidRequestError
-from rawpage.reasoning_gate import MAYBE, OPEN, THINKING, ReasoningGate
+from rawpage.structured_output.reasoning_gate import MAYBE, OPEN, THINKING, ReasoningGate
 
 # Our JSON: no free whitespace between tokens. A small model offered "any whitespace"
 # happily emits newlines until max_tokens; compact JSON is still valid JSON.

@@ -17,8 +17,8 @@ from typing import Any
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
-from rawpage.chat_template import ChatTemplate
 from rawpage.errors import ModelLoadError, UnsupportedModelError
+from rawpage.text.chat_template import ChatTemplate
 
 # llama.cpp's pre-tokenizer regexes (llama-vocab.cpp), keyed by `tokenizer.ggml.pre`.
 _GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"

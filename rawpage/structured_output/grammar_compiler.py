@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 
 from rawpage.errors import InvalidRequestError
-from rawpage.grammar_limits import GrammarLimits, check_grammar_limits
-from rawpage.grammar_validator import COMPILE_STACK_BYTES, GrammarTooComplexError, GrammarValidator
-from rawpage.reasoning_gate import OPEN, ReasoningGate, TokenTexts, prompt_phase
 from rawpage.structured_output import GrammarState, StructuredOutputsParams
+from rawpage.structured_output.grammar_limits import GrammarLimits, check_grammar_limits
+from rawpage.structured_output.grammar_validator import COMPILE_STACK_BYTES, GrammarTooComplexError, GrammarValidator
+from rawpage.structured_output.reasoning_gate import OPEN, ReasoningGate, TokenTexts, prompt_phase
 
 logger = logging.getLogger("rawpage")
 

@@ -13,7 +13,7 @@ render in jinja2's immutable sandbox, with the environment Hugging Face uses
   `*`, `**`, `+`, `%`, `~`, the growing str methods (center, ljust, format, replace,
   join...) and filters (center, indent, wordwrap, format, join...) estimate their
   result from their inputs and refuse one over `max_chars` (integers: 4096 bits)
-  before they run (rawpage/template_budget.py). The output as a whole is bounded by
+  before they run (rawpage/text/template_budget.py). The output as a whole is bounded by
   `max_chars` too.
 """
 
@@ -26,7 +26,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from rawpage import template_budget as budget
+from rawpage.text import template_budget as budget
 
 DEFAULT_MAX_CHARS = 4 << 20  # characters of rendered prompt; more cannot fit a context anyway
 DEFAULT_TIMEOUT = 2.0  # seconds of rendering; real templates take about a millisecond
@@ -51,7 +51,7 @@ def _strftime_now(fmt: str) -> str:
 
 def _sandbox(max_chars: int):
     """An immutable sandbox in which no single operation can build a value past the budget
-    (rawpage/template_budget.py): `*`, `**`, `+`, `%`, `~`, the growing str methods and filters."""
+    (rawpage/text/template_budget.py): `*`, `**`, `+`, `%`, `~`, the growing str methods and filters."""
     from jinja2.compiler import CodeGenerator
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 

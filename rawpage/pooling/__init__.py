@@ -1,0 +1,1 @@
+"""Pooling models (`--runner pooling`): the pooler and the engine that serves embeddings."""
