@@ -13,7 +13,6 @@ cumulative log-probability / length ** length_penalty.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -26,6 +25,7 @@ from rawpage.sequence import Request, Sequence
 if TYPE_CHECKING:
     from rawpage.device_logits import DeviceLogits
     from rawpage.forking import Forker
+    from rawpage.scheduler import Scheduler
 
 
 @dataclass
@@ -126,27 +126,22 @@ def final_hypotheses(state: BeamState, beams: list[Sequence], finish_reason: str
 class BeamSearch:
     """The engine's side of beam search: after a forward pass, stash each beam's next-token
     log-probabilities, and advance a request once all its live beams have theirs (beams of
-    one request may be computed in different steps, e.g. after a preemption)."""
+    one request may be computed in different steps, e.g. after a preemption). Which beams
+    fork, drop, take which token and finish is decided here; the scheduler does it."""
 
     def __init__(
-        self,
-        sampler: Sampler,
-        forker: Forker,
-        finish: Callable[[Sequence], None],
-        fail: Callable[[Request, Exception], None],
-        eos_token_ids: list[int],
-        max_model_len: int,
+        self, sampler: Sampler, forker: Forker, scheduler: Scheduler, eos_token_ids: list[int], max_model_len: int
     ) -> None:
         self.sampler = sampler
         self.forker = forker
-        self.finish = finish  # Scheduler.finish: drop a sequence and free its blocks
-        self.fail = fail  # end one request with an error; the others carry on
+        self.scheduler = scheduler
         self.eos_token_ids = set(eos_token_ids)
         self.max_model_len = max_model_len
 
-    def step(self, rows: list[tuple[Sequence, int]], logits: DeviceLogits) -> None:
-        """rows: (beam, its row of logits (T', V)) for every beam that completed its tokens."""
-        reqs = {}
+    def step(self, rows: list[tuple[Sequence, int]], logits: DeviceLogits) -> list[tuple[Request, Exception]]:
+        """rows: (beam, its row of logits (T', V)) for every beam that completed its tokens.
+        Returns the requests that failed, with why (the engine fails them; the others go on)."""
+        reqs, failed = {}, []
         for seq, row in rows:
             if seq.is_finished:
                 continue
@@ -157,14 +152,16 @@ class BeamSearch:
                 seq.request.beam.pending[seq.seq_id] = log_softmax(processed)[0]
                 reqs[seq.request.request_id] = seq.request
             except Exception as e:  # noqa: BLE001 - isolated to this request
-                self.fail(seq.request, e)
+                failed.append((seq.request, e))
         for req in reqs.values():
             live = [s for s in req.seqs if not s.is_finished]
-            if req.error is None and all(s.seq_id in req.beam.pending for s in live):
+            ok = req.error is None and not any(r is req for r, _ in failed)
+            if ok and all(s.seq_id in req.beam.pending for s in live):
                 try:
                     self._advance(req, live)
                 except Exception as e:  # noqa: BLE001 - isolated to this request
-                    self.fail(req, e)
+                    failed.append((req, e))
+        return failed
 
     def _advance(self, req: Request, live: list[Sequence]) -> None:
         st, p = req.beam, req.params
@@ -179,16 +176,15 @@ class BeamSearch:
             assigned.append((beam, tok, lp))
         for s in live:
             if s.seq_id not in seen:
-                self.finish(s)
+                self.scheduler.finish(s)
                 req.seqs.remove(s)
         for beam, tok, lp in assigned:
-            beam.append_token(tok, lp)
+            self.scheduler.append_token(beam, tok, lp)
         beams = [b for b, _, _ in assigned]
         if not beams or self._at_limit(p.max_tokens, beams) or is_done(st, beams, self.max_model_len):
             st.results = final_hypotheses(st, beams, "length")
             for b in beams:
-                b.finish_reason = "length"
-                self.finish(b)
+                self.scheduler.finish(b, "length")
             st.done = True
 
     def _at_limit(self, max_tokens: int | None, beams: list[Sequence]) -> bool:

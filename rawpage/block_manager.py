@@ -144,6 +144,10 @@ class BlockManager:
                 seq.block_table[i] = NULL_BLOCK
                 self.num_window_releases += 1
 
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Name the sequence's newly completed blocks in the prefix cache (prefix_cache.py)."""
+        seq.num_hashed_blocks = self.prefix_cache.cache_full_blocks(seq)
+
     def trim(self, seq: Sequence) -> None:
         """Speculative decoding's rollback: drop the tail blocks past the sequence's tokens
         (they held only rejected drafts, and were never named in the prefix cache)."""

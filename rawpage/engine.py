@@ -86,19 +86,17 @@ class LLMEngine:
         self.sampler = Sampler(c.vocab_size, c.eos_token_ids, self.masks.mask)
         self._seq_ids = itertools.count()
         self.forker = Forker(self.scheduler, self._seq_ids)
-        self.beam_search = BeamSearch(
-            self.sampler, self.forker, self.scheduler.finish, self._fail_request, c.eos_token_ids, self.max_model_len
-        )
-        self.output = OutputProcessor(
-            self.tokenizer, c.eos_token_ids, c.vocab_size, self.max_model_len, self.scheduler.finish
-        )
-        self.spec = build_spec_decoder(args, loaded.draft, self.scheduler, self.sampler, self.output, self._fail_seq)
+        self.beam_search = BeamSearch(self.sampler, self.forker, self.scheduler, c.eos_token_ids, self.max_model_len)
+        self.output = OutputProcessor(self.tokenizer, c.eos_token_ids, c.vocab_size, self.max_model_len)
+        # Optional features are composed here, once: with speculation off, self.spec is None
+        # and a step calls none of its code (nor any grammar's or beam's, without them).
+        self.spec = build_spec_decoder(args, loaded.draft, self.scheduler, self.sampler, self.output)
         self.requests: dict[str, Request] = {}
         self._aborted: list[Request] = []  # to report as finished at the end of the next step
         self.batch: list[tuple[Sequence, int]] | None = None  # this (or the last) step's; None until scheduled
         self._consecutive_failures = 0
         self._rng = np.random.default_rng(args.seed)
-        self.stats = EngineStats(args.log_stats_interval, spec=self.spec.stats)
+        self.stats = EngineStats(args.log_stats_interval, spec=self.spec.stats if self.spec else None)
         self.startup_seconds = time.monotonic() - t0
         name = args.served_model_name or os.path.basename(ckpt.path)  # not a GGUF's general.name: any text
         logger.info("loaded %s (%s) on %s in %.1f s", name, c.architecture, self.backend.name, self.startup_seconds)
@@ -136,9 +134,9 @@ class LLMEngine:
         lora = resolve_lora(self.lora, lora_request)
         req = Request(request_id, text, ids, params, arrival_time or time.time(), priority, cache_salt=salt, lora=lora)
         seed = params.seed if params.seed is not None else int(self._rng.integers(2**63))
-        req.seqs.append(Sequence(next(self._seq_ids), req, ids, 0, seed))
-        if params.structured_outputs is not None:
-            req.seqs[0].grammar = self.grammars.new_state(params.structured_outputs, ids, req)  # compiles meanwhile
+        so = params.structured_outputs
+        grammar = self.grammars.new_state(so, ids, req) if so is not None else None  # compiles meanwhile
+        req.seqs.append(Sequence(next(self._seq_ids), req, ids, 0, seed, grammar))
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
         if params.use_beam_search:
@@ -161,8 +159,7 @@ class LLMEngine:
                 continue
             for seq in req.seqs:
                 if not seq.is_finished:
-                    seq.finish_reason = "abort"
-                    self.scheduler.finish(seq)
+                    self.scheduler.finish(seq, "abort")
             self._aborted.append(req)
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
@@ -207,10 +204,13 @@ class LLMEngine:
 
     def _schedule(self) -> SchedulerOutput:
         self.batch = None  # until the batch is known, a failure is everyone's (_recover)
-        self.spec.propose(self.scheduler.running)  # drafted tokens join their sequences as extra query tokens
-        self.grammars.fail_requests(self._fail_request)  # compiles that failed (no server checked them first)
+        if self.spec:
+            self.spec.propose(self.scheduler.running)  # drafted tokens join their sequences as extra query tokens
+        if self.grammars.pending:  # compiles that failed (no server checked them first)
+            self._fail_all(self.grammars.failed_requests())
         sched = self.scheduler.schedule()
-        self.spec.settle(sched)
+        if self.spec:
+            self.spec.settle(sched)
         self.batch = sched.scheduled
         self.runner.swap(sched.swap_out, sched.swap_in)
         return sched
@@ -221,11 +221,14 @@ class LLMEngine:
         (they sample next); and how many prompt (or recomputed) tokens were computed."""
         self.runner.copy_blocks(sched.block_copies)
         rows = [self._logits_rows(seq, n) for seq, n in sched.scheduled]
-        self.masks.start(sched.scheduled, rows)  # grammar masks of those about to sample, computed meanwhile
-        try:
+        if not any(seq.grammar is not None for seq, _ in sched.scheduled):
             logits = self.runner.execute(sched.scheduled, rows)
-        finally:
-            self.masks.wait()
+        else:
+            self.masks.start(sched.scheduled, rows)  # grammar masks of those about to sample, computed meanwhile
+            try:
+                logits = self.runner.execute(sched.scheduled, rows)
+            finally:
+                self.masks.wait()
         ready: list[tuple[Sequence, int]] = []
         num_prompt_tokens = offset = 0
         for (seq, n), r in zip(sched.scheduled, rows):
@@ -241,8 +244,7 @@ class LLMEngine:
         Returns how many of the n were prompt or recomputed tokens rather than a decode step."""
         start = seq.num_computed_tokens
         is_decode = seq.num_output_tokens > 0 and start == seq.num_tokens - 1 - seq.num_draft_tokens
-        seq.num_computed_tokens += n
-        self.block_manager.prefix_cache.cache_full_blocks(seq)
+        self.scheduler.computed(seq, n)
         metrics = seq.request.metrics
         if metrics.first_scheduled_time is None:
             metrics.first_scheduled_time = time.time()
@@ -254,7 +256,10 @@ class LLMEngine:
         """Next tokens for the ready sequences: beams go to beam search; the others, with the
         n - 1 siblings that fork off a finished prompt now, to the sampler. Returns how many
         tokens were appended."""
-        ready, num_verified = self.spec.verify(logits, ready)  # speculative drafts: accepted + one more
+        num_verified = 0
+        if self.spec:  # speculative drafts: accepted + one more
+            ready, num_verified, failed = self.spec.verify(logits, ready)
+            self._fail_all(failed)
         beams = [(seq, row) for seq, row in ready if seq.request.beam is not None]
         seqs: list[Sequence] = []
         rows: list[int] = []
@@ -266,7 +271,7 @@ class LLMEngine:
         if seqs:
             self._sample_rows(logits, rows, seqs)
         if beams:
-            self.beam_search.step(beams, logits)
+            self._fail_all(self.beam_search.step(beams, logits))
         return len(seqs) + len(beams) + num_verified
 
     def _sample_rows(self, logits: DeviceLogits, rows: list[int], seqs: list[Sequence]) -> None:
@@ -279,11 +284,13 @@ class LLMEngine:
                 if s.is_finished:
                     continue
                 try:
-                    self.output.append_tokens([s], self.sampler.sample_rows(logits, [r], [s]), self._fail_seq)
+                    self._fail_all(
+                        self.scheduler.postprocess([s], self.sampler.sample_rows(logits, [r], [s]), self.output)
+                    )
                 except Exception as e:  # noqa: BLE001 - isolated to this request
                     self._fail_request(s.request, e)
             return
-        self.output.append_tokens(seqs, out, self._fail_seq)
+        self._fail_all(self.scheduler.postprocess(seqs, out, self.output))
 
     def _finish_step(self, num_prompt_tokens: int, num_generated: int) -> list[RequestOutput]:
         """Outputs for every request this step touched or aborted; finished ones are dropped."""
@@ -329,8 +336,9 @@ class LLMEngine:
             return dict(self.requests)
         return {seq.request.request_id: seq.request for seq, _ in self.batch}
 
-    def _fail_seq(self, seq: Sequence, e: Exception) -> None:
-        self._fail_request(seq.request, e)
+    def _fail_all(self, failed: list[tuple[Request, BaseException]]) -> None:
+        for req, e in failed:
+            self._fail_request(req, e)
 
     def _fail_request(self, req: Request, e: Exception) -> None:
         """End a request with an error: every sequence aborted, every block freed."""
@@ -340,8 +348,7 @@ class LLMEngine:
         logger.error("request %s failed: %s", req.request_id, req.error, exc_info=e)
         for seq in req.seqs:
             if not seq.is_finished:
-                seq.finish_reason = "abort"
-                self.scheduler.finish(seq)
+                self.scheduler.finish(seq, "abort")
         if req.beam is not None:
             req.beam.done = True
         self._aborted.append(req)

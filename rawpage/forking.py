@@ -11,28 +11,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from rawpage.scheduler import Scheduler
-from rawpage.sequence import Request, Sequence, SequenceStatus
+from rawpage.sequence import Request, Sequence
 
 
 class Forker:
     def __init__(self, scheduler: Scheduler, seq_ids: Iterator[int]) -> None:
         self.scheduler = scheduler
         self.seq_ids = seq_ids  # the engine's sequence id counter
+        self.share_blocks = True  # children point at the parent's KV blocks (False: compute their own)
 
     def fork(self, req: Request, parent: Sequence, index: int) -> Sequence:
-        """A new sequence of `req`, continuing from `parent`, scheduled from the next step."""
-        child = parent.fork(next(self.seq_ids), index, parent.seed)
-        req.seqs.append(child)
-        self.join(parent, child)
-        return child
-
-    def join(self, parent: Sequence, child: Sequence) -> None:
-        if parent.status == SequenceStatus.RUNNING:
-            self.scheduler.block_manager.fork(parent, child)
-            self.scheduler.add_running(child)
-        else:
-            child.num_computed_tokens = 0
-            self.scheduler.add(child)
+        """A new sequence of `req`, continuing from `parent`, scheduled from the next step
+        (the scheduler makes it: Scheduler.fork)."""
+        return self.scheduler.fork(parent, next(self.seq_ids), index, self.share_blocks)
 
     def fork_samples(self, seq: Sequence) -> list[Sequence]:
         """n > 1: once the shared prompt is computed, the parent forks n - 1 children; each

@@ -1,18 +1,18 @@
 """OutputProcessor: sampled tokens -> text and RequestOutputs.
 
-After the sampler, every sequence gets its token appended, its logprobs recorded,
-its text extended by incremental detokenization, and its stop conditions checked
-(EOS and stop tokens, stop strings across token boundaries, max_tokens, the
-context limit). A finished sequence is handed back at once so that its KV blocks
-are freed in the same step. Then each touched request becomes a RequestOutput
-with cumulative fields and this step's deltas.
+After the sampler, each sampled row becomes a token and its logprobs entry
+(`sampled`), which the scheduler appends; then the sequence's text is extended by
+incremental detokenization and its stop conditions checked (`check_stop`: EOS and
+stop tokens, stop strings across token boundaries, max_tokens, the context limit).
+A stop is a decision the scheduler applies at once, so that the sequence's KV blocks
+are freed in the same step (LLMEngine._append). Then each touched request becomes a
+RequestOutput with cumulative fields and this step's deltas.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +22,7 @@ from rawpage.ops.sampling import log_softmax, top_k_ids
 from rawpage.outputs import CompletionOutput, RequestOutput
 from rawpage.sampler import SamplerOutput
 from rawpage.sequence import Logprob, Request, Sequence
-from rawpage.stop_checker import check_length, check_stop_string, check_stop_token, stop_string_holdback
+from rawpage.stop_checker import Stop, check_length, check_stop_string, check_stop_token, stop_string_holdback
 from rawpage.text.detokenizer import IncrementalDetokenizer
 from rawpage.text.tokenizer import Tokenizer
 
@@ -46,13 +46,11 @@ class OutputProcessor:
         eos_token_ids: list[int],
         vocab_size: int,
         max_model_len: int,
-        finish: Callable[[Sequence], None],
     ) -> None:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
-        self.finish = finish  # Scheduler.finish: drop the sequence and free its blocks
         self.texts: dict[int, SequenceText] = {}  # seq_id -> its text, until its request's last output
 
     def record_prompt_logprobs(self, req: Request, start: int, logits: np.ndarray) -> None:
@@ -70,43 +68,34 @@ class OutputProcessor:
                 entry.setdefault(int(t), self._logprob(int(t), float(lps[j, t]), rank))
             req.prompt_logprobs.append(entry)
 
-    def append_tokens(
-        self, seqs: list[Sequence], out: SamplerOutput, on_error: Callable[[Sequence, Exception], None]
-    ) -> None:
-        """Give each sequence its sampled token: logprobs, text, stop checks; finished ones
-        are handed to `finish` at once, so their blocks are freed this step. A sequence
-        that fails here goes to `on_error`; the others carry on."""
-        now = time.time()
-        for i, seq in enumerate(seqs):
-            if seq.is_finished:  # a sibling's failure already ended its request
-                continue
-            try:
-                self._append_one(seq, out, i, now)
-            except Exception as e:  # noqa: BLE001 - isolated to this request
-                on_error(seq, e)
-
-    def _append_one(self, seq: Sequence, out: SamplerOutput, i: int, now: float) -> None:
-        eos = self.eos_token_ids
+    def sampled(self, seq: Sequence, out: SamplerOutput, i: int, now: float) -> tuple[int, float, dict | None]:
+        """Row i of the sampler's output for `seq`: (token, its logprob, the logprobs entry
+        to report, if the request asked for logprobs). The scheduler appends them."""
         tok, lp = int(out.token_ids[i]), float(out.logprobs[i])
-        seq.append_token(tok, 0.0 if np.isnan(lp) else lp)
-        p = seq.request.params
-        if p.logprobs is not None:
+        entry = None
+        if seq.request.params.logprobs is not None:
             entry = {tok: self._logprob(tok, lp, int(out.ranks[i]))}
             for rank, (t, v) in enumerate(zip(out.top_ids[i], out.top_logprobs[i]), start=1):
                 entry.setdefault(int(t), self._logprob(int(t), float(v), rank))
-            seq.logprobs.append(entry)
         m = seq.request.metrics
         m.first_token_time = m.first_token_time or now
-        if not check_stop_token(seq, eos):
+        return tok, 0.0 if np.isnan(lp) else lp, entry
+
+    def check_stop(self, seq: Sequence) -> Stop | None:
+        """After the scheduler appended a token: its text, and whether the sequence stops
+        (EOS or a stop token, a stop string, its grammar's error state, max_tokens or the
+        context limit). Says what should happen; the scheduler finishes the sequence."""
+        stop = check_stop_token(seq, self.eos_token_ids)
+        if stop is None:
             st = self._text(seq)
-            delta = st.detokenizer.add([tok])
+            delta = st.detokenizer.add([seq.token_ids[-1]])
             st.text += delta
             cut = check_stop_string(seq, st.text, delta)
-            st.text = st.text if cut is None else cut
+            if cut is not None:
+                st.text, stop = cut[0], ("stop", cut[1])
         if seq.grammar is not None and seq.grammar.error is not None:
-            _end_on_grammar_error(seq)
-        if seq.finish_reason or check_length(seq, self.max_model_len):
-            self.finish(seq)
+            stop = _grammar_error_stop(seq)
+        return stop or check_length(seq, self.max_model_len)
 
     def make_output(self, req: Request) -> RequestOutput:
         """The request's output after this step: cumulative text and tokens, plus the deltas
@@ -201,11 +190,11 @@ def _request_output(
     )
 
 
-def _end_on_grammar_error(seq: Sequence) -> None:
+def _grammar_error_stop(seq: Sequence) -> Stop:
     """The grammar reached its error state (GrammarState.mask allowed only EOS): the
     output is cut short here. It ends "length", flagged in CompletionOutput.grammar_error,
     never "stop", which would pass a broken output off as one the grammar accepted."""
     logger.warning(
         "request %s: its grammar allows no next token (%s); ending it", seq.request.request_id, seq.grammar.error
     )
-    seq.finish_reason, seq.stop_reason = "length", None
+    return "length", None

@@ -43,10 +43,11 @@ class PrefixCache:
             matched.append(block)
         return matched
 
-    def cache_full_blocks(self, seq: Sequence) -> None:
-        """Name the sequence's newly completed blocks by their content, after a forward pass."""
+    def cache_full_blocks(self, seq: Sequence) -> int:
+        """Name the sequence's newly completed blocks by their content, after a forward pass.
+        Returns how many leading blocks are named now (BlockManager keeps it on the sequence)."""
         if not self.enabled:
-            return
+            return seq.num_hashed_blocks
         n_full = (seq.num_computed_tokens - seq.num_draft_tokens) // self.block_size  # never a drafted token
         hashes = self.block_hashes(seq, n_full)
         for i in range(seq.num_hashed_blocks, n_full):
@@ -54,7 +55,7 @@ class PrefixCache:
             if block != NULL_BLOCK and self.block_hash[block] is None and h not in self.cached:
                 self.block_hash[block] = h
                 self.cached[h] = block
-        seq.num_hashed_blocks = n_full
+        return n_full
 
     def forget(self, block: int) -> bool:
         """The allocator is about to overwrite `block`: drop its name. True if it had one (an eviction)."""

@@ -107,7 +107,8 @@ class Sampler:
             if p.presence_penalty or p.frequency_penalty:  # over output tokens
                 counts = np.bincount(s.output_token_ids, minlength=V)[:V]
                 logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
-        apply_masks(logits, seqs, self.masks)  # last: no bias or penalty can revive a forbidden token
+        if any(s.grammar is not None for s in seqs):  # last: no bias or penalty can revive a forbidden token
+            apply_masks(logits, seqs, self.masks)
         return logits
 
     def sample(self, logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:

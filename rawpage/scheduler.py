@@ -11,16 +11,27 @@ vLLM: every step gets at most `max_num_batched_tokens` new tokens.
      arrival order while the budget, `max_num_seqs` and free blocks allow,
      first reusing any prefix already in the cache.
 Prefill chunks and decodes then run together in one forward pass.
+
+The scheduler is the one owner of a sequence's state (vLLM v1's rule; nano-vllm's
+`postprocess`): besides scheduling, only its methods below change a sequence once it
+exists. The runner, the sampler, the output processor, beam search and speculative
+decoding return data and decisions (tokens, a Stop), and the engine hands them here.
 """
 
 from __future__ import annotations
 
 import bisect
+import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rawpage.block_manager import BlockManager
 from rawpage.lora.lora_limit import lora_fits
-from rawpage.sequence import Sequence, SequenceStatus
+from rawpage.sequence import Request, Sequence, SequenceStatus
+from rawpage.stop_checker import TokenChecks
+
+if TYPE_CHECKING:
+    from rawpage.sampler import SamplerOutput
 
 
 @dataclass
@@ -73,13 +84,90 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         bisect.insort(self.running, seq, key=_order)
 
-    def finish(self, seq: Sequence) -> None:
-        """Remove a finished or aborted sequence and free its blocks at once."""
+    def finish(self, seq: Sequence, reason: str | None = None, stop_reason: int | str | None = None) -> None:
+        """Remove a finished or aborted sequence and free its blocks at once. reason:
+        "stop", "length" or "abort" (vLLM's finish_reason), and what stopped it."""
         for queue in (self.running, self.waiting, self.swapped):
             if seq in queue:
                 queue.remove(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
+        if reason is not None:
+            seq.finish_reason, seq.stop_reason = reason, stop_reason
+
+    # --- after a forward pass: the sequence's progress and tokens -------------------------
+    def computed(self, seq: Sequence, n: int) -> None:
+        """The forward pass computed n more of its tokens' K/V; the prefix cache names the
+        blocks that filled."""
+        seq.num_computed_tokens += n
+        self.block_manager.cache_full_blocks(seq)
+
+    def append_token(self, seq: Sequence, token: int, logprob: float, entry: dict | None = None) -> None:
+        """A sampled (or verified) token joins the sequence; entry: its reported logprobs."""
+        seq.append_token(token, logprob, entry)
+
+    def postprocess(
+        self, seqs: list[Sequence], out: SamplerOutput, output: TokenChecks
+    ) -> list[tuple[Request, Exception]]:
+        """Row i of the sampler's output is seqs[i]'s next token (nano-vllm's postprocess):
+        appended, checked by the output processor (text, stop strings, stop tokens, lengths),
+        and a sequence that stops is finished at once, its blocks freed this step. Rows of
+        one sequence follow each other in order (verified drafts): a stop drops the rest.
+        Returns the requests that failed here, with why; the others carry on."""
+        now, failed = time.time(), []
+        for i, seq in enumerate(seqs):
+            if seq.is_finished:
+                continue
+            try:
+                self.append_token(seq, *output.sampled(seq, out, i, now))
+                stop = output.check_stop(seq)
+                if stop is not None:
+                    self.finish(seq, *stop)
+            except Exception as e:  # noqa: BLE001 - isolated to this request
+                failed.append((seq.request, e))
+        return failed
+
+    def fork(self, parent: Sequence, seq_id: int, index: int, share: bool = True) -> Sequence:
+        """A new sequence of parent's request continuing from it, scheduled from the next
+        step: it shares the parent's blocks if the parent holds them, else (or with share
+        False: tools/bench_sharing.py's comparison point) recomputes them."""
+        child = parent.fork(seq_id, index, parent.seed)
+        parent.request.seqs.append(child)
+        if share and parent.status == SequenceStatus.RUNNING:
+            self.block_manager.fork(parent, child)
+            self.add_running(child)
+        else:
+            child.num_computed_tokens = 0
+            self.add(child)
+        return child
+
+    # --- speculative decoding: drafts ride at the end of token_ids until verified ---------
+    def add_drafts(self, seq: Sequence, draft: list[int]) -> None:
+        seq.token_ids += draft
+        seq.num_draft_tokens = len(draft)
+
+    def drop_drafts(self, seq: Sequence, keep: int) -> None:
+        """Keep the first `keep` drafts (the ones this step will compute), drop the rest."""
+        cut = seq.num_draft_tokens - min(keep, seq.num_draft_tokens)
+        if cut:
+            del seq.token_ids[len(seq.token_ids) - cut :]
+            seq.num_draft_tokens -= cut
+
+    def take_drafts(self, seq: Sequence) -> list[int]:
+        """The drafts, taken off for verification: the accepted ones come back as tokens."""
+        k = seq.num_draft_tokens
+        draft = seq.token_ids[-k:]
+        del seq.token_ids[-k:]
+        seq.num_draft_tokens = 0
+        seq.num_computed_tokens = seq.num_tokens  # the drafts' K/V are not yet accepted
+        return draft
+
+    def verified(self, seq: Sequence) -> None:
+        """Every token but the newest now has its K/V (the accepted drafts'); the slots of the
+        rejected ones are released (whole blocks) or overwritten by the next step."""
+        seq.num_computed_tokens = seq.num_tokens - 1
+        self.block_manager.trim(seq)
+        self.block_manager.cache_full_blocks(seq)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -120,7 +208,7 @@ class Scheduler:
         while self.swapped and budget > 0:
             seq = self.swapped[0]
             n = min(seq.num_uncomputed_tokens, budget)
-            lora_ok = lora_fits(seq, self.running, self.config.max_loras)
+            lora_ok = not self.config.max_loras or lora_fits(seq, self.running, self.config.max_loras)
             if len(self.running) >= self.config.max_num_seqs or not bm.can_swap_in(seq, n) or not lora_ok:
                 break
             self.swapped.pop(0)
@@ -139,7 +227,8 @@ class Scheduler:
             if len(self.running) + self._seats(seq) > self.config.max_num_seqs:
                 break
             # Over --max-loras, or its grammar still compiling (vLLM's WAITING_FOR_FSM): let others by.
-            if not lora_fits(seq, self.running, self.config.max_loras) or (seq.grammar and not seq.grammar.ready):
+            over_loras = self.config.max_loras and not lora_fits(seq, self.running, self.config.max_loras)
+            if over_loras or (seq.grammar and not seq.grammar.ready):
                 i += 1
                 continue
             cached = bm.prefix_cache.match_prefix(seq) if seq.request.params.prompt_logprobs is None else []

@@ -6,6 +6,11 @@ Every sequence carries its own token list, KV block table, progress
 (`num_computed_tokens`: how many of its tokens already have K/V in the cache)
 and random generator. Its text lives in the OutputProcessor: a sequence is a
 scheduling record.
+
+Only the scheduler (and its block manager, for the block tables) changes a sequence
+once it exists (vLLM v1's rule): the runner, the sampler, the output processor, beam
+search and speculative decoding hand it data and decisions (a token to append, a
+reason to finish), and the scheduler applies them (tests/test_sequence_owner.py).
 """
 
 from __future__ import annotations
@@ -38,7 +43,9 @@ class Logprob:
 
 
 class Sequence:
-    def __init__(self, seq_id: int, request: Request, token_ids: list[int], index: int, seed: int) -> None:
+    def __init__(
+        self, seq_id: int, request: Request, token_ids: list[int], index: int, seed: int, grammar: Any = None
+    ) -> None:
         self.seq_id = seq_id
         self.request = request
         self.index = index  # which of the request's n completions
@@ -57,7 +64,7 @@ class Sequence:
         self.logprobs: list[dict[int, Logprob]] = []  # one dict per generated token, if asked
         self.finish_reason: str | None = None  # "stop" | "length" | "abort"
         self.stop_reason: int | str | None = None  # the stop token id or stop string
-        self.grammar: Any = None  # GrammarState of a structured-output request; advanced by append_token
+        self.grammar: Any = grammar  # GrammarState of a structured-output request; advanced by append_token
 
     # --- token bookkeeping ------------------------------------------------------
     @property
@@ -85,9 +92,12 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
 
-    def append_token(self, token_id: int, logprob: float) -> None:
+    def append_token(self, token_id: int, logprob: float, entry: dict[int, Logprob] | None = None) -> None:
+        """entry: the token's logprobs as reported (with the top alternatives), if asked for."""
         self.token_ids.append(token_id)
         self.cumulative_logprob += logprob
+        if entry is not None:
+            self.logprobs.append(entry)
         if self.grammar is not None:
             self.grammar.accept(token_id)
 

@@ -3,11 +3,26 @@
 Checked after every new token, in this order. A stop by token (EOS or one of
 stop_token_ids) leaves that token's text out; a stop string is cut out of the
 text (unless include_stop_str_in_output) even if it spans several tokens.
+
+Each check says what should happen, a `Stop` (finish reason, stop reason) or None;
+the scheduler applies it (Scheduler.finish).
 """
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 from rawpage.sequence import Sequence
+
+Stop = tuple[str, int | str | None]  # (finish_reason, stop_reason): ("stop", 2), ("length", None)
+
+
+class TokenChecks(Protocol):
+    """What Scheduler.postprocess asks of the output processor (output_processor.py)."""
+
+    def sampled(self, seq: Sequence, out: Any, i: int, now: float) -> tuple[int, float, dict | None]: ...
+
+    def check_stop(self, seq: Sequence) -> Stop | None: ...
 
 
 def stop_string_holdback(seq: Sequence) -> int:
@@ -18,21 +33,22 @@ def stop_string_holdback(seq: Sequence) -> int:
     return max(len(s) for s in p.stop_strings) - 1
 
 
-def check_stop_token(seq: Sequence, eos_token_ids: list[int]) -> bool:
+def check_stop_token(seq: Sequence, eos_token_ids: list[int]) -> Stop | None:
     p = seq.request.params
     token = seq.token_ids[-1]
     if seq.num_output_tokens < p.min_tokens:
-        return False
+        return None
     if token in p.stop_token_ids:
-        seq.finish_reason, seq.stop_reason = "stop", token
-    elif not p.ignore_eos and token in eos_token_ids:
-        seq.finish_reason = "stop"
-    return seq.finish_reason is not None
+        return "stop", token
+    if not p.ignore_eos and token in eos_token_ids:
+        return "stop", None
+    return None
 
 
-def check_stop_string(seq: Sequence, text: str, new_text: str) -> str | None:
+def check_stop_string(seq: Sequence, text: str, new_text: str) -> tuple[str, str] | None:
     """Find the earliest stop string that ends inside the new text at the end of `text` (it
-    may have begun in earlier tokens). Returns the text cut there, or None if none ended."""
+    may have begun in earlier tokens). Returns (the text cut there, the stop string), or
+    None if none ended."""
     p = seq.request.params
     if not p.stop_strings or not new_text or seq.num_output_tokens < p.min_tokens:
         return None
@@ -45,12 +61,11 @@ def check_stop_string(seq: Sequence, text: str, new_text: str) -> str | None:
     if best is None:
         return None
     at, stop = best
-    seq.finish_reason, seq.stop_reason = "stop", stop
-    return text[: at + len(stop) if p.include_stop_str_in_output else at]
+    return text[: at + len(stop) if p.include_stop_str_in_output else at], stop
 
 
-def check_length(seq: Sequence, max_model_len: int) -> bool:
+def check_length(seq: Sequence, max_model_len: int) -> Stop | None:
     p = seq.request.params
     if (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or seq.num_tokens >= max_model_len:
-        seq.finish_reason = "length"
-    return seq.finish_reason is not None
+        return "length", None
+    return None

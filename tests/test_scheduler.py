@@ -37,7 +37,7 @@ def fake_step(sched):
     out = sched.schedule()
     for seq, n in out.scheduled:
         seq.num_computed_tokens += n
-        sched.block_manager.prefix_cache.cache_full_blocks(seq)
+        sched.block_manager.cache_full_blocks(seq)
         if seq.num_computed_tokens == seq.num_tokens:
             seq.append_token(7, 0.0)
     return out

@@ -20,7 +20,7 @@ def run(bm, seq, n):
     """Schedule n more tokens of seq and mark them computed, as one engine step would."""
     assert bm.append_slots(seq, n)
     seq.num_computed_tokens += n
-    bm.prefix_cache.cache_full_blocks(seq)
+    bm.cache_full_blocks(seq)
 
 
 def test_blocks_wholly_before_the_next_tokens_window_are_released():

@@ -53,12 +53,9 @@ def copying_forker(engine):
     instead of pointing at the parent's blocks."""
     from rawpage.forking import Forker
 
-    class CopyingForker(Forker):
-        def join(self, parent, child) -> None:
-            child.num_computed_tokens = 0
-            self.scheduler.add(child)
-
-    return CopyingForker(engine.scheduler, engine.forker.seq_ids)
+    forker = Forker(engine.scheduler, engine.forker.seq_ids)
+    forker.share_blocks = False
+    return forker
 
 
 def parallel(args) -> dict:

@@ -1,6 +1,6 @@
 """How many files a reader opens: the import graph of rawpage, and two measures on it (issue 32).
 
-    python tools/path_files.py           # the files on the path from `rawpage serve` to the decode kernel, per device
+    python tools/path_files.py           # the files from `rawpage serve` to the kernel, per path (PATHS)
     python tools/path_files.py --static  # its first half only (no model runs)
     python tools/path_files.py --core    # the engine core's import closure, file by file
 
@@ -11,20 +11,24 @@ at the top, inside a function (lazy) or under TYPE_CHECKING, since a reader foll
 that Python runs before any submodule is not an edge: nobody reads rawpage/__init__.py
 to follow `from rawpage.sampler import Sampler`.
 
-The path from `rawpage serve` to the decode kernel (path_files) has two halves:
+The path from `rawpage serve` to a kernel (path_files) has two halves:
   - serve to step(): the modules on a shortest import chain from rawpage/cli.py (where
     `rawpage serve` starts) to rawpage/server/async_engine.py, whose engine thread calls
     LLMEngine.step() (every shortest chain counts, not one picked among equals);
   - step() to the kernel (step_to_kernel): the rawpage files (rawpage/, models/) any of whose
-    functions run in a decode step from the start of LLMEngine.step() until the decode
-    attention kernel is launched: by rawpage/native/attention.py's paged_attention (--device
-    cpu, native kernels) and by rawpage/ops/paged_attention.py's launch_paged_attention (cuda
-    and sim launch the same CUDA source; sim runs here). Measured with a profile hook while
-    the tiny Llama (tests/tiny_models.py) decodes on each. Files that run after the launch
-    in the same step (sampling, output) are not on this path.
+    functions run in one step from the start of LLMEngine.step() until the attention
+    kernel is launched, measured with a profile hook. Three paths (PATHS), each where users are:
+      cpu decode   the default model (SmolLM2-135M, Q4_1 GGUF) on the native kernels, a
+                   decode step replayed from its recording: the kernels run from one C
+                   call, so the path ends at that call (native/library.py Recording.replay);
+      cpu prefill  the same model's first step, a prompt run eagerly, up to the launch of
+                   the attention kernel by native/attention.py's paged_attention;
+      sim decode   the tiny Llama (tests/tiny_models.py) under the simulator, which launches
+                   the same CUDA source as cuda (ops/paged_attention.py launch_paged_attention).
+    Files that run after the launch in the same step (sampling, output) are not on a path.
 A request takes one device's path (the device is the server's, fixed at startup), so the
-measure is each path's length (paths); the union over both (path_files) is what a reader
-of both forks opens, and is reported beside it.
+measure is each path's length (paths); the union (path_files) is what a reader of every
+path opens, and is reported beside it.
 The functions that run are what a reader follows from step() to the kernel; the import
 chain is the way `serve` reaches the loop that calls step() (from another thread).
 
@@ -49,10 +53,12 @@ from types import FrameType
 ROOT = Path(__file__).resolve().parent.parent
 CLI = "rawpage.cli"
 STEP_CALLER = "rawpage.server.async_engine"  # its engine thread calls LLMEngine.step()
-# (device, cpu_kernels) -> (launcher file, function) of the decode attention kernel
-DECODE_KERNEL_LAUNCHERS = {
-    ("cpu", "native"): ("rawpage/native/attention.py", "paged_attention"),
-    ("sim", "auto"): ("rawpage/ops/paged_attention.py", "launch_paged_attention"),
+# name -> (model: "default" or "tiny", device, cpu_kernels, which step (0: the prompt's,
+# 2: a decode past the first's one-time setup), and the (file, function) whose call ends it)
+PATHS = {
+    "cpu decode": ("default", "cpu", "native", 2, "rawpage/native/library.py", "replay"),
+    "cpu prefill": ("default", "cpu", "native", 0, "rawpage/native/attention.py", "paged_attention"),
+    "sim decode": ("tiny", "sim", "auto", 2, "rawpage/ops/paged_attention.py", "launch_paged_attention"),
 }
 CORE_ROOTS = ["rawpage.engine", "rawpage.scheduler"]
 # Not descended into by the core: kernels, their wrappers, weight formats and checkpoint files.
@@ -143,15 +149,13 @@ def serve_to_step(graph: dict[str, set[str]] | None = None) -> set[str]:
     return {str(module_path(m).relative_to(ROOT)) for m in chains}
 
 
-def step_to_kernel(device: str, cpu_kernels: str) -> set[str]:
-    """The files whose functions run from the start of a decode step's LLMEngine.step() to
-    its launch of the decode attention kernel (the tiny Llama's third step: every
-    sequence decodes, past the first decode's one-time setup)."""
+def step_to_kernel(path: str) -> set[str]:
+    """The files whose functions run from the start of PATHS[path]'s step (LLMEngine.step())
+    to the call that launches its attention kernel."""
     sys.path.insert(0, str(ROOT))
     from rawpage import LLM, SamplingParams
-    from tests.tiny_models import random_tensors, tiny_config, train_tokenizer, write_hf_folder
 
-    launcher, function = DECODE_KERNEL_LAUNCHERS[(device, cpu_kernels)]
+    model, device, cpu_kernels, which, launcher, function = PATHS[path]
     steps: list[set[str]] = []  # the files each step ran before its kernel launch
     engine_py, recording = str(ROOT / "rawpage" / "engine.py"), False
 
@@ -168,23 +172,28 @@ def step_to_kernel(device: str, cpu_kernels: str) -> set[str]:
             recording = not (code.co_name == function and code.co_filename.endswith(launcher))
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = tiny_config()
-        folder = write_hf_folder(tmp, cfg, random_tensors(cfg), train_tokenizer())
-        llm = LLM(folder, device=device, cpu_kernels=cpu_kernels, max_model_len=64, kv_cache_memory="4MiB")
+        folder = tiny_llama(tmp) if model == "tiny" else None
+        llm = LLM(folder, device=device, cpu_kernels=cpu_kernels, max_model_len=256, kv_cache_memory="16MiB")
         sys.setprofile(on_call)
         try:
             llm.generate(["hello world", "one two"], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
         finally:
             sys.setprofile(None)
-    assert len(steps) >= 3 and launcher in steps[2], f"{launcher}:{function} was not called in step 3 on {device}"
-    return steps[2]
+    assert len(steps) > which and launcher in steps[which], f"{launcher}:{function} was not called in {path}"
+    return steps[which]
+
+
+def tiny_llama(folder: str) -> str:
+    from tests.tiny_models import random_tensors, tiny_config, train_tokenizer, write_hf_folder
+
+    cfg = tiny_config()
+    return write_hf_folder(folder, cfg, random_tensors(cfg), train_tokenizer())
 
 
 def paths() -> dict[str, list[str]]:
-    """ "device kernels" (e.g. "cpu native") -> the files on its path from `rawpage serve` to
-    its decode kernel (see the module docstring)."""
+    """Each path's name (PATHS) -> its files from `rawpage serve` to its kernel (see the module docstring)."""
     serve = serve_to_step()
-    return {f"{d} {k}": sorted(serve | step_to_kernel(d, k)) for d, k in DECODE_KERNEL_LAUNCHERS}
+    return {name: sorted(serve | step_to_kernel(name)) for name in PATHS}
 
 
 def path_files(found: dict[str, list[str]] | None = None) -> list[str]:
@@ -206,14 +215,14 @@ def main() -> None:
         return
     halves = {"serve to step()": serve_to_step(graph)}
     if not args.static:
-        halves |= {f"step() to the kernel, {d} {k}": step_to_kernel(d, k) for d, k in DECODE_KERNEL_LAUNCHERS}
+        halves |= {f"step() to the kernel, {name}": step_to_kernel(name) for name in PATHS}
     for name, files in halves.items():
         print(f"{name}: {len(files)} files\n" + "".join(f"  {f}\n" for f in sorted(files)))
     if not args.static:
         serve = halves["serve to step()"]
-        for (d, k), name in zip(DECODE_KERNEL_LAUNCHERS, list(halves)[1:]):
-            print(f"rawpage serve to the decode kernel, {d} {k}: {len(serve | halves[name])} files")
-        print(f"both paths together: {len(set().union(*halves.values()))} files")
+        for name, half in zip(PATHS, list(halves)[1:]):
+            print(f"rawpage serve to the kernel, {name}: {len(serve | halves[half])} files")
+        print(f"every path together: {len(set().union(*halves.values()))} files")
 
 
 if __name__ == "__main__":

@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     timed(eng.scheduler, "schedule", totals)
     timed(eng.runner, "build_batch", totals)
     timed(eng.sampler, "sample_rows", totals)
-    if eng.spec.stats is not None:  # speculative decoding: drafting, and acceptance + appending
+    if eng.spec is not None:  # speculative decoding: drafting, and acceptance + appending
         timed(eng.spec, "propose", totals)
         timed(eng.spec, "verify", totals)
     generated, prompt = eng.stats.generation_tokens_total, eng.stats.prompt_tokens_total
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
             f"decode step at batch {args.batch}, context ~{args.context}: {total / steps * 1000:.1f} ms "
             f"({generated / total:.1f} tok/s)"
         )
-    if eng.spec.stats is not None:
+    if eng.spec is not None:
         sp = eng.spec.stats
         print(
             f"  speculative: acceptance rate {sp.acceptance_rate:.1%}, mean accepted length {sp.mean_accepted_length:.2f}"

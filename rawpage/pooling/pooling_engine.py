@@ -134,12 +134,11 @@ class PoolingEngine(LLMEngine):
         for (seq, n), r in zip(sched.scheduled, rows):
             self.pooler.add(seq.request, seq.num_computed_tokens, hidden[offset : offset + len(r)])
             offset += len(r)
-            seq.num_computed_tokens += n
+            self.scheduler.computed(seq, n)
             if seq.request.metrics.first_scheduled_time is None:
                 seq.request.metrics.first_scheduled_time = time.time()
             if seq.num_computed_tokens == seq.num_tokens:
-                seq.finish_reason = "stop"
-                self.scheduler.finish(seq)
+                self.scheduler.finish(seq, "stop")
                 seq.request.metrics.finished_time = time.time()
         return self._finish_step(sum(n for _, n in sched.scheduled), 0)
 

@@ -197,7 +197,7 @@ class ServerMetrics:
         self._count("wr", self.window_releases, bm.num_window_releases)
         self._count("so", self.swap_outs, sc.num_swap_outs)
         self._count("si", self.swap_ins, sc.num_swap_ins)
-        if engine.spec.stats is not None:
+        if engine.spec is not None:
             self._count_spec(engine.spec.stats)
         now = time.monotonic()
         for out in outputs:

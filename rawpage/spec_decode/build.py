@@ -1,18 +1,16 @@
 """The engine's speculative-decoding hooks, built from `speculative_config`: a SpecDecoder
-with the proposer it names, or NoSpeculation (each hook does nothing) when it is off."""
+with the proposer it names, or None when it is off (the engine's step then calls none of
+its code)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
-from rawpage.device_logits import DeviceLogits
 from rawpage.engine_args import EngineArgs
 from rawpage.output_processor import OutputProcessor
 from rawpage.sampler import Sampler
-from rawpage.scheduler import Scheduler, SchedulerOutput
-from rawpage.sequence import Sequence
+from rawpage.scheduler import Scheduler
 from rawpage.spec_decode.config import SpeculativeConfig
 from rawpage.spec_decode.decoder import SpecDecoder
 from rawpage.spec_decode.draft_model import DraftModelProposer
@@ -21,35 +19,19 @@ from rawpage.spec_decode.ngram import NgramProposer
 logger = logging.getLogger("rawpage")
 
 
-class NoSpeculation:
-    """The engine's hooks when speculative decoding is off: every step decodes one token."""
-
-    stats = None
-
-    def propose(self, running: list[Sequence]) -> None:
-        pass
-
-    def settle(self, sched: SchedulerOutput) -> None:
-        pass
-
-    def verify(self, logits: DeviceLogits, ready: list[tuple[Sequence, int]]) -> tuple[list[tuple[Sequence, int]], int]:
-        return ready, 0
-
-
 def build_spec_decoder(
     args: EngineArgs,
     draft_model: Any,
     scheduler: Scheduler,
     sampler: Sampler,
     output: OutputProcessor,
-    on_error: Callable[[Sequence, Exception], None],
-) -> SpecDecoder | NoSpeculation:
+) -> SpecDecoder | None:
     """The proposer args.speculative_config names, wired to the engine's parts. draft_model:
     loaded on the engine's backend, and its pool planned, with the target (engine_setup.load_model),
-    or None; on_error fails one sequence (the engine's)."""
+    or None."""
     config: SpeculativeConfig | None = args.speculative_config
     if config is None:
-        return NoSpeculation()
+        return None
     limits = scheduler.config
     if config.method == "ngram":
         proposer: Any = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
@@ -70,4 +52,4 @@ def build_spec_decoder(
         config.num_speculative_tokens,
         f", lookup {config.prompt_lookup_min}..{config.prompt_lookup_max}" if config.method == "ngram" else "",
     )
-    return SpecDecoder(config, proposer, scheduler, sampler, output, limits.max_model_len, on_error)
+    return SpecDecoder(config, proposer, scheduler, sampler, output, limits.max_model_len)

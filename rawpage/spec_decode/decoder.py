@@ -10,8 +10,11 @@
     verify()   after the forward pass: rows j = 0..k of a sequence's chunk are the
                target's distributions after its first j drafts. Acceptance
                (rejection.py) picks the accepted drafts plus one token of the target's;
-               they go through the output processor one by one (stop strings,
-               max_tokens, logprobs), and the KV slots of rejected drafts are rolled back.
+               the scheduler appends them one by one, the output processor checking
+               each (stop strings, max_tokens, logprobs), and the KV slots of rejected
+               drafts are rolled back. The drafts themselves are added, cut and taken
+               back by the scheduler (Scheduler.add_drafts ... verified), which alone
+               changes a sequence.
 
 Prefix caching never names a block holding a draft: the block manager names only blocks
 below `num_computed_tokens - num_draft_tokens`, and after verification every computed
@@ -22,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,10 +34,14 @@ from rawpage.device_logits import DeviceLogits
 from rawpage.output_processor import OutputProcessor
 from rawpage.sampler import Sampler, plain_greedy
 from rawpage.scheduler import Scheduler, SchedulerOutput
-from rawpage.sequence import Sequence
+from rawpage.sequence import Request, Sequence
 from rawpage.spec_decode.adaptive import DraftLengths
 from rawpage.spec_decode.config import SpeculativeConfig
 from rawpage.spec_decode.rejection import greedy_accept, rejection_sample
+
+# verify's answer: the sequences to sample as usual (with their logits rows), how many
+# tokens verification appended, and the requests that failed while appending (with why).
+Verified = tuple[list[tuple[Sequence, int]], int, list[tuple[Request, Exception]]]
 
 logger = logging.getLogger("rawpage")
 
@@ -91,10 +97,9 @@ class SpecDecoder:
         sampler: Sampler,
         output: OutputProcessor,
         max_model_len: int,
-        on_error: Callable[[Sequence, Exception], None],
     ) -> None:
         self.config, self.proposer, self.scheduler = config, proposer, scheduler
-        self.sampler, self.output, self.max_model_len, self.on_error = sampler, output, max_model_len, on_error
+        self.sampler, self.output, self.max_model_len = sampler, output, max_model_len
         self.grammars: dict[int, list[Any]] = {}  # seq_id -> grammar states after 0..k drafts
         self.stats = SpecDecodeStats()
         self.lengths = DraftLengths(config.num_speculative_tokens)
@@ -104,15 +109,14 @@ class SpecDecoder:
     def propose(self, running: list[Sequence]) -> None:
         t0 = time.perf_counter()
         for seq in running:  # leftovers of a failed step
-            self._drop_drafts(seq, 0)
+            self.scheduler.drop_drafts(seq, 0)
         self.grammars = {}
         self.lengths.keep_only({s.seq_id for s in running})
         seqs, ks = self._candidates(running)
         for seq, draft in zip(seqs, self.proposer.propose(seqs, ks)):
             if seq.grammar is not None:
                 draft = self._grammar_prefix(seq, draft)
-            seq.token_ids += draft
-            seq.num_draft_tokens = len(draft)
+            self.scheduler.add_drafts(seq, draft)
         self.stats.draft_seconds += time.perf_counter() - t0
 
     def _candidates(self, running: list[Sequence]) -> tuple[list[Sequence], list[int]]:
@@ -170,33 +174,22 @@ class SpecDecoder:
         scheduled = {seq.seq_id: n for seq, n in sched.scheduled}
         for seq in [*self.scheduler.running, *sched.preempted]:
             if seq.num_draft_tokens:
-                self._drop_drafts(seq, max(0, scheduled.get(seq.seq_id, 0) - 1))
-
-    def _drop_drafts(self, seq: Sequence, keep: int) -> None:
-        cut = seq.num_draft_tokens - min(keep, seq.num_draft_tokens)
-        if cut:
-            del seq.token_ids[len(seq.token_ids) - cut :]
-            seq.num_draft_tokens -= cut
+                self.scheduler.drop_drafts(seq, max(0, scheduled.get(seq.seq_id, 0) - 1))
 
     # --- after the forward pass ----------------------------------------------------------------
-    def verify(self, logits: DeviceLogits, ready: list[tuple[Sequence, int]]) -> tuple[list[tuple[Sequence, int]], int]:
+    def verify(self, logits: DeviceLogits, ready: list[tuple[Sequence, int]]) -> Verified:
         """ready: (sequence, its last logits row). Verifies the sequences that drafted and
-        returns the others (to sample as usual) and how many tokens verification appended."""
+        returns the others (to sample as usual), how many tokens verification appended, and
+        the requests that failed while appending."""
         plain = [(s, r) for s, r in ready if not s.num_draft_tokens]
         spec = [(s, r) for s, r in ready if s.num_draft_tokens]
         if not spec:
-            return plain, 0
-        drafts, rows = [], []
-        for seq, last in spec:
-            k = seq.num_draft_tokens
-            drafts.append(seq.token_ids[-k:])
-            rows.append(np.arange(last - k, last + 1))
-            del seq.token_ids[-k:]
-            seq.num_draft_tokens = 0
-            seq.num_computed_tokens = seq.num_tokens  # the drafts' K/V are not yet accepted
+            return plain, 0, []
+        rows = [np.arange(last - s.num_draft_tokens, last + 1) for s, last in spec]
+        drafts = [self.scheduler.take_drafts(s) for s, _ in spec]
         emitted = self._accept([s for s, _ in spec], drafts, rows, logits)
         before = [s.num_tokens for s, _ in spec]
-        self._append(spec, rows, emitted, logits)
+        failed = self._append(spec, rows, emitted, logits)
         for (seq, _), d, e, n0 in zip(spec, drafts, emitted, before):
             self.stats.num_drafts += 1
             self.stats.num_draft_tokens += len(d)
@@ -206,8 +199,8 @@ class SpecDecoder:
             if seq.is_finished:
                 self.proposer.release(seq)
             else:
-                self._rollback(seq)
-        return plain, sum(s.num_tokens - n0 for (s, _), n0 in zip(spec, before))
+                self.scheduler.verified(seq)
+        return plain, sum(s.num_tokens - n0 for (s, _), n0 in zip(spec, before)), failed
 
     def _accept(
         self, seqs: list[Sequence], drafts: list[list[int]], rows: list[np.ndarray], logits: DeviceLogits
@@ -248,20 +241,12 @@ class SpecDecoder:
 
     def _append(
         self, spec: list[tuple[Sequence, int]], rows: list[np.ndarray], emitted: list[list[int]], logits: DeviceLogits
-    ) -> None:
-        """Hand the tokens to the output processor one at a time, in order, so that a stop
-        (string, token, max_tokens) ends the sequence there and the rest are dropped."""
+    ) -> list[tuple[Request, Exception]]:
+        """Hand the tokens to the scheduler one at a time, in order, so that a stop (string,
+        token, max_tokens) ends the sequence there and the rest are dropped."""
         flat_seqs = [s for (s, _), e in zip(spec, emitted) for _ in e]
         flat_rows = np.concatenate([r[: len(e)] for r, e in zip(rows, emitted)])
         tokens = np.array([t for e in emitted for t in e], dtype=np.int64)
         wants = any(s.request.params.logprobs is not None for s in flat_seqs)
         raw = logits[flat_rows] if wants else np.zeros((len(flat_seqs), 0), np.float32)
-        self.output.append_tokens(flat_seqs, self.sampler.report(raw, tokens, flat_seqs), self.on_error)
-
-    def _rollback(self, seq: Sequence) -> None:
-        """Every token but the newest now has its K/V (the accepted drafts'); the slots of the
-        rejected ones are released (whole blocks) or overwritten by the next step."""
-        seq.num_computed_tokens = seq.num_tokens - 1
-        bm = self.scheduler.block_manager
-        bm.trim(seq)
-        bm.prefix_cache.cache_full_blocks(seq)
+        return self.scheduler.postprocess(flat_seqs, self.sampler.report(raw, tokens, flat_seqs), self.output)

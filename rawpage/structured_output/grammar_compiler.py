@@ -127,7 +127,7 @@ class GrammarCompiler:
         self._ll = None
         self._lock = threading.Lock()
         self._validators: queue.SimpleQueue | None = None
-        self._pending: list[tuple[Future, Any]] = []  # (future, owner) of states still compiling; engine thread only
+        self.pending: list[tuple[Future, Any]] = []  # (future, owner) of states still compiling; engine thread only
         self.token_texts = TokenTexts(self.decode_each, vocab_size, self.words)
 
     def decode(self, ids: list[int]) -> str:
@@ -183,22 +183,20 @@ class GrammarCompiler:
             gate = ReasoningGate(so.reasoning, phase, self.token_texts) if phase != OPEN else None
         state = GrammarState(self, self.submit(so), gate)
         if not state.compiled.done():
-            self._pending.append((state.compiled, owner))
+            self.pending.append((state.compiled, owner))
         return state
 
     def take_failed(self) -> list[tuple[Any, BaseException]]:
         """(owner, error) of the states whose compile failed since the last call; the
         engine thread calls it before each schedule."""
-        failed = [(owner, f.exception()) for f, owner in self._pending if f.done() and f.exception() is not None]
-        self._pending = [(f, owner) for f, owner in self._pending if not f.done()]
+        failed = [(owner, f.exception()) for f, owner in self.pending if f.done() and f.exception() is not None]
+        self.pending = [(f, owner) for f, owner in self.pending if not f.done()]
         return failed
 
-    def fail_requests(self, fail: Callable[[Any, BaseException], None]) -> None:
-        """fail(request, error) for each unfinished request whose compile failed since the
-        last call (a request queued without the server's check, LLMEngine used directly)."""
-        for req, e in self.take_failed():
-            if not req.is_finished:
-                fail(req, e)
+    def failed_requests(self) -> list[tuple[Any, BaseException]]:
+        """(request, error) for each unfinished request whose compile failed since the last
+        call (a request queued without the server's check, LLMEngine used directly)."""
+        return [(req, e) for req, e in self.take_failed() if not req.is_finished]
 
     def wait_for(self, params: list[Any]) -> None:
         """Compile each distinct grammar of these SamplingParams now, raising the first
@@ -209,8 +207,8 @@ class GrammarCompiler:
     def wait_pending(self, timeout: float) -> None:
         """Sleep until a pending compile finishes (at most `timeout` s): an engine with
         nothing to run but compiling grammars does not spin."""
-        if self._pending:
-            concurrent.futures.wait([f for f, _ in self._pending], timeout, concurrent.futures.FIRST_COMPLETED)
+        if self.pending:
+            concurrent.futures.wait([f for f, _ in self.pending], timeout, concurrent.futures.FIRST_COMPLETED)
 
     # --- on the compile threads -----------------------------------------------------------
     def _check_and_compile(self, so: StructuredOutputsParams, out: Future) -> None:

@@ -82,7 +82,7 @@ def run_request(engine, timer, prompt: list[int], output_len: int, request_id: s
     accepted, GPU ms or None)."""
     from rawpage import SamplingParams
 
-    spec = engine.spec.stats  # None without speculation
+    spec = engine.spec.stats if engine.spec is not None else None  # None without speculation
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     req = engine.add_request(request_id, {"prompt_token_ids": prompt}, params)
     while req.seqs[0].num_output_tokens == 0 and req.error is None:
