@@ -1,5 +1,6 @@
-"""Tensor parallelism (Megatron style): which slice of each weight a rank holds, and the
-three collectives the forward pass adds.
+"""Tensor parallelism (Megatron style), applied to a model from outside it, as gpt-fast's
+tp.py does: which slice of each weight a rank holds, and `apply_tensor_parallel`, which
+wraps the model's methods that need a collective. models/decoder.py names none.
 
 With P ranks, rank r holds
     q_proj rows     of query heads [r H/P, (r+1) H/P)            column-parallel
@@ -18,11 +19,9 @@ down projections) run on local heads and columns with no communication until the
 all-reduces per layer; the embedding is one masked lookup and one all-reduce; the
 logits are gathered on rank 0, the only rank that samples.
 
-A rank's model is built from `local_config` (its H, Hkv and I) and `ShardedWeights`,
-which slices each full checkpoint tensor as it is read, one tensor at a time, so no
-process ever holds the whole model. One process alone is `SingleRank`: the same
-methods, each doing nothing, so that the forward pass has one shape and at size 1
-pays no copy and no mask.
+A rank's model is built from `local_config` (its H, Hkv, I and Vp) and `ShardedWeights`,
+which slices each checkpoint tensor as it is read, so no process ever holds the whole
+model; `apply_tensor_parallel` then wraps it. One process uses none of this.
 """
 
 from __future__ import annotations
@@ -34,9 +33,10 @@ from typing import Protocol
 
 import numpy as np
 
-from rawpage.backends.base import Array, Backend
+from rawpage.backends.base import Array
 from rawpage.config import ModelConfig
 from rawpage.errors import UnsupportedModelError
+from rawpage.models.decoder import DecoderModel
 from rawpage.models.weight_source import CheckpointWeights, WeightSource
 from rawpage.quantization.weight import QuantizedWeight, concat_rows
 
@@ -95,14 +95,6 @@ class ShardLayout:
         return self.rank * self.config.num_kv_heads // self.size
 
     @property
-    def intermediate_size(self) -> int:  # I / P
-        return self.config.intermediate_size // self.size
-
-    @property
-    def moe_intermediate_size(self) -> int:  # each expert's I / P
-        return self.config.moe_intermediate_size // self.size
-
-    @property
     def vocab_rows(self) -> int:  # Vp = ceil(V / P): each rank's rows, the last one zero-padded
         return -(-self.config.vocab_size // self.size)
 
@@ -111,15 +103,15 @@ class ShardLayout:
         return self.rank * self.vocab_rows
 
     def local_config(self) -> ModelConfig:
-        """The config this rank's model computes with: its heads and FFN columns."""
-        if self.size == 1:
-            return self.config
+        """The config a rank's model is built from: its heads, FFN columns and vocabulary rows."""
+        c = self.config
         return dataclasses.replace(
-            self.config,
+            c,
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
-            intermediate_size=self.intermediate_size,
-            moe_intermediate_size=self.moe_intermediate_size,
+            intermediate_size=c.intermediate_size // self.size,
+            moe_intermediate_size=c.moe_intermediate_size // self.size,
+            vocab_size=self.vocab_rows,
         )
 
     def split(self, name: str) -> tuple[str, list[tuple[int, int]]]:
@@ -205,50 +197,47 @@ class ShardedWeights(CheckpointWeights):
         return self.layout.shard_packed(name, full)
 
 
+@dataclass(frozen=True)
 class TensorParallel:
-    """What a rank's forward pass calls: its layout, its slice of the weights, and the collectives."""
+    """One rank of a tensor-parallel model: its layout and its communicator."""
 
-    def __init__(self, layout: ShardLayout, comm: Communicator) -> None:
-        self.layout, self.comm = layout, comm
+    layout: ShardLayout
+    comm: Communicator
 
     def weights(self, tensors: Mapping[str, np.ndarray] | WeightSource) -> WeightSource:
         """The checkpoint as this rank reads it, each tensor sliced as it is read (weights
         without a checkpoint, the loader's DummyWeights, are drawn at the local shapes)."""
         return tensors if isinstance(tensors, WeightSource) else ShardedWeights(tensors, self.layout)
 
-    def embedding(self, backend: Backend, ids: Array, table: Array) -> Array:
+
+def apply_tensor_parallel(model: DecoderModel, tp: TensorParallel) -> None:
+    """Make a rank's model, built from local_config and tp.weights, compute the whole
+    model's hidden states on every rank and its logits on rank 0: four of its methods get
+    their collective, as gpt-fast's _apply_tp_Transformer hooks its modules. The forward
+    pass is the one-process one; it runs on this rank's heads, columns and rows."""
+    lay, comm, m = tp.layout, tp.comm, model
+    embed_tokens, project_out, experts, compute_logits = m.embed_tokens, m.project_out, m.experts, m.compute_logits
+
+    def vocab_parallel_embedding(ids: Array) -> Array:
         """ids (T,) -> (T, dim): each rank looks up the ids in its vocabulary rows (zeros
         for the others), and the all-reduce adds the one nonzero row per token."""
-        local = ids - self.layout.vocab_start
-        mine = (local >= 0) & (local < self.layout.vocab_rows)  # (T,) bool
-        h = backend.embedding(local * mine, table)  # (T, dim); other ranks' ids read row 0
-        return self.comm.all_reduce(h * mine[:, None].astype(h.dtype))  # 0/1: exact even on bfloat16 bits
+        local = ids - lay.vocab_start
+        mine = (local >= 0) & (local < lay.vocab_rows)  # (T,) bool
+        h = embed_tokens(local * mine)  # (T, dim); other ranks' ids read row 0
+        return comm.all_reduce(h * mine[:, None].astype(h.dtype))  # 0/1: exact even on bfloat16 bits
 
-    def all_reduce(self, x: Array) -> Array:
-        return self.comm.all_reduce(x)
+    def row_parallel(x: Array, w: Array | QuantizedWeight) -> Array:
+        """x (T, K/P) -> (T, dim): this rank's share of the sum over K, summed over ranks."""
+        return comm.all_reduce(project_out(x, w))
 
-    def gather_logits(self, logits: Array) -> Array | None:
-        """(N, Vp) per rank -> (N, V) on rank 0 (the padding cut off); None on the others."""
-        full = self.comm.gather(logits)
-        return None if full is None else full[:, : self.layout.config.vocab_size]
+    def gathered_logits(hidden: Array) -> Array | None:
+        """(N, dim) -> (N, V) on rank 0 (each rank's Vp columns, the padding cut off); None elsewhere."""
+        full = comm.gather(compute_logits(hidden))
+        return None if full is None else full[:, : lay.config.vocab_size]
 
-
-class SingleRank:
-    """TensorParallel's methods for a model in one process: the whole checkpoint (packed
-    where the backend keeps it so), a plain lookup, and collectives that return their
-    input. The forward pass calls them unconditionally; here each is one Python call."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        self.layout = ShardLayout(config, 0, 1)
-
-    def weights(self, tensors: Mapping[str, np.ndarray] | WeightSource) -> WeightSource:
-        return tensors if isinstance(tensors, WeightSource) else CheckpointWeights(tensors)
-
-    def embedding(self, backend: Backend, ids: Array, table: Array) -> Array:
-        return backend.embedding(ids, table)  # ids (T,) -> (T, dim)
-
-    def all_reduce(self, x: Array) -> Array:
-        return x
-
-    def gather_logits(self, logits: Array) -> Array:
-        return logits
+    model.embed_tokens = vocab_parallel_embedding
+    model.project_out = row_parallel
+    model.experts = lambda *args: comm.all_reduce(experts(*args))  # each rank's share of every expert
+    model.compute_logits = gathered_logits
+    model.config = dataclasses.replace(model.config, vocab_size=lay.config.vocab_size)  # its logits' width
+    model.tp = tp  # for setup that must agree over ranks (kv_cache_scales.py); the forward pass never reads it

@@ -4,7 +4,9 @@ rank (every family: issue 32), greedy tokens of the spawned-worker engine agains
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
 import os
 import signal
 import subprocess
@@ -22,6 +24,8 @@ from rawpage.distributed.communicator import PipeCommunicator
 from rawpage.dtypes import bf16_from_f32
 from rawpage.errors import UnsupportedModelError, WorkerDiedError
 from rawpage.loader import load_checkpoint
+from rawpage.loader.dummy import DummyWeights
+from rawpage.models import decoder
 from rawpage.models.llama import LlamaModel
 from rawpage.models.registry import build_model
 from rawpage.models.sharding import ShardLayout, TensorParallel, check_shardable
@@ -119,6 +123,35 @@ def test_fused_and_expert_tensors_split_as_their_parts():
             np.testing.assert_array_equal(lay.shard("block_sparse_moe.experts.3.w1.weight", w1), w1[lo:hi])
             np.testing.assert_array_equal(lay.shard("mlp.experts.0.down_proj.weight", w2), w2[:, lo:hi])
             assert lay.shard("mlp.gate.weight", router) is router  # replicated
+
+
+def test_tensor_parallelism_is_applied_from_outside_the_model(tiny_model_dir):
+    """Issue 41: models/decoder.py names no collective and no rank; a model in one process
+    runs the class's own methods; a rank's model has four of them wrapped, and its config
+    the whole vocabulary (its logits' width) with its own heads."""
+    names = set()
+    for node in ast.walk(ast.parse(inspect.getsource(decoder))):
+        names |= {node.id} if isinstance(node, ast.Name) else {node.attr} if isinstance(node, ast.Attribute) else set()
+    assert not names & {"tp", "comm", "layout", "all_reduce", "all_gather", "gather", "rank"}, names
+    ckpt, b = load_checkpoint(tiny_model_dir), get_backend("cpu")
+    wrapped = {"embed_tokens", "project_out", "experts", "compute_logits"}
+    one = build_model(ckpt.config, b, ckpt.tensors)
+    assert not set(vars(one)) & (wrapped | {"tp"})
+    rank = build_model(ckpt.config, b, ckpt.tensors, TensorParallel(ShardLayout(ckpt.config, 1, 2), None))
+    assert wrapped | {"tp"} <= set(vars(rank))
+    assert rank.config.vocab_size == ckpt.config.vocab_size and rank.embed.shape[0] == ckpt.config.vocab_size // 2
+    assert rank.config.num_heads * 2 == ckpt.config.num_heads
+
+
+def test_dummy_weights_are_drawn_at_the_shapes_a_rank_holds():
+    """--load-format dummy under tensor parallelism: nothing to cut, each weight drawn at
+    the rank's shape."""
+    c = gqa_config()
+    tp = TensorParallel(ShardLayout(c, 0, 2), None)
+    layer = build_model(c, get_backend("cpu", cpu_kernels="numpy"), DummyWeights(), tp).layers[0]
+    assert layer.qkv.shape == ((4 + 2 * 1) * 8, 64)
+    assert layer.o_proj.shape == (64, 32)
+    assert layer.down.shape == (64, 48)
 
 
 def packed_weights(rng: np.random.Generator, N: int, K: int) -> dict[str, QuantizedWeight]:
