@@ -49,7 +49,7 @@ def build_model(
         )
     if tp is None:
         return cls(config, backend, tensors)
-    check_shardable(config, tp.layout.size)
+    check_shardable(config, tp.layout.size, tp.layout.exact)
     model = cls(tp.layout.local_config(), backend, tp.weights(tensors))
     apply_tensor_parallel(model, tp)
     return model

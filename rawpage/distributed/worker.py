@@ -72,7 +72,7 @@ def _start(spec: WorkerSpec, control: Connection, comm_endpoint: Any) -> ModelRu
         comm = PipeCommunicator(rank, size, [comm_endpoint])
     ckpt = load_checkpoint(args.model, args.load_format, args.seed, args.revision, args.download_dir)
     backend = backend_for(args, device, ckpt.config.torch_dtype)
-    tp = TensorParallel(ShardLayout(ckpt.config, rank, size), comm)
+    tp = TensorParallel(ShardLayout.on(device, ckpt.config, rank, size), comm)
     model = build_rank(ckpt, backend, args.quantization, tp)
     plan = plan_kv_cache(args, model, backend, spec.batched, spec.max_model_len)
     control.send(("ready", plan.num_blocks))
