@@ -1,12 +1,14 @@
 """The one decoder of every family: Llama, Qwen2, Qwen3, Mistral, Gemma 2/3, Phi-3,
 Mixtral and Qwen3-MoE. Each family is a subclass in its own file that says how it
 differs (weight names, norms, activation, experts); the forward pass is here, once,
-for one process or one rank of a tensor-parallel model (models/sharding.py), on
-dense weights or the packed blocks a backend keeps (backend.keeps_quantized).
+on dense weights or the packed blocks a backend keeps (backend.keeps_quantized).
+
+It names no collective: tensor parallelism builds a rank's model from its local config
+and slice of the weights, then wraps four methods from outside (models/sharding.py).
 
 Shapes: dim = hidden size, H/Hkv = query/KV heads, D = head dim, I = FFN hidden
 size, E = experts, V = vocabulary, T = tokens in the batch, N = rows for logits.
-Under tensor parallelism H, Hkv, I and V are this rank's (config is its local one).
+Under tensor parallelism H, Hkv and I are this rank's (config is its local one).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from rawpage.dtypes import from_float32, to_float32
 from rawpage.forward_batch import ForwardBatch
 from rawpage.models.moe import MoEWeights, moe_forward
 from rawpage.models.rotary import rope_table
-from rawpage.models.sharding import SingleRank, TensorParallel
 from rawpage.models.weight_source import CheckpointWeights, Part, WeightSource, progress
 from rawpage.ops.attention_metadata import AttentionOptions
 from rawpage.quantization.weight import QuantizedWeight
@@ -64,19 +65,15 @@ class DecoderModel:
         config: ModelConfig,
         backend: Backend,
         tensors: Mapping[str, np.ndarray] | WeightSource,
-        tp: TensorParallel | None = None,
     ) -> None:
         """tensors: a checkpoint's float32 tensors under Hugging Face names (read lazily,
         one weight at a time, so the host never holds a second copy of the model), or
-        any other WeightSource (the loader's DummyWeights draws every weight on the device).
-        tp: this rank's shard of a tensor-parallel model (models/sharding.py); its config
-        then has this rank's H, Hkv and I, and its vocabulary rows are tp's. None: the
-        whole model in this process (SingleRank, whose collectives do nothing)."""
-        self.tp: TensorParallel | SingleRank = tp if tp is not None else SingleRank(config)
-        self.config, self.backend = self.tp.layout.local_config(), backend
-        c, b = self.config, backend
-        self._weights = self.tp.weights(tensors)
-        V, dim = self.tp.layout.vocab_rows, c.hidden_size  # V: a rank's rows, Vp, under tensor parallelism
+        any other WeightSource (the loader's DummyWeights draws every weight on the device;
+        models/sharding.py's ShardedWeights hands out one rank's slices)."""
+        self.config, self.backend = config, backend
+        c, b = config, backend
+        self._weights = tensors if isinstance(tensors, WeightSource) else CheckpointWeights(tensors)
+        V, dim = c.vocab_size, c.hidden_size
 
         embed = ("model.embed_tokens.weight", (V, dim))
         packed = self.load_packed([embed])  # the table as the checkpoint packs it, if the backend reads that
@@ -226,7 +223,7 @@ class DecoderModel:
     def forward(self, batch: ForwardBatch, kv_caches: list[tuple[Array, Array]]) -> Array:
         """Returns the final hidden states of the rows in batch.logits_indices: (N, dim)."""
         c, b = self.config, self.backend
-        h = self.tp.embedding(b, batch.input_ids, self.embed)  # (T, dim); a rank's rows, then summed
+        h = self.embed_tokens(batch.input_ids)  # (T, dim)
         if self.scale_embedding:
             h = self.affine(h, c.hidden_size**0.5)
         residual = None
@@ -262,27 +259,40 @@ class DecoderModel:
         b.rope(batch.positions, q, k, self.cos_sin[layer.rope], True)
         b.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         o = b.paged_attention(q, k_cache, v_cache, batch.attn, layer.attn_opts)  # (T, H, D)
-        h = self.tp.all_reduce(b.linear(o.reshape(T, H * D), layer.o_proj))  # (T, dim): sums over head groups
+        h = self.project_out(o.reshape(T, H * D), layer.o_proj)  # (T, dim)
         return h if layer.post_attn_norm is None else b.rms_norm(h, layer.post_attn_norm, eps)
 
     def feed_forward(self, i: int, layer: DecoderLayer, x: Array) -> Array:
         """x (T, dim) -> down(act(gate(x)) * up(x)), or the routed experts' sum: (T, dim)."""
         c, b = self.config, self.backend
         if layer.moe is not None:
-            h = moe_forward(
-                b, x, layer.moe, c.num_experts_per_tok, c.norm_topk_prob, self.activation, self.expert_tokens[i]
-            )
+            h = self.experts(i, layer, x)
         else:
-            h = b.linear(self.activation(b.linear(x, layer.gate_up)), layer.down)
-        h = self.tp.all_reduce(h)  # (T, dim): sums over FFN columns (each expert's, in an MoE layer)
+            h = self.project_out(self.activation(b.linear(x, layer.gate_up)), layer.down)
         return h if layer.post_ffn_norm is None else b.rms_norm(h, layer.post_ffn_norm, c.rms_norm_eps)
 
+    # The four methods below are where tensor parallelism adds its collectives (models/
+    # sharding.py wraps them on a rank's model); in one process each is what it says.
+    def embed_tokens(self, ids: Array) -> Array:
+        """ids (T,) -> (T, dim)."""
+        return self.backend.embedding(ids, self.embed)
+
+    def project_out(self, x: Array, w: Array | QuantizedWeight) -> Array:
+        """x (T, K) -> (T, dim): o_proj and down, the Linear layers that write back to the residual stream."""
+        return self.backend.linear(x, w)
+
+    def experts(self, i: int, layer: DecoderLayer, x: Array) -> Array:
+        """x (T, dim) -> the weighted sum of the experts layer i routes each token to: (T, dim)."""
+        c = self.config
+        return moe_forward(
+            self.backend, x, layer.moe, c.num_experts_per_tok, c.norm_topk_prob, self.activation, self.expert_tokens[i]
+        )
+
     def compute_logits(self, hidden: Array) -> Array | None:
-        """(N, dim) -> (N, V) float32 logits; under tensor parallelism, on rank 0 only (each
-        rank computes its vocabulary rows, rank 0 gathers them), None elsewhere. Gemma 2
-        soft-caps them: cap * tanh(logits / cap)."""
-        logits = self.tp.gather_logits(self.backend.logits(hidden, self.lm_head))
+        """(N, dim) -> (N, V) float32 logits (under tensor parallelism on rank 0 only, None
+        elsewhere). Gemma 2 soft-caps them: cap * tanh(logits / cap)."""
+        logits = self.backend.logits(hidden, self.lm_head)
         cap = self.config.final_logit_softcapping
-        if cap and logits is not None:  # (np.tanh is a ufunc: on CuPy arrays it runs on the GPU)
+        if cap:  # (np.tanh is a ufunc: on CuPy arrays it runs on the GPU)
             logits = from_float32(cap * np.tanh(to_float32(logits) / np.float32(cap)), self.backend.dtype)
         return logits

@@ -18,7 +18,7 @@ from rawpage.models.mixtral import MixtralModel
 from rawpage.models.phi3 import Phi3Model
 from rawpage.models.qwen3 import Qwen3Model
 from rawpage.models.qwen3_moe import Qwen3MoeModel
-from rawpage.models.sharding import TensorParallel, check_shardable
+from rawpage.models.sharding import TensorParallel, apply_tensor_parallel, check_shardable
 from rawpage.models.weight_source import Model, WeightSource
 
 MODEL_CLASSES: dict[str, type[DecoderModel]] = {
@@ -40,16 +40,19 @@ def build_model(
     tensors: Mapping[str, np.ndarray] | WeightSource,
     tp: TensorParallel | None = None,
 ) -> Model:
-    """The model of config.architecture, its weights loaded onto the backend (only the
-    shard of rank tp.layout.rank, under tensor parallelism)."""
+    """The model of config.architecture, its weights loaded onto the backend; under tensor
+    parallelism rank tp.layout.rank's shard of it, wrapped with the collectives."""
     cls = MODEL_CLASSES.get(config.architecture)
     if cls is None:
         raise UnsupportedModelError(
             f"no model class for architecture {config.architecture!r}; rawpage runs {', '.join(MODEL_CLASSES)}"
         )
-    if tp is not None:
-        check_shardable(config, tp.layout.size)
-    return cls(config, backend, tensors, tp)
+    if tp is None:
+        return cls(config, backend, tensors)
+    check_shardable(config, tp.layout.size, tp.layout.exact)
+    model = cls(tp.layout.local_config(), backend, tp.weights(tensors))
+    apply_tensor_parallel(model, tp)
+    return model
 
 
 def supports_cuda_graphs(config: ModelConfig) -> bool:

@@ -1,5 +1,6 @@
-"""Tensor parallelism (Megatron style): which slice of each weight a rank holds, and the
-three collectives the forward pass adds.
+"""Tensor parallelism (Megatron style), applied to a model from outside it, as gpt-fast's
+tp.py does: which slice of each weight a rank holds, and `apply_tensor_parallel`, which
+wraps the model's methods that need a collective. models/decoder.py names none.
 
 With P ranks, rank r holds
     q_proj rows     of query heads [r H/P, (r+1) H/P)            column-parallel
@@ -18,11 +19,17 @@ down projections) run on local heads and columns with no communication until the
 all-reduces per layer; the embedding is one masked lookup and one all-reduce; the
 logits are gathered on rank 0, the only rank that samples.
 
-A rank's model is built from `local_config` (its H, Hkv and I) and `ShardedWeights`,
-which slices each full checkpoint tensor as it is read, one tensor at a time, so no
-process ever holds the whole model. One process alone is `SingleRank`: the same
-methods, each doing nothing, so that the forward pass has one shape and at size 1
-pays no copy and no mask.
+On the CPU (ShardLayout.exact) o_proj and down are cut by output rows instead, [r dim/P,
+(r+1) dim/P) of every input: their input is gathered whole, each rank computes its dim/P
+outputs, and those are gathered, so every number is one rank's bits. A row-parallel sum
+is not: its partial sums add in another order, and the CPU's GGUF kernels, which round
+each activation to int8, turn that float rounding into other tokens within a few dozen
+(tests/test_tensor_parallel.py PARTED). Four gathers a layer for two all-reduces cost
+little on the host's pipes; cuda keeps Megatron's. Experts are all-reduced in both.
+
+A rank's model is built from `local_config` (its H, Hkv, I and Vp) and `ShardedWeights`,
+which slices each checkpoint tensor as it is read, so no process ever holds the whole
+model; `apply_tensor_parallel` then wraps it. One process uses none of this.
 """
 
 from __future__ import annotations
@@ -37,8 +44,9 @@ import numpy as np
 from rawpage.backends.base import Array, Backend
 from rawpage.config import ModelConfig
 from rawpage.errors import UnsupportedModelError
-from rawpage.models.weight_source import CheckpointWeights, WeightSource
-from rawpage.quantization.weight import QuantizedWeight, concat_rows
+from rawpage.models.decoder import DecoderModel
+from rawpage.models.weight_source import CheckpointWeights, Part, WeightSource
+from rawpage.quantization.weight import QuantizedWeight, RowStack, concat_rows
 
 
 class Communicator(Protocol):
@@ -51,12 +59,16 @@ class Communicator(Protocol):
         """The elementwise sum of x over all ranks, on every rank (same shape and dtype)."""
         ...
 
+    def all_gather(self, x: Array) -> Array:
+        """(N, C) on each rank -> (N, P C) on every rank, rank order along the last dim."""
+        ...
+
     def gather(self, x: Array) -> Array | None:
         """(N, C) on each rank -> (N, P C) on rank 0, rank order along the last dim; None elsewhere."""
         ...
 
 
-def check_shardable(config: ModelConfig, size: int) -> None:
+def check_shardable(config: ModelConfig, size: int, exact: bool = False) -> None:
     """Refuse, before anything loads, a model that cannot be split over `size` ranks."""
     c = config
     problems = []
@@ -68,6 +80,8 @@ def check_shardable(config: ModelConfig, size: int) -> None:
         problems.append(f"intermediate_size={c.intermediate_size} is not a multiple of it")
     if c.num_experts and c.moe_intermediate_size % size:
         problems.append(f"moe_intermediate_size={c.moe_intermediate_size} is not a multiple of it")
+    if exact and c.hidden_size % size:
+        problems.append(f"hidden_size={c.hidden_size} is not a multiple of it")
     if problems:
         raise UnsupportedModelError(
             f"--tensor-parallel-size {size} cannot split {c.name or c.architecture}: {'; '.join(problems)}"
@@ -81,6 +95,13 @@ class ShardLayout:
     config: ModelConfig  # the whole model's
     rank: int
     size: int
+    exact: bool = False  # o_proj and down cut by output rows and gathered (the module docstring)
+
+    @classmethod
+    def on(cls, device: str, config: ModelConfig, rank: int, size: int) -> ShardLayout:
+        """The layout ranks take on `device`: exact on the CPU (its kernels round activations
+        to int8, and its collectives are the host's pipes), Megatron's elsewhere."""
+        return cls(config, rank, size, exact=device == "cpu")
 
     @property
     def num_heads(self) -> int:  # H / P
@@ -95,14 +116,6 @@ class ShardLayout:
         return self.rank * self.config.num_kv_heads // self.size
 
     @property
-    def intermediate_size(self) -> int:  # I / P
-        return self.config.intermediate_size // self.size
-
-    @property
-    def moe_intermediate_size(self) -> int:  # each expert's I / P
-        return self.config.moe_intermediate_size // self.size
-
-    @property
     def vocab_rows(self) -> int:  # Vp = ceil(V / P): each rank's rows, the last one zero-padded
         return -(-self.config.vocab_size // self.size)
 
@@ -111,16 +124,25 @@ class ShardLayout:
         return self.rank * self.vocab_rows
 
     def local_config(self) -> ModelConfig:
-        """The config this rank's model computes with: its heads and FFN columns."""
-        if self.size == 1:
-            return self.config
+        """The config a rank's model is built from: its heads, FFN columns and vocabulary rows."""
+        c = self.config
         return dataclasses.replace(
-            self.config,
+            c,
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
-            intermediate_size=self.intermediate_size,
-            moe_intermediate_size=self.moe_intermediate_size,
+            intermediate_size=c.intermediate_size // self.size,
+            moe_intermediate_size=c.moe_intermediate_size // self.size,
+            vocab_size=self.vocab_rows,
         )
+
+    def gathered(self, name: str) -> bool:
+        """Is `name` cut by output rows and gathered (exact layout: o_proj and a dense down)?"""
+        return self.exact and name.endswith(("o_proj.weight", "down_proj.weight")) and ".experts." not in name
+
+    def held_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape this rank holds of the weight a model built from local_config asks for
+        as `shape`: the same, but (out, K/P) -> (out/P, K) where gathered."""
+        return (shape[0] // self.size, shape[1] * self.size) if self.gathered(name) else shape
 
     def split(self, name: str) -> tuple[str, list[tuple[int, int]]]:
         """How this rank cuts the checkpoint tensor `name`: ("rows", [(start, stop), ...]),
@@ -136,6 +158,9 @@ class ShardLayout:
             return "rows", [self._query(0)]
         if name.endswith(("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias")):
             return "rows", [self._kv(0)]
+        if self.gathered(name):  # [r dim/P, (r+1) dim/P) of the outputs
+            n = c.hidden_size // self.size
+            return "rows", [(self.rank * n, (self.rank + 1) * n)]
         if name.endswith("o_proj.weight"):
             return "columns", [self._query(0)]
         inter = c.moe_intermediate_size if ".experts." in name else c.intermediate_size
@@ -192,7 +217,8 @@ class ShardLayout:
 class ShardedWeights(CheckpointWeights):
     """A checkpoint's full tensors handed out as one rank's slices: each is read, sliced
     and dropped, packed where the backend keeps its format (shard_packed), else dense.
-    The model asks with its local shapes, which CheckpointWeights checks."""
+    The model asks with its local shapes, which CheckpointWeights checks (as held_shape
+    says this rank holds them)."""
 
     def __init__(self, tensors: Mapping[str, np.ndarray], layout: ShardLayout) -> None:
         super().__init__(tensors)
@@ -204,51 +230,74 @@ class ShardedWeights(CheckpointWeights):
     def cut_packed(self, name: str, full: QuantizedWeight) -> QuantizedWeight | None:
         return self.layout.shard_packed(name, full)
 
+    def load(self, backend: Backend, parts: list[Part]) -> Array:
+        return super().load(backend, [(n, self.layout.held_shape(n, s)) for n, s in parts])
 
+    def quantized(self, backend: Backend, parts: list[Part]) -> QuantizedWeight | RowStack | None:
+        return super().quantized(backend, [(n, self.layout.held_shape(n, s)) for n, s in parts])
+
+
+class DrawnShard:
+    """Weights without a checkpoint (the loader's DummyWeights) drawn at the shapes this
+    rank holds: nothing to cut."""
+
+    def __init__(self, source: WeightSource, layout: ShardLayout) -> None:
+        self.source, self.layout = source, layout
+
+    def has(self, name: str) -> bool:
+        return self.source.has(name)
+
+    def load(self, backend: Backend, parts: list[Part]) -> Array:
+        return self.source.load(backend, [(n, self.layout.held_shape(n, s)) for n, s in parts])
+
+
+@dataclass(frozen=True)
 class TensorParallel:
-    """What a rank's forward pass calls: its layout, its slice of the weights, and the collectives."""
+    """One rank of a tensor-parallel model: its layout and its communicator."""
 
-    def __init__(self, layout: ShardLayout, comm: Communicator) -> None:
-        self.layout, self.comm = layout, comm
+    layout: ShardLayout
+    comm: Communicator
 
     def weights(self, tensors: Mapping[str, np.ndarray] | WeightSource) -> WeightSource:
-        """The checkpoint as this rank reads it, each tensor sliced as it is read (weights
-        without a checkpoint, the loader's DummyWeights, are drawn at the local shapes)."""
-        return tensors if isinstance(tensors, WeightSource) else ShardedWeights(tensors, self.layout)
+        """The checkpoint as this rank reads it, each tensor sliced as it is read (or, without
+        one, each weight drawn at the shape the rank holds)."""
+        if isinstance(tensors, WeightSource):
+            return DrawnShard(tensors, self.layout)
+        return ShardedWeights(tensors, self.layout)
 
-    def embedding(self, backend: Backend, ids: Array, table: Array) -> Array:
+
+def apply_tensor_parallel(model: DecoderModel, tp: TensorParallel) -> None:
+    """Make a rank's model, built from local_config and tp.weights, compute the whole
+    model's hidden states on every rank and its logits on rank 0: four of its methods get
+    their collective, as gpt-fast's _apply_tp_Transformer hooks its modules. The forward
+    pass is the one-process one; it runs on this rank's heads, columns and rows."""
+    lay, comm, m = tp.layout, tp.comm, model
+    embed_tokens, project_out, experts, compute_logits = m.embed_tokens, m.project_out, m.experts, m.compute_logits
+
+    def vocab_parallel_embedding(ids: Array) -> Array:
         """ids (T,) -> (T, dim): each rank looks up the ids in its vocabulary rows (zeros
         for the others), and the all-reduce adds the one nonzero row per token."""
-        local = ids - self.layout.vocab_start
-        mine = (local >= 0) & (local < self.layout.vocab_rows)  # (T,) bool
-        h = backend.embedding(local * mine, table)  # (T, dim); other ranks' ids read row 0
-        return self.comm.all_reduce(h * mine[:, None].astype(h.dtype))  # 0/1: exact even on bfloat16 bits
+        local = ids - lay.vocab_start
+        mine = (local >= 0) & (local < lay.vocab_rows)  # (T,) bool
+        h = embed_tokens(local * mine)  # (T, dim); other ranks' ids read row 0
+        return comm.all_reduce(h * mine[:, None].astype(h.dtype))  # 0/1: exact even on bfloat16 bits
 
-    def all_reduce(self, x: Array) -> Array:
-        return self.comm.all_reduce(x)
+    def row_parallel(x: Array, w: Array | QuantizedWeight) -> Array:
+        """x (T, K/P) -> (T, dim): this rank's share of the sum over K, summed over ranks."""
+        return comm.all_reduce(project_out(x, w))
 
-    def gather_logits(self, logits: Array) -> Array | None:
-        """(N, Vp) per rank -> (N, V) on rank 0 (the padding cut off); None on the others."""
-        full = self.comm.gather(logits)
-        return None if full is None else full[:, : self.layout.config.vocab_size]
+    def gathered(x: Array, w: Array | QuantizedWeight) -> Array:
+        """x (T, K/P) -> (T, dim): x gathered (T, K), this rank's dim/P outputs, gathered."""
+        return comm.all_gather(project_out(comm.all_gather(x), w))
 
+    def gathered_logits(hidden: Array) -> Array | None:
+        """(N, dim) -> (N, V) on rank 0 (each rank's Vp columns, the padding cut off); None elsewhere."""
+        full = comm.gather(compute_logits(hidden))
+        return None if full is None else full[:, : lay.config.vocab_size]
 
-class SingleRank:
-    """TensorParallel's methods for a model in one process: the whole checkpoint (packed
-    where the backend keeps it so), a plain lookup, and collectives that return their
-    input. The forward pass calls them unconditionally; here each is one Python call."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        self.layout = ShardLayout(config, 0, 1)
-
-    def weights(self, tensors: Mapping[str, np.ndarray] | WeightSource) -> WeightSource:
-        return tensors if isinstance(tensors, WeightSource) else CheckpointWeights(tensors)
-
-    def embedding(self, backend: Backend, ids: Array, table: Array) -> Array:
-        return backend.embedding(ids, table)  # ids (T,) -> (T, dim)
-
-    def all_reduce(self, x: Array) -> Array:
-        return x
-
-    def gather_logits(self, logits: Array) -> Array:
-        return logits
+    model.embed_tokens = vocab_parallel_embedding
+    model.project_out = gathered if lay.exact else row_parallel
+    model.experts = lambda *args: comm.all_reduce(experts(*args))  # each rank's share of every expert
+    model.compute_logits = gathered_logits
+    model.config = dataclasses.replace(model.config, vocab_size=lay.config.vocab_size)  # its logits' width
+    model.tp = tp  # for setup that must agree over ranks (kv_cache_scales.py); the forward pass never reads it

@@ -48,12 +48,9 @@ def calibrate_kv_cache_scales(model, backend: Backend, block_size: int, vocab_si
 
 def _largest_over_ranks(model, backend: Backend, k_amax: float, v_amax: float) -> tuple[float, float]:
     """Under tensor parallelism each rank saw only its KV heads: every rank takes the
-    largest over all of them, so the scales (and the tokens) are those of one rank.
-    The all-reduce of a table with one nonzero row per rank is a gather to all."""
-    tp = getattr(model, "tp", None)
+    largest over all of them, so the scales (and the tokens) are those of one rank."""
+    tp = getattr(model, "tp", None)  # a rank's model (models/sharding.py apply_tensor_parallel)
     if tp is None:
         return k_amax, v_amax
-    table = np.zeros((tp.layout.size, 2), np.float32)
-    table[tp.layout.rank] = k_amax, v_amax
-    table = backend.to_numpy(tp.all_reduce(backend.asarray(table, np.float32)))
-    return float(table[:, 0].max()), float(table[:, 1].max())
+    every = backend.to_numpy(tp.comm.all_gather(backend.asarray(np.array([[k_amax, v_amax]]), np.float32)))
+    return float(every[0, 0::2].max()), float(every[0, 1::2].max())  # every: (1, 2 P), [k0, v0, k1, v1, ...]

@@ -4,7 +4,9 @@ rank (every family: issue 32), greedy tokens of the spawned-worker engine agains
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
 import os
 import signal
 import subprocess
@@ -22,6 +24,8 @@ from rawpage.distributed.communicator import PipeCommunicator
 from rawpage.dtypes import bf16_from_f32
 from rawpage.errors import UnsupportedModelError, WorkerDiedError
 from rawpage.loader import load_checkpoint
+from rawpage.loader.dummy import DummyWeights
+from rawpage.models import decoder
 from rawpage.models.llama import LlamaModel
 from rawpage.models.registry import build_model
 from rawpage.models.sharding import ShardLayout, TensorParallel, check_shardable
@@ -31,7 +35,6 @@ from rawpage.quantization.int4 import pack_nibbles
 from rawpage.quantization.weight import QuantizedWeight, dequantize
 from tests.kernels.test_gguf_model_sim import packed_weight, quantized_tiny_llama
 from tests.model_harness import SingleSequence
-from tests.native.test_engine_native import MAX_LOGIT_DIFF
 from tests.test_families import DATA
 from tests.tiny_families import FAMILIES, write_family
 from tests.tiny_models import random_tensors, tiny_config, train_tokenizer, write_hf_folder
@@ -121,6 +124,62 @@ def test_fused_and_expert_tensors_split_as_their_parts():
             assert lay.shard("mlp.gate.weight", router) is router  # replicated
 
 
+def test_exact_layout_cuts_o_proj_and_down_by_output_rows():
+    """The CPU's layout: o_proj and a dense down are whole rows [r dim/P, (r+1) dim/P) of
+    every input, and a rank's model asks for them at its local shape (out, K/P), which
+    held_shape turns into the (out/P, K) it holds; an expert's down stays row-parallel."""
+    c = gqa_config(num_experts=4, moe_intermediate_size=32)
+    rng = np.random.default_rng(0)
+    o, down = rng.standard_normal((c.hidden_size, c.q_size)), rng.standard_normal((64, c.intermediate_size))
+    expert_down = rng.standard_normal((64, 32))
+    assert ShardLayout.on("cpu", c, 0, 2).exact and not ShardLayout.on("cuda", c, 0, 2).exact
+    for size in (2, 4, 8):
+        layouts = [ShardLayout(c, r, size, exact=True) for r in range(size)]
+        cuts = [lay.shard("model.layers.0.self_attn.o_proj.weight", o) for lay in layouts]
+        np.testing.assert_array_equal(np.concatenate(cuts), o)
+        cuts = [lay.shard("model.layers.0.mlp.down_proj.weight", down) for lay in layouts]
+        np.testing.assert_array_equal(np.concatenate(cuts), down)
+        lay = layouts[1]
+        assert lay.held_shape("model.layers.0.mlp.down_proj.weight", (64, 96 // size)) == (64 // size, 96)
+        assert lay.held_shape("model.layers.0.mlp.gate_proj.weight", (96 // size, 64)) == (96 // size, 64)
+        lo = 32 // size  # rank 1's columns of each expert's FFN
+        expert = lay.shard("model.layers.0.mlp.experts.2.down_proj.weight", expert_down)
+        np.testing.assert_array_equal(expert, expert_down[:, lo : 2 * lo])
+    with pytest.raises(UnsupportedModelError, match="hidden_size=100 is not a multiple"):
+        check_shardable(gqa_config(hidden_size=100), 8, exact=True)
+    check_shardable(gqa_config(hidden_size=100), 8)  # Megatron's layout does not cut dim
+
+
+def test_tensor_parallelism_is_applied_from_outside_the_model(tiny_model_dir):
+    """Issue 41: models/decoder.py names no collective and no rank; a model in one process
+    runs the class's own methods; a rank's model has four of them wrapped, and its config
+    the whole vocabulary (its logits' width) with its own heads."""
+    names = set()
+    for node in ast.walk(ast.parse(inspect.getsource(decoder))):
+        names |= {node.id} if isinstance(node, ast.Name) else {node.attr} if isinstance(node, ast.Attribute) else set()
+    assert not names & {"tp", "comm", "layout", "all_reduce", "all_gather", "gather", "rank"}, names
+    ckpt, b = load_checkpoint(tiny_model_dir), get_backend("cpu")
+    wrapped = {"embed_tokens", "project_out", "experts", "compute_logits"}
+    one = build_model(ckpt.config, b, ckpt.tensors)
+    assert not set(vars(one)) & (wrapped | {"tp"})
+    rank = build_model(ckpt.config, b, ckpt.tensors, TensorParallel(ShardLayout(ckpt.config, 1, 2), None))
+    assert wrapped | {"tp"} <= set(vars(rank))
+    assert rank.config.vocab_size == ckpt.config.vocab_size and rank.embed.shape[0] == ckpt.config.vocab_size // 2
+    assert rank.config.num_heads * 2 == ckpt.config.num_heads
+
+
+def test_dummy_weights_are_drawn_at_the_shapes_a_rank_holds():
+    """--load-format dummy under tensor parallelism: nothing to cut, each weight drawn at
+    the rank's shape (in the exact layout, o_proj and down by output rows)."""
+    c = gqa_config()
+    for exact in (False, True):
+        tp = TensorParallel(ShardLayout(c, 0, 2, exact=exact), None)
+        layer = build_model(c, get_backend("cpu", cpu_kernels="numpy"), DummyWeights(), tp).layers[0]
+        assert layer.qkv.shape == ((4 + 2 * 1) * 8, 64)
+        assert layer.o_proj.shape == ((32, 64) if exact else (64, 32))
+        assert layer.down.shape == ((32, 96) if exact else (64, 48))
+
+
 def packed_weights(rng: np.random.Generator, N: int, K: int) -> dict[str, QuantizedWeight]:
     """One weight (N, K) of each packed kind: GGUF blocks of 32 and of 256, bf16, fp8, int4."""
     out = {q: packed_weight(rng, q, N, K) for q in ("Q4_1", "Q8_0", "Q4_K")}
@@ -164,10 +223,8 @@ def shard_logits(ckpt, size: int, prompt: list[int], steps: int, b=None) -> list
     comms = [PipeCommunicator(0, size, [a for a, _ in pipes])]
     comms += [PipeCommunicator(r, size, [pipes[r - 1][1]]) for r in range(1, size)]
     b = b or get_backend("cpu")
-    models = [
-        build_model(ckpt.config, b, ckpt.tensors, TensorParallel(ShardLayout(ckpt.config, r, size), comms[r]))
-        for r in range(size)
-    ]
+    layouts = [ShardLayout.on(b.name, ckpt.config, r, size) for r in range(size)]
+    models = [build_model(ckpt.config, b, ckpt.tensors, TensorParallel(layouts[r], comms[r])) for r in range(size)]
     out: list[np.ndarray] = []
     tokens = [prompt] + [None] * steps
 
@@ -250,31 +307,51 @@ def test_default_model_logits_match_one_rank(default_checkpoint, default_model):
         assert (got.argmax(-1) == want.argmax(-1)).all()
 
 
-@pytest.mark.skipif(get_backend("cpu").lib is None, reason="no C compiler: the CPU backend keeps no packed weights")
-def test_default_model_sharded_keeps_its_packed_blocks(default_checkpoint, default_model):
+NATIVE = pytest.mark.skipif(get_backend("cpu").lib is None, reason="no C compiler: no native CPU kernels")
+# Prompts whose greedy tokens parted from one rank's when the CPU's ranks summed o_proj and
+# down row-parallel (Megatron's layout, which cuda keeps). SmolLM2-135M Q4_1, TP=3 against
+# TP=1, 24 tokens each (shard_logits against reference_logits below, ShardLayout.on made to
+# return Megatron's layout; 2026-12-03): common prefixes [24, 22, 14, 16] on the avx512vnni
+# path and [1, 24, 14, 16] on avx2, where "The Nile flows through" went on " the heart of
+# Africa" instead of " the Tigris and Euphrates"; prefill logits apart by up to 0.99. In the
+# exact layout: [24, 24, 24, 24] on both paths, the logits equal bit for bit.
+PARTED = ["The Nile flows through", "In 1492, Columbus", "My favourite food is", "import numpy as np\n"]
+
+
+@NATIVE
+def test_default_model_sharded_keeps_its_packed_blocks(default_checkpoint):
     """On the native kernels each of 3 ranks keeps its slice of the Q4_1 / Q8_0 blocks (a
-    third of the bytes, no dense copy). Every cut falls on a 32-input block, so a rank's
-    partial products are one rank's to float rounding (tests/quantization); but the int8
-    rounding of the next layer's activations amplifies that rounding through 30 layers, so
-    the logits are held as one native rank's are (tests/native/test_engine_native.py):
-    against the float32 NumPy path, the largest difference and top-1 where it is clear."""
+    third of the bytes, no dense copy): whole rows of q/k/v and gate/up, and in the CPU's
+    exact layout whole rows of o_proj and down too. Each number is then computed as one
+    rank computes it, so the logits are one native rank's, bit for bit."""
     ckpt, b = default_checkpoint, get_backend("cpu")
     one = build_model(ckpt.config, b, ckpt.tensors)
-    rank1 = build_model(ckpt.config, b, ckpt.tensors, TensorParallel(ShardLayout(ckpt.config, 1, 3), comm=None))
+    rank1 = build_model(ckpt.config, b, ckpt.tensors, TensorParallel(ShardLayout.on("cpu", ckpt.config, 1, 3), None))
     for name in ("qkv", "o_proj", "gate_up", "down"):
         w, w1 = getattr(one.layers[0], name), getattr(rank1.layers[0], name)
         assert isinstance(w1, QuantizedWeight) and w1.qtype == w.qtype, name
         assert w1.data.nbytes * 3 == w.data.nbytes, name
+    assert rank1.layers[0].o_proj.shape == (ckpt.config.hidden_size // 3, ckpt.config.q_size)
     assert isinstance(rank1.embed, QuantizedWeight) and rank1.embed.shape[0] == ckpt.config.vocab_size // 3
     assert rank1.lm_head is rank1.embed
     for prompt in ("The capital of France is", "def fibonacci(n):"):
         ids = ckpt.tokenizer.encode(prompt)
-        (got,), want = shard_logits(ckpt, 3, ids, 0), SingleSequence(default_model).feed(ids, all_logits=True)
-        diff = np.abs(got - want).max(axis=1)
-        assert diff.max() < MAX_LOGIT_DIFF, f"largest logit difference {diff.max():.3f}"
-        top2 = np.sort(want, axis=1)[:, -2:]
-        clear = top2[:, 1] - top2[:, 0] > 2 * diff
-        np.testing.assert_array_equal(got.argmax(1)[clear], want.argmax(1)[clear])
+        (got,), want = shard_logits(ckpt, 3, ids, 0), SingleSequence(one).feed(ids, all_logits=True)
+        np.testing.assert_array_equal(got, want)
+
+
+@NATIVE
+@pytest.mark.timeout(300)
+def test_default_model_on_native_kernels_gives_one_ranks_greedy_tokens(default_checkpoint):
+    """Issue 42: on the int8 kernels three ranks give one rank's greedy tokens (PARTED says
+    how far they went together when o_proj and down were summed over ranks). 9 query
+    heads split over 3 ranks, not 2."""
+    ckpt, b = default_checkpoint, get_backend("cpu")
+    one = build_model(ckpt.config, b, ckpt.tensors)
+    for prompt in PARTED:
+        ids = ckpt.tokenizer.encode(prompt)
+        want = [int(x[-1].argmax()) for x in reference_logits(one, ids, 23)]
+        assert [int(x[-1].argmax()) for x in shard_logits(ckpt, 3, ids, 23, b)] == want, prompt
 
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
@@ -377,8 +454,9 @@ def test_a_dead_worker_fails_the_server_which_exits_with_a_message(tiny_model_di
 
 @pytest.mark.timeout(300)
 def test_default_model_over_three_workers_gives_the_greedy_tokens_of_one_rank():
-    """The default SmolLM2-135M (9 query, 3 KV heads) through the spawned-worker engine."""
-    one, three = (greedy(None, size=n, max_tokens=8, prompts=PROMPTS[:2]) for n in (1, 3))
+    """The default SmolLM2-135M (9 query, 3 KV heads) through the spawned-worker engine, on
+    the native kernels where there is a compiler: the prompts that once parted (PARTED)."""
+    one, three = (greedy(None, size=n, max_tokens=24, prompts=PARTED) for n in (1, 3))
     assert one == three
 
 

@@ -1,5 +1,5 @@
 """Collectives between the ranks of one tensor-parallel model (models/sharding.py's
-`Communicator`): an all-reduce (sum) and a gather to rank 0.
+`Communicator`): an all-reduce (sum), an all-gather and a gather to rank 0.
 
 Two implementations:
 - `PipeCommunicator` (cpu, sim): a star of `multiprocessing` pipes around rank 0. A test
@@ -49,6 +49,14 @@ class PipeCommunicator:
             return None
         return np.concatenate([x] + [self._recv(pipe, r) for r, pipe in enumerate(self.pipes, 1)], axis=-1)
 
+    def all_gather(self, x: np.ndarray) -> np.ndarray:
+        full = self.gather(x)
+        if self.rank != 0:
+            return self._recv(self.pipes[0], 0)
+        for r, pipe in enumerate(self.pipes, 1):
+            self._send(pipe, full, r)
+        return full
+
     def _send(self, pipe: Connection, x: np.ndarray, peer: int) -> None:
         try:
             pipe.send(x)
@@ -93,15 +101,25 @@ class NcclCommunicator:
         self.comm.allReduce(x.data.ptr, x.data.ptr, x.size, self._dtype(x), self.nccl.NCCL_SUM, stream)
         return x
 
+    def all_gather(self, x: Any) -> Any:
+        import cupy
+
+        return cupy.concatenate(list(self._all_gather(x)), axis=-1)
+
     def gather(self, x: Any) -> Any | None:
-        """All-gather into (P, N, C), then (N, P C) on rank 0. NCCL has no gather; the other
-        ranks' copies are the price of one collective call that graphs can capture."""
+        """NCCL has no gather: an all-gather, whose other ranks' copies are the price of one
+        collective call that graphs can capture."""
+        import cupy
+
+        out = self._all_gather(x)
+        return cupy.concatenate(list(out), axis=-1) if self.rank == 0 else None
+
+    def _all_gather(self, x: Any) -> Any:
+        """(N, C) on each rank -> (P, N, C) on every rank."""
         import cupy
 
         x = cupy.ascontiguousarray(x)
         out = cupy.empty((self.world_size, *x.shape), dtype=x.dtype)
         stream = cupy.cuda.get_current_stream().ptr
         self.comm.allGather(x.data.ptr, out.data.ptr, x.size, self._dtype(x), stream)
-        if self.rank != 0:
-            return None
-        return cupy.concatenate(list(out), axis=-1)
+        return out

@@ -49,7 +49,8 @@ class TensorParallelGroup:
             # multiprocessing's bootstrapping traceback. Exit quietly; rank 0 says what to do.
             raise SystemExit(NO_MAIN_GUARD_EXIT)
         size = args.tensor_parallel_size
-        check_shardable(config, size)
+        layout = ShardLayout.on(device, config, 0, size)
+        check_shardable(config, size, layout.exact)
         if device == "cuda":
             _check_gpu_count(size)
         ctx = mp.get_context("spawn")  # a fork would copy CUDA state and the engine thread's locks
@@ -77,7 +78,7 @@ class TensorParallelGroup:
             self.procs.append(proc)
             self.controls.append(control)
         comm = PipeCommunicator(0, size, comm_pipes) if nccl_id is None else NcclCommunicator(0, size, nccl_id)
-        self.tp = TensorParallel(ShardLayout(config, 0, size), comm)
+        self.tp = TensorParallel(layout, comm)
         self._finalizer = weakref.finalize(self, _stop_workers, self.procs, self.controls)
         logger.info("tensor parallel: %d ranks on %s; workers are pids %s", size, device, [p.pid for p in self.procs])
 
