@@ -41,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "bench":
             return args.bench_main(args)
+        if args.command == "serve":
+            from rawpage.server.vllm_flags import check_vllm_flags
+
+            check_vllm_flags(args)  # a refused flag stops here, before the model loads
         if args.command == "serve" and args.ray:
             return _serve_on_ray(args)
         if args.command == "serve":
@@ -118,6 +122,7 @@ def _bench_parsers(sub: argparse._SubParsersAction) -> dict[str, argparse.Argume
 def _serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """`rawpage serve`: --model, --host, --port and --api-key first in --help, then the rest."""
     from rawpage.server.args import add_server_args
+    from rawpage.server.vllm_flags import add_vllm_flags
 
     serve = sub.add_parser("serve", help="start the OpenAI-compatible HTTP server")
     serve.add_argument("model_tag", nargs="?", metavar="MODEL", help="the model, as --model (vLLM's positional form)")
@@ -129,6 +134,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     ray.add_argument("--ray", action="store_true", help="serve replicas on Ray Serve (a local Ray, or RAY_ADDRESS's)")
     ray.add_argument("--num-replicas", type=int, default=None, help="with --ray: replicas of the model (default: 1)")
     ray.add_argument("--max-replicas", type=int, default=None, help="with --ray: autoscale up to this many replicas")
+    add_vllm_flags(serve)
     return serve
 
 

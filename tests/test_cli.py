@@ -77,6 +77,7 @@ def test_python_m_rawpage_and_vllms_long_entry_point():
     module = "rawpage.entrypoints.openai.api_server"
     out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.startswith("usage: rawpage serve ")
+    assert "--disable-frontend-multiprocessing" in out.stdout and "--api-server-count" in out.stdout
 
 
 def test_bench_throughput_prints_vllms_lines(tiny_model_dir, tmp_path, capsys):

@@ -107,7 +107,11 @@ def build_app(engine_args: EngineArgs, config: ServerConfig | None = None) -> St
     # The guard is outermost: a request for another Host, or a foreign page's POST, reaches nothing.
     middleware = [Middleware(RequestGuard, config=config)]
     if config.allowed_origins:  # CORS is off unless the operator names origins
-        cors = dict(allow_methods=config.allowed_methods, allow_headers=config.allowed_headers)
+        cors = dict(
+            allow_methods=config.allowed_methods,
+            allow_headers=config.allowed_headers,
+            allow_credentials=config.allow_credentials,
+        )
         middleware.append(Middleware(CORSMiddleware, allow_origins=config.allowed_origins, **cors))
     app = Starlette(routes=_routes(state, view), lifespan=_lifespan(state), middleware=middleware)
     # Starlette would redirect '/v1/models/' to a Location built from the Host header.
@@ -344,7 +348,8 @@ def run_server(args: argparse.Namespace) -> int:
         check_port_free(config.host, config.port)
     app = build_app(engine_args, config)
     name = app.state.rawpage.model_name
-    where = f"unix:{config.uds}" if config.uds else f"http://{config.host}:{config.port}{config.root_path}/v1"
+    scheme = "https" if config.ssl_certfile else "http"
+    where = f"unix:{config.uds}" if config.uds else f"{scheme}://{config.host}:{config.port}{config.root_path}/v1"
     logger.info(
         "rawpage %s: serving %s at %s (loading the model now; /health is 503 until ready)", __version__, name, where
     )
@@ -363,6 +368,11 @@ def run_server(args: argparse.Namespace) -> int:
         log_level=config.uvicorn_log_level or config.log_level,
         timeout_graceful_shutdown=config.shutdown_timeout + 5,
         log_config=None,
+        access_log=not config.disable_uvicorn_access_log,
+        ssl_keyfile=config.ssl_keyfile,
+        ssl_certfile=config.ssl_certfile,
+        ssl_ca_certs=config.ssl_ca_certs,
+        ssl_cert_reqs=config.ssl_cert_reqs,
         **uvicorn_limits(config),  # head deadline, keep-alive, head size (header_timeout.py)
     )
     logging.getLogger("uvicorn.error").addFilter(_hide_startup_complete)  # said once the model is loaded
