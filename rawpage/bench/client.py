@@ -125,5 +125,5 @@ async def first_model(server: Server) -> str:
     """The id of the first model in GET /v1/models, which is what single-model servers serve."""
     models = (await server.get_json("/v1/models")).get("data") or []
     if not models:
-        raise RuntimeError(f"{server.base_url}/v1/models lists no model; pass --model")
+        raise ValueError(f"{server.base_url}/v1/models lists no model; pass --model")
     return models[0]["id"]
