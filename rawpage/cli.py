@@ -1,8 +1,10 @@
-"""The `rawpage` command: serve, generate, chat.
+"""The `rawpage` command (also `python -m rawpage`): serve, generate, chat, bench.
 
 rawpage serve [--model M] [engine flags]      OpenAI-compatible server
 rawpage generate "prompt" [--max-tokens N]     print a completion as it is produced
 rawpage chat                                   interactive chat with history
+rawpage bench serve [--base-url URL] ...       load-test a server (vLLM's `vllm bench serve`)
+rawpage bench throughput [engine flags] ...    offline throughput (vLLM's `vllm bench throughput`)
 """
 
 from __future__ import annotations
@@ -37,6 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        if args.command == "bench":
+            return args.bench_main(args)
+        if args.command == "serve":
+            from rawpage.server.vllm_flags import check_vllm_flags
+
+            check_vllm_flags(args)  # a refused flag stops here, before the model loads
         if args.command == "serve" and args.ray:
             return _serve_on_ray(args)
         if args.command == "serve":
@@ -88,12 +96,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     _add_sampling_args(chat)
     EngineArgs.add_cli_args(chat, skip=SERVE_ONLY)
 
-    return _parse(parser, {"serve": serve, "generate": gen, "chat": chat}, argv)
+    bench = _bench_parsers(sub)
+    return _parse(parser, {"serve": serve, "generate": gen, "chat": chat, **bench}, argv)
+
+
+def _bench_parsers(sub: argparse._SubParsersAction) -> dict[str, argparse.ArgumentParser]:
+    """`rawpage bench serve` and `rawpage bench throughput`, keyed as _parse looks them up."""
+    from rawpage.bench import serve, throughput
+
+    bench = sub.add_parser("bench", help="benchmark a server or the engine, as `vllm bench` does")
+    kinds = bench.add_subparsers(dest="bench_command", required=True)
+    parsers = {}
+    for name, module, text in [
+        ("serve", serve, "load-test an OpenAI-compatible server (vLLM's `vllm bench serve`)"),
+        ("throughput", throughput, "offline throughput of the engine (vLLM's `vllm bench throughput`)"),
+    ]:
+        doc = module.__doc__.split("\n\n")[0]
+        p = kinds.add_parser(name, help=text, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_cli_args(p)
+        p.set_defaults(bench_main=module.main)
+        parsers[f"bench {name}"] = p
+    return parsers
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """`rawpage serve`: --model, --host, --port and --api-key first in --help, then the rest."""
     from rawpage.server.args import add_server_args
+    from rawpage.server.vllm_flags import add_vllm_flags
 
     serve = sub.add_parser("serve", help="start the OpenAI-compatible HTTP server")
     serve.add_argument("model_tag", nargs="?", metavar="MODEL", help="the model, as --model (vLLM's positional form)")
@@ -105,6 +134,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     ray.add_argument("--ray", action="store_true", help="serve replicas on Ray Serve (a local Ray, or RAY_ADDRESS's)")
     ray.add_argument("--num-replicas", type=int, default=None, help="with --ray: replicas of the model (default: 1)")
     ray.add_argument("--max-replicas", type=int, default=None, help="with --ray: autoscale up to this many replicas")
+    add_vllm_flags(serve)
     return serve
 
 
@@ -112,7 +142,7 @@ def _parse(
     parser: argparse.ArgumentParser, commands: dict[str, argparse.ArgumentParser], argv: list[str] | None
 ) -> argparse.Namespace:
     args, extra = parser.parse_known_args(dashed(sys.argv[1:] if argv is None else argv))
-    command = commands[args.command]
+    command = commands[" ".join(filter(None, [args.command, getattr(args, "bench_command", None)]))]
     if extra:
         command.error(f"unrecognized arguments: {' '.join(extra)}")
     tag = getattr(args, "model_tag", None)

@@ -112,8 +112,9 @@ class EngineArgs:
     block_size: int = flag(16, "tokens per KV block", choices=BLOCK_SIZES)
     kv_cache_memory: int | str | None = flag(
         None,
-        "memory for the KV cache, e.g. 2GiB",
+        "memory for the KV cache, e.g. 2GiB (vLLM's --kv-cache-memory-bytes)",
         type=parse_bytes,
+        aliases=("--kv-cache-memory-bytes",),
         default_text=f"{DEFAULT_CPU_KV_CACHE // GiB}GiB on cpu, less if --max-num-seqs x --max-model-len need "
         "less; on cuda from --gpu-memory-utilization",
     )

@@ -1,5 +1,6 @@
-"""tools/bench_serving.py: metric arithmetic on made-up timestamps, the workloads, and
-whole runs against a fake OpenAI-compatible server with known timing (no model needed)."""
+"""rawpage/bench (`rawpage bench serve`, and tools/bench_serving.py over it): metric arithmetic on
+made-up timestamps, the workloads, the HTTP client, and whole runs against a fake
+OpenAI-compatible server with known timing (no model needed)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from tools import bench_serving
-from tools.bench_client import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, chunk_text, request_body
-from tools.bench_datasets import (
+from rawpage.bench import http
+from rawpage.bench import serve as bench_serve
+from rawpage.bench.client import CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, chunk_text, request_body
+from rawpage.bench.datasets import (
     CHAT_DATASET,
     WORDS,
     BenchRequest,
@@ -33,16 +35,19 @@ from tools.bench_datasets import (
     random_requests,
     transcript,
 )
-from tools.bench_metrics import (
+from rawpage.bench.metrics import (
     RequestRecord,
+    RunInfo,
     e2e_latency,
     format_summary,
     inter_token_latencies,
+    peaks,
     percentile,
     summarize,
     tpot,
     ttft,
 )
+from tools import bench_serving
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -116,7 +121,7 @@ def test_summarize_counts_only_successes():
 def test_summary_table_of_a_run_with_no_success():
     s = summarize([record(0.0, [], 1.0, None, success=False)], duration_s=1.0)
     assert s.completed == 0 and s.ttft.mean_ms is None
-    table = format_summary(s)
+    table = format_summary(s, RunInfo(metrics=("ttft", "tpot", "itl", "e2el")))
     for line in ["Successful requests:", "Mean TTFT (ms):", "P99 ITL (ms):", "Median E2EL (ms):"]:
         assert line in table
     assert "n/a" in table
@@ -422,8 +427,110 @@ def test_failures_and_early_stops_are_reported(tmp_path, capsys):
     assert (s["completed"], s["failed"]) == (6, 3)
     assert s["output_len_mismatches"] == 6  # the fake model stops at 2 of 5 tokens
     assert sum("HTTP 500" in r["error"] for r in result["requests"]) == 3
-    assert "Failed requests:                        3" in capsys.readouterr().out
+    assert "Failed requests:                         3" in capsys.readouterr().out
 
     with FakeServer(fail_every=1) as server:
         rc = bench_serving.main(["--base-url", server.url, "--num-prompts", "2", "--skip-initial-test"])
     assert rc == 1
+
+
+# --- `rawpage bench serve`: vLLM's options, table and result file --------------------------
+
+
+def test_rawpage_bench_serve_takes_vllms_options_and_names_its_result_as_vllm(tmp_path, capsys):
+    from rawpage import cli
+
+    with FakeServer() as server:
+        argv = ["bench", "serve", "--host", "127.0.0.1", "--port", str(server.port), "--backend", "openai-chat"]
+        argv += ["--dataset-name", "random", "--random-input-len", "8", "--random-output-len", "6", "--ignore-eos"]
+        argv += ["--num-prompts", "5", "--max-concurrency", "2", "--request-rate", "100", "--burstiness", "0.5"]
+        argv += ["--metric-percentiles", "50,90", "--percentile-metrics", "ttft,e2el", "--disable-tqdm"]
+        argv += ["--save-result", "--result-dir", str(tmp_path), "--metadata", "run=a"]
+        assert cli.main(argv) == 0
+        assert server.requests == 5 + 1 and server.max_in_flight <= 2
+    out = capsys.readouterr().out
+    table = out[out.index("=" * 12 + " Serving Benchmark Result ") :]
+    for line in [
+        "Successful requests:                     5",
+        "Maximum request concurrency:             2",
+        "Request rate configured (RPS):           100.00",
+        "Total generated tokens:                  30",
+        "Total token throughput (tok/s):",
+        "Median TTFT (ms):",
+        "P90 TTFT (ms):",
+        "P50 E2EL (ms):",
+    ]:
+        assert line in table, line
+    assert "Mean ITL (ms):" not in table and table.rstrip().endswith("=" * 50)
+    (path,) = tmp_path.iterdir()
+    assert path.name.startswith("openai-chat-100.0qps-concurrency2-fake-model-") and path.suffix == ".json"
+    result = json.loads(path.read_text())
+    assert (result["completed"], result["total_output_tokens"], result["run"]) == (5, 30, "a")
+    assert result["p90_ttft_ms"] >= FIRST_TOKEN_DELAY * 1000 and result["std_ttft_ms"] >= 0
+    assert result["model_id"] == "fake-model" and "requests" not in result  # no --save-detailed
+
+
+def test_rawpage_bench_serve_defaults_are_vllms():
+    from rawpage import cli
+
+    args = cli.parse_args(["bench", "serve"])
+    bench_serve.check_args(args)
+    assert (args.base_url, args.endpoint, args.num_prompts, args.ignore_eos) == (
+        "http://127.0.0.1:8000",
+        COMPLETIONS_ENDPOINT,
+        1000,
+        False,
+    )
+    assert (args.input_range, args.output_range) == ((1024, 1024), (128, 128))
+    args = cli.parse_args(["bench", "serve", "--random-input-len", "100", "--random-range-ratio", "0.5"])
+    bench_serve.check_args(args)
+    assert args.input_range == (50, 150)
+
+
+def test_an_unreachable_server_is_one_line(capsys):
+    from rawpage import cli
+    from tests.server.harness import free_port
+
+    assert cli.main(["bench", "serve", "--port", str(free_port()), "--num-prompts", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rawpage: error: cannot benchmark http://127.0.0.1:") and "Traceback" not in err
+
+
+def test_gamma_arrivals_keep_the_rate():
+    a = bench_serve.arrival_delays(20000, 4.0, seed=1, burstiness=0.5)
+    assert sum(a) / len(a) == pytest.approx(0.25, rel=0.05)
+    assert a != bench_serve.arrival_delays(20000, 4.0, seed=1)
+
+
+def test_a_shared_prefix_starts_every_prompt():
+    reqs = random_requests(4, (3, 3), (1, 1), seed=0, prefix_len=5)
+    prefixes = {" ".join(r.prompt.split()[:5]) for r in reqs}
+    assert len(prefixes) == 1 and all(len(r.prompt.split()) == 8 for r in reqs)
+
+
+def test_peaks_count_one_second_windows():
+    recs = [record(0.0, [0.1, 0.2, 0.3], 0.4, 3), record(0.2, [1.5], 1.6, 1), record(1.7, [2.1], 2.2, 1)]
+    assert peaks(recs) == (3.0, 2)
+
+
+def test_http_client_reads_content_length_and_close_delimited_bodies():
+    async def serve(reader, writer):
+        request = await reader.readuntil(b"\r\n\r\n")
+        if request.startswith(b"GET /length"):
+            writer.write(b'HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n{"a": [1]}\n')
+        else:
+            writer.write(b"HTTP/1.1 404 Not Found\r\n\r\nline one\nline two")
+        await writer.drain()
+        writer.close()
+
+    async def main():
+        listener = await asyncio.start_server(serve, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+        async with listener:
+            assert await http.get_json(url + "/length") == {"a": [1]}
+            async with http.request("GET", url + "/close") as resp:
+                assert resp.status == 404 and [line async for line in resp.lines()] == ["line one", "line two"]
+            with pytest.raises(http.HTTPError, match="HTTP 404"):
+                await http.get_json(url + "/close")
+
+    asyncio.run(main())

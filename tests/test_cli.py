@@ -68,3 +68,30 @@ def test_ctrl_c_stops_a_reply_but_not_the_chat():
     err = proc.stderr.read()
     assert proc.returncode == 0, err
     assert "[stopped]" in out and "Tokyo" in out.split("[stopped]", 1)[1], (out, err)
+
+
+def test_python_m_rawpage_and_vllms_long_entry_point():
+    """Issue 42: `python -m rawpage` is the `rawpage` command; vLLM's long form is `rawpage serve`."""
+    out = subprocess.run([sys.executable, "-m", "rawpage", "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "{serve,generate,chat,bench}" in out.stdout
+    module = "rawpage.entrypoints.openai.api_server"
+    out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("usage: rawpage serve ")
+    assert "--disable-frontend-multiprocessing" in out.stdout and "--api-server-count" in out.stdout
+
+
+def test_bench_throughput_prints_vllms_lines(tiny_model_dir, tmp_path, capsys):
+    import json
+
+    from rawpage import cli
+
+    result = tmp_path / "r.json"
+    argv = ["bench", "throughput", "--model", tiny_model_dir, "--num-prompts", "4", "--input-len", "8"]
+    argv += ["--output-len", "5", "--max-num-seqs", "2", "--output-json", str(result), "--disable-tqdm"]
+    assert cli.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("Throughput: ") and lines[0].endswith(" output tokens/s")
+    assert lines[1:] == ["Total num prompt tokens:  32", "Total num output tokens:  20"]
+    r = json.loads(result.read_text())
+    assert (r["num_requests"], r["total_num_tokens"], r["output_tokens"]) == (4, 52, 20)
+    assert r["requests_per_second"] > 0 and r["elapsed_time"] > 0 and r["mode"] == "continuous"

@@ -179,9 +179,15 @@ def test_the_table_check_catches_a_wrong_default():
 
 
 def test_the_readme_names_every_flag_of_serve():
-    """Every `rawpage serve` flag is in the README, in a table or in the text beside them."""
+    """Every `rawpage serve` flag is in the README, in a table or in the text beside them; but
+    vLLM's flags with no effect here, which `rawpage serve --help` lists with their reasons
+    (rawpage/server/vllm_flags.py), and to which the README points."""
+    from rawpage.server.vllm_flags import NO_EFFECT
+
     readme = (ROOT / "README.md").read_text()
-    names = {o for o in serve_actions() if o.startswith("--") and o != "--help"}
+    assert "`rawpage serve --help` lists them, with the reasons" in " ".join(readme.split())
+    inert = {f"--{p}{name}" for name in NO_EFFECT for p in ("", "no-")}
+    names = {o for o in serve_actions() if o.startswith("--") and o != "--help"} - inert
     missing = sorted(n for n in names if not re.search(re.escape(n) + r"(?![a-z0-9-])", readme))
     assert not missing, f"README.md does not name {missing}"
 

@@ -39,6 +39,7 @@ def test_an_engine_that_cannot_start_exits_with_its_one_line(tmp_path, case):
     assert out.returncode == 2, out.stderr
     assert len(errors) == 1 and message in errors[0], out.stderr
     assert "Traceback" not in out.stderr
+    assert "startup complete" not in out.stderr  # issue 42: uvicorn's line came before the error
 
 
 def test_a_bad_local_path_exits_at_once(tmp_path):

@@ -4,6 +4,7 @@ flags that cannot apply log one line each, and the command line's polish."""
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from rawpage import cli
 from rawpage.engine_args import EngineArgs
 from rawpage.server import app as server_app
 from rawpage.server.args import ServerConfig
+from tests.server.harness import free_port
 
 CPU = SimpleNamespace(name="cpu", memory=None, supports_graphs=False)  # the NumPy path
 
@@ -163,3 +165,129 @@ def _healthy(client: httpx.Client) -> bool:
         return client.get("/health").status_code == 200
     except httpx.HTTPError:
         return False
+
+
+# --- issue 42: a typical vLLM command line runs; flags with no effect say why, once ----------
+TYPICAL = (
+    "--tensor-parallel-size 1 --gpu-memory-utilization 0.90 --max-model-len 256 --max-num-seqs 8 --dtype auto "
+    "--trust-remote-code --disable-log-requests --disable-frontend-multiprocessing --api-server-count 1 "
+    "--enable-prefix-caching --swap-space 4 --block-size 16 --seed 0 --uvicorn-log-level info --max-log-len 100 "
+    "--disable-fastapi-docs --distributed-executor-backend mp --tokenizer-mode auto --load-format auto "
+    "--enable-chunked-prefill --max-num-batched-tokens 256 --kv-cache-dtype auto --kv-cache-memory-bytes 64000000 "
+    "--disable-uvicorn-access-log --enable-log-requests -O3"
+).split()
+IGNORED = [  # in NO_EFFECT's order
+    "--disable-frontend-multiprocessing",
+    "--api-server-count",
+    "--enable-log-requests",
+    "--max-log-len",
+    "--disable-fastapi-docs",
+    "--distributed-executor-backend",
+    "--compilation-config",
+    "--tokenizer-mode auto",
+]
+
+
+def test_a_typical_vllm_command_line_parses_and_names_each_ignored_flag(caplog):
+    from rawpage.server.vllm_flags import check_vllm_flags
+
+    args = cli.parse_args(["serve", "org/model", *TYPICAL])
+    e, s = EngineArgs.from_cli_args(args), ServerConfig.from_cli_args(args)
+    assert (e.max_model_len, e.max_num_seqs, e.kv_cache_memory, s.disable_uvicorn_access_log) == (
+        256,
+        8,
+        64000000,
+        True,
+    )
+    with caplog.at_level(logging.WARNING, "rawpage"):
+        check_vllm_flags(args)
+    warned = [r.getMessage() for r in caplog.records]
+    assert [m.split(" has no effect: ")[0] for m in warned] == IGNORED
+    assert warned[1] == (
+        "--api-server-count has no effect: one process serves: the event loop hands requests to the engine's "
+        "thread (rawpage/server/async_engine.py)"
+    )
+
+
+def test_every_no_effect_flag_parses_and_says_why(caplog):
+    from rawpage.server.vllm_flags import NO_EFFECT, check_vllm_flags
+
+    argv = []
+    accepted = {name: f for name, f in NO_EFFECT.items() if f.same or not f.refused}
+    for name, f in accepted.items():
+        argv += [f"--{name}"] if f.switch else [f"--{name}", f.same[0] if f.same else "x"]
+    with caplog.at_level(logging.WARNING, "rawpage"):
+        check_vllm_flags(cli.parse_args(["serve", *argv]))
+    assert len(caplog.records) == len(accepted) > 40
+    assert all(f.why for f in NO_EFFECT.values())
+    caplog.clear()
+    check_vllm_flags(cli.parse_args(["serve", "--no-enable-sleep-mode", "--no-disable-frontend-multiprocessing"]))
+    assert not caplog.records  # a switch turned off asks for nothing
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--tokenizer-mode", "mistral"],
+            "--tokenizer-mode mistral: not supported: rawpage tokenizes with the model's tokenizer.json (Hugging "
+            "Face's fast tokenizer), the 'auto' and 'hf' modes; another tokenizer could split text differently; "
+            "leave --tokenizer-mode out",
+        ),
+        (
+            ["--rope-scaling", '{"rope_type": "yarn", "factor": 4}'],
+            '--rope-scaling {"rope_type": "yarn", "factor": 4}: not supported: rawpage reads RoPE scaling from the '
+            "model's config.json only; leave --rope-scaling out",
+        ),
+        (
+            ["--response-role", "bot"],
+            "--response-role bot: not supported: replies always have the role 'assistant'; leave --response-role out",
+        ),
+    ],
+)
+def test_a_flag_that_would_change_results_is_refused_before_loading(monkeypatch, capsys, flags, message):
+    monkeypatch.setattr(server_app, "build_app", lambda *a, **kw: pytest.fail("the model started loading"))
+    assert cli.main(["serve", *flags]) == 2
+    assert capsys.readouterr().err == f"rawpage: error: {message}\n"
+
+
+def _self_signed(tmp_path) -> tuple[str, str]:
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    key, cert = str(tmp_path / "key.pem"), str(tmp_path / "cert.pem")
+    cmd = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert]
+    subprocess.run([*cmd, "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
+    return key, cert
+
+
+def test_vllms_long_entry_point_serves_https_with_a_typical_command_line(tmp_path, tiny_model_dir, capsys):
+    """`python -m rawpage.entrypoints.openai.api_server` with vLLM's flags and TLS; `rawpage bench
+    serve --insecure` runs against it; each ignored flag was named once; no access log lines;
+    'Application startup complete.' once the model has loaded, after the engine's own lines."""
+    key, cert = _self_signed(tmp_path)
+    port = free_port()
+    cmd = [sys.executable, "-m", "rawpage.entrypoints.openai.api_server", "--model", tiny_model_dir]
+    cmd += ["--port", str(port), "--ssl-keyfile", key, "--ssl-certfile", cert, *TYPICAL]
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while "startup complete" not in log_path.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.2)
+        assert httpx.get(f"https://127.0.0.1:{port}/health", verify=False).status_code == 200
+        argv = ["bench", "serve", "--base-url", f"https://127.0.0.1:{port}", "--insecure", "--num-prompts", "2"]
+        assert cli.main([*argv, "--random-input-len", "4", "--random-output-len", "3", "--disable-tqdm"]) == 0
+        assert "Successful requests:                     2" in capsys.readouterr().out
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    text = log_path.read_text()
+    for flag in IGNORED:
+        assert text.count(f"{flag} has no effect") == 1, (flag, text)
+    assert "at https://127.0.0.1:" in text and '"POST /v1/completions HTTP/1.1" 200' not in text
+    lines = text.splitlines()
+    (ready,) = [i for i, line in enumerate(lines) if "startup complete" in line]
+    assert lines[ready].endswith("INFO rawpage.server: Application startup complete.")
+    assert any("KV cache" in line or "blocks" in line for line in lines[:ready]), text

@@ -107,7 +107,11 @@ def build_app(engine_args: EngineArgs, config: ServerConfig | None = None) -> St
     # The guard is outermost: a request for another Host, or a foreign page's POST, reaches nothing.
     middleware = [Middleware(RequestGuard, config=config)]
     if config.allowed_origins:  # CORS is off unless the operator names origins
-        cors = dict(allow_methods=config.allowed_methods, allow_headers=config.allowed_headers)
+        cors = dict(
+            allow_methods=config.allowed_methods,
+            allow_headers=config.allowed_headers,
+            allow_credentials=config.allow_credentials,
+        )
         middleware.append(Middleware(CORSMiddleware, allow_origins=config.allowed_origins, **cors))
     app = Starlette(routes=_routes(state, view), lifespan=_lifespan(state), middleware=middleware)
     # Starlette would redirect '/v1/models/' to a Location built from the Host header.
@@ -344,7 +348,8 @@ def run_server(args: argparse.Namespace) -> int:
         check_port_free(config.host, config.port)
     app = build_app(engine_args, config)
     name = app.state.rawpage.model_name
-    where = f"unix:{config.uds}" if config.uds else f"http://{config.host}:{config.port}{config.root_path}/v1"
+    scheme = "https" if config.ssl_certfile else "http"
+    where = f"unix:{config.uds}" if config.uds else f"{scheme}://{config.host}:{config.port}{config.root_path}/v1"
     logger.info(
         "rawpage %s: serving %s at %s (loading the model now; /health is 503 until ready)", __version__, name, where
     )
@@ -363,11 +368,28 @@ def run_server(args: argparse.Namespace) -> int:
         log_level=config.uvicorn_log_level or config.log_level,
         timeout_graceful_shutdown=config.shutdown_timeout + 5,
         log_config=None,
+        access_log=not config.disable_uvicorn_access_log,
+        ssl_keyfile=config.ssl_keyfile,
+        ssl_certfile=config.ssl_certfile,
+        ssl_ca_certs=config.ssl_ca_certs,
+        ssl_cert_reqs=config.ssl_cert_reqs,
         **uvicorn_limits(config),  # head deadline, keep-alive, head size (header_timeout.py)
     )
+    logging.getLogger("uvicorn.error").addFilter(_hide_startup_complete)  # said once the model is loaded
     server = _DrainingServer(uv, app.state.rawpage.engine, config.shutdown_timeout)
     server.run()
     return server.exit_code
+
+
+STARTUP_COMPLETE = "Application startup complete."
+
+
+def _hide_startup_complete(record: logging.LogRecord) -> bool:
+    """uvicorn logs 'Application startup complete.' when the lifespan has started, while the
+    model still loads in the engine thread, and before its error if the load fails. The
+    server says it itself once the engine is ready (_DrainingServer.on_tick), as vLLM's
+    does after loading: scripts wait for that line."""
+    return record.getMessage() != STARTUP_COMPLETE
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -400,13 +422,18 @@ class _DrainingServer(uvicorn.Server):
         self.engine, self.drain_timeout = engine, drain_timeout
         self._timer: threading.Timer | None = None
         self._hurried = False  # a second signal came: streams were ended at once
+        self._ready = False  # STARTUP_COMPLETE was logged: the engine is loaded
         self.exit_code = 0
 
     async def on_tick(self, counter: int) -> bool:
-        """An engine that could not start (its one line is logged), or a lost tensor-parallel
-        worker, cannot be recovered in this process: stop serving, so that the user sees the
-        failure at once and a supervisor restarts the whole server. Exit status 2 for a
-        setting the user can change (as for a bad flag), 1 otherwise."""
+        """Log STARTUP_COMPLETE once the engine has loaded. An engine that could not start (its
+        one line is logged), or a lost tensor-parallel worker, cannot be recovered in this
+        process: stop serving, so that the user sees the failure at once and a supervisor
+        restarts the whole server. Exit status 2 for a setting the user can change (as for a
+        bad flag), 1 otherwise."""
+        if not self._ready and self.engine.info is not None:
+            self._ready = True
+            logger.info(STARTUP_COMPLETE)
         error = self.engine.error
         if self.engine.failed_to_start:
             self.exit_code = self.exit_code or (2 if isinstance(error, CONFIG_ERRORS) else 1)

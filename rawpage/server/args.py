@@ -68,6 +68,13 @@ class ServerConfig:
     allowed_headers: list[str] = flag(
         help="CORS: allowed headers", type=_list, factory=lambda: ["*"], default_text="all"
     )
+    allow_credentials: bool = flag(False, "CORS: let the allowed origins send credentials (cookies, Authorization)")
+    ssl_keyfile: str | None = flag(None, "serve https: the TLS private key file (PEM), with --ssl-certfile")
+    ssl_certfile: str | None = flag(None, "serve https: the TLS certificate file (PEM), with --ssl-keyfile")
+    ssl_ca_certs: str | None = flag(None, "CA certificates that client certificates are checked against (PEM)")
+    ssl_cert_reqs: int = flag(
+        0, "client certificates: 0 = not asked for, 1 = checked if sent, 2 = required (Python's ssl.CERT_*)"
+    )
     responses_store_max_items: int = flag(
         1000, "most responses /v1/responses keeps for previous_response_id (least recently used go first; in memory)"
     )
@@ -117,6 +124,7 @@ class ServerConfig:
         default_text="none",
     )
     disable_log_requests: bool = flag(False, "no log line per request")
+    disable_uvicorn_access_log: bool = flag(False, "no uvicorn access-log line per HTTP request")
     preprocess_threads: int = 2  # chat templates and tokenization run here, off the event loop
     web: bool = flag(True, "serve the built-in web page at / (chat playground and live KV-cache view)")
     tool_call_parser: str | None = flag(
@@ -162,6 +170,10 @@ class ServerConfig:
                 "--allow-runtime-lora-updating (or $VLLM_ALLOW_RUNTIME_LORA_UPDATING) needs --lora-dir, "
                 "the folder that runtime loads may read adapters from"
             )
+        if bool(self.ssl_keyfile) != bool(self.ssl_certfile):
+            raise ValueError("https needs both --ssl-keyfile and --ssl-certfile")
+        if self.ssl_cert_reqs not in (0, 1, 2):
+            raise ValueError(f"--ssl-cert-reqs {self.ssl_cert_reqs}: 0, 1 or 2")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerConfig:

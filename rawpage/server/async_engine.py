@@ -386,7 +386,9 @@ class AsyncEngine:
                 logger.exception("adding request %s failed", rid)
                 engine.abort_request(rid)
                 stream.put(RequestFailedError(f"the engine could not add this request: {type(e).__name__}: {e}"))
-        elif cmd[0] == "abort":
+        elif cmd[0] == "abort":  # its handler stopped reading: the client disconnected
+            if self.log_requests and cmd[1] in engine.requests:  # not already finished
+                logger.info("request %s: aborted, the client disconnected", cmd[1])
             engine.abort_request(cmd[1])
         elif cmd[0] == "call":
             try:

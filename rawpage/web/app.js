@@ -1,10 +1,11 @@
 // The page's entry point: find out whether the server wants an API key, ask for it if so,
 // then start the chat and the live view of the engine.
 import { api } from "/web/api.js";
-import { initChat } from "/web/chat.js";
+import { chatReady, initChat } from "/web/chat.js";
 import { startEngineView } from "/web/engine.js";
 
 const status = document.getElementById("status");
+initChat(); // before any await: a message sent during start-up waits for the model
 
 async function main() {
   const info = await (await fetch("/web/info")).json();
@@ -27,7 +28,7 @@ async function main() {
     }
   }
   status.textContent = "";
-  initChat(document.getElementById("model").textContent);
+  chatReady(document.getElementById("model").textContent);
   startEngineView();
 }
 

@@ -7,11 +7,15 @@ const STORE = "rawpage.conversation";
 const $ = (id) => document.getElementById(id);
 
 let model = "";
+let modelKnown; // resolves the promise below, once the page knows the model's name
+const ready = new Promise((resolve) => (modelKnown = resolve));
 let conversation = []; // [{role, content}], as the API takes it
 let controller = null; // aborts the reply in flight
 
-export function initChat(modelName) {
-  model = modelName;
+// Called before the page's start-up fetches, so that Send works from the first moment: a
+// message sent before the model is known waits for it (chatReady). Until this runs, Send is
+// disabled in the HTML; a native submit would reload the page and lose the text.
+export function initChat() {
   conversation = JSON.parse(localStorage.getItem(STORE) || "[]");
   for (const m of conversation) addMessage(m.role, m.content);
   $("chat-form").addEventListener("submit", (event) => {
@@ -32,6 +36,13 @@ export function initChat(modelName) {
     $("messages").replaceChildren();
     $("chat-stats").textContent = "";
   });
+  $("send").disabled = false;
+}
+
+// The model's name, from /v1/models: replies can be asked for.
+export function chatReady(modelName) {
+  model = modelName;
+  modelKnown();
 }
 
 function save() {
@@ -66,6 +77,7 @@ async function send() {
   $("stop").disabled = false;
   let content = "";
   try {
+    await ready;
     content = await streamReply(reply, controller.signal);
   } catch (e) {
     if (e.name === "AbortError") reply.append(stoppedNote());

@@ -84,6 +84,35 @@ def test_disconnecting_clients_free_their_blocks(server):
     assert httpx.get(server.url + "/health").status_code == 200
 
 
+def test_a_disconnect_logs_one_aborted_line(server):
+    """Issue 42: a client that hangs up mid-stream leaves a line naming its request."""
+
+    async def hang_up() -> str:
+        async with httpx.AsyncClient(timeout=300) as c:
+            body = {"messages": [{"role": "user", "content": "Count to 500."}], "max_tokens": 400, "stream": True}
+            async with c.stream("POST", server.url + CHAT, json=body) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        return r.headers["x-request-id"]
+        raise AssertionError("no chunk came")
+
+    rid = asyncio.run(hang_up())
+    deadline = time.monotonic() + 60
+    while not (lines := [x for x in server.output().splitlines() if f"request {rid}#" in x and "aborted" in x]):
+        assert time.monotonic() < deadline, server.output()[-3000:]
+        time.sleep(0.2)
+    assert len(lines) == 1 and lines[0].endswith(": aborted, the client disconnected") and " INFO " in lines[0]
+
+
+def test_startup_complete_is_said_once_the_model_has_loaded(server):
+    """Issue 42: uvicorn's 'Application startup complete.' came before the model loaded (and
+    before the error of a load that failed); the server says it itself once it is ready."""
+    lines = server.output().splitlines()
+    (ready,) = [i for i, line in enumerate(lines) if "startup complete" in line]
+    assert lines[ready].endswith(" INFO rawpage.server: Application startup complete.")
+    assert any(" INFO rawpage: loaded " in line for line in lines[:ready]), lines[: ready + 1]
+
+
 def test_concurrent_streams_share_steps(server):
     """32 concurrent streams are served in shared iterations: their 32 x 32 tokens take far
     fewer engine steps than one step per token would. (Throughput itself is a benchmark,

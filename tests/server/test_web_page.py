@@ -148,6 +148,39 @@ def test_chat_streams_a_reply(page):
     assert stopped.strip() and page.page.get_by_test_id("send").is_enabled()
 
 
+def test_send_during_start_up_sends_the_message_without_a_reload(browser, web_server):
+    """Issue 42: Send pressed while the page's start-up fetches are still out (the key prompt
+    up, /v1/models held back here) sends the message once they finish. Before, the form
+    submitted natively: the page reloaded and the text was gone."""
+    context = browser.new_context(bypass_csp=True)
+    page = context.new_page()
+    page.set_default_timeout(300_000)
+    errors, documents, held = [], [], []
+    page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
+    page.on("request", lambda r: documents.append(r.url) if r.resource_type == "document" else None)
+    page.route("**/v1/models", lambda route: held.append(route))
+    try:
+        page.goto(web_server.url + "/")
+        page.evaluate("window.firstLoad = true")  # a reload would drop it
+        page.fill("#temperature", "0")
+        page.fill("#max-tokens", "24")
+        page.get_by_test_id("prompt").fill("What is the capital of Japan?")
+        page.get_by_test_id("send").click()
+        page.get_by_test_id("api-key").fill(KEY)
+        page.get_by_test_id("api-key").press("Enter")
+        while not held:  # the page now asks for the model: hold the answer back a moment
+            page.wait_for_timeout(50)
+        assert page.locator(".message.user").inner_text() == "What is the capital of Japan?"
+        assert page.get_by_test_id("model").inner_text() == ""  # start-up is not over
+        held[0].continue_()
+        page.wait_for_selector("[data-testid=reply]:not(.streaming)", state="attached")
+        assert "Tokyo" in page.get_by_test_id("reply").last.inner_text()
+        assert page.evaluate("window.firstLoad") is True and documents == [web_server.url + "/"]
+    finally:
+        context.close()
+    assert errors == []
+
+
 def test_model_output_is_shown_as_text(page):
     """Whatever the model writes, the page renders text: the reply is served here by the
     browser's network layer, so it holds exactly the markup an attacker would want run."""

@@ -1,11 +1,12 @@
 """The requests a serving benchmark sends: a seeded random workload, or real-looking chats.
 
 random: prompts of N words drawn from WORDS, N uniform in the input range, and an
-    output length uniform in the output range (asked for with max_tokens + ignore_eos).
-    Every word is one token after a space in SmolLM2's tokenizer (and in most BPE
-    vocabularies), so N words are about N prompt tokens. The server's `usage` gives
-    the true count, which is what the result reports.
-chat: tools/data/chat_conversations.jsonl, one conversation per line. Each assistant
+    output length uniform in the output range (asked for with max_tokens, and with
+    --ignore-eos exactly that many). Every word is one token after a space in SmolLM2's
+    tokenizer (and in most BPE vocabularies), so N words are about N prompt tokens. The
+    server's `usage` gives the true count, which is what the result reports. A prefix of
+    --random-prefix-len words, the same for every request, goes before each prompt.
+chat: rawpage/bench/data/chat_conversations.jsonl, one conversation per line. Each assistant
     turn becomes one request: the history before it is the prompt, and the length of
     the dataset's own reply sets max_tokens. Turns of one conversation share a prefix,
     as real multi-turn traffic does.
@@ -13,7 +14,9 @@ chat: tools/data/chat_conversations.jsonl, one conversation per line. Each assis
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,23 +61,42 @@ class BenchRequest:
     reference: str = field(default="", repr=False)  # the dataset's reply that sets output_tokens
 
 
-def parse_range(text: str) -> tuple[int, int]:
-    """'LO:HI' -> (LO, HI); a single 'N' -> (N, N)."""
-    lo, _, hi = text.partition(":")
+def add_length_args(g: argparse._ArgumentGroup, input_flag: str, output_flag: str) -> None:
+    """The prompt and output length options, N or LO:HI (vLLM's defaults), and vLLM's
+    --random-range-ratio, which widens a single N into a range (parse_range)."""
+    g.add_argument(input_flag, default="1024", help="prompt tokens, N or LO:HI (default: %(default)s)")
+    g.add_argument(output_flag, default="128", help="output tokens, N or LO:HI (default: %(default)s)")
+    g.add_argument(
+        "--random-range-ratio",
+        type=float,
+        default=0.0,
+        help="lengths N are drawn from N(1 - r) to N(1 + r) (default: %(default)s)",
+    )
+
+
+def parse_range(text: str, ratio: float = 0.0) -> tuple[int, int]:
+    """'LO:HI' -> (LO, HI); a single 'N' -> (N, N), or with vLLM's --random-range-ratio r
+    the range N(1 - r) to N(1 + r)."""
+    lo, _, hi = str(text).partition(":")
     try:
         bounds = (int(lo), int(hi or lo))
     except ValueError:
         raise ValueError(f"expected a length N or a range LO:HI, got {text!r}") from None
+    if ratio and not hi:
+        bounds = (max(1, math.floor(bounds[0] * (1 - ratio))), math.ceil(bounds[0] * (1 + ratio)))
     if not 1 <= bounds[0] <= bounds[1]:
         raise ValueError(f"length range {text!r} must satisfy 1 <= LO <= HI")
     return bounds
 
 
-def random_requests(num: int, input_len: tuple[int, int], output_len: tuple[int, int], seed: int) -> list[BenchRequest]:
+def random_requests(
+    num: int, input_len: tuple[int, int], output_len: tuple[int, int], seed: int, prefix_len: int = 0
+) -> list[BenchRequest]:
     rng = random.Random(seed)
+    prefix = rng.choices(WORDS, k=prefix_len)
     out = []
     for _ in range(num):
-        prompt = " ".join(rng.choices(WORDS, k=rng.randint(*input_len)))
+        prompt = " ".join(prefix + rng.choices(WORDS, k=rng.randint(*input_len)))
         out.append(BenchRequest([{"role": "user", "content": prompt}], prompt, rng.randint(*output_len)))
     return out
 

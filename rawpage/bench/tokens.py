@@ -14,11 +14,12 @@ by a token or two from what the model produced, so `usage` is always preferred.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-import httpx
-
-from tools.bench_datasets import BenchRequest
+from rawpage.bench import http
+from rawpage.bench.client import Server
+from rawpage.bench.datasets import BenchRequest
 
 SERVER = "server /tokenize"
 LOCAL = "tokenizer"
@@ -55,9 +56,8 @@ class LocalTokenizer:
 
 
 class TokenCounter:
-    def __init__(self, client: httpx.AsyncClient, base_url: str, model: str, tokenizer: str | None) -> None:
-        self.client = client
-        self.url = f"{base_url}/tokenize"
+    def __init__(self, server: Server, model: str, tokenizer: str | None) -> None:
+        self.server = server
         self.model = model
         self.tokenizer_path = tokenizer
         self.server_shape = ""  # "vllm" or "llama.cpp" once a probe succeeds
@@ -105,13 +105,11 @@ class TokenCounter:
                 if await self._post(body) > 0:
                     self.server_shape, self.source = shape, SERVER
                     return
-            except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            except (http.HTTPError, OSError, EOFError, asyncio.TimeoutError, ValueError, KeyError, TypeError):
                 pass  # no /tokenize, or not this shape
         self.local = LocalTokenizer(self.tokenizer_path)
         self.source = LOCAL
 
     async def _post(self, body: dict[str, Any]) -> int:
-        resp = await self.client.post(self.url, json=body)
-        resp.raise_for_status()
-        data = resp.json()
+        data = await self.server.post_json("/tokenize", body)
         return int(data["count"]) if "count" in data else len(data["tokens"])

@@ -1,0 +1,1 @@
+"""vLLM's OpenAI-compatible server entry point (api_server.py)."""
