@@ -82,9 +82,10 @@ CORE_CLOSURE_LINE_BUDGET = 8481
 # Files from `rawpage serve` to the attention kernel (tools/path_files.py), on each path:
 # issue 32's target was 20 on a tiny Llama decoding eagerly; issue 41 measures where users
 # are (the default model's replayed decode and eager prefill on the CPU kernels, the
-# simulator's decode) with a target of 30. Measured 14, 22 and 18, all three 27.
-PATH_FILES_BUDGET = 22
-BOTH_PATHS_BUDGET = 27
+# simulator's decode) with a target of 30. Measured 14, 22 and 18, all three 27; 14, 21, 17
+# and 26 once tensor parallelism left the forward pass (models/sharding.py).
+PATH_FILES_BUDGET = 21
+BOTH_PATHS_BUDGET = 26
 
 # Functions over the limit, each with its reason (issue 13: none outside cuda/ and tools/).
 MAX_FUNCTION_LINES = 50
