@@ -70,8 +70,10 @@ CORE_FORBIDDEN = ["rawpage.server", "rawpage.cli"]
 # 8,194 lines in 66 files once its merges landed (no circles, the server's narrow
 # interface, one decoder, one CPU backend). Raised to 8,320 for issue 40's report of the
 # Linear layers a backend holds dense (DecoderModel.linear_weights, Backend.weights_loaded),
-# then to 8,330 for the rotary tables cut to --max-model-len (DecoderModel.limit_positions).
-CORE_CLOSURE_LINE_BUDGET = 8330
+# then to 8,330 for the rotary tables cut to --max-model-len (DecoderModel.limit_positions),
+# then to 8,368 for the engine's one check of a request (LLMEngine.check_prompt and the
+# CheckedPrompt that add_request queues without checking it again, issue 41 item 4).
+CORE_CLOSURE_LINE_BUDGET = 8368
 # Files from `rawpage serve` to the decode kernel (tools/path_files.py), on each device's
 # path: issue 32's target, 20 or fewer. The union over the CPU kernels and the simulator
 # was 30 when first measured (3 from the CLI to the loop that calls step(), 27 run by a
