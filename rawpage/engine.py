@@ -24,7 +24,7 @@ from rawpage.block_manager import BlockManager
 from rawpage.device_logits import DeviceLogits
 from rawpage.engine_args import EngineArgs
 from rawpage.engine_setup import decode_graph_shapes, load_model, make_runner, num_swap_blocks, resolve_max_model_len
-from rawpage.errors import WorkerDiedError
+from rawpage.errors import InvalidRequestError, WorkerDiedError
 from rawpage.forking import Forker
 from rawpage.loader import load_checkpoint
 from rawpage.lora.manager import LoRARequest, resolve_lora
@@ -32,7 +32,7 @@ from rawpage.model_runner import KVPool
 from rawpage.output_processor import OutputProcessor
 from rawpage.outputs import RequestOutput
 from rawpage.rank_setup import backend_for
-from rawpage.request_checks import check_request, check_salt_and_priority
+from rawpage.request_checks import CheckedPrompt, check_request, check_salt_and_priority
 from rawpage.sampler import Sampler
 from rawpage.sampling_params import SamplingParams
 from rawpage.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -115,27 +115,30 @@ class LLMEngine:
     def add_request(
         self,
         request_id: str,
-        prompt: PromptType,
+        prompt: PromptType | CheckedPrompt,
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
         lora_request: LoRARequest | None = None,
     ) -> Request:
-        """Queue a request. Raises ValueError at once if it can never run. Requests share
-        prefix-cached KV blocks only with requests of the same `cache_salt` (also read from
-        a dict prompt's "cache_salt") and the same LoRA adapter (read from disk if new)."""
-        params = params or SamplingParams()
-        salt = check_salt_and_priority(prompt, cache_salt, priority, self.args.scheduling_policy)
+        """Queue a request; ValueError at once if it can never run (check_prompt's refusal). A
+        CheckedPrompt is not checked again: its params, priority and salt are its own, and its
+        grammar is compiling. Requests share prefix-cached KV blocks only with requests of the
+        same `cache_salt` (also read from a dict prompt's "cache_salt") and the same LoRA adapter."""
+        text, checked = None, prompt
+        if not isinstance(prompt, CheckedPrompt):
+            text, checked = self._check_unchecked(prompt, params or SamplingParams(), priority, cache_salt)
+        if checked.refusal is not None:
+            raise checked.refusal
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        text, ids = self.tokenize_prompt(prompt)
-        self.validate_prompt(ids, params)
-        lora = resolve_lora(self.lora, lora_request)
+        ids, params, priority, salt = checked.prompt_token_ids, checked.params, checked.priority, checked.cache_salt
+        lora = resolve_lora(self.lora, lora_request)  # read from disk if new
         req = Request(request_id, text, ids, params, arrival_time or time.time(), priority, cache_salt=salt, lora=lora)
         seed = params.seed if params.seed is not None else int(self._rng.integers(2**63))
-        so = params.structured_outputs
-        grammar = self.grammars.new_state(so, ids, req) if so is not None else None  # compiles meanwhile
+        so, future = params.structured_outputs, checked.grammar  # compiling since check_prompt: not looked up again
+        grammar = self.grammars.new_state(so, ids, req, future) if future is not None else None
         req.seqs.append(Sequence(next(self._seq_ids), req, ids, 0, seed, grammar))
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
@@ -145,11 +148,29 @@ class LLMEngine:
         self.scheduler.add(req.seqs[0])
         return req
 
-    def validate_prompt(self, ids: list[int], params: SamplingParams) -> None:
-        """Raise InvalidRequestError, naming the field, if the request could not run to the end."""
-        check_request(ids, params, self.max_model_len, self.model_config.vocab_size, self.args)
-        if params.structured_outputs is not None:
-            self.grammars.check(params.structured_outputs)  # over a grammar limit: a 400 now, before compiling
+    def check_prompt(self, ids: list[int], params: SamplingParams, priority: int, salt: str | None) -> CheckedPrompt:
+        """Every check of a request, once, and its grammar's gate and compile started on the
+        compiler's threads. A refusal is the CheckedPrompt's (InvalidRequestError naming the
+        field), a refused grammar its future's error: the server tells the grammar's first.
+        Any thread: it reads only settings fixed at startup (the server calls it on the event loop)."""
+        so = params.structured_outputs
+        grammar = self.grammars.submit(so) if so is not None else None
+        try:
+            salt = check_salt_and_priority(ids, salt, priority, self.args.scheduling_policy)
+            check_request(ids, params, self.max_model_len, self.model_config.vocab_size, self.args)
+        except InvalidRequestError as e:
+            return CheckedPrompt(ids, params, priority, salt, grammar, e)
+        return CheckedPrompt(ids, params, priority, salt, grammar)
+
+    def _check_unchecked(
+        self, prompt: PromptType, params: SamplingParams, priority: int, cache_salt: str | None
+    ) -> tuple[str | None, CheckedPrompt]:
+        """The prompt's text and check_prompt's verdict, for a request nobody checked (LLMEngine used directly)."""
+        salt = prompt.get("cache_salt") if isinstance(prompt, dict) and cache_salt is None else cache_salt
+        text, ids = self.tokenize_prompt(prompt)
+        if params.structured_outputs is not None:  # over a grammar limit raises now, not at its compile
+            self.grammars.check(params.structured_outputs)
+        return text, self.check_prompt(ids, params, priority, salt)
 
     def abort_request(self, request_id: str | list[str]) -> None:
         """Stop requests now; their blocks are freed at once and a final output follows."""

@@ -3,9 +3,24 @@ limit, and the flag that changes it. A request that passes can run to completion
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+from dataclasses import dataclass
+
 from rawpage.engine_args import EngineArgs
 from rawpage.errors import InvalidRequestError
 from rawpage.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class CheckedPrompt:
+    """LLMEngine.check_prompt's verdict: add_request queues a request it passed without checking again."""
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int
+    cache_salt: str | None
+    grammar: Future | None  # Future[CompiledGrammar], compiling since check_prompt
+    refusal: InvalidRequestError | None = None  # why the request cannot run, if it cannot
 
 
 def check_request(

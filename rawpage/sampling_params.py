@@ -79,7 +79,7 @@ class SamplingParams:
             bad("min_tokens", "must be an integer >= 0")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             bad("min_tokens", f"must be <= max_tokens ({self.max_tokens})")
-        # The upper bound is the engine's --max-logprobs (LLMEngine.validate_prompt).
+        # The upper bound is the engine's --max-logprobs (LLMEngine.check_prompt).
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
             bad("logprobs", "must be an integer >= 0")
         if self.prompt_logprobs is not None and (not isinstance(self.prompt_logprobs, int) or self.prompt_logprobs < 0):

@@ -45,7 +45,7 @@ from rawpage.loader.hub import looks_like_hub_id
 from rawpage.outputs import RequestOutput
 from rawpage.server.args import ServerConfig
 from rawpage.server.async_engine import AsyncEngine, EngineDeadError, RequestFailedError
-from rawpage.server.chat import create_chat_completion, parse_messages
+from rawpage.server.chat import create_chat_completion
 from rawpage.server.chat_batch import create_batch_chat_completion
 from rawpage.server.completions import create_completion
 from rawpage.server.embeddings import create_embedding, generate_only
@@ -54,6 +54,7 @@ from rawpage.server.header_timeout import uvicorn_limits
 from rawpage.server.lora_routes import adapter_models, load_lora_adapter, unload_lora_adapter
 from rawpage.server.messages import count_message_tokens, create_message
 from rawpage.server.metrics import ServerMetrics
+from rawpage.server.prompt_input import parse_detokenize, parse_tokenize
 from rawpage.server.protocol import APIError, is_anthropic_path
 from rawpage.server.request_guard import RequestGuard
 from rawpage.server.responses import cancel_response, create_response, delete_response, retrieve_response
@@ -308,29 +309,20 @@ async def retrieve_model(request: Request, state: ServerState) -> Response:
 
 async def tokenize(request: Request, state: ServerState) -> Response:
     """vLLM's shape: {"prompt": str} or {"messages": [...]} -> {"count", "max_model_len", "tokens"}."""
-    body = await state.read_body(request)
-    state.check_model(body)
+    req = parse_tokenize(await state.read_body(request), state)
     tok = state.info.tokenizer
-    if "messages" in body.data:
-        ids = await state.render_chat(state.render_options(body), parse_messages(body))
+    if req.messages is not None:
+        ids = await state.render_chat(req.render, req.messages)
     else:
-        prompt = body.str("prompt")
-        if prompt is None:
-            raise APIError("give 'prompt' (a string) or 'messages'", param="prompt")
-        (ids,) = await state.encode([prompt], add_special_tokens=body.bool("add_special_tokens", True))
+        (ids,) = await state.encode([req.prompt], add_special_tokens=req.add_special_tokens)
     out = {"count": len(ids), "max_model_len": state.info.max_model_len, "tokens": ids, "token_strs": None}
-    if body.bool("return_token_strs", False):  # vLLM always sends the key: null unless asked
+    if req.return_token_strs:  # vLLM always sends the key: null unless asked
         out["token_strs"] = [tok.id_to_token(i) for i in ids]
     return JSONResponse(out)
 
 
 async def detokenize(request: Request, state: ServerState) -> Response:
-    body = await state.read_body(request)
-    state.check_model(body)
-    ids = body.int_list("tokens")
-    vocab = state.info.vocab_size
-    if any(not 0 <= t < vocab for t in ids):
-        raise APIError(f"'tokens' must be ids in [0, {vocab})", param="tokens")
+    ids = parse_detokenize(await state.read_body(request), state)
     text = await state.off_loop(lambda: state.info.tokenizer.decode(ids, skip_special_tokens=False))
     return JSONResponse({"prompt": text})
 

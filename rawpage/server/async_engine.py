@@ -27,6 +27,7 @@ from rawpage.lora import LoRAAdapter, LoRARequest
 from rawpage.outputs import RequestOutput
 from rawpage.pooling.pooler import PoolingParams
 from rawpage.pooling.pooling_engine import new_engine
+from rawpage.request_checks import CheckedPrompt
 from rawpage.sampling_params import SamplingParams
 from rawpage.server.engine_info import EngineInfo
 from rawpage.server.protocol import APIError
@@ -195,17 +196,17 @@ class AsyncEngine:
     def generate(
         self,
         request_id: str,
-        prompt: PromptType,
-        params: SamplingParams,
-        priority: int = 0,
+        prompt: CheckedPrompt,
         lora_request: LoRARequest | None = None,
         owner: str | None = None,
     ) -> RequestStream:
-        """Queue a request now and return the stream of its outputs. Leaving the stream
+        """Queue a request that passed EngineInfo.check_prompt now (the engine thread adds it
+        without checking it again) and return the stream of its outputs. Leaving the stream
         early (closing it, or dropping it unread) aborts the request. `owner` names the
         tenant (an API key's key_id) that the engine view shows it to."""
         if self.error is not None:
             raise EngineDeadError("the engine has stopped; see the server log")
+        params = prompt.params
         if self.log_requests:
             logger.info(
                 "request %s: max_tokens %s, temperature %g, n %d",
@@ -214,7 +215,7 @@ class AsyncEngine:
                 params.temperature,
                 params.n,
             )
-        return self._submit(request_id, prompt, params, priority, lora_request, owner)
+        return self._submit(request_id, prompt, params, prompt.priority, lora_request, owner)
 
     def encode(
         self, request_id: str, prompt: PromptType, params: PoolingParams, priority: int = 0, owner: str | None = None
@@ -230,7 +231,7 @@ class AsyncEngine:
     def _submit(
         self,
         request_id: str,
-        prompt: PromptType,
+        prompt: PromptType | CheckedPrompt,
         params: SamplingParams | PoolingParams,
         priority: int,
         lora_request: LoRARequest | None,
@@ -376,7 +377,7 @@ class AsyncEngine:
             stream = self._streams.get(rid)
             if stream is None:  # the client left before we got to it: it costs nothing
                 return
-            try:
+            try:  # a CheckedPrompt (generate's) is added without checking it again
                 engine.add_request(rid, prompt, params, arrival_time=arrival, priority=priority, lora_request=lora)
                 if self.request_timeout is not None:
                     self._deadlines[rid] = arrival + self.request_timeout

@@ -10,147 +10,23 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from rawpage.outputs import CompletionOutput, RequestOutput
-from rawpage.sampling_params import SamplingParams
+from rawpage.server.chat_input import parse_chat_completion
 from rawpage.server.chat_reply import ReplyParser
-from rawpage.server.chat_request import (
-    ChatRequest,
-    constraint_for,
-    final_output,
-    reply_parser,
-    reply_steps,
-    submit,
-    token_counts,
-    tool_request,
-)
-from rawpage.server.guided import structured_outputs_from
-from rawpage.server.protocol import (
-    APIError,
-    Body,
-    OutputOptions,
-    check_prompt_logprobs,
-    logprob_token_ids,
-    logprobs_count,
-    output_options,
-    prompt_logprobs_json,
-    sampling_params,
-    usage,
-)
+from rawpage.server.chat_request import final_output, reply_steps, submit, token_counts
+from rawpage.server.protocol import prompt_logprobs_json, usage
+from rawpage.server.request import ChatCompletionRequest
 from rawpage.server.state import ServerState
 from rawpage.server.streaming import sse, sse_response
-from rawpage.server.tools import prepare_tool_messages
-from rawpage.structured_output import StructuredOutputsParams
-
-# Fields both OpenAI and vLLM accept that change nothing here (README "Request fields").
-NO_EFFECT_FIELDS = frozenset({"user", "safety_identifier"})
-
-
-def parse_messages(body: Body) -> list[dict[str, Any]]:
-    body.mark_read("messages")
-    msgs = body.data.get("messages")
-    # Any role reaches the template, as in vLLM: a template may know roles OpenAI does not.
-    if not isinstance(msgs, list) or not msgs:
-        raise APIError("'messages' must be a non-empty list", param="messages")
-    out = []
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise APIError(f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]")
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: we take text
-            texts = []
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise APIError(
-                        f"messages[{i}]: only text content parts are supported",
-                        param=f"messages[{i}].content",
-                    )
-                texts.append(part["text"])
-            content = "".join(texts)
-        elif content is None:
-            content = ""
-        elif not isinstance(content, str):
-            raise APIError(
-                f"messages[{i}].content must be a string or a list of parts",
-                param=f"messages[{i}].content",
-            )
-        out.append({**m, "content": content})
-    prepare_tool_messages(out)
-    return out
 
 
 async def create_chat_completion(request: Request, state: ServerState) -> Response:
-    body = await state.read_body(request)
-    chat, fmt = parse_chat_request(body, state, state.request_id(request, "chatcmpl"))
-    gen = await submit(request, state, chat)
-    if fmt.out.stream:
-        return sse_response(_stream(fmt, gen, chat.reply), chat.request_id)
+    req = parse_chat_completion(await state.read_body(request), state, state.request_id(request, "chatcmpl"))
+    fmt = ChatFormatter(state, req)
+    gen, reply = await submit(request, state, req.chat)
+    if req.output.stream:
+        return sse_response(_stream(fmt, gen, reply), req.chat.request_id)
     final = await final_output(request, gen)
-    return JSONResponse(fmt.response(final, chat.reply), headers={"X-Request-Id": chat.request_id})
-
-
-def parse_chat_request(body: Body, state: ServerState, rid: str) -> tuple[ChatRequest, ChatFormatter]:
-    """A chat completion body -> the ChatRequest (every field read, the rest refused) and
-    the formatter that writes its reply in chat's shape."""
-    lora = state.check_model(body)
-    messages = parse_messages(body)
-    reply = reply_parser(state, tool_request(state, body), body.bool("include_reasoning", True))
-    out = output_options(body, state.config)
-    params = chat_sampling_params(body, state, out, output_constraint(body, reply))
-    fmt = ChatFormatter(state, rid, out, params)
-    fmt.role, fmt.echo = role_and_echo(body, messages)
-    fmt.model = lora.lora_name if lora else state.model_name
-    chat = ChatRequest(
-        rid, messages, params, reply, state.render_options(body), lora, state.priority(body), state.cache_salt(body)
-    )
-    body.reject_unread(NO_EFFECT_FIELDS)
-    return chat, fmt
-
-
-def chat_sampling_params(
-    body: Body, state: ServerState, out: OutputOptions, constraint: StructuredOutputsParams | None
-) -> SamplingParams:
-    """The chat request's sampling fields: logprobs (top_logprobs -1 is the whole vocabulary,
-    as in vLLM), vLLM's prompt_logprobs and logprob_token_ids, and max_completion_tokens."""
-    limit, vocab = state.info.max_logprobs, state.info.vocab_size
-    want_logprobs = bool(body.bool("logprobs", False))
-    top = logprobs_count(body, "top_logprobs", limit, vocab)
-    if top and not want_logprobs:
-        raise APIError("'top_logprobs' requires 'logprobs': true", param="top_logprobs")
-    chosen = logprob_token_ids(body, want_logprobs)
-    prompt_logprobs = logprobs_count(body, "prompt_logprobs", limit, vocab)
-    check_prompt_logprobs(prompt_logprobs, out.stream)
-    if prompt_logprobs is None and body.bool("echo", False) and not out.stream:
-        prompt_logprobs = top or 0  # vLLM: an echoed chat brings the prompt's logprobs
-    max_tokens = body.int("max_completion_tokens", None, 1)
-    legacy_max_tokens = body.int("max_tokens", state.config.max_tokens_default, 1)
-    max_tokens = legacy_max_tokens if max_tokens is None else max_tokens
-    logprobs = (len(chosen) if chosen else top or 0) if want_logprobs else None
-    return sampling_params(
-        body,
-        max_tokens,
-        logprobs,
-        prompt_logprobs=prompt_logprobs,
-        config=state.config,
-        structured_outputs=constraint,
-        logprob_token_ids=chosen,
-    )
-
-
-def role_and_echo(body: Body, messages: list[dict[str, Any]]) -> tuple[str, str]:
-    """The reply's role and what `echo` prepends, as vLLM decides them: the role is
-    "assistant" after a generation prompt, else the last message's; echo repeats the last
-    message's content when that message has the reply's role. With continue_final_message
-    the template leaves that message open, so the model continues it."""
-    generation_prompt = body.bool("add_generation_prompt", True)
-    continue_final = body.bool("continue_final_message", False)
-    if generation_prompt and continue_final:
-        raise APIError(
-            "'continue_final_message' needs 'add_generation_prompt': false (the template cannot both "
-            "open a new message and leave the last one open)",
-            param="continue_final_message",
-        )
-    role = "assistant" if generation_prompt else messages[-1]["role"]
-    echo = messages[-1]["content"] if body.bool("echo", False) and messages[-1]["role"] == role else ""
-    return role, echo
+    return JSONResponse(fmt.response(final, reply), headers={"X-Request-Id": req.chat.request_id})
 
 
 def chat_choice(fmt: ChatFormatter, reply: ReplyParser, o: CompletionOutput) -> dict:
@@ -168,12 +44,6 @@ def chat_choice(fmt: ChatFormatter, reply: ReplyParser, o: CompletionOutput) -> 
         "stop_reason": o.stop_reason,
         "token_ids": list(o.token_ids) if fmt.out.return_token_ids else None,
     }
-
-
-def output_constraint(body: Body, reply: ReplyParser) -> StructuredOutputsParams | None:
-    """The request's grammar: response_format / guided_* / structured_outputs, or the one a
-    required or named tool_choice brings (chat_request.constraint_for)."""
-    return constraint_for(structured_outputs_from(body), "response_format or the guided_* fields", reply)
 
 
 async def _stream(fmt: ChatFormatter, gen: AsyncIterator[RequestOutput], reply: ReplyParser):
@@ -196,12 +66,13 @@ async def _stream(fmt: ChatFormatter, gen: AsyncIterator[RequestOutput], reply: 
 class ChatFormatter:
     """Builds chat completion objects and stream chunks, with vLLM's extras (OutputOptions)."""
 
-    def __init__(self, state: ServerState, rid: str, out: OutputOptions, params: SamplingParams) -> None:
-        self.state, self.rid, self.out, self.created = state, rid, out, int(time.time())
+    def __init__(self, state: ServerState, req: ChatCompletionRequest) -> None:
+        self.state, self.rid, self.out, self.created = state, req.chat.request_id, req.output, int(time.time())
+        params = req.chat.params
         chosen = params.logprob_token_ids
         self.top_logprobs = len(chosen) if chosen else params.logprobs or 0
-        self.model = state.model_name  # or the LoRA adapter the request named
-        self.role, self.echo = "assistant", ""  # see role_and_echo
+        self.model = req.model  # the served name, or the LoRA adapter the request named
+        self.role, self.echo = req.role, req.echo  # see chat_input.role_and_echo
 
     def envelope(self, choices: list[dict], usage_: dict | None, obj: str) -> dict[str, Any]:
         out = {"id": self.rid, "object": obj, "created": self.created, "model": self.model, "choices": choices}

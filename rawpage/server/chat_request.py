@@ -1,16 +1,17 @@
 """The one path every chat-shaped API takes through the server.
 
-    /v1/chat/completions ─┐  parse its own body        ┌─► chat.completion / chunks
+    /v1/chat/completions ─┐  parsed once (request.py)   ┌─► chat.completion / chunks
     /v1/responses ────────┼─► ChatRequest ─► submit ─► engine ─► reply_steps / final_output ─┼─► response / events
     /v1/messages ─────────┘  (messages, tools,          └─► message / events
                               constraint, params)
 
-Each API translates its request into a ChatRequest: OpenAI chat messages (the chat
-template's input), the ToolRequest and reasoning parser (in its ReplyParser), and
-SamplingParams that carry the grammar. From there the work is the same for all:
-the template, the grammar compile, the prompt checks, the engine's queue and limits,
-and reading tool calls and reasoning back out of the text (chat_reply.py). Each API
-then only writes the Reply (or the stream's deltas) in its own shape.
+Each API parses its body into a typed request that holds a ChatRequest (request.py):
+OpenAI chat messages (the chat template's input), the ToolRequest and reasoning parser
+(in its ReplyParser), and SamplingParams that carry the grammar. From there the work is
+the same for all: the template, the engine's one check of the request and its grammar's
+compile (ServerState.check_prompt), the queue's limit, and reading tool calls and
+reasoning back out of the text (chat_reply.py). Each API then only writes the Reply (or
+the stream's deltas) in its own shape.
 """
 
 from __future__ import annotations
@@ -18,68 +19,18 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 
-from rawpage.lora import LoRARequest
 from rawpage.outputs import CompletionOutput, RequestOutput
-from rawpage.sampling_params import SamplingParams
+from rawpage.request_checks import CheckedPrompt
 from rawpage.server.async_engine import RequestStream
 from rawpage.server.chat_reply import ReplyParser, ReplyStream
-from rawpage.server.protocol import APIError, Body
-from rawpage.server.reasoning import PARSERS as REASONING_PARSERS
-from rawpage.server.state import RenderOptions, ServerState
+from rawpage.server.request import ChatRequest
+from rawpage.server.state import ServerState
 from rawpage.server.streaming import final_outputs, merge, unless_disconnected
-from rawpage.server.tools import ToolRequest, tool_request_from
-from rawpage.structured_output import StructuredOutputsParams
-
-
-@dataclass
-class ChatRequest:
-    """One generation request as the engine side of the server sees it, whichever API sent it."""
-
-    request_id: str  # the API's id (chatcmpl-..., resp_..., msg_...)
-    messages: list[dict[str, Any]]  # OpenAI chat messages, checked (tools.prepare_tool_messages)
-    params: SamplingParams  # with the grammar, if any (structured_outputs)
-    reply: ReplyParser  # the tools and reasoning parser that read the text back
-    render: RenderOptions = field(default_factory=RenderOptions)
-    lora: LoRARequest | None = None
-    priority: int = 0
-    cache_salt: str | None = None
-    param: str = "messages"  # the field a prompt error is blamed on ("input" for Responses)
-    engine_request_id: str = ""  # set by submit: request_id plus a suffix, unique in the engine
-
-    @property
-    def tools(self) -> ToolRequest | None:
-        return self.reply.tools
-
-
-def tool_request(state: ServerState, body: Body) -> ToolRequest | None:
-    """A body's tools, tool_choice and parallel_tool_calls in chat's shapes, checked against the model's template."""
-    return tool_request_from(body, state.config, state.info.template)
-
-
-def reply_parser(state: ServerState, tools: ToolRequest | None, include_reasoning: bool = True) -> ReplyParser:
-    """The ReplyParser for a request: its tools and the server's --reasoning-parser."""
-    return ReplyParser(tools, REASONING_PARSERS.get(state.config.reasoning_parser or ""), include_reasoning)
-
-
-def constraint_for(
-    given: StructuredOutputsParams | None, given_name: str, reply: ReplyParser
-) -> StructuredOutputsParams | None:
-    """The request's grammar: the one it gave (`given_name` names that field), or the one a
-    required or named tool_choice brings, never both; with a reasoning parser it applies outside <think>…</think>."""
-    forced = reply.tools.constraint() if reply.tools else None
-    if given is not None and forced is not None:
-        raise APIError(
-            f'tool_choice "{reply.tools.choice}" already constrains the reply; drop {given_name}', param="tool_choice"
-        )
-    constraint = given or forced
-    if constraint is not None and reply.reasoning is not None:
-        constraint.reasoning = reply.reasoning.tags
-    return constraint
 
 
 async def prompt_ids(state: ServerState, chat: ChatRequest) -> list[int]:
@@ -88,19 +39,22 @@ async def prompt_ids(state: ServerState, chat: ChatRequest) -> list[int]:
     return await state.render_chat(chat.render, chat.messages, chat.param, tools)
 
 
-async def submit(request: Request, state: ServerState, chat: ChatRequest) -> RequestStream:
-    """Render, compile the grammar (a bad one is a 400 before anything streams), check the
-    prompt against the context and the queue against --max-waiting-requests, and queue it."""
+async def checked_prompt(state: ServerState, chat: ChatRequest) -> tuple[CheckedPrompt, ReplyParser]:
+    """Render, then the engine's one check of the request, its grammar compiled (a bad one
+    is a 400 before anything streams); and the reply parser for this prompt (a think block
+    the prompt left open, or not)."""
     ids = await prompt_ids(state, chat)
-    chat.reply = chat.reply.for_prompt(state.info.tokenizer, ids)  # a think block the prompt left open, or not
-    await state.compile_grammar(chat.params)
-    state.validate_prompt(ids, chat.params, chat.param)
+    reply = chat.reply.for_prompt(state.info.tokenizer, ids)
+    return await state.check_prompt(ids, chat.params, chat.param, chat.priority, chat.cache_salt), reply
+
+
+async def submit(request: Request, state: ServerState, chat: ChatRequest) -> tuple[RequestStream, ReplyParser]:
+    """The checked prompt queued, unless the queue holds --max-waiting-requests already:
+    the stream of its outputs, and the parser that reads them."""
+    checked, reply = await checked_prompt(state, chat)
     state.engine.check_capacity(1)
-    chat.engine_request_id = f"{chat.request_id}#{uuid.uuid4().hex[:8]}"
-    prompt = {"prompt_token_ids": ids, "cache_salt": chat.cache_salt}
-    return state.engine.generate(
-        chat.engine_request_id, prompt, chat.params, chat.priority, chat.lora, state.owner(request)
-    )
+    rid = f"{chat.request_id}#{uuid.uuid4().hex[:8]}"  # unique in the engine
+    return state.engine.generate(rid, checked, chat.lora, state.owner(request)), reply
 
 
 async def final_output(request: Request, gen: RequestStream) -> RequestOutput:

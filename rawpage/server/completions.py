@@ -12,101 +12,39 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from rawpage.outputs import CompletionOutput, RequestOutput
-from rawpage.sampling_params import SamplingParams
-from rawpage.server.chat import NO_EFFECT_FIELDS
-from rawpage.server.guided import structured_outputs_from
-from rawpage.server.protocol import (
-    APIError,
-    Body,
-    OutputOptions,
-    check_prompt_logprobs,
-    logprobs_count,
-    output_options,
-    prompt_logprobs_json,
-    sampling_params,
-    usage,
-)
+from rawpage.server.prompt_input import parse_completion
+from rawpage.server.protocol import OutputOptions, prompt_logprobs_json, usage
+from rawpage.server.request import CompletionRequest
 from rawpage.server.state import ServerState
 from rawpage.server.streaming import final_outputs, merge, sse, sse_response, unless_disconnected
 
 
-async def _prompts(body: Body, state: ServerState) -> list[tuple[str | None, list[int]]]:
-    """'prompt' may be a string, a list of strings, a list of token ids, or a list of lists;
-    at most --max-prompts-per-request of them. Tokenization runs off the event loop."""
-    body.mark_read("prompt")
-    p = body.data.get("prompt")
-    limit = state.config.max_prompts_per_request
-    if isinstance(p, list) and p and not all(isinstance(x, int) for x in p) and len(p) > limit:
-        raise APIError(
-            f"'prompt' has {len(p)} prompts; the limit is {limit} (--max-prompts-per-request)", param="prompt"
-        )
-    if isinstance(p, str) and p:
-        p = [p]
-    if isinstance(p, list) and p:
-        if all(isinstance(x, str) and x for x in p):
-            return list(zip(p, await state.encode(p)))
-        if all(isinstance(x, int) and not isinstance(x, bool) for x in p):
-            return [(None, p)]
-        if all(isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x) for x in p):
-            return [(None, x) for x in p]
-    raise APIError("'prompt' must be a non-empty string, list of strings, or list of token ids", param="prompt")
-
-
 async def create_completion(request: Request, state: ServerState) -> Response:
-    body = await state.read_body(request)
-    lora = state.check_model(body)
-    prompts = await _prompts(body, state)
-    body.mark_read("suffix")
-    if body.data.get("suffix"):
-        raise APIError("'suffix' is not supported", param="suffix")
-    out = output_options(body, state.config)
-    echo = bool(body.bool("echo", False))
-    params = _sampling_params(body, state, out, echo)
-    if body.int("best_of", None, 1) not in (None, params.n):
-        raise APIError("'best_of' other than n is not supported", param="best_of")
-    priority, salt = state.priority(body), state.cache_salt(body)
-    body.reject_unread(NO_EFFECT_FIELDS)
-    await state.compile_grammar(params)
-    for _, ids in prompts:
-        state.validate_prompt(ids, params, "prompt")
-    rid = state.request_id(request, "cmpl")
+    req = parse_completion(await state.read_body(request), state, state.request_id(request, "cmpl"))
+    prompts = await _tokenized(state, req)
+    checked = [await state.check_prompt(ids, req.params, "prompt", req.priority, req.cache_salt) for _, ids in prompts]
     tag = uuid.uuid4().hex[:8]
     state.engine.check_capacity(len(prompts))
-    args = (params, priority, lora, state.owner(request))  # the same for every prompt
-    streams = [
-        state.engine.generate(f"{rid}#{i}#{tag}", {"prompt_token_ids": ids, "cache_salt": salt}, *args)
-        for i, (_, ids) in enumerate(prompts)
-    ]
-    fmt = _Formatter(state, rid, params.n, echo, prompts, out)
-    fmt.model = lora.lora_name if lora else state.model_name
-    if out.stream:
-        return sse_response(_stream(fmt, streams), rid)
+    owner = state.owner(request)
+    streams = [state.engine.generate(f"{req.request_id}#{i}#{tag}", c, req.lora, owner) for i, c in enumerate(checked)]
+    fmt = _Formatter(state, req, prompts)
+    if req.output.stream:
+        return sse_response(_stream(fmt, streams), req.request_id)
     finals = await unless_disconnected(request, final_outputs(streams))
     choices = [
         fmt.choice(i, out, o, o.text, o.token_ids, o.logprobs, final=True)
         for i, out in enumerate(finals)
         for o in out.outputs
     ]
-    return JSONResponse(fmt.envelope(choices, fmt.usage(finals)), headers={"X-Request-Id": rid})
+    return JSONResponse(fmt.envelope(choices, fmt.usage(finals)), headers={"X-Request-Id": req.request_id})
 
 
-def _sampling_params(body: Body, state: ServerState, out: OutputOptions, echo: bool) -> SamplingParams:
-    """logprobs (-1: the whole vocabulary, as in vLLM) and vLLM's prompt_logprobs; an echo
-    with logprobs brings the prompt's logprobs too."""
-    limit, vocab = state.info.max_logprobs, state.info.vocab_size
-    logprobs = logprobs_count(body, "logprobs", limit, vocab)
-    prompt_logprobs = logprobs_count(body, "prompt_logprobs", limit, vocab)
-    check_prompt_logprobs(prompt_logprobs, out.stream)
-    if prompt_logprobs is None and echo and logprobs is not None:
-        prompt_logprobs = logprobs
-    return sampling_params(
-        body,
-        body.int("max_tokens", state.config.max_tokens_default or 16, 1),
-        logprobs,
-        prompt_logprobs=prompt_logprobs,
-        config=state.config,
-        structured_outputs=structured_outputs_from(body),
-    )
+async def _tokenized(state: ServerState, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+    """Each prompt as (its text, or None for token ids; its token ids), tokenized off the event loop."""
+    texts = [p for p in req.prompts if isinstance(p, str)]
+    if texts:
+        return list(zip(texts, await state.encode(texts)))
+    return [(None, ids) for ids in req.prompts]
 
 
 async def _stream(fmt: _Formatter, streams: list[AsyncIterator[RequestOutput]]):
@@ -129,10 +67,11 @@ async def _stream(fmt: _Formatter, streams: list[AsyncIterator[RequestOutput]]):
 class _Formatter:
     """Builds OpenAI completion objects (and stream chunks) from engine outputs."""
 
-    def __init__(self, state: ServerState, rid: str, n: int, echo: bool, prompts: list, out: OutputOptions) -> None:
-        self.state, self.rid, self.n, self.echo, self.prompts, self.out = state, rid, n, echo, prompts, out
+    def __init__(self, state: ServerState, req: CompletionRequest, prompts: list[tuple[str | None, list[int]]]) -> None:
+        self.state, self.rid, self.n, self.echo, self.prompts = state, req.request_id, req.params.n, req.echo, prompts
+        self.out: OutputOptions = req.output
         self.created = int(time.time())
-        self.model = state.model_name  # or the LoRA adapter the request named
+        self.model = req.model  # the served name, or the LoRA adapter the request named
         self._chars: dict[tuple[int, int], int] = {}  # characters sent so far, per choice
         self._finished: set[tuple[int, int]] = set()  # choices whose last chunk went out
         self._latest: dict[int, RequestOutput] = {}  # each prompt's latest output, for continuous usage

@@ -18,26 +18,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from rawpage.outputs import EmbeddingRequestOutput
-from rawpage.pooling.pooler import PoolingParams
-from rawpage.server.protocol import APIError, Body
+from rawpage.server.prompt_input import parse_embedding
+from rawpage.server.protocol import APIError
 from rawpage.server.state import ServerState
 from rawpage.server.streaming import final_outputs, unless_disconnected
 
 Handler = Callable[[Request, ServerState], Awaitable[Response]]
-
-ENCODING_FORMATS = ("float", "base64")
-
-
-def input_check(state: ServerState) -> Callable[[list[int], PoolingParams], list[int]]:
-    """The engine's check of one input, if it embeds; else a 400 that says how to start one that does."""
-    check = state.info.check_input
-    if check is None:
-        raise APIError(
-            f"'{state.model_name}' is served for generation; /v1/embeddings needs a pooling model: "
-            f"start the server with `rawpage serve MODEL --runner pooling`",
-            param="model",
-        )
-    return check
 
 
 def generate_only(handler: Handler) -> Handler:
@@ -55,74 +41,25 @@ def generate_only(handler: Handler) -> Handler:
     return wrapped
 
 
-async def _inputs(body: Body, state: ServerState) -> list[list[int]]:
-    """'input': a string, a list of strings, a list of token ids, or a list of token-id
-    lists; at most --max-prompts-per-request of them. Tokenization runs off the event loop,
-    with the tokenizer's special tokens (Qwen3-Embedding's closing EOS) unless vLLM's
-    add_special_tokens is false."""
-    body.mark_read("input")
-    x = body.data.get("input")
-    limit = state.config.max_prompts_per_request
-    is_ids = isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
-    if isinstance(x, list) and not is_ids and len(x) > limit:
-        raise APIError(f"'input' has {len(x)} inputs; the limit is {limit} (--max-prompts-per-request)", param="input")
-    if isinstance(x, str):
-        x = [x]
-    if is_ids:
-        return [x]
-    if isinstance(x, list) and x and all(isinstance(s, str) for s in x):
-        if not all(x):
-            raise APIError("'input' must not contain an empty string", param="input")
-        return await state.encode(x, add_special_tokens=body.bool("add_special_tokens", True))
-    if isinstance(x, list) and x and all(isinstance(t, list) and _token_ids(t) for t in x):
-        return x
-    raise APIError(
-        "'input' must be a non-empty string, a list of non-empty strings, a list of token ids, "
-        "or a list of non-empty token-id lists",
-        param="input",
-    )
-
-
-def _token_ids(x: list) -> bool:
-    return bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
-
-
-def _params(body: Body) -> tuple[PoolingParams, str]:
-    """The pooling parameters and the encoding format; vLLM's extras normalize and truncate_prompt_tokens."""
-    encoding = body.str("encoding_format", "float")
-    if encoding not in ENCODING_FORMATS:
-        raise APIError(f"'encoding_format' must be 'float' or 'base64', got {encoding!r}", param="encoding_format")
-    params = PoolingParams(
-        dimensions=body.int("dimensions", None, 1),
-        normalize=body.bool("normalize", True),
-        truncate_prompt_tokens=body.int("truncate_prompt_tokens", None, -1),
-    )
-    body.str("user")  # OpenAI's end-user id: accepted, not used
-    return params, encoding
-
-
 async def create_embedding(request: Request, state: ServerState) -> Response:
-    body = await state.read_body(request)
-    state.check_model(body)
-    check_input = input_check(state)
-    inputs = await _inputs(body, state)
-    params, encoding = _params(body)
-    priority = state.priority(body)
-    body.reject_unread()
+    req = parse_embedding(await state.read_body(request), state)
+    texts = [x for x in req.inputs if isinstance(x, str)]  # tokenized off the event loop
+    inputs = await state.encode(texts, add_special_tokens=req.add_special_tokens) if texts else list(req.inputs)
     try:
-        inputs = [check_input(ids, params) for ids in inputs]  # truncated where asked
+        inputs = [state.info.check_input(ids, req.params) for ids in inputs]  # truncated where asked
     except ValueError as e:
         raise APIError(str(e), param=getattr(e, "param", "input")) from None
     rid, tag = state.request_id(request, "embd"), uuid.uuid4().hex[:8]
     state.engine.check_capacity(len(inputs))
+    owner = state.owner(request)
     streams = [
-        state.engine.encode(f"{rid}#{i}#{tag}", {"prompt_token_ids": ids}, params, priority, state.owner(request))
+        state.engine.encode(f"{rid}#{i}#{tag}", {"prompt_token_ids": ids}, req.params, req.priority, owner)
         for i, ids in enumerate(inputs)
     ]
     finals = await unless_disconnected(request, final_outputs(streams))
     if len(finals) != len(inputs) or any(not f.finished or not f.outputs.embedding for f in finals):
         raise APIError("the server ended this request early (shutting down, or --request-timeout)", 503)
-    return JSONResponse(_response(state.model_name, finals, encoding), headers={"X-Request-Id": rid})
+    return JSONResponse(_response(state.model_name, finals, req.encoding_format), headers={"X-Request-Id": rid})
 
 
 def _response(model: str, finals: list[EmbeddingRequestOutput], encoding: str) -> dict[str, Any]:

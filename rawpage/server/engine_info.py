@@ -1,9 +1,9 @@
 """EngineInfo: all that the server's handlers know of the loaded engine.
 
 The engine thread builds it once the model has loaded (AsyncEngine). Handlers read the
-tokenizer, the template and the limits from it, and check requests with its validators,
-which read only settings fixed at startup (and LoRAInfo, a read-only view of the adapters
-the engine thread keeps). Everything else goes through AsyncEngine:
+tokenizer, the template and the limits from it, and have the engine check each request
+once with its check_prompt, which reads only settings fixed at startup (and LoRAInfo, a
+read-only view of the adapters the engine thread keeps). Everything else goes through AsyncEngine:
 requests (generate, encode, abort), adapters (add_lora, remove_lora), and the snapshots
 its engine-thread observers take after each step (engine_view.py, metrics.py).
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import types
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass
 
 from rawpage.engine import LLMEngine
@@ -22,8 +21,8 @@ from rawpage.lora.adapter import load_adapter
 from rawpage.lora.manager import LoRAManager
 from rawpage.pooling.pooler import PoolingParams
 from rawpage.pooling.pooling_engine import PoolingEngine
+from rawpage.request_checks import CheckedPrompt
 from rawpage.sampling_params import SamplingParams
-from rawpage.structured_output import StructuredOutputsParams
 from rawpage.text.chat_template import ChatTemplate
 from rawpage.text.tokenizer import Tokenizer
 
@@ -54,10 +53,10 @@ class EngineInfo:
         self.scheduling_policy: str = engine.args.scheduling_policy  # --scheduling-policy: "fcfs" or "priority"
         self.runner: str = engine.args.runner  # --runner: "generate" (chat, completions) or "pooling" (embeddings)
         self.lora: LoRAInfo | None = LoRAInfo.of(engine.lora) if engine.lora is not None else None  # --enable-lora
-        # Raises InvalidRequestError, naming the field, for a request that could not run to the end.
-        self.validate_prompt: Callable[[list[int], SamplingParams], None] = engine.validate_prompt
-        # A structured-output grammar, checked and built off the engine thread (grammar_compiler.py).
-        self.compile_grammar: Callable[[StructuredOutputsParams], Future] = engine.grammars.submit
+        # The engine's one check of a request (ids, params, priority, cache_salt): a CheckedPrompt whose
+        # refusal (InvalidRequestError naming the field) says if it could not run to the end, and whose
+        # grammar is compiling off the engine thread (grammar_compiler.py). AsyncEngine.generate queues it.
+        self.check_prompt: Callable[[list[int], SamplingParams, int, str | None], CheckedPrompt] = engine.check_prompt
         # A pooling engine's check of one input: the ids it will pool (truncated where asked).
         pooling = isinstance(engine, PoolingEngine)
         self.check_input: Callable[[list[int], PoolingParams], list[int]] | None = (

@@ -21,8 +21,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from rawpage.lora import LoRAError, LoRARequest
-from rawpage.server.engine_info import LoRAInfo
 from rawpage.server.protocol import APIError
+from rawpage.server.request import parse_lora_adapter
 from rawpage.server.state import ServerState
 
 
@@ -49,61 +49,35 @@ def inside_lora_dir(path: str, lora_dir: str) -> str:
     return real
 
 
-def _adapters(state: ServerState) -> LoRAInfo:
-    lora = state.info.lora
-    if lora is None:
-        raise APIError("LoRA adapters are off; start the server with --enable-lora", 400)
-    return lora
-
-
-def _name(body: Any, state: ServerState) -> str:
-    name = body.str("lora_name")
-    if not name:
-        raise APIError("'lora_name' is required", param="lora_name")
-    if len(name) > 128 or not name.isprintable():
-        raise APIError("'lora_name' must be at most 128 printable characters", param="lora_name")
-    if name == state.model_name:
-        raise APIError(f"'{name}' is the base model's name", param="lora_name")
-    return name
-
-
 async def load_lora_adapter(request: Request, state: ServerState) -> Response:
     _check_runtime_updating(state)
-    body = await state.read_body(request)
-    lora = _adapters(state)
-    name, given = _name(body, state), body.str("lora_path")
-    if not given:
-        raise APIError("'lora_path' is required", param="lora_path")
-    body.reject_unread()
-    if name in lora.adapters:
-        raise APIError(f"the LoRA adapter '{name}' is already loaded", param="lora_name")
-    path = inside_lora_dir(given, state.config.lora_dir or "")
+    req = parse_lora_adapter(await state.read_body(request), state, load=True)
+    lora = state.info.lora
+    if req.name in lora.adapters:
+        raise APIError(f"the LoRA adapter '{req.name}' is already loaded", param="lora_name")
+    path = inside_lora_dir(req.path, state.config.lora_dir or "")
     try:  # the files in a worker thread; the engine thread only takes in the result
-        adapter = await state.off_loop(lora.read, LoRARequest(name, lora.next_id(), path))
+        adapter = await state.off_loop(lora.read, LoRARequest(req.name, lora.next_id(), path))
         await state.engine.add_lora(adapter)
     except LoRAError as e:  # said with the client's own path, not where --lora-dir lies
-        raise APIError(str(e).replace(path, given), param="lora_path") from None
-    return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+        raise APIError(str(e).replace(path, req.path), param="lora_path") from None
+    return PlainTextResponse(f"Success: LoRA adapter '{req.name}' added successfully.")
 
 
 async def unload_lora_adapter(request: Request, state: ServerState) -> Response:
     _check_runtime_updating(state)
-    body = await state.read_body(request)
-    lora = _adapters(state)
-    name = _name(body, state)
-    body.reject_unread(frozenset({"lora_int_id"}))  # vLLM's clients may send it; the name decides
-
+    req = parse_lora_adapter(await state.read_body(request), state, load=False)
     try:
-        await state.engine.remove_lora(name)
+        await state.engine.remove_lora(req.name)
     except KeyError:
         raise APIError(
-            f"the LoRA adapter '{name}' is not loaded; loaded: {sorted(lora.adapters)}",
+            f"the LoRA adapter '{req.name}' is not loaded; loaded: {sorted(state.info.lora.adapters)}",
             404,
             param="lora_name",
             type="not_found_error",
             code="model_not_found",
         ) from None
-    return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
+    return PlainTextResponse(f"Success: LoRA adapter '{req.name}' removed successfully.")
 
 
 def adapter_models(state: ServerState, created: int, max_model_len: int) -> list[dict[str, Any]]:

@@ -1,4 +1,5 @@
-"""Anthropic's Messages request, translated into chat's terms (chat_request.py).
+"""Anthropic's Messages body, parsed once into a MessagesRequest (request.py) and so
+into chat's terms.
 
     Anthropic                                   chat
     system: "..." or [{"type": "text"}]          {"role": "system"}
@@ -16,9 +17,24 @@ already reuses every prompt prefix the server has seen, which is what they ask f
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
-from rawpage.server.protocol import APIError, Body
+from rawpage.server.chat_reply import ReplyParser
+from rawpage.server.guided import structured_outputs_from
+from rawpage.server.protocol import APIError, Body, checked_sampling_params
+from rawpage.server.request import (
+    ChatRequest,
+    MessagesRequest,
+    constraint_for,
+    parse_model,
+    reply_parser,
+    served_name,
+    tool_request,
+)
+from rawpage.server.state import ServerState
+from rawpage.server.tools import prepare_tool_messages
+from rawpage.structured_output import StructuredOutputsParams
 
 _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
@@ -175,6 +191,83 @@ def _chat_tool(t: Body) -> dict[str, Any]:
         fn["strict"] = t.data["strict"]
     t.reject_unread()
     return {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
+
+
+def parse_messages_request(body: Body, state: ServerState) -> MessagesRequest:
+    """A Messages body -> its MessagesRequest: every field read, the rest refused."""
+    lora = parse_model(body, state)
+    if body.data.get("max_tokens") is None:  # Anthropic requires it
+        raise APIError("max_tokens: Field required", param="max_tokens")
+    max_tokens = body.int("max_tokens", None, 1)
+    messages, reply, constraint = _conversation(body, state)
+    config = state.config
+    params = checked_sampling_params(
+        temperature=body.float("temperature", 1.0, 0.0, 1.0),
+        top_p=body.float("top_p", 1.0, 0.0, 1.0),
+        top_k=body.int("top_k", 0, 0),
+        max_tokens=max_tokens,
+        stop=stop_sequences(body, config.max_stop_strings, config.max_stop_string_chars),
+        structured_outputs=constraint,
+    )
+    chat = ChatRequest(f"msg_{uuid.uuid4().hex[:24]}", messages, params, reply, lora=lora)
+    meta = body.obj("metadata")
+    meta.str("user_id")  # an end-user id for abuse monitoring: nothing to monitor here
+    meta.reject_unread()
+    stream = bool(body.bool("stream", False))
+    body.reject_unread()
+    return MessagesRequest(chat, served_name(state, lora), stream)
+
+
+def parse_count_tokens(body: Body, state: ServerState) -> ChatRequest:
+    """A count_tokens body: the conversation of a Messages body, rendered the same way."""
+    parse_model(body, state)
+    messages, reply, constraint = _conversation(body, state)
+    body.reject_unread()
+    return ChatRequest("count", messages, checked_sampling_params(structured_outputs=constraint), reply)
+
+
+def _conversation(
+    body: Body, state: ServerState
+) -> tuple[list[dict[str, Any]], ReplyParser, StructuredOutputsParams | None]:
+    """What /v1/messages and count_tokens share: the messages, the tools and the grammar."""
+    messages = chat_messages(body)
+    prepare_tool_messages(messages)
+    _refuse_thinking(body)
+    reply = reply_parser(state, tool_request(state, chat_tools(body)))
+    constraint = constraint_for(_output_format(body), "output_config.format", reply)
+    cache_control(body)  # a top-level mark: see messages_input
+    return messages, reply, constraint
+
+
+def _refuse_thinking(body: Body) -> None:
+    thinking = body.obj("thinking")
+    if thinking.data and thinking.str("type") != "disabled":
+        raise APIError(
+            "'thinking' can only be disabled here: a model thinks by itself, and --reasoning-parser splits "
+            "its thinking into thinking blocks",
+            param="thinking",
+        )
+    thinking.reject_unread()
+
+
+def _output_format(body: Body) -> StructuredOutputsParams | None:
+    """`output_config.format`: {"type": "json_schema", "schema"}, through chat's grammar path."""
+    config = body.obj("output_config")
+    fmt = config.obj("format")
+    config.reject_unread()
+    if not fmt.data:
+        return None
+    if fmt.str("type") != "json_schema":
+        raise APIError("'output_config.format.type' must be json_schema", param="output_config.format.type")
+    schema = fmt.dict("schema")
+    fmt.reject_unread()
+    rf = {"type": "json_schema", "json_schema": {"schema": schema, "strict": True}}
+    try:
+        return structured_outputs_from(Body({"response_format": rf}))
+    except APIError as e:
+        raise APIError(
+            e.message.replace("response_format.json_schema", "output_config.format"), param="output_config.format"
+        ) from None
 
 
 def stop_sequences(body: Body, max_count: int, max_chars: int) -> list[str]:

@@ -20,8 +20,8 @@ from typing import Any
 from starlette.responses import Response
 
 from rawpage.outputs import CompletionOutput, RequestOutput
-from rawpage.server.chat_reply import Reply
-from rawpage.server.chat_request import ChatRequest, TokenCounts, reply_steps, token_counts
+from rawpage.server.chat_reply import Reply, ReplyParser
+from rawpage.server.chat_request import TokenCounts, reply_steps, token_counts
 from rawpage.server.protocol import APIError
 from rawpage.server.state import ServerState
 from rawpage.server.streaming import sse, sse_response
@@ -88,13 +88,15 @@ def error_events(err: APIError) -> list[str]:
     return [sse(err.anthropic_body(), "error")]
 
 
-def stream_message(state: ServerState, chat: ChatRequest, model: str, gen: AsyncIterator[RequestOutput]) -> Response:
-    return sse_response(_events(state, chat, MessageEvents(chat.request_id, model), gen), chat.request_id, error_events)
+def stream_message(
+    state: ServerState, rid: str, model: str, gen: AsyncIterator[RequestOutput], parser: ReplyParser
+) -> Response:
+    return sse_response(_events(state, parser, MessageEvents(rid, model), gen), rid, error_events)
 
 
-async def _events(state: ServerState, chat: ChatRequest, ev: MessageEvents, gen: AsyncIterator[RequestOutput]):
+async def _events(state: ServerState, parser: ReplyParser, ev: MessageEvents, gen: AsyncIterator[RequestOutput]):
     last: tuple[RequestOutput, CompletionOutput, str | None] | None = None
-    async for out, steps in reply_steps(gen, chat.reply):
+    async for out, steps in reply_steps(gen, parser):
         if last is None:
             for e in ev.start(token_counts(state, out)):
                 yield e

@@ -322,7 +322,7 @@ def logprob_token_ids(body: Body, logprobs: bool) -> list[int] | None:
     return ids
 
 
-@dataclass
+@dataclass(frozen=True)
 class OutputOptions:
     """What a response carries beyond OpenAI's fields: vLLM's request extras."""
 

@@ -1,5 +1,7 @@
-"""The Responses API's request, translated into chat's terms (chat_request.py):
-`input` items -> chat messages, flat function tools -> chat tools, `text.format` -> a grammar.
+"""The Responses API's body, parsed once into a ResponsesRequest (request.py) and so into
+chat's terms: `input` items -> chat messages, flat function tools -> chat tools,
+`text.format` -> a grammar; the settings the response object repeats; previous_response_id's
+stored conversation.
 
     input item                               chat message
     "a string"                               {"role": "user", "content": ...}
@@ -17,14 +19,143 @@ no earlier call has is a 400 naming its place (`input[3].call_id`).
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
+from rawpage.sampling_params import SamplingParams
 from rawpage.server.guided import structured_outputs_from
-from rawpage.server.protocol import APIError, Body
+from rawpage.server.protocol import APIError, Body, checked_sampling_params
+from rawpage.server.request import (
+    NO_EFFECT_FIELDS,
+    ChatRequest,
+    ResponsesRequest,
+    constraint_for,
+    parse_model,
+    reply_parser,
+    served_name,
+    tool_request,
+)
+from rawpage.server.state import ServerState
+from rawpage.server.tools import prepare_tool_messages
 from rawpage.structured_output import StructuredOutputsParams
 
+_METADATA_LIMITS = (16, 64, 512)  # OpenAI's: keys, key length, value length
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _TEXT_PARTS = ("input_text", "output_text")
+
+
+def parse_responses(body: Body, state: ServerState, owner: str | None) -> ResponsesRequest:
+    """A Responses body -> its ResponsesRequest: every field is read, refused or a documented
+    no-op. `owner` (the caller's key) is whose stored responses previous_response_id names."""
+    lora = parse_model(body, state)
+    previous = body.str("previous_response_id")
+    history = _previous(state, previous, owner)
+    instructions = body.str("instructions")
+    body.mark_read("input")
+    conversation = [*history, *input_messages(body.data.get("input"), history)]
+    messages = [dict(m) for m in conversation]  # prepare_tool_messages rewrites them: the store keeps JSON text
+    messages = [{"role": "system", "content": instructions}, *messages] if instructions else messages
+    prepare_tool_messages(messages)
+    tools_body = chat_tools(body)
+    reply = reply_parser(state, tool_request(state, tools_body))
+    params = checked_sampling_params(
+        temperature=body.float("temperature", 1.0, 0.0, 2.0),
+        top_p=body.float("top_p", 1.0, 0.0, 1.0),
+        max_tokens=body.int("max_output_tokens", state.config.max_tokens_default, 1),
+        structured_outputs=constraint_for(text_format(body), "text.format", reply),
+    )
+    store, stream = bool(body.bool("store", True)), bool(body.bool("stream", False))
+    fields = _echoed(body, previous, instructions, params, store, tools_body)
+    _refuse_unsupported(body, stream)
+    body.reject_unread(NO_EFFECT_FIELDS)
+    rid = f"resp_{uuid.uuid4().hex}"  # never a client's X-Request-Id: ids are keys of the store
+    chat = ChatRequest(rid, messages, params, reply, lora=lora, param="input")
+    return ResponsesRequest(chat, fields, conversation, owner, served_name(state, lora), store, stream)
+
+
+def _previous(state: ServerState, previous: str | None, owner: str | None) -> list[dict[str, Any]]:
+    """The stored conversation a previous_response_id continues (a 404 if it is not there)."""
+    if previous is None:
+        return []
+    item = state.responses.get(previous, owner)
+    if item is None:
+        raise APIError(
+            f"Previous response with id '{previous[:128]}' not found: it was never stored, was deleted, "
+            "was evicted (--responses-store-max-items, --responses-store-max-bytes), or the server restarted",
+            404,
+            param="previous_response_id",
+            code="previous_response_not_found",
+        )
+    return item.history
+
+
+def _echoed(
+    body: Body, previous: str | None, instructions: str | None, params: SamplingParams, store: bool, tools: Body
+) -> dict[str, Any]:
+    """The request's settings as the response object repeats them."""
+    tool_list = [{"type": "function", **t["function"]} for t in tools.data.get("tools") or []]
+    choice = tools.data.get("tool_choice") or ("auto" if tool_list else "none")
+    if isinstance(choice, dict):
+        choice = {"type": "function", "name": choice["function"]["name"]}
+    fmt = body.data.get("text", {}).get("format") if isinstance(body.data.get("text"), dict) else None
+    return {
+        "instructions": instructions,
+        "max_output_tokens": params.max_tokens,
+        "metadata": _metadata(body),
+        "parallel_tool_calls": tools.data["parallel_tool_calls"],
+        "previous_response_id": previous,
+        "reasoning": {"effort": None, "summary": None},
+        "store": store,
+        "temperature": params.temperature,
+        "text": {"format": fmt or {"type": "text"}},
+        "tool_choice": choice,
+        "tools": tool_list,
+        "top_p": params.top_p,
+        "user": body.str("user"),
+    }
+
+
+def _metadata(body: Body) -> dict[str, str]:
+    """`metadata`: up to 16 string pairs, kept with the response and returned with it."""
+    meta = body.dict("metadata")
+    keys, key_len, value_len = _METADATA_LIMITS
+    if len(meta) > keys:
+        raise APIError(f"'metadata' has {len(meta)} keys; the limit is {keys}", param="metadata")
+    for k, v in meta.items():
+        if len(k) > key_len or not isinstance(v, str) or len(v) > value_len:
+            raise APIError(
+                f"'metadata' keys are strings of at most {key_len} characters, values of at most {value_len}",
+                param=f"metadata.{k[:64]}",
+            )
+    return meta
+
+
+def _refuse_unsupported(body: Body, stream: bool) -> None:
+    """Fields whose only value here is the default: anything else is a 400 that names it."""
+    if body.bool("background", False):
+        raise APIError("'background' responses are not supported here; use 'stream': true", param="background")
+    include = body.value("include") or []
+    if not isinstance(include, list) or include:
+        raise APIError(
+            f"'include' {str(include)[:100]} is not supported (no logprobs or encrypted reasoning here)",
+            param="include",
+        )
+    if body.str("truncation", "disabled") != "disabled":
+        raise APIError("'truncation' must be 'disabled': an input over --max-model-len is a 400", param="truncation")
+    reasoning = body.obj("reasoning")
+    for name in reasoning.data:  # reasoning is the model's own, split by --reasoning-parser
+        if reasoning.data[name] is not None:
+            raise APIError(
+                f"'reasoning.{name}' is not supported: this server cannot steer reasoning", param=f"reasoning.{name}"
+            )
+    options = body.obj("stream_options")
+    if options.data and not stream:
+        raise APIError("'stream_options' can only be given with 'stream': true", param="stream_options")
+    if options.bool("include_obfuscation", False):
+        raise APIError(
+            "'stream_options.include_obfuscation' is not supported", param="stream_options.include_obfuscation"
+        )
+    options.reject_unread()
 
 
 def input_messages(value: Any, history: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
-from rawpage.lora import LoRARequest
+from rawpage.request_checks import CheckedPrompt
 from rawpage.sampling_params import SamplingParams
 from rawpage.server.args import ServerConfig
 from rawpage.server.async_engine import AsyncEngine
@@ -44,7 +44,7 @@ class Caller:
 @dataclass(frozen=True)
 class RenderOptions:
     """How messages become a prompt. Chat takes these from vLLM's request fields
-    (render_options); the Responses and Messages APIs use the defaults."""
+    (request.render_options); the Responses and Messages APIs use the defaults."""
 
     chat_template: str | None = None  # a request's own template text (--trust-request-chat-template)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -111,26 +111,10 @@ class ServerState:
     def owner(self, request: Request) -> str | None:
         return self.caller(request).key_id
 
-    def check_model(self, body: Body) -> LoRARequest | None:
-        """The body's "model": the base model (None), or a LoRA adapter's name (its request)."""
-        name = body.str("model")
-        lora = self.engine.info.lora if self.engine.info is not None else None
-        adapter = lora.adapters.get(name) if lora is not None and name is not None else None
-        if adapter is not None:
-            return LoRARequest(adapter.name, adapter.int_id, adapter.path)
-        if name is not None and name not in (self.model_name, *self.config.model_aliases):
-            raise APIError(
-                f"the model '{name}' does not exist; this server serves '{self.model_name}'"
-                + (f" and the LoRA adapters {sorted(lora.adapters)}" if lora is not None else ""),
-                404,
-                param="model",
-                type="not_found_error",
-                code="model_not_found",
-            )
-        return None
-
     async def read_body(self, request: Request) -> Body:
-        given = getattr(request.state, "rawpage_body", None)  # already read (by /invocations)
+        """The body as JSON, for a parse function (request.py) to read: the only read of it.
+        Kept on the request, so that /invocations can look at it before its handler parses it."""
+        given = getattr(request.state, "rawpage_body", None)
         if given is not None:
             return Body(given)
         limit = self.config.max_request_bytes
@@ -150,6 +134,7 @@ class ServerState:
         except RecursionError:
             raise APIError("the request body nests too deeply") from None
         check_json(data)
+        request.state.rawpage_body = data
         return Body(data)
 
     def request_id(self, request: Request, prefix: str) -> str:
@@ -160,24 +145,6 @@ class ServerState:
     async def encode(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
         tok = self.info.tokenizer
         return await self.off_loop(lambda: [tok.encode(t, add_special_tokens=add_special_tokens) for t in texts])
-
-    def render_options(self, body: Body) -> RenderOptions:
-        """Chat's template fields (vLLM's). A request's own `chat_template` needs
-        --trust-request-chat-template, and is always template text, never a path."""
-        template = body.str("chat_template")
-        if template is not None and not self.config.trust_request_chat_template:
-            raise APIError(
-                "this server does not accept a request 'chat_template'; the operator can allow it "
-                "with --trust-request-chat-template",
-                param="chat_template",
-            )
-        return RenderOptions(
-            chat_template=template,
-            chat_template_kwargs=body.dict("chat_template_kwargs"),
-            add_generation_prompt=body.bool("add_generation_prompt", True),
-            continue_final_message=body.bool("continue_final_message", False),
-            add_special_tokens=body.bool("add_special_tokens", False),
-        )
 
     async def render_chat(
         self,
@@ -206,39 +173,25 @@ class ServerState:
         except (ChatTemplateError, ValueError, TypeError) as e:
             raise APIError(str(e), param="chat_template" if render.chat_template is not None else param) from None
 
-    def cache_salt(self, body: Body) -> str | None:
-        """vLLM's `cache_salt`: requests share cached KV blocks only within one salt (SECURITY.md)."""
-        salt = body.str("cache_salt")
-        if salt is not None and not 0 < len(salt) <= 256:
-            raise APIError("'cache_salt' must be a string of 1 to 256 characters", param="cache_salt")
-        return salt
-
-    def priority(self, body: Body) -> int:
-        """A request's `priority` counts only under --scheduling-policy priority; elsewhere a
-        client could jump the queue with it, so it is refused."""
-        priority = body.int("priority", 0)
-        if priority and self.info.scheduling_policy != "priority":
-            raise APIError("'priority' needs a server started with --scheduling-policy priority", param="priority")
-        return priority
-
-    async def compile_grammar(self, params: SamplingParams) -> None:
-        """Compile a structured-output grammar before the request is queued, so that a bad
-        one is a 400 before streaming starts: gated, validated in a child process and built
-        on the compiler's own threads (rawpage/structured_output/grammar_compiler.py), never on the event loop
-        nor on the template and tokenization threads. The engine's add_request then finds
-        it cached."""
-        if params.structured_outputs is None:
-            return
-        try:
-            await asyncio.wrap_future(self.info.compile_grammar(params.structured_outputs))
-        except ValueError as e:
-            raise APIError(str(e), param=getattr(e, "param", None)) from None
-
-    def validate_prompt(self, ids: list[int], params: SamplingParams, param: str) -> None:
-        try:
-            self.info.validate_prompt(ids, params)
-        except ValueError as e:
-            raise APIError(str(e), param=param if getattr(e, "param", "prompt") == "prompt" else e.param) from None
+    async def check_prompt(
+        self, ids: list[int], params: SamplingParams, param: str, priority: int = 0, cache_salt: str | None = None
+    ) -> CheckedPrompt:
+        """The engine's one check of a request (EngineInfo.check_prompt), its grammar's compile
+        awaited: a bad grammar, then a prompt that does not fit (blamed on `param`), is a 400
+        before anything streams. The grammar is gated, validated in a child process and built
+        on the compiler's own threads (rawpage/structured_output/grammar_compiler.py), never
+        on the event loop nor on the template and tokenization threads.
+        AsyncEngine.generate queues the CheckedPrompt, which the engine does not check again."""
+        checked = self.info.check_prompt(ids, params, priority, cache_salt)
+        if checked.grammar is not None:
+            try:
+                await asyncio.wrap_future(checked.grammar)
+            except ValueError as e:
+                raise APIError(str(e), param=getattr(e, "param", None)) from None
+        e = checked.refusal
+        if e is not None:
+            raise APIError(str(e), param=param if e.param == "prompt" else e.param)
+        return checked
 
     def token_text(self, token_id: int) -> str:
         return self.info.tokenizer.decode([token_id], skip_special_tokens=False)

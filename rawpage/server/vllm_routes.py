@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from rawpage.server.protocol import APIError
+from rawpage.server.request import invocation_kind
 from rawpage.server.state import ServerState
 
 Handler = Callable[[Request, ServerState], Awaitable[Response]]
@@ -93,16 +94,9 @@ def invocations(chat: Handler, completion: Handler) -> Handler:
     """SageMaker's /invocations: the body's shape picks the handler, as in vLLM."""
 
     async def dispatch(request: Request, state: ServerState) -> Response:
-        body = await state.read_body(request)
-        request.state.rawpage_body = body.data  # a body is read once: the handler's read_body reuses it
-        if "messages" in body.data:
-            return await chat(request, state)
-        if "prompt" in body.data:
-            return await completion(request, state)
-        raise APIError(
-            "/invocations could not tell the request's type: give 'messages' (a chat completion) "
-            "or 'prompt' (a completion)"
-        )
+        # The JSON is read once: read_body keeps it on the request for the handler's parse.
+        kind = invocation_kind(await state.read_body(request))
+        return await (chat if kind == "chat" else completion)(request, state)
 
     return dispatch
 

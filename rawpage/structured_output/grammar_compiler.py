@@ -173,15 +173,17 @@ class GrammarCompiler:
         self.threads.submit(self._check_and_compile, so, out)
         return out
 
-    def new_state(self, so: StructuredOutputsParams, prompt_ids: Sequence[int], owner: Any = None) -> GrammarState:
-        """A sequence's GrammarState; its matcher arrives when the compile is done. With
-        reasoning tags, the prompt says whether it starts thinking (reasoning_gate.py).
-        `owner` (the request) is handed back by take_failed if the compile fails."""
+    def new_state(
+        self, so: StructuredOutputsParams, prompt_ids: Sequence[int], owner: Any = None, compiled: Future | None = None
+    ) -> GrammarState:
+        """A sequence's GrammarState; its matcher arrives when the compile (`compiled`, submit's
+        future; submitted now if None) is done. With reasoning tags, the prompt says whether it
+        starts thinking (reasoning_gate.py). `owner` is handed back by take_failed if it fails."""
         gate = None
         if so.reasoning is not None:
             phase = prompt_phase(self.decode, prompt_ids, so.reasoning)
             gate = ReasoningGate(so.reasoning, phase, self.token_texts) if phase != OPEN else None
-        state = GrammarState(self, self.submit(so), gate)
+        state = GrammarState(self, compiled if compiled is not None else self.submit(so), gate)
         if not state.compiled.done():
             self.pending.append((state.compiled, owner))
         return state

@@ -37,9 +37,10 @@ def test_engine_info_states_the_engine_limits(tiny_model_dir):
     assert (info.runner, info.scheduling_policy, info.lora, info.check_input) == ("generate", "fcfs", None, None)
     assert info.tokenizer is engine.tokenizer and info.chat_template is None
     assert info.template is engine.tokenizer.chat_template  # no --chat-template: the tokenizer's own
-    info.validate_prompt([1, 2, 3], SamplingParams(max_tokens=10))
-    with pytest.raises(InvalidRequestError, match="256"):
-        info.validate_prompt(list(range(1, 250)), SamplingParams(max_tokens=10))
+    checked = info.check_prompt([1, 2, 3], SamplingParams(max_tokens=10), 0, None)
+    assert checked.prompt_token_ids == [1, 2, 3] and checked.grammar is None and checked.refusal is None
+    refused = info.check_prompt(list(range(1, 250)), SamplingParams(max_tokens=10), 0, None).refusal
+    assert isinstance(refused, InvalidRequestError) and "256" in str(refused) and refused.param == "prompt"
 
 
 def test_handlers_see_adapters_read_only(tiny_model_dir):

@@ -14,7 +14,7 @@ from openai.types import completion_create_params as completion_params
 from openai.types.chat import completion_create_params as chat_params
 from pydantic import BaseModel, ConfigDict, Field
 
-from rawpage.server.chat import NO_EFFECT_FIELDS
+from rawpage.server.request import NO_EFFECT_FIELDS
 
 MODEL = "SmolLM2-135M-Instruct"
 CHAT = "/v1/chat/completions"
