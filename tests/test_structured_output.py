@@ -226,3 +226,85 @@ def test_a_grammar_that_can_never_finish_is_refused_or_ends_length_never_stop(ll
     forever = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
     (out,) = llm.generate(PROMPTS[0], sampled(max_tokens=40, structured_outputs={"json": forever}), use_tqdm=False)
     assert out.outputs[0].finish_reason == "length", out.outputs[0]
+
+
+# issue 42: an integer or number without bounds let the model write digits until max_tokens
+NUMBERS = {
+    "type": "object",
+    "properties": {
+        "population": {"type": "integer"},
+        "area": {"type": ["number", "null"]},
+        "ids": {"type": "array", "items": {"type": "integer", "minimum": 0}, "maxItems": 3},
+    },
+    "required": ["population", "area", "ids"],
+    "additionalProperties": False,
+}
+
+
+def digit_tokens(llm):
+    vocab = llm.engine.grammars.decode_each(list(range(llm.engine.model_config.vocab_size)))
+    return [t for t, text in enumerate(vocab) if text and text[0].isdigit()]
+
+
+@pytest.mark.parametrize(
+    ("prefix", "digits"),
+    [
+        ('{"population":', 16),
+        ('{"population":-', 16),
+        ('{"population":1,"area":', 16),
+        ('{"population":1,"area":0.', 10),
+    ],
+)
+def test_a_number_without_bounds_stops_at_its_cap(llm, prefix, digits):
+    """16 digits are accepted, and the mask then allows no 17th (nor an 11th after the point)."""
+    state = llm.engine.grammars.new_state(StructuredOutputsParams(json=NUMBERS), [])
+    encode = functools.partial(llm.get_tokenizer().encode, add_special_tokens=False)
+    ids = encode(prefix + "9" * digits)
+    assert state.matcher.try_consume_tokens(ids) == len(ids), state.matcher.get_error()
+    allowed = np.unpackbits(np.frombuffer(state.matcher.compute_bitmask(), np.uint8), bitorder="little")
+    refused = digit_tokens(llm)
+    assert refused and not allowed[refused].any()
+    assert allowed[encode(",")[0]] or allowed[encode("}")[0]]
+
+
+def test_numbers_without_bounds_always_finish_at_temperature_one(llm):
+    """issue 42: however much the model favours digits, every reply closes its JSON well
+    within max_tokens (without the caps, each of these wrote digits until the limit)."""
+    import jsonschema
+
+    favour = {t: 8.0 for t in digit_tokens(llm)}
+    p = [sampled(seed=s, max_tokens=200, logit_bias=favour, structured_outputs={"json": NUMBERS}) for s in range(12)]
+    outs = llm.generate([PROMPTS[s % len(PROMPTS)] for s in range(12)], p, use_tqdm=False)
+    for o in outs:
+        assert o.outputs[0].finish_reason == "stop", o.outputs[0].text
+        jsonschema.validate(json.loads(o.outputs[0].text), NUMBERS)
+    assert len(set(texts(outs))) > 1
+    assert_no_leaks(llm.engine)
+
+
+def test_number_caps_keep_the_schemas_own_bounds_and_finite_values():
+    from rawpage.structured_output.schema_rewrite import CAP, cap_numbers
+
+    assert cap_numbers({"type": "integer", "minimum": 0}) == {"type": "integer", "minimum": 0, "maximum": CAP - 1}
+    assert cap_numbers({"type": "integer", "minimum": 10**20}) == {"type": "integer", "minimum": 10**20}
+    assert cap_numbers({"type": "integer", "const": 10**20}) == {"type": "integer", "const": 10**20}
+    assert cap_numbers({"type": "number", "maximum": 1, "multipleOf": 0.5}) == {
+        "type": "number",
+        "maximum": 1,
+        "multipleOf": 0.5,
+        "exclusiveMinimum": -CAP,
+    }
+    nested = {"$defs": {"n": {"type": "integer"}}, "items": {"$ref": "#/$defs/n"}}
+    assert cap_numbers(nested)["$defs"]["n"]["maximum"] == CAP - 1 and "maximum" not in nested["$defs"]["n"]
+
+
+def test_a_choice_grammar_keeps_temperature_and_seed(llm):
+    """issue 42 (vLLM's test_structured_outputs_choice_chat): the mask comes before the
+    temperature, so a choice follows it: one answer greedy, several at temperature 2."""
+    so = {"choice": ["red", "green", "blue", "yellow"]}
+
+    def picks(t):
+        p = [sampled(temperature=t, seed=s, max_tokens=8, structured_outputs=so) for s in range(16)]
+        return set(texts(llm.generate([PROMPTS[0]] * 16, p, use_tqdm=False)))
+
+    assert len(picks(0.0)) == 1 and len(picks(2.0)) > 1

@@ -26,6 +26,7 @@ import numpy as np
 
 from rawpage.errors import InvalidRequestError
 from rawpage.structured_output.reasoning_gate import MAYBE, OPEN, THINKING, ReasoningGate
+from rawpage.structured_output.schema_rewrite import cap_numbers
 
 # Our JSON: no free whitespace between tokens. A small model offered "any whitespace"
 # happily emits newlines until max_tokens; compact JSON is still valid JSON.
@@ -70,11 +71,12 @@ class StructuredOutputsParams:
         return json.loads(self.json) if isinstance(self.json, str) else self.json
 
     def to_grammar(self, schema: Any = None) -> str:
-        """The llguidance grammar text for this constraint (`schema`: self.schema(), if known)."""
+        """The llguidance grammar text for this constraint (`schema`: self.schema(), if known).
+        A schema's integers and numbers without bounds are capped at 16 digits (schema_rewrite.py)."""
         from llguidance import LLMatcher
 
         if self.json is not None or self.json_object:
-            return LLMatcher.grammar_from_json_schema(schema or self.schema(), defaults=_JSON_OPTIONS)
+            return LLMatcher.grammar_from_json_schema(cap_numbers(schema or self.schema()), defaults=_JSON_OPTIONS)
         if self.regex is not None:
             return LLMatcher.grammar_from_regex(self.regex)
         if self.choice is not None:
