@@ -31,3 +31,26 @@ def test_a_reply_cut_inside_a_character_ends_without_it(plain_server):
     for stream in (False, True):
         r = complete(plain_server, stream=stream, **body)
         assert r.status_code == 200 and "\\ufffd" not in r.text and "\ufffd" not in r.text
+
+
+def test_400s_carry_the_phrases_clients_match_in_vllms(plain_server):
+    cases = [
+        ({"prompt": ""}, "Either prompt or prompt_embeds must be provided and non-empty."),
+        ({"prompt": [[]]}, "Either prompt or prompt_embeds must be provided and non-empty."),
+        ({"prompt": [1, 10**6]}, "out of vocabulary"),
+        ({"seed": -(2**63) - 1}, "greater_than_equal"),
+        ({"seed": 2**63}, "less_than_equal"),
+        ({"temperature": -1}, "greater_than_equal"),
+    ]
+    for extra, phrase in cases:
+        r = complete(plain_server, max_tokens=1, **extra)
+        assert r.status_code == 400 and phrase in r.json()["error"]["message"], (extra, r.text)
+
+
+def test_logit_bias_names_every_bad_key(plain_server):
+    r = complete(plain_server, max_tokens=1, logit_bias={"abc": 1, "5": 101, "7": 1, "x": 2})
+    msg = r.json()["error"]["message"]
+    assert r.status_code == 400 and all(k in msg for k in ("'abc'", "'5'", "'x'")) and "'7'" not in msg, msg
+    r = complete(plain_server, max_tokens=1, logit_bias={str(10**6 + i): 1 for i in range(7)})
+    msg = r.json()["error"]["message"]
+    assert r.status_code == 400 and all(str(10**6 + i) in msg for i in range(7)) and "out of vocabulary" in msg
