@@ -54,3 +54,16 @@ def test_logit_bias_names_every_bad_key(plain_server):
     r = complete(plain_server, max_tokens=1, logit_bias={str(10**6 + i): 1 for i in range(7)})
     msg = r.json()["error"]["message"]
     assert r.status_code == 400 and all(str(10**6 + i) in msg for i in range(7)) and "out of vocabulary" in msg
+
+
+def test_models_carry_parent_and_vllms_permission(plain_server):
+    (model,) = httpx.get(plain_server.url + "/v1/models").json()["data"]
+    assert model["parent"] is None
+    (perm,) = model["permission"]
+    assert perm["id"].startswith("modelperm-") and perm["object"] == "model_permission"
+    assert perm["created"] == model["created"] and perm["organization"] == "*" and perm["group"] is None
+    flags = {k: v for k, v in perm.items() if k.startswith(("allow_", "is_"))}
+    assert len(flags) == 7 and all(isinstance(v, bool) for v in flags.values())
+    assert {k for k, v in flags.items() if v} == {"allow_sampling", "allow_logprobs", "allow_view"}
+    one = httpx.get(plain_server.url + f"/v1/models/{MODEL}").json()
+    assert one["parent"] is None and one["permission"][0]["object"] == "model_permission"
