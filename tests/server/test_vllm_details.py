@@ -67,3 +67,25 @@ def test_models_carry_parent_and_vllms_permission(plain_server):
     assert {k for k, v in flags.items() if v} == {"allow_sampling", "allow_logprobs", "allow_view"}
     one = httpx.get(plain_server.url + f"/v1/models/{MODEL}").json()
     assert one["parent"] is None and one["permission"][0]["object"] == "model_permission"
+
+
+def _successes(server) -> dict[str, float]:
+    """vllm:request_success_total by finished_reason, and rawpage:request_success_total (as "")."""
+    out = {}
+    for line in httpx.get(server.url + "/metrics").text.splitlines():
+        if line.startswith("vllm:request_success_total{"):
+            labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1 : line.index("}")].split(","))
+            assert labels["model_name"] == f'"{MODEL}"'
+            out[labels["finished_reason"].strip('"')] = float(line.rsplit(" ", 1)[1])
+    out[""] = server.metric("rawpage:request_success_total")
+    return out
+
+
+def test_request_success_counts_by_finished_reason(plain_server):
+    before = _successes(plain_server)
+    assert set(before) == {"stop", "length", "abort", ""}  # every reason's series there from the start
+    assert complete(plain_server, max_tokens=1).json()["choices"][0]["finish_reason"] == "length"
+    eos = complete(plain_server, max_tokens=4, logit_bias={"2": 100}).json()["choices"][0]
+    assert eos["finish_reason"] == "stop"
+    after = _successes(plain_server)
+    assert {k: after[k] - before[k] for k in after} == {"stop": 1, "length": 1, "abort": 0, "": 2}
