@@ -43,7 +43,7 @@ def check_request(
         bad = [t for t in given if not 0 <= t < V]
         if bad:  # all of logit_bias's keys named, as vLLM; else the first 5
             shown = ", ".join(str(t)[:24] for t in (bad if name == "logit_bias" else bad[:5]))
-            raise InvalidRequestError(f"{name}: ids [{shown}] are out of vocabulary (not in [0, {V}))", name)
+            raise InvalidRequestError(f"{name}: token ids [{shown}] are out of vocabulary (not in [0, {V}))", name)
     for name in ("logprobs", "prompt_logprobs"):
         k = getattr(params, name)
         if k is not None and k > args.max_logprobs:
