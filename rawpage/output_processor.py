@@ -23,7 +23,7 @@ from rawpage.outputs import CompletionOutput, RequestOutput
 from rawpage.sampler import SamplerOutput
 from rawpage.sequence import Logprob, Request, Sequence
 from rawpage.stop_checker import Stop, check_length, check_stop_string, check_stop_token, stop_string_holdback
-from rawpage.text.detokenizer import IncrementalDetokenizer
+from rawpage.text.detokenizer import IncrementalDetokenizer, complete_text
 from rawpage.text.tokenizer import Tokenizer
 
 logger = logging.getLogger("rawpage")
@@ -160,7 +160,7 @@ class OutputProcessor:
         if req.is_finished:
             hyps = req.beam.results or final_hypotheses(req.beam, [], "abort")
             for i, h in enumerate(hyps):
-                text = self.tokenizer.decode(h.token_ids, req.params.skip_special_tokens)
+                text = complete_text(self.tokenizer, h.token_ids, req.params.skip_special_tokens)
                 outs.append(
                     CompletionOutput(
                         i, text, h.token_ids, h.cumulative_logprob, None, h.finish_reason, None, text, list(h.token_ids)

@@ -10,6 +10,8 @@ from rawpage.engine_args import EngineArgs
 from rawpage.errors import InvalidRequestError
 from rawpage.sampling_params import SamplingParams
 
+EMPTY_PROMPT = "Either prompt or prompt_embeds must be provided and non-empty."  # vLLM's words: clients match them
+
 
 @dataclass(frozen=True)
 class CheckedPrompt:
@@ -31,7 +33,7 @@ def check_request(
     allow, and prompts that leave no room under --max-model-len."""
     n, limit, V = len(ids), max_model_len, vocab_size
     if n == 0:
-        raise InvalidRequestError("the prompt is empty; give at least one token", "prompt")
+        raise InvalidRequestError(f"the prompt is empty; give at least one token. {EMPTY_PROMPT}", "prompt")
     for name, given in (
         ("prompt", ids),
         ("stop_token_ids", params.stop_token_ids),
@@ -39,9 +41,9 @@ def check_request(
         ("logprob_token_ids", params.logprob_token_ids or []),
     ):
         bad = [t for t in given if not 0 <= t < V]
-        if bad:
-            shown = ", ".join(str(t)[:24] for t in bad[:5])
-            raise InvalidRequestError(f"{name}: token ids [{shown}] are outside the vocabulary [0, {V})", name)
+        if bad:  # all of logit_bias's keys named, as vLLM; else the first 5
+            shown = ", ".join(str(t)[:24] for t in (bad if name == "logit_bias" else bad[:5]))
+            raise InvalidRequestError(f"{name}: token ids [{shown}] are out of vocabulary (not in [0, {V}))", name)
     for name in ("logprobs", "prompt_logprobs"):
         k = getattr(params, name)
         if k is not None and k > args.max_logprobs:

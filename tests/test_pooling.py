@@ -189,7 +189,7 @@ def test_bad_inputs_are_refused_and_leave_nothing_behind(engines):
     llm = engines["last"]
     for prompt, params, match in [
         ([], None, "empty"),
-        ([400], None, "outside the vocabulary"),
+        ([400], None, "out of vocabulary"),
         ("hi", PoolingParams(dimensions=65), "dimensions"),
         ("hi", PoolingParams(truncate_prompt_tokens=0), "truncate_prompt_tokens"),
     ]:

@@ -7,7 +7,7 @@ import pytest
 
 from rawpage.loader import load_checkpoint
 from rawpage.text.chat_template import ChatTemplate, ChatTemplateError
-from rawpage.text.detokenizer import IncrementalDetokenizer
+from rawpage.text.detokenizer import IncrementalDetokenizer, complete_text
 from rawpage.text.tokenizer import Tokenizer
 from tests.tiny_models import (
     random_tensors,
@@ -88,6 +88,22 @@ def test_incremental_detokenization_waits_for_whole_characters(default_checkpoin
     assert len(ids) > 1  # one character, several byte-level tokens
     detok = IncrementalDetokenizer(tok, [])
     assert [detok.add([i]) for i in ids] == [""] * (len(ids) - 1) + ["🎉"]
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_character_cut_short_is_held_back_and_dropped_never_a_stray_fffd(default_checkpoint, skip):
+    """vLLM holds the bytes of an incomplete character back and drops them when a special
+    token or the end comes first: 'I love cats 🐱' + half of 🐶 + <|im_end|> has no U+FFFD."""
+    tok = default_checkpoint.tokenizer
+    ids = tok.encode("I love cats 🐱🐶", add_special_tokens=False)[:-1]  # 🐶 cut mid-way
+    end = tok.encode("<|im_end|>", add_special_tokens=False)
+    for seq, want in [(ids, "I love cats 🐱"), (ids + end, "I love cats 🐱" + ("" if skip else "<|im_end|>"))]:
+        detok = IncrementalDetokenizer(tok, tok.encode("Say:"), skip_special_tokens=skip)
+        assert "".join(detok.add([i]) for i in seq) == want
+        assert complete_text(tok, ids, skip) == "I love cats 🐱"
+    cut_space = tok.encode("I love cats 🐱", add_special_tokens=False)[:-2]  # ' \xf0\x9f': a space kept
+    detok = IncrementalDetokenizer(tok, [], skip_special_tokens=False)
+    assert "".join(detok.add([i]) for i in cut_space + end) == "I love cats <|im_end|>"
 
 
 # --- SentencePiece vocabularies in GGUF -----------------------------------------------

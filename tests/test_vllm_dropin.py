@@ -48,6 +48,8 @@ def test_logit_bias_errors_name_the_key_and_the_bound():
     with pytest.raises(APIError, match=r"\['7'\] must be between -100 and 100, got 150"):
         logit_bias({"7": 150})
     assert logit_bias({"7": -5}) == {7: -5.0}
+    with pytest.raises(APIError, match=r"3 bad key\(s\): key 'x' .*\['7'\] .*\['8'\] must be a number"):
+        logit_bias({"x": 1, "7": 150, "9": 1, "8": "a"})
 
 
 def test_stream_options_need_stream_and_continuous_usage_needs_include_usage():

@@ -175,10 +175,10 @@ def test_a_hub_id_that_cannot_be_downloaded_says_so(tmp_path, monkeypatch):
 def test_a_lower_bound_alone_reads_as_such():
     with pytest.raises(APIError) as e:
         Body({"max_tokens": 0}).int("max_tokens", None, 1)
-    assert e.value.message == "'max_tokens' must be ≥ 1, got 0"
+    assert e.value.message == "'max_tokens' must be ≥ 1, got 0 (greater_than_equal)"  # vLLM's word after ours
     with pytest.raises(APIError) as e:
         Body({"top_p": 3}).float("top_p", None, 0, 1)
-    assert e.value.message == "'top_p' must be between 0 and 1, got 3"
+    assert e.value.message == "'top_p' must be between 0 and 1, got 3 (less_than_equal)"
 
 
 def test_one_token_is_singular():

@@ -116,7 +116,7 @@ class PoolingEngine(LLMEngine):
                 param,
             )
         if any(not 0 <= t < V for t in ids):
-            raise InvalidRequestError(f"the input has token ids outside the vocabulary [0, {V})", param)
+            raise InvalidRequestError(f"the input has token ids out of vocabulary (not in [0, {V}))", param)
         if params.dimensions is not None and not 1 <= params.dimensions <= self.hidden_size:
             raise InvalidRequestError(f"dimensions must be 1 to {self.hidden_size}", "dimensions")
         return ids

@@ -24,6 +24,7 @@ import re
 import signal
 import socket
 import threading
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -283,8 +284,28 @@ def _models(state: ServerState) -> list[dict[str, Any]]:
         "root": state.model_name,
         "max_model_len": info.max_model_len,
         "runner": info.runner,  # rawpage's: "generate" (chat, completions) or "pooling" (embeddings)
+        "parent": None,  # an adapter's is the base model
     }
-    return [model, *adapter_models(state, state.created, info.max_model_len)]
+    models = [model, *adapter_models(state, state.created, info.max_model_len)]
+    return [{**m, "permission": [_permission(state.created)]} for m in models]
+
+
+def _permission(created: int) -> dict[str, Any]:
+    """vLLM's ModelPermission, as every vLLM model card carries it (clients read it)."""
+    return {
+        "id": f"modelperm-{uuid.uuid4().hex}",
+        "object": "model_permission",
+        "created": created,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
 
 
 async def list_models(request: Request, state: ServerState) -> Response:

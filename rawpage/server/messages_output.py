@@ -36,8 +36,8 @@ def stop_reason(reply: Reply, o: CompletionOutput) -> tuple[str, str | None]:
             500,
             type="internal_server_error",
         )
-    if reply.finish_reason == "tool_calls":
-        return "tool_use", None
+    if reply.calls or reply.finish_reason == "tool_calls":  # a reply that calls a tool, even one cut
+        return "tool_use", None  # at max_tokens just after its call, ends tool_use (as vLLM)
     if reply.finish_reason == "length":
         return "max_tokens", None
     if isinstance(o.stop_reason, str):  # one of stop_sequences (a stop token id is a plain end of turn)

@@ -47,6 +47,7 @@ _LATENCY_BUCKETS = (
 _ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 # The metrics vLLM exports under the same name (without our prefix): these get a vllm: twin.
+# (request_success too, made apart: vLLM's has a finished_reason label, ours has none.)
 VLLM_NAMES = frozenset(
     {
         "num_requests_running",
@@ -57,7 +58,6 @@ VLLM_NAMES = frozenset(
         "num_preemptions",
         "prefix_cache_queries",
         "prefix_cache_hits",
-        "request_success",
         "spec_decode_num_drafts",
         "spec_decode_num_draft_tokens",
         "spec_decode_num_accepted_tokens",
@@ -66,6 +66,21 @@ VLLM_NAMES = frozenset(
         "e2e_request_latency_seconds",
     }
 )
+
+
+# vllm:request_success_total's finished_reason values, as vLLM's (each series there from the start).
+FINISHED_REASONS = ("stop", "length", "abort")
+
+
+def _finished_reason(out: Any) -> str:
+    """A finished request's finished_reason label: its (first) output's finish reason;
+    a request that failed, or has no output, is an abort; an embedding is a stop."""
+    if getattr(out, "error", None) is not None:
+        return "abort"
+    if not isinstance(out, RequestOutput):
+        return "stop"
+    reason = out.outputs[0].finish_reason if out.outputs else None
+    return reason if reason in FINISHED_REASONS else "abort"
 
 
 class _Twins:
@@ -131,6 +146,8 @@ class ServerMetrics:
         self.swap_outs = counter("num_swap_outs", "Sequences swapped out to CPU memory")
         self.swap_ins = counter("num_swap_ins", "Sequences swapped back in")
         self.finished = counter("request_success", "Requests finished")
+        vllm_finished = Counter("vllm:request_success", "Requests finished", [*labels, "finished_reason"], registry=r)
+        self.vllm_finished = {k: vllm_finished.labels(model_name, k) for k in FINISHED_REASONS}
         self.steps = counter("engine_steps", "Engine iterations that ran a forward pass")
         self._add_spec_metrics(counter, gauge)
         self.loop_lag = gauge("event_loop_lag_max_seconds", "Longest the HTTP event loop was late to wake")
@@ -212,6 +229,7 @@ class ServerMetrics:
             if out.finished:
                 self._last_token.pop(rid, None)
                 self.finished.inc()
+                self.vllm_finished[_finished_reason(out)].inc()
                 if m is not None and m.finished_time is not None:
                     self.e2e.observe(m.finished_time - m.arrival_time)
 

@@ -6,6 +6,7 @@ stays text here; its handler tokenizes it off the event loop.
 from __future__ import annotations
 
 from rawpage.pooling.pooler import PoolingParams
+from rawpage.request_checks import EMPTY_PROMPT
 from rawpage.sampling_params import SamplingParams
 from rawpage.server.chat_input import parse_messages
 from rawpage.server.guided import structured_outputs_from
@@ -69,7 +70,9 @@ def _prompts(body: Body, limit: int) -> tuple[str | list[int], ...]:
             return (p,)
         if all(isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x) for x in p):
             return tuple(p)
-    raise APIError("'prompt' must be a non-empty string, list of strings, or list of token ids", param="prompt")
+    raise APIError(
+        f"'prompt' must be a non-empty string, list of strings, or list of token ids. {EMPTY_PROMPT}", param="prompt"
+    )
 
 
 def _sampling_params(body: Body, state: ServerState, out: OutputOptions, echo: bool) -> SamplingParams:

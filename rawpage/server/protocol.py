@@ -92,6 +92,12 @@ def _range(lo: float | None, hi: float | None) -> str:
     return f"between {lo} and {hi}"
 
 
+def _out_of_range(name: str, v: float, lo: float | None, hi: float | None) -> APIError:
+    """Our words, then the pydantic error type vLLM's 400 carries (clients match on it)."""
+    kind = "greater_than_equal" if lo is not None and v < lo else "less_than_equal"
+    return APIError(f"'{name}' must be {_range(lo, hi)}, got {v} ({kind})", param=name)
+
+
 def check_json(data: Any, param: str | None = None) -> None:
     """Refuse what json.loads accepts but nothing downstream can use: nesting deeper than
     MAX_JSON_DEPTH, and strings with lone UTF-16 surrogates ("\\ud800"), which cannot be
@@ -178,7 +184,7 @@ class Body:
         if isinstance(v, bool) or not isinstance(v, int):
             raise APIError(f"'{name}' must be an integer", param=name)
         if (lo is not None and v < lo) or (hi is not None and v > hi):
-            raise APIError(f"'{name}' must be {_range(lo, hi)}, got {v}", param=name)
+            raise _out_of_range(name, v, lo, hi)
         return v
 
     def float(
@@ -190,7 +196,7 @@ class Body:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise APIError(f"'{name}' must be a number", param=name)
         if (lo is not None and v < lo) or (hi is not None and v > hi):
-            raise APIError(f"'{name}' must be {_range(lo, hi)}, got {v}", param=name)
+            raise _out_of_range(name, v, lo, hi)
         return float(v)
 
     def str(self, name: str, default: str | None = None) -> str | None:
@@ -381,18 +387,19 @@ def stream_options(body: Body) -> tuple[bool, bool, bool]:
 
 
 def logit_bias(given: dict[str, Any]) -> dict[int, float]:
-    """{"token id": bias}, each bias in [-100, 100]; an error names the key that broke it."""
-    out = {}
+    """{"token id": bias}, each bias in [-100, 100]; an error names every key that broke it."""
+    out, bad = {}, []
     for k, v in given.items():
-        try:
-            token = int(k)
-        except ValueError:
-            raise APIError(f"'logit_bias' key {k[:32]!r} is not a token id", param="logit_bias") from None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise APIError(f"'logit_bias'[{k!r}] must be a number, got {str(v)[:32]!r}", param="logit_bias")
-        if not -100 <= v <= 100:
-            raise APIError(f"'logit_bias'[{k!r}] must be between -100 and 100, got {v}", param="logit_bias")
-        out[token] = float(v)
+        if not k.strip().lstrip("+-").isdigit():
+            bad.append(f"key {k[:32]!r} is not a token id")
+        elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            bad.append(f"[{k!r}] must be a number, got {str(v)[:32]!r}")
+        elif not -100 <= v <= 100:
+            bad.append(f"[{k!r}] must be between -100 and 100, got {v}")
+        else:
+            out[int(k)] = float(v)
+    if bad:
+        raise APIError(f"'logit_bias' has {len(bad)} bad key(s): " + "; ".join(bad), param="logit_bias")
     return out
 
 

@@ -70,7 +70,8 @@ def test_adapters_are_models_listed_with_their_parent(setup, offline):
     data = httpx.get(server.url + "/v1/models", headers=KEY).json()["data"]
     by_id = {m["id"]: m for m in data}
     assert set(by_id) == {"tiny", "all8"}
-    assert by_id["all8"]["parent"] == "tiny" and by_id["all8"]["root"] == "all8"
+    assert by_id["all8"]["parent"] == "tiny" and by_id["all8"]["root"] == "all8" and by_id["tiny"]["parent"] is None
+    assert [p["object"] for m in data for p in m["permission"]] == ["model_permission"] * 2
     assert str(paths["all8"]) not in httpx.get(server.url + "/v1/models", headers=KEY).text  # no paths on disk
     assert _complete(server, "tiny").json()["choices"][0]["text"] == offline[None]
     reply = _complete(server, "all8").json()

@@ -61,6 +61,18 @@ def test_tool_use_streamed_and_not_agree_and_its_result(client, choice):
     assert after.content[0].type == "text"
 
 
+def test_a_reply_with_a_call_ends_tool_use_even_when_max_tokens_cut_it_after_the_call(client):
+    kw = dict(model=MODEL, tools=[WEATHER], tool_choice={"type": "tool", "name": "weather"}, **GREEDY)
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    whole = client.messages.create(messages=ask, max_tokens=40, **kw)
+    cut = whole.usage.output_tokens - 1  # the call's JSON is whole; its end-of-turn token is not
+    m = client.messages.create(messages=ask, max_tokens=cut, **kw)
+    assert [b.type for b in m.content] == ["tool_use"] and m.stop_reason == "tool_use"
+    with client.messages.stream(messages=ask, max_tokens=cut, **kw) as s:
+        streamed = s.get_final_message()
+    assert streamed.stop_reason == "tool_use" and streamed.content[-1].input == m.content[0].input
+
+
 def test_every_request_field_is_used_or_refused_by_name(server):
     from anthropic.types import message_create_params
 
