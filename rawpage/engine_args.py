@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import re
 from dataclasses import dataclass
@@ -75,6 +76,18 @@ def parse_bytes(text: str | int | float) -> int:
     if not m or m.group(2).lower() not in _UNITS:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 2GiB, 512MiB, 1000000)")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def json_object(value: dict | str | None, name: str) -> dict | None:
+    """A dict flag given as a dict (LLM keywords) or as JSON text (the CLI)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--{name.replace('_', '-')} is not valid JSON: {e}") from None
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(f"--{name.replace('_', '-')} must be a JSON object, got {type(value).__name__}")
+    return value
 
 
 @dataclass
@@ -224,6 +237,19 @@ class EngineArgs:
         "(vLLM's 'auto')",
     )
     disable_log_stats: bool = flag(False, "no periodic stats line in the log")
+    hf_overrides: dict | str | None = flag(
+        None,
+        'keys laid over the model\'s config.json, as JSON: {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}, '
+        '"max_position_embeddings": 131072}; on a GGUF only rope_scaling, rope_theta and max_position_embeddings',
+        default_text="none",
+    )
+    rope_scaling: dict | str | None = flag(
+        None,
+        'RoPE scaling, as JSON: {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}; '
+        "also linear, dynamic and llama3 (the same as --hf-overrides '{\"rope_scaling\": ...}')",
+        default_text="the model's",
+    )
+    rope_theta: float | None = flag(None, "the RoPE base, in place of the model's", default_text="the model's")
     speculative_config: dict | str | None = flag(
         None,
         'speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, '
@@ -256,6 +282,8 @@ class EngineArgs:
         self.pooling_type = self.pooling_type.lower()  # vLLM spells them LAST, MEAN, CLS
         parse_kv_cache_scales(self.kv_cache_scales)  # a bad value fails here, before anything loads
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        self.hf_overrides = json_object(self.hf_overrides, "hf_overrides")
+        self.rope_scaling = json_object(self.rope_scaling, "rope_scaling")
         for f in dataclasses.fields(self):
             choices, value = f.metadata.get("choices"), getattr(self, f.name)
             if choices and value not in choices:
@@ -314,6 +342,15 @@ class EngineArgs:
             )
         if isinstance(self.served_model_name, list) and len(self.served_model_name) == 1:
             self.served_model_name = self.served_model_name[0]
+
+    def config_overrides(self) -> dict[str, Any]:
+        """What is laid over the model's config: --hf-overrides, then --rope-scaling and --rope-theta."""
+        out = dict(self.hf_overrides or {})
+        if self.rope_scaling is not None:
+            out["rope_scaling"] = self.rope_scaling
+        if self.rope_theta is not None:
+            out["rope_theta"] = self.rope_theta
+        return out
 
     def batched_tokens(self, device: str) -> int:
         """--max-num-batched-tokens, or its default on `device` (a backend's name)."""

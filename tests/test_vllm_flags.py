@@ -235,9 +235,9 @@ def test_every_no_effect_flag_parses_and_says_why(caplog):
             "leave --tokenizer-mode out",
         ),
         (
-            ["--rope-scaling", '{"rope_type": "yarn", "factor": 4}'],
-            '--rope-scaling {"rope_type": "yarn", "factor": 4}: not supported: rawpage reads RoPE scaling from the '
-            "model's config.json only; leave --rope-scaling out",
+            ["--logits-processors", "my.Processor"],
+            "--logits-processors my.Processor: not supported: rawpage loads no logits processors into the server; "
+            "leave --logits-processors out",
         ),
         (
             ["--response-role", "bot"],
