@@ -26,7 +26,6 @@ from rawpage.engine_args import EngineArgs
 from rawpage.engine_setup import decode_graph_shapes, load_model, make_runner, num_swap_blocks, resolve_max_model_len
 from rawpage.errors import InvalidRequestError, WorkerDiedError
 from rawpage.forking import Forker
-from rawpage.loader import load_engine_checkpoint
 from rawpage.lora.manager import LoRARequest, resolve_lora
 from rawpage.model_runner import KVPool
 from rawpage.output_processor import OutputProcessor
@@ -55,7 +54,7 @@ class LLMEngine:
         args = args or EngineArgs(**kwargs)
         self.args = args
         t0 = time.monotonic()
-        ckpt = load_engine_checkpoint(args)
+        ckpt = args.load_checkpoint()
         self.model_path = ckpt.path
         self.model_config = c = ckpt.config
         self.tokenizer, self.generation_config = ckpt.tokenizer, ckpt.generation_config

@@ -21,6 +21,7 @@ from rawpage.spec_decode.config import SpeculativeConfig
 
 if TYPE_CHECKING:
     from rawpage.backends.base import Backend
+    from rawpage.loader import Checkpoint
 
 logger = logging.getLogger("rawpage")
 
@@ -342,6 +343,14 @@ class EngineArgs:
             )
         if isinstance(self.served_model_name, list) and len(self.served_model_name) == 1:
             self.served_model_name = self.served_model_name[0]
+
+    def load_checkpoint(self) -> Checkpoint:
+        """The checkpoint an engine (or a tensor-parallel rank) serves, as these flags name it."""
+        from rawpage.loader import load_checkpoint
+
+        return load_checkpoint(
+            self.model, self.load_format, self.seed, self.revision, self.download_dir, self.config_overrides()
+        )
 
     def config_overrides(self) -> dict[str, Any]:
         """What is laid over the model's config: --hf-overrides, then --rope-scaling and --rope-theta."""

@@ -84,9 +84,9 @@ CORE_FORBIDDEN = ["rawpage.server", "rawpage.cli"]
 # structured_output/schema_rewrite.py, with the schema walk it now shares with the server),
 # then to 8,605 for a character cut short by a special token or the end dropped, never a stray
 # U+FFFD, as vLLM (issue 42: detokenizer.py), and vLLM's words on an empty prompt, which
-# clients match (request_checks.py), then to 8,770 for RoPE scaling past the pretraining length
+# clients match (request_checks.py), then to 8,775 for RoPE scaling past the pretraining length
 # (issue 43: YaRN, dynamic NTK, llama3 in models/rotary.py; GGUF YaRN; --rope-scaling, --hf-overrides).
-CORE_CLOSURE_LINE_BUDGET = 8770
+CORE_CLOSURE_LINE_BUDGET = 8775
 # Files from `rawpage serve` to the attention kernel (tools/path_files.py), on each path:
 # issue 32's target was 20 on a tiny Llama decoding eagerly; issue 41 measures where users
 # are (the default model's replayed decode and eager prefill on the CPU kernels, the

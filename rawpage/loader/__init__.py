@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rawpage.config import ModelConfig
 from rawpage.errors import ModelLoadError
@@ -19,9 +19,6 @@ from rawpage.loader.dummy import DummyWeights
 from rawpage.loader.hub import looks_like_hub_id, resolve_hub_id
 from rawpage.loader.tensors import TensorSource
 from rawpage.text.tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-    from rawpage.engine_args import EngineArgs
 
 
 @dataclass
@@ -68,13 +65,6 @@ def load_checkpoint(
     if magic == b"GGUF":
         return _load_gguf(path, overrides)
     raise ModelLoadError(f"{path}: neither a model folder nor a GGUF file (magic bytes {magic!r})")
-
-
-def load_engine_checkpoint(args: EngineArgs) -> Checkpoint:
-    """The checkpoint an engine (or a tensor-parallel rank) serves, as its flags name it."""
-    return load_checkpoint(
-        args.model, args.load_format, args.seed, args.revision, args.download_dir, args.config_overrides()
-    )
 
 
 def _load_hf_folder(folder: str, overrides: dict[str, Any] | None = None) -> Checkpoint:
