@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -195,9 +197,11 @@ def write_gguf(
     qtype: str = "F32",
     rope_freqs: np.ndarray | None = None,
     raw: dict | None = None,
+    extra_metadata: Callable[[Any], None] | None = None,
 ) -> str:
     """Write the model as llama.cpp would: permuted q/k (llama), matrices in `qtype`,
-    each layer's experts stacked (Mixtral is `llama` with experts).
+    each layer's experts stacked (Mixtral is `llama` with experts). extra_metadata(writer)
+    adds keys of its own (YaRN's, FIM token ids).
 
     raw: {gguf tensor name: (uint8 blocks, ggml type name)} written as given instead."""
     import gguf
@@ -257,6 +261,8 @@ def write_gguf(
     w.add_eos_token_id(2)
     w.add_add_bos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
+    if extra_metadata is not None:
+        extra_metadata(w)
     q_type = getattr(gguf.GGMLQuantizationType, qtype)
     stacks: dict[str, dict[int, np.ndarray]] = {}
     for name, t in tensors.items():
