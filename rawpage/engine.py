@@ -57,7 +57,7 @@ class LLMEngine:
         ckpt = args.load_checkpoint()
         self.model_path = ckpt.path
         self.model_config = c = ckpt.config
-        self.tokenizer, self.generation_config = ckpt.tokenizer, ckpt.generation_config
+        self.tokenizer, self.sampling_defaults = ckpt.tokenizer, args.sampling_defaults(ckpt)
         self.chat_template = ChatTemplate.from_arg(args.chat_template) if args.chat_template else None
         self.backend = backend_for(args, args.device, c.torch_dtype)
         self.max_model_len = resolve_max_model_len(args.max_model_len, c.max_position_embeddings)

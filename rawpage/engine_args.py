@@ -233,9 +233,15 @@ class EngineArgs:
         None, "where hub ids are downloaded and looked up", default_text="the Hugging Face cache"
     )
     generation_config: str = flag(
-        "vllm",
-        "vllm: requests' sampling defaults are the API's; rawpage does not apply a model's generation_config.json "
-        "(vLLM's 'auto')",
+        "auto",
+        "the sampling defaults for fields a request leaves out: auto = the model's generation_config.json "
+        "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens); vllm = the API's neutral "
+        "defaults; or a folder holding a generation_config.json",
+    )
+    override_generation_config: dict | str | None = flag(
+        None,
+        'sampling defaults laid over --generation-config\'s, as JSON: {"temperature": 0.5, "max_new_tokens": 256}',
+        default_text="none",
     )
     disable_log_stats: bool = flag(False, "no periodic stats line in the log")
     hf_overrides: dict | str | None = flag(
@@ -285,6 +291,7 @@ class EngineArgs:
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         self.hf_overrides = json_object(self.hf_overrides, "hf_overrides")
         self.rope_scaling = json_object(self.rope_scaling, "rope_scaling")
+        self.override_generation_config = json_object(self.override_generation_config, "override_generation_config")
         for f in dataclasses.fields(self):
             choices, value = f.metadata.get("choices"), getattr(self, f.name)
             if choices and value not in choices:
@@ -352,6 +359,14 @@ class EngineArgs:
             self.model, self.load_format, self.seed, self.revision, self.download_dir, self.config_overrides()
         )
 
+    def sampling_defaults(self, ckpt: Checkpoint) -> dict[str, Any]:
+        """SamplingParams keywords for what a request leaves out (--generation-config), logged."""
+        from rawpage.generation_config import sampling_defaults
+
+        return sampling_defaults(
+            self.generation_config, ckpt.path, ckpt.generation_config, self.override_generation_config
+        )
+
     def config_overrides(self) -> dict[str, Any]:
         """What is laid over the model's config: --hf-overrides, then --rope-scaling and --rope-theta."""
         out = dict(self.hf_overrides or {})
@@ -384,8 +399,6 @@ class EngineArgs:
             "revision": not (self.model and looks_like_hub_id(self.model)) and "the model is local, not a hub id",
             "download_dir": not (self.model and looks_like_hub_id(self.model)) and "the model is not a hub id",
             "enable_chunked_prefill": "chunked prefill is always on",
-            "generation_config": self.generation_config != "vllm"
-            and "rawpage does not apply a model's generation_config.json; requests use the API's defaults",
         }
         log_inert_flags(self.given | self._changed(), rules)
 

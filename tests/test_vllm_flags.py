@@ -72,8 +72,6 @@ INERT = {
     "--kv-cache-scales 1.0": "--kv-cache-scales has no effect: the KV cache is not fp8 (--kv-cache-dtype fp8)",
     "--revision v2": "--revision has no effect: the model is local, not a hub id",
     "--enable-chunked-prefill": "--enable-chunked-prefill has no effect: chunked prefill is always on",
-    "--generation-config auto": "--generation-config has no effect: rawpage does not apply a model's "
-    "generation_config.json",
 }
 
 

@@ -23,20 +23,23 @@ TRAIN_TEXT = [
     "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\nParis.<|im_end|>",
 ]
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Qwen2.5-Coder's fill-in-the-middle tokens (train_tokenizer(fim=True))
+FIM_SPECIAL = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"]
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
 
-def train_tokenizer(vocab_size: int = 400) -> Tokenizer:
-    """A small byte-level BPE, GPT-2 style, with chat special tokens at ids 0..2."""
+def train_tokenizer(vocab_size: int = 400, fim: bool = False) -> Tokenizer:
+    """A small byte-level BPE, GPT-2 style, with chat special tokens at ids 0..2 (and with
+    fim, Qwen2.5-Coder's FIM tokens at ids 3..8)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL,
+        special_tokens=SPECIAL + (FIM_SPECIAL if fim else []),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -255,7 +258,7 @@ def write_gguf(
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt2")
     w.add_token_list(tokens)
-    w.add_token_types([3 if t in SPECIAL else 1 for t in tokens])
+    w.add_token_types([3 if t in SPECIAL or t in FIM_SPECIAL else 1 for t in tokens])
     w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in merges])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)

@@ -40,8 +40,12 @@ async def create_completion(request: Request, state: ServerState) -> Response:
 
 
 async def _tokenized(state: ServerState, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
-    """Each prompt as (its text, or None for token ids; its token ids), tokenized off the event loop."""
+    """Each prompt as (its text, or None for token ids; its token ids), tokenized off the event loop.
+    With a suffix, each text is the code before a gap, in the model's FIM prompt."""
     texts = [p for p in req.prompts if isinstance(p, str)]
+    if req.suffix is not None:
+        fim, suffix = state.fim_prompt, req.suffix
+        return list(zip(texts, await state.off_loop(lambda: [fim(t, suffix)[0] for t in texts])))
     if texts:
         return list(zip(texts, await state.encode(texts)))
     return [(None, ids) for ids in req.prompts]

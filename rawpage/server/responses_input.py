@@ -30,6 +30,8 @@ from rawpage.server.request import (
     ChatRequest,
     ResponsesRequest,
     constraint_for,
+    default_max_tokens,
+    model_sampling_defaults,
     parse_model,
     reply_parser,
     served_name,
@@ -58,10 +60,14 @@ def parse_responses(body: Body, state: ServerState, owner: str | None) -> Respon
     prepare_tool_messages(messages)
     tools_body = chat_tools(body)
     reply = reply_parser(state, tool_request(state, tools_body))
+    defaults = model_sampling_defaults(state)  # --generation-config: top_k, min_p, ... too
     params = checked_sampling_params(
-        temperature=body.float("temperature", 1.0, 0.0, 2.0),
-        top_p=body.float("top_p", 1.0, 0.0, 1.0),
-        max_tokens=body.int("max_output_tokens", state.config.max_tokens_default, 1),
+        **{
+            **defaults,
+            "temperature": body.float("temperature", defaults.get("temperature", 1.0), 0.0, 2.0),
+            "top_p": body.float("top_p", defaults.get("top_p", 1.0), 0.0, 1.0),
+        },
+        max_tokens=body.int("max_output_tokens", default_max_tokens(state, None), 1),
         structured_outputs=constraint_for(text_format(body), "text.format", reply),
     )
     store, stream = bool(body.bool("store", True)), bool(body.bool("stream", False))

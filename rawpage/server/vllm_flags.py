@@ -106,9 +106,6 @@ NO_EFFECT: dict[str, VllmFlag] = {
         same=("auto", "hf"),
     ),
     "response-role": VllmFlag("replies always have the role 'assistant'", refused=True, same=("assistant",)),
-    "override-generation-config": VllmFlag(
-        "rawpage applies no generation config; send sampling parameters with each request", refused=True
-    ),
     "logits-processors": VllmFlag("rawpage loads no logits processors into the server", refused=True),
     "middleware": VllmFlag("rawpage loads no ASGI middleware into the server", refused=True),
     "tool-parser-plugin": VllmFlag("rawpage's tool parsers are built in (--tool-call-parser)", refused=True),
