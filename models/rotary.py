@@ -19,6 +19,7 @@ scaled). The recipes past the pretraining length (rope_scaling):
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -26,6 +27,8 @@ import numpy as np
 
 from rawpage.config import ModelConfig, rope_type
 from rawpage.ops.layer_ops import cos_sin_cache
+
+logger = logging.getLogger("rawpage")
 
 
 def rope_table(
@@ -39,6 +42,13 @@ def rope_table(
     if rope_type(rs) == "longrope":
         return _longrope_table(cfg, rs)
     inv_freq, attention_factor = rope_frequencies(cfg, freq_factors, theta, rope_scaling)
+    if rope_type(rs) not in (None, "default"):
+        logger.info(
+            "RoPE scaling %s for %d positions (attention factor %.4g)",
+            rs,
+            cfg.max_position_embeddings,
+            attention_factor,
+        )
     table = cos_sin_cache(inv_freq, cfg.max_position_embeddings)
     return table if attention_factor == 1.0 else (table * np.float32(attention_factor))
 

@@ -5,6 +5,7 @@ no torch here), YaRN from GGUF metadata, and the flags that override a config.""
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import numpy as np
@@ -51,12 +52,16 @@ def test_each_recipe_matches_transformers_past_the_original_length(case):
     assert np.abs(plain[pos[-1] % len(plain)] - table[pos[-1]]).max() > 1e-2  # the recipe really changes it
 
 
-def test_yarn_and_dynamic_reach_factor_times_the_original_context():
+def test_yarn_and_dynamic_reach_factor_times_the_original_context(caplog):
     qwen = ModelConfig.from_hf(
         tiny_config("qwen2", max_position_embeddings=32768, rope_scaling={"type": "yarn", "factor": 4.0})
     )
     assert qwen.max_position_embeddings == 131072  # Qwen2.5's 128k, as vLLM derives it
     assert qwen.rope_scaling["original_max_position_embeddings"] == 32768
+    with caplog.at_level(logging.INFO, "rawpage"):
+        rope_table(qwen)
+    assert "RoPE scaling {'type': 'yarn', 'factor': 4.0, 'rope_type': 'yarn'" in caplog.text
+    assert "for 131072 positions (attention factor 1.139)" in caplog.text
     dyn = ModelConfig.from_hf(tiny_config(rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
     assert dyn.max_position_embeddings == 512
 

@@ -35,16 +35,17 @@ async def create_infill(request: Request, state: ServerState) -> Response:
     limit = state.info.max_model_len
     budget = limit - (req.params.max_tokens or limit // 4)  # the prompt's room: llama-server trims to fit
 
-    def build() -> tuple[list[int], bool]:
-        return state.fim_prompt(
+    def build() -> tuple[list[int], bool, str]:
+        ids, truncated = state.fim_prompt(
             req.prefix, req.suffix, prompt=req.prompt, extra=req.extra, budget=budget, repo_level=True
         )
+        return ids, truncated, state.info.tokenizer.decode(ids, skip_special_tokens=False)
 
-    ids, truncated = await state.off_loop(build)
+    ids, truncated, prompt_text = await state.off_loop(build)
     checked = await state.check_prompt(ids, req.params, "input_prefix")
     state.engine.check_capacity(1)
     stream = state.engine.generate(f"{req.request_id}#0#{uuid.uuid4().hex[:8]}", checked, None, state.owner(request))
-    middle = _Middle(state, req, len(ids), truncated)
+    middle = _Middle(state, req, len(ids), truncated, prompt_text)
     if req.stream:
         return sse_response(_events(middle, stream), req.request_id)
     await unless_disconnected(request, _drain(middle.pieces(stream)))
@@ -68,8 +69,11 @@ class _Middle:
     """The middle as it arrives, cut where llama-server's editor stops cut it, and the
     objects llama-server answers with."""
 
-    def __init__(self, state: ServerState, req: InfillRequest, prompt_tokens: int, truncated: bool) -> None:
+    def __init__(
+        self, state: ServerState, req: InfillRequest, prompt_tokens: int, truncated: bool, prompt: str = ""
+    ) -> None:
         self.state, self.req, self.prompt_tokens, self.truncated = state, req, prompt_tokens, truncated
+        self.prompt = prompt  # the FIM prompt as text, special tokens spelled out
         self.text, self.tokens = "", []  # the middle so far, and its token ids
         self.stop_type, self.stopping_word = "none", ""
         self.cached = 0  # prompt tokens the prefix cache served
@@ -165,7 +169,7 @@ class _Middle:
                 "n_indent": self.req.n_indent,
                 "t_max_predict_ms": self.req.t_max_predict_ms,
             },
-            "prompt": "",
+            "prompt": self.prompt,
             "has_new_line": "\n" in self.text,
             "truncated": self.truncated,
             "stop_type": self.stop_type,

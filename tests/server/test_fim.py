@@ -136,6 +136,8 @@ def test_llama_vim_infill(client):
     full = client.post("/infill", json={**LLAMA_VIM, "response_fields": [], "temperature": 0.0, "n_indent": 0}).json()
     assert full["stop"] is True and full["stop_type"] in ("eos", "limit") and full["model"]
     assert full["tokens_predicted"] == full["timings"]["predicted_n"] and full["tokens_evaluated"] > 20
+    assert full["prompt"].startswith("<|repo_name|>myproject\n<|file_sep|>util.py\ndef helper")
+    assert full["prompt"].endswith("<|fim_middle|>") and "<|fim_prefix|>import os" in full["prompt"]
 
 
 def test_llama_vscode_infill_streams_in_llama_servers_shape(client):
