@@ -15,6 +15,7 @@ from rawpage.server.protocol import (
     Body,
     OutputOptions,
     check_prompt_logprobs,
+    logprob_token_ids,
     logprobs_count,
     output_options,
     sampling_params,
@@ -27,6 +28,7 @@ from rawpage.server.request import (
     cache_salt,
     parse_model,
     priority,
+    prompt_truncation,
     render_options,
     served_name,
 )
@@ -48,8 +50,9 @@ def parse_completion(body: Body, state: ServerState, rid: str) -> CompletionRequ
     if body.int("best_of", None, 1) not in (None, params.n):
         raise APIError("'best_of' other than n is not supported", param="best_of")
     prio, salt = priority(body, state), cache_salt(body)
+    cut = prompt_truncation(body, state, params, "max_tokens")
     body.reject_unread(NO_EFFECT_FIELDS)
-    return CompletionRequest(rid, prompts, params, out, echo, served_name(state, lora), lora, prio, salt)
+    return CompletionRequest(rid, prompts, params, out, echo, served_name(state, lora), lora, prio, salt, cut)
 
 
 def _prompts(body: Body, limit: int) -> tuple[str | list[int], ...]:
@@ -91,6 +94,7 @@ def _sampling_params(body: Body, state: ServerState, out: OutputOptions, echo: b
         prompt_logprobs=prompt_logprobs,
         config=state.config,
         structured_outputs=structured_outputs_from(body),
+        logprob_token_ids=logprob_token_ids(body, logprobs is not None, "'logprobs' (any count)"),
     )
 
 
