@@ -31,6 +31,7 @@ from rawpage.server.request import (
     prompt_truncation,
     render_options,
     served_name,
+    truncation_side,
 )
 from rawpage.server.state import RenderOptions, ServerState
 
@@ -106,10 +107,11 @@ def parse_embedding(body: Body, state: ServerState) -> EmbeddingRequest:
     encoding = body.str("encoding_format", "float")
     if encoding not in ENCODING_FORMATS:
         raise APIError(f"'encoding_format' must be 'float' or 'base64', got {encoding!r}", param="encoding_format")
-    params = PoolingParams(  # vLLM's extras: normalize and truncate_prompt_tokens
+    params = PoolingParams(  # vLLM's extras: normalize, truncate_prompt_tokens and truncation_side
         dimensions=body.int("dimensions", None, 1),
         normalize=body.bool("normalize", True),
         truncate_prompt_tokens=body.int("truncate_prompt_tokens", None, -1),
+        truncation_side=truncation_side(body, "right"),  # vLLM's side for pooling models: the start stays
     )
     body.str("user")  # OpenAI's end-user id: accepted, not used
     prio = priority(body, state)

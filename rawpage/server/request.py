@@ -196,10 +196,7 @@ def prompt_truncation(
 ) -> PromptTruncation | None:
     """vLLM's truncate_prompt_tokens (keep k tokens; -1: all that fit beside max_tokens) and
     truncation_side ("left", generation's default, keeps the prompt's end). None: no cut."""
-    given = body.int("truncate_prompt_tokens", None, -1)
-    side = body.str("truncation_side") or "left"
-    if side not in TRUNCATION_SIDES:
-        raise APIError(f"'truncation_side' must be 'left' or 'right', got {side[:32]!r}", param="truncation_side")
+    given, side = body.int("truncate_prompt_tokens", None, -1), truncation_side(body, "left")
     if given is None:
         return None
     room = state.info.max_model_len - (params.max_tokens or 0)
@@ -207,6 +204,14 @@ def prompt_truncation(
         return resolve(given, side, room, f"max_model_len - {max_tokens_param}")
     except ValueError as e:
         raise APIError(str(e), param="truncate_prompt_tokens") from None
+
+
+def truncation_side(body: Body, default: str) -> str:
+    """vLLM's truncation_side: "left" keeps a cut prompt's end, "right" its start."""
+    side = body.str("truncation_side") or default
+    if side not in TRUNCATION_SIDES:
+        raise APIError(f"'truncation_side' must be 'left' or 'right', got {side[:32]!r}", param="truncation_side")
+    return side
 
 
 def cache_salt(body: Body) -> str | None:
