@@ -102,6 +102,11 @@ def test_continue_dev_suffix_on_completions(client, fim_model):
     want = [PRE, *enc(body["prompt"]), SUF, *enc(body["suffix"]), MID]
     assert choice["prompt_token_ids"] == want  # the FIM prompt, no repository header
     assert r.json()["usage"]["prompt_tokens"] == len(want)
+    # truncate_prompt_tokens trims around the gap and keeps the FIM tokens
+    r = client.post("/v1/completions", json={**body, "truncate_prompt_tokens": 8, "return_token_ids": True})
+    ids = r.json()["choices"][0]["prompt_token_ids"]
+    assert len(ids) == 8 and ids[0] == PRE and SUF in ids and ids[-1] == MID
+    assert ids[1 : ids.index(SUF)] == enc(body["prompt"])[-len(ids[1 : ids.index(SUF)]) :]  # the prefix's end
     for bad in ({"prompt": [5, 6]}, {"echo": True}):
         r = client.post("/v1/completions", json={**body, **bad})
         assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"
