@@ -4,6 +4,7 @@ no torch here), YaRN from GGUF metadata, and the flags that override a config.""
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -121,6 +122,10 @@ def test_rope_scaling_and_hf_overrides_flags(tmp_path, tok):
     with pytest.raises(UnsupportedModelError, match="on a GGUF, not num_hidden_layers"):
         load_checkpoint(gg, overrides={"num_hidden_layers": 1})
     assert load_checkpoint(hf, overrides={"num_hidden_layers": 1}).config.num_layers == 1
+    parser = argparse.ArgumentParser()
+    EngineArgs.add_cli_args(parser)
+    cli = EngineArgs.from_cli_args(parser.parse_args(["--rope-scaling", json.dumps(YARN), "--rope-theta", "2e4"]))
+    assert cli.config_overrides() == {"rope_scaling": YARN, "rope_theta": 20000.0}
     with pytest.raises(ValueError, match="--rope-scaling is not valid JSON"):
         EngineArgs(rope_scaling="{yarn")
     with pytest.raises(ValueError, match="--hf-overrides must be a JSON object"):

@@ -182,3 +182,12 @@ def test_n_indent_cuts_a_later_line_indented_less():
     sent = [m._add(d) for d in ("x = 1\n    y", " = 2\n", "  ", "  z\n", "w = 3")]
     assert sent[:4] == [("x = 1\n    y", False), (" = 2\n", False), ("  ", False), ("  z\n", False)]
     assert sent[4] == ("", True) and m.text == "x = 1\n    y = 2\n    z\n"
+
+
+def test_t_max_predict_ms_stops_at_a_line_end_once_late():
+    m = _Middle(SimpleNamespace(), SimpleNamespace(n_indent=0, t_max_predict_ms=50), 0, False)
+    m.start -= 1.0  # a second into generating
+    assert m._add("no line end yet") == ("no line end yet", False)
+    assert m._add(" done\n") == (" done\n", True)
+    m._finish("stop", "\n\n")
+    assert (m.stop_type, m.stopping_word) == ("word", "\n\n")
