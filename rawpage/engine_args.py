@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -298,6 +299,11 @@ class EngineArgs:
                 raise ValueError(f"{f.name} must be one of {', '.join(map(str, choices))}, got {value!r}")
         checks = [
             (self.max_num_seqs >= 1, "max_num_seqs", "must be >= 1"),
+            (
+                self.generation_config in ("auto", "vllm") or os.path.isdir(self.generation_config),
+                "generation_config",
+                "must be auto, vllm or a folder that holds a generation_config.json",
+            ),
             (self.max_model_len is None or self.max_model_len >= 1, "max_model_len", "must be >= 1"),
             (
                 self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,

@@ -46,6 +46,11 @@ def test_the_modes(tmp_path, caplog):
         sampling_defaults("auto", "m", {"top_p": 0.0})
 
 
+def test_a_bad_mode_fails_before_the_model_loads():
+    with pytest.raises(ValueError, match="generation_config must be auto, vllm or a folder"):
+        EngineArgs(generation_config="hf")
+
+
 def test_llm_takes_the_models_defaults_unless_told_vllm(tiny_model_dir):
     auto = LLM(tiny_model_dir, max_model_len=64)
     p = auto.get_default_sampling_params()
