@@ -150,9 +150,18 @@ def test_uds_root_path_aliases_and_forced_usage_live(tmp_path):
             time.sleep(0.2)
         models = client.get("/v1/models").json()["data"]
         assert models[0]["id"] == "first"
+        assert client.get("/llm/v1/models").json()["data"][0]["id"] == "first"  # the prefix is optional
         body = {"model": "second", "prompt": "Hi", "max_tokens": 2, "stream": True}
         lines = [x for x in client.post("/v1/completions", json=body).text.splitlines() if x.startswith("data: {")]
         assert json.loads(lines[-1][6:])["usage"]["completion_tokens"] == 2
+        # --enable-force-include-usage: usage on every chunk, as vLLM (the role chunk counts no tokens yet)
+        chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "min_tokens": 3, "stream": True}
+        text = client.post("/llm/v1/chat/completions", json=chat).text
+        chunks = [json.loads(x[6:]) for x in text.splitlines() if x.startswith("data: {")]
+        counts = [c["usage"]["completion_tokens"] for c in chunks]
+        assert counts[0] == 0 and counts[-2:] == [3, 3] and not chunks[-1]["choices"]
+        assert all(b > a for a, b in zip(counts[:-2], counts[1:-1])), counts  # each chunk brings tokens
+        assert all(c["usage"]["total_tokens"] == c["usage"]["prompt_tokens"] + n for c, n in zip(chunks, counts))
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(60)
