@@ -63,6 +63,7 @@ VLLM_NAMES = frozenset(
 )
 
 
+VLLM_SUCCESS = ("vllm:request_success", "Count of successfully processed requests.")  # vLLM's name and help
 # vllm:request_success_total's finished_reason values, as vLLM's (each series there from the start).
 FINISHED_REASONS = ("stop", "length", "abort")
 
@@ -99,18 +100,15 @@ class _Twins:
 
 class ServerMetrics:
     def __init__(self, model_name: str) -> None:
-        self.registry = CollectorRegistry()
+        self.registry, self.model_name = CollectorRegistry(), model_name
         r, labels = self.registry, ["model_name"]
-        self.model_name = model_name
         self.vllm: VllmMetrics | None = None  # its buckets need --max-model-len: made once the engine has loaded
 
         def make(kind: type, name: str, doc: str, **kw: Any) -> _Twins:
-            ours = kind(f"rawpage:{name}", doc, labels, registry=r, **kw).labels(model_name)
-            if name not in VLLM_NAMES:
-                return _Twins(ours)
-            return _Twins(
-                ours, kind(f"vllm:{name}", doc, [*labels, "engine"], registry=r, **kw).labels(model_name, "0")
-            )
+            twins = [kind(f"rawpage:{name}", doc, labels, registry=r, **kw).labels(model_name)]
+            if name in VLLM_NAMES:  # vLLM's labels: model_name and engine
+                twins.append(kind(f"vllm:{name}", doc, [*labels, "engine"], registry=r, **kw).labels(model_name, "0"))
+            return _Twins(*twins)
 
         def gauge(name: str, doc: str) -> _Twins:
             return make(Gauge, name, doc)
@@ -136,10 +134,8 @@ class ServerMetrics:
         self.swap_outs = counter("num_swap_outs", "Sequences swapped out to CPU memory")
         self.swap_ins = counter("num_swap_ins", "Sequences swapped back in")
         self.finished = counter("request_success", "Requests finished")
-        vllm_finished = Counter(
-            "vllm:request_success", "Requests finished", [*labels, "engine", "finished_reason"], registry=r
-        )
-        self.vllm_finished = {k: vllm_finished.labels(model_name, "0", k) for k in FINISHED_REASONS}
+        reasons = Counter(*VLLM_SUCCESS, [*labels, "engine", "finished_reason"], registry=r)
+        self.vllm_finished = {k: reasons.labels(model_name, "0", k) for k in FINISHED_REASONS}
         self.steps = counter("engine_steps", "Engine iterations that ran a forward pass")
         self._add_spec_metrics(counter, gauge)
         self.loop_lag = gauge("event_loop_lag_max_seconds", "Longest the HTTP event loop was late to wake")

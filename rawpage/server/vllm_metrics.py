@@ -42,6 +42,61 @@ WAITING_REASONS = ("capacity", "deferred")  # deferred: over --max-loras, or its
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")  # the last is always 0 here
 
 
+# (attribute, vLLM's name after "vllm:", its help, its buckets); "tokens": 1, 2, 5, ... up to --max-model-len.
+HISTOGRAMS: tuple[tuple[str, str, str, Any], ...] = (
+    ("iteration_tokens", "iteration_tokens_total", "Histogram of number of tokens per engine_step.", ITERATION_BUCKETS),
+    ("request_prompt", "request_prompt_tokens", "Number of prefill tokens processed.", "tokens"),
+    ("request_generation", "request_generation_tokens", "Number of generation tokens processed.", "tokens"),
+    (
+        "request_max_generation",
+        "request_max_num_generation_tokens",
+        "Histogram of maximum number of requested generation tokens.",
+        "tokens",
+    ),
+    ("params_n", "request_params_n", "Histogram of the n request parameter.", N_BUCKETS),
+    ("params_max_tokens", "request_params_max_tokens", "Histogram of the max_tokens request parameter.", "tokens"),
+    (
+        "prefill_kv_computed",
+        "request_prefill_kv_computed_tokens",
+        "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+        "tokens",
+    ),
+    ("ttft", "time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS),
+    ("itl", "inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS),
+    (
+        "tpot",
+        "request_time_per_output_token_seconds",
+        "Histogram of time_per_output_token_seconds per request.",
+        ITL_BUCKETS,
+    ),
+    ("e2e", "e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS),
+    (
+        "queue",
+        "request_queue_time_seconds",
+        "Histogram of time spent in WAITING phase for request.",
+        REQUEST_LATENCY_BUCKETS,
+    ),
+    (
+        "inference",
+        "request_inference_time_seconds",
+        "Histogram of time spent in RUNNING phase for request.",
+        REQUEST_LATENCY_BUCKETS,
+    ),
+    (
+        "prefill",
+        "request_prefill_time_seconds",
+        "Histogram of time spent in PREFILL phase for request.",
+        REQUEST_LATENCY_BUCKETS,
+    ),
+    (
+        "decode",
+        "request_decode_time_seconds",
+        "Histogram of time spent in DECODE phase for request.",
+        REQUEST_LATENCY_BUCKETS,
+    ),
+)
+
+
 def build_1_2_5_buckets(max_value: int) -> list[int]:
     """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's token-count buckets, from --max-model-len)."""
     out, scale = [], 1
@@ -70,74 +125,28 @@ class VllmMetrics:
         self.registry, self.model_name = registry, model_name
         self._progress: dict[str, _Progress] = {}
         c, h = self._counter, self._histogram
-        reason = Gauge(
+        self.waiting_by_reason = self._labelled(
+            Gauge,
             "vllm:num_requests_waiting_by_reason",
             "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; "
             "'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). "
             "Sum of all reasons equals vllm:num_requests_waiting.",
-            ["model_name", "engine", "reason"],
-            registry=registry,
+            "reason",
+            WAITING_REASONS,
         )
-        self.waiting_by_reason = {r: reason.labels(model_name, "0", r) for r in WAITING_REASONS}
         self.prompt_tokens = c("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        source = Counter(
-            "vllm:prompt_tokens_by_source",
-            "Number of prompt tokens by source.",
-            ["model_name", "engine", "source"],
-            registry=registry,
+        self.prompt_by_source = self._labelled(
+            Counter, "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", "source", PROMPT_SOURCES
         )
-        self.prompt_by_source = {s: source.labels(model_name, "0", s) for s in PROMPT_SOURCES}
         self.prompt_cached = c("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).")
-        counts, lat = build_1_2_5_buckets(engine.max_model_len), REQUEST_LATENCY_BUCKETS
-        for attr, name, doc, buckets in (
-            (
-                "iteration_tokens",
-                "iteration_tokens_total",
-                "Histogram of number of tokens per engine_step.",
-                ITERATION_BUCKETS,
-            ),
-            ("request_prompt", "request_prompt_tokens", "Number of prefill tokens processed.", counts),
-            ("request_generation", "request_generation_tokens", "Number of generation tokens processed.", counts),
-            (
-                "request_max_generation",
-                "request_max_num_generation_tokens",
-                "Histogram of maximum number of requested generation tokens.",
-                counts,
-            ),
-            ("params_n", "request_params_n", "Histogram of the n request parameter.", N_BUCKETS),
-            (
-                "params_max_tokens",
-                "request_params_max_tokens",
-                "Histogram of the max_tokens request parameter.",
-                counts,
-            ),
-            (
-                "prefill_kv_computed",
-                "request_prefill_kv_computed_tokens",
-                "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
-                counts,
-            ),
-            ("ttft", "time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS),
-            ("itl", "inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS),
-            (
-                "tpot",
-                "request_time_per_output_token_seconds",
-                "Histogram of time_per_output_token_seconds per request.",
-                ITL_BUCKETS,
-            ),
-            ("e2e", "e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", lat),
-            ("queue", "request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", lat),
-            (
-                "inference",
-                "request_inference_time_seconds",
-                "Histogram of time spent in RUNNING phase for request.",
-                lat,
-            ),
-            ("prefill", "request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", lat),
-            ("decode", "request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", lat),
-        ):
-            setattr(self, attr, h("vllm:" + name, doc, buckets))
+        counts = build_1_2_5_buckets(engine.max_model_len)
+        for attr, name, doc, buckets in HISTOGRAMS:  # "tokens": vLLM's 1-2-5 buckets up to --max-model-len
+            setattr(self, attr, h("vllm:" + name, doc, counts if buckets == "tokens" else buckets))
         self._cache_config_info(engine)
+
+    def _labelled(self, kind: type, name: str, doc: str, label: str, values: tuple[str, ...]) -> dict[str, Any]:
+        family = kind(name, doc, ["model_name", "engine", label], registry=self.registry)
+        return {v: family.labels(self.model_name, "0", v) for v in values}
 
     def _counter(self, name: str, doc: str) -> Any:
         return Counter(name, doc, ["model_name", "engine"], registry=self.registry).labels(self.model_name, "0")
