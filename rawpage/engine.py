@@ -229,6 +229,9 @@ class LLMEngine:
         if self.grammars.pending:  # compiles that failed (no server checked them first)
             self._fail_all(self.grammars.failed_requests())
         sched = self.scheduler.schedule()
+        now = time.time()
+        for seq, _ in sched.scheduled:  # the end of its queue time (vLLM's SCHEDULED event)
+            seq.request.metrics.first_scheduled_time = seq.request.metrics.first_scheduled_time or now
         if self.spec:
             self.spec.settle(sched)
         self.batch = sched.scheduled
@@ -265,9 +268,6 @@ class LLMEngine:
         start = seq.num_computed_tokens
         is_decode = seq.num_output_tokens > 0 and start == seq.num_tokens - 1 - seq.num_draft_tokens
         self.scheduler.computed(seq, n)
-        metrics = seq.request.metrics
-        if metrics.first_scheduled_time is None:
-            metrics.first_scheduled_time = time.time()
         if seq.request.prompt_logprobs is not None and num_rows > 1:
             self.output.record_prompt_logprobs(seq.request, start, logits[offset : offset + num_rows])
         return 0 if is_decode else n

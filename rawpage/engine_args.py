@@ -28,7 +28,7 @@ logger = logging.getLogger("rawpage")
 
 DEVICES = ["auto", "cpu", "sim", "cuda"]
 DTYPES = ["auto", "float32", "float16", "bfloat16", "half"]
-LOAD_FORMATS = ["auto", "dummy"]
+LOAD_FORMATS = ["auto", "safetensors", "gguf", "dummy"]  # vLLM's others (pt, npcache, ...) read formats we do not
 BLOCK_SIZES = [8, 16, 32]
 PREEMPTION_MODES = ["recompute", "swap"]
 SCHEDULING_POLICIES = ["fcfs", "priority"]
@@ -115,7 +115,10 @@ class EngineArgs:
         "auto", "weight and activation dtype; auto = float32 on cpu, the checkpoint's dtype on cuda", choices=DTYPES
     )
     load_format: str = flag(
-        "auto", "dummy: random weights of the shapes in --model's config.json, for benchmarks", choices=LOAD_FORMATS
+        "auto",
+        "auto: a model folder's safetensors or a .gguf file; safetensors, gguf: the same, refused if --model holds "
+        "the other; dummy: random weights of the shapes in --model's config.json, for benchmarks",
+        choices=LOAD_FORMATS,
     )
     max_model_len: int | None = flag(None, "longest prompt + output, in tokens", default_text="the model's")
     max_num_seqs: int = flag(256, "most sequences in one batch")

@@ -58,13 +58,16 @@ def load_checkpoint(
     if load_format == "dummy":
         return _load_dummy(model, seed, overrides)
     path = resolve_model_path(model, revision, download_dir)
-    if os.path.isdir(path):
-        return _load_hf_folder(path, overrides)
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic == b"GGUF":
-        return _load_gguf(path, overrides)
-    raise ModelLoadError(f"{path}: neither a model folder nor a GGUF file (magic bytes {magic!r})")
+    magic = b""
+    if not os.path.isdir(path):
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    found = "safetensors" if os.path.isdir(path) else "gguf" if magic == b"GGUF" else None
+    if found is None:
+        raise ModelLoadError(f"{path}: neither a model folder nor a GGUF file (magic bytes {magic!r})")
+    if load_format not in ("auto", found):  # vLLM's --load-format safetensors / gguf: what the user expects to load
+        raise ModelLoadError(f"--load-format {load_format}: {path} holds {found} weights; pass --load-format auto")
+    return _load_hf_folder(path, overrides) if found == "safetensors" else _load_gguf(path, overrides)
 
 
 def _load_hf_folder(folder: str, overrides: dict[str, Any] | None = None) -> Checkpoint:

@@ -155,7 +155,11 @@ class ServerConfig:
         choices=["qwen3", "deepseek_r1"],
         default_text="none",
     )
-    enable_force_include_usage: bool = flag(False, "every stream ends with a usage chunk, as if include_usage")
+    enable_force_include_usage: bool = flag(
+        False,
+        "every stream carries usage on each chunk and ends with a usage chunk, as if stream_options asked for "
+        "include_usage and continuous_usage_stats (vLLM's)",
+    )
     log_level: str = flag("info", "log level", choices=["debug", "info", "warning", "error"])
     uvicorn_log_level: str | None = flag(
         None,

@@ -352,10 +352,11 @@ class OutputOptions:
 def output_options(body: Body, config: ServerConfig) -> OutputOptions:
     stream, include_usage, continuous = stream_options(body)
     as_ids = body.bool("return_tokens_as_token_ids", None)
+    forced = stream and config.enable_force_include_usage  # vLLM: usage on every chunk and at the end
     return OutputOptions(
         stream=stream,
-        include_usage=include_usage or (stream and config.enable_force_include_usage),
-        continuous_usage=continuous,
+        include_usage=include_usage or forced,
+        continuous_usage=continuous or forced,
         return_token_ids=bool(body.bool("return_token_ids", False)),
         tokens_as_ids=config.return_tokens_as_token_ids if as_ids is None else as_ids,
     )
