@@ -109,6 +109,10 @@ class Sampler:
                 logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
         if any(s.grammar is not None for s in seqs):  # last: no bias or penalty can revive a forbidden token
             apply_masks(logits, seqs, self.masks)
+        for i, s in enumerate(seqs):  # a spent thinking budget: the end tag's next token, whatever else
+            forced = s.thinking.forced_token() if s.thinking is not None else None
+            if forced is not None:
+                logits[i] = np.where(np.arange(V) == forced, 0.0, -np.inf)
         return logits
 
     def sample(self, logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
@@ -155,4 +159,5 @@ def plain_greedy(s: Sequence) -> bool:
         and p.logprobs is None
         and not p.use_beam_search
         and s.grammar is None
+        and (s.thinking is None or s.thinking.forced_token() is None)
     )

@@ -38,6 +38,12 @@ class SamplingParams:
     early_stopping: bool | str = False
     # a grammar the output must follow (JSON schema, regex, choice, Lark); a dict is accepted too
     structured_outputs: StructuredOutputsParams | dict[str, Any] | None = None
+    # vLLM's: tokens a reasoning model may write inside its think block before the end tag is
+    # forced (rawpage/thinking_budget.py); None (or -1) unlimited, 0 no thinking
+    thinking_token_budget: int | None = None
+    # the think block's (start, end) tags: the engine tracks the block (usage's reasoning tokens)
+    # and applies thinking_token_budget to it; None: <think>, </think> where a budget is given
+    reasoning_tags: tuple[str, str] | None = None
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -47,6 +53,8 @@ class SamplingParams:
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         if self.top_k == -1:
             self.top_k = 0
+        if self.thinking_token_budget == -1:
+            self.thinking_token_budget = None  # llama-server's spelling of unlimited
         if self.logit_bias:
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
             if any(k < 0 for k in self.logit_bias) or not all(map(math.isfinite, self.logit_bias.values())):
@@ -94,6 +102,11 @@ class SamplingParams:
         if not math.isfinite(self.length_penalty) or not -10 <= self.length_penalty <= 10:
             # length ** length_penalty must stay a finite, non-zero float for every length
             bad("length_penalty", "must be a number in [-10, 10]")
+        budget = self.thinking_token_budget
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+            bad("thinking_token_budget", "must be an integer >= 0, or -1 / None (unlimited)")
+        if budget is not None and self.use_beam_search:
+            bad("thinking_token_budget", "does not combine with beam search")
         if self.use_beam_search:
             if self.temperature != 0 and self.temperature != 1.0:
                 bad(

@@ -21,6 +21,7 @@ from rawpage.server.protocol import (
     output_options,
     sampling_params,
 )
+from rawpage.server.reasoning_controls import chat_controls
 from rawpage.server.request import (
     NO_EFFECT_FIELDS,
     BatchChatRequest,
@@ -87,7 +88,7 @@ def parse_chat_completion(body: Body, state: ServerState, rid: str) -> ChatCompl
     out = output_options(body, state.config)
     params = chat_sampling_params(body, state, out, output_constraint(body, reply))
     role, echo = role_and_echo(body, messages)
-    render = render_options(body, state.config)
+    render, params = chat_controls(body).resolve(state, render_options(body, state.config), params)
     chat = ChatRequest(rid, messages, params, reply, render, lora, priority(body, state), cache_salt(body))
     body.reject_unread(NO_EFFECT_FIELDS)
     return ChatCompletionRequest(chat, out, served_name(state, lora), role, echo)
@@ -103,7 +104,7 @@ def parse_batch_chat(body: Body, state: ServerState, rid: str) -> BatchChatReque
     out = output_options(body, state.config)
     params = chat_sampling_params(body, state, out, output_constraint(body, reply))
     roles = [role_and_echo(body, messages) for messages in conversations]
-    render = render_options(body, state.config)
+    render, params = chat_controls(body).resolve(state, render_options(body, state.config), params)
     model, prio, salt = served_name(state, lora), priority(body, state), cache_salt(body)
     body.reject_unread(NO_EFFECT_FIELDS)
     chats = [ChatRequest(rid, messages, params, reply, render, lora, prio, salt) for messages in conversations]

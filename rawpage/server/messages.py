@@ -6,7 +6,8 @@ object, or as Anthropic's event stream (messages_output.py). Errors on these rou
 Anthropic's shape, and the key may come as `x-api-key` (app.py).
 
     Reply            content block
-    reasoning        {"type": "thinking", "thinking", "signature": ""} (--reasoning-parser)
+    reasoning        {"type": "thinking", "thinking", "signature"} (--reasoning-parser; the
+                     signature is reasoning_seal.py's: signed, not encrypted)
     content          {"type": "text", "text"}  (present unless there are only tool calls)
     each call        {"type": "tool_use", "id", "name", "input"}
 """
@@ -30,7 +31,7 @@ async def create_message(request: Request, state: ServerState) -> Response:
     final = await final_output(request, gen)
     o = final.outputs[0]
     reply = parser.parse(o.text, o.finish_reason)
-    message = message_object(req.chat.request_id, req.model, reply, o, token_counts(state, final))
+    message = message_object(req.chat.request_id, req.model, reply, o, token_counts(state, final), state.seal.seal)
     return JSONResponse(message, headers={"request-id": req.chat.request_id})
 
 

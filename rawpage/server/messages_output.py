@@ -3,8 +3,9 @@ the same message block by block.
 
     message_start                the message, empty, with usage.input_tokens
     ping
-    content_block_start / _delta / _stop   per block: thinking (thinking_delta), text
-                                 (text_delta), tool_use (input_json_delta, whole, at the end)
+    content_block_start / _delta / _stop   per block: thinking (thinking_delta, then one
+                                 signature_delta), text (text_delta), tool_use
+                                 (input_json_delta, whole, at the end)
     message_delta                stop_reason, stop_sequence, usage.output_tokens
     message_stop
 
@@ -14,7 +15,7 @@ A failure after the stream began is one `error` event in Anthropic's error shape
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.responses import Response
@@ -55,8 +56,13 @@ def tool_use(call: ToolCall) -> dict[str, Any]:
     }
 
 
-def content_blocks(reply: Reply) -> list[dict[str, Any]]:
-    blocks = [{"type": "thinking", "thinking": reply.reasoning, "signature": ""}] if reply.reasoning else []
+def content_blocks(reply: Reply, sign: Callable[[str], str]) -> list[dict[str, Any]]:
+    """The reply's blocks; `sign` makes a thinking block's signature (reasoning_seal.py)."""
+    blocks = (
+        [{"type": "thinking", "thinking": reply.reasoning, "signature": sign(reply.reasoning)}]
+        if reply.reasoning
+        else []
+    )
     if reply.content or not reply.calls:
         blocks.append({"type": "text", "text": reply.content})
     return blocks + [tool_use(c) for c in reply.calls]
@@ -70,14 +76,16 @@ def usage(counts: TokenCounts, output_tokens: int) -> dict[str, Any]:
     return out
 
 
-def message_object(rid: str, model: str, reply: Reply, o: CompletionOutput, counts: TokenCounts) -> dict[str, Any]:
+def message_object(
+    rid: str, model: str, reply: Reply, o: CompletionOutput, counts: TokenCounts, sign: Callable[[str], str]
+) -> dict[str, Any]:
     reason, sequence = stop_reason(reply, o)
     return {
         "id": rid,
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": content_blocks(reply),
+        "content": content_blocks(reply, sign),
         "stop_reason": reason,
         "stop_sequence": sequence,
         "usage": usage(counts, counts.completion),
@@ -91,7 +99,7 @@ def error_events(err: APIError) -> list[str]:
 def stream_message(
     state: ServerState, rid: str, model: str, gen: AsyncIterator[RequestOutput], parser: ReplyParser
 ) -> Response:
-    return sse_response(_events(state, parser, MessageEvents(rid, model), gen), rid, error_events)
+    return sse_response(_events(state, parser, MessageEvents(rid, model, state.seal.seal), gen), rid, error_events)
 
 
 async def _events(state: ServerState, parser: ReplyParser, ev: MessageEvents, gen: AsyncIterator[RequestOutput]):
@@ -112,8 +120,8 @@ async def _events(state: ServerState, parser: ReplyParser, ev: MessageEvents, ge
 class MessageEvents:
     """The SSE events of one streamed message."""
 
-    def __init__(self, rid: str, model: str) -> None:
-        self.rid, self.model = rid, model
+    def __init__(self, rid: str, model: str, sign: Callable[[str], str]) -> None:
+        self.rid, self.model, self.sign = rid, model, sign
         self.index = -1  # the open (or last) content block's index
         self.open: str | None = None  # "thinking" or "text": the block text is going into
         self.reasoning, self.content = "", ""
@@ -184,8 +192,12 @@ class MessageEvents:
     def _close(self) -> list[str]:
         if self.open is None:
             return []
+        events = []
+        if self.open == "thinking":  # the block's signature comes last, as Anthropic sends it
+            delta = {"type": "signature_delta", "signature": self.sign(self.reasoning)}
+            events.append(self.event("content_block_delta", index=self.index, delta=delta))
         self.open = None
-        return [self.event("content_block_stop", index=self.index)]
+        return events + [self.event("content_block_stop", index=self.index)]
 
     def _call(self, call: ToolCall) -> list[str]:
         events = self._close()

@@ -102,6 +102,7 @@ class ResponsesRequest:
     model: str
     store: bool
     stream: bool
+    encrypted_reasoning: bool = False  # include: ["reasoning.encrypted_content"] (reasoning_seal.py)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ stored conversation.
     "a string"                               {"role": "user", "content": ...}
     {"type": "message", "role", "content"}   that role ("developer" is "system"); input_text /
                                              output_text parts joined
-    {"type": "reasoning", "content"|"summary"} an assistant message's reasoning_content
+    {"type": "reasoning", "content"|"summary"|"encrypted_content"}
+                                             an assistant message's reasoning_content
     {"type": "function_call", "call_id", "name", "arguments"}
                                              a tool call on the assistant message before it
     {"type": "function_call_output", "call_id", "output"}
@@ -25,6 +26,8 @@ from typing import Any
 from rawpage.sampling_params import SamplingParams
 from rawpage.server.guided import structured_outputs_from
 from rawpage.server.protocol import APIError, Body, checked_sampling_params
+from rawpage.server.reasoning_controls import responses_controls
+from rawpage.server.reasoning_seal import ReasoningSeal
 from rawpage.server.request import (
     NO_EFFECT_FIELDS,
     ChatRequest,
@@ -35,7 +38,7 @@ from rawpage.server.request import (
     served_name,
     tool_request,
 )
-from rawpage.server.state import ServerState
+from rawpage.server.state import RenderOptions, ServerState
 from rawpage.server.tools import prepare_tool_messages
 from rawpage.structured_output import StructuredOutputsParams
 
@@ -52,7 +55,7 @@ def parse_responses(body: Body, state: ServerState, owner: str | None) -> Respon
     history = _previous(state, previous, owner)
     instructions = body.str("instructions")
     body.mark_read("input")
-    conversation = [*history, *input_messages(body.data.get("input"), history)]
+    conversation = [*history, *input_messages(body.data.get("input"), history, state.seal)]
     messages = [dict(m) for m in conversation]  # prepare_tool_messages rewrites them: the store keeps JSON text
     messages = [{"role": "system", "content": instructions}, *messages] if instructions else messages
     prepare_tool_messages(messages)
@@ -64,13 +67,15 @@ def parse_responses(body: Body, state: ServerState, owner: str | None) -> Respon
         max_tokens=body.int("max_output_tokens", state.config.max_tokens_default, 1),
         structured_outputs=constraint_for(text_format(body), "text.format", reply),
     )
+    controls, reasoning = responses_controls(body)
+    render, params = controls.resolve(state, RenderOptions(), params)
     store, stream = bool(body.bool("store", True)), bool(body.bool("stream", False))
-    fields = _echoed(body, previous, instructions, params, store, tools_body)
-    _refuse_unsupported(body, stream)
+    fields = {**_echoed(body, previous, instructions, params, store, tools_body), "reasoning": reasoning}
+    sealed = _refuse_unsupported(body, stream)
     body.reject_unread(NO_EFFECT_FIELDS)
     rid = f"resp_{uuid.uuid4().hex}"  # never a client's X-Request-Id: ids are keys of the store
-    chat = ChatRequest(rid, messages, params, reply, lora=lora, param="input")
-    return ResponsesRequest(chat, fields, conversation, owner, served_name(state, lora), store, stream)
+    chat = ChatRequest(rid, messages, params, reply, render, lora=lora, param="input")
+    return ResponsesRequest(chat, fields, conversation, owner, served_name(state, lora), store, stream, sealed)
 
 
 def _previous(state: ServerState, previous: str | None, owner: str | None) -> list[dict[str, Any]]:
@@ -104,7 +109,6 @@ def _echoed(
         "metadata": _metadata(body),
         "parallel_tool_calls": tools.data["parallel_tool_calls"],
         "previous_response_id": previous,
-        "reasoning": {"effort": None, "summary": None},
         "store": store,
         "temperature": params.temperature,
         "text": {"format": fmt or {"type": "text"}},
@@ -130,24 +134,19 @@ def _metadata(body: Body) -> dict[str, str]:
     return meta
 
 
-def _refuse_unsupported(body: Body, stream: bool) -> None:
-    """Fields whose only value here is the default: anything else is a 400 that names it."""
+def _refuse_unsupported(body: Body, stream: bool) -> bool:
+    """Fields whose only value here is the default: anything else is a 400 that names it.
+    Returns whether `include` asks for reasoning.encrypted_content (reasoning_seal.py)."""
     if body.bool("background", False):
         raise APIError("'background' responses are not supported here; use 'stream': true", param="background")
     include = body.value("include") or []
-    if not isinstance(include, list) or include:
+    if not isinstance(include, list) or any(i != "reasoning.encrypted_content" for i in include):
         raise APIError(
-            f"'include' {str(include)[:100]} is not supported (no logprobs or encrypted reasoning here)",
+            f"'include' {str(include)[:100]} is not supported (only reasoning.encrypted_content, no logprobs here)",
             param="include",
         )
     if body.str("truncation", "disabled") != "disabled":
         raise APIError("'truncation' must be 'disabled': an input over --max-model-len is a 400", param="truncation")
-    reasoning = body.obj("reasoning")
-    for name in reasoning.data:  # reasoning is the model's own, split by --reasoning-parser
-        if reasoning.data[name] is not None:
-            raise APIError(
-                f"'reasoning.{name}' is not supported: this server cannot steer reasoning", param=f"reasoning.{name}"
-            )
     options = body.obj("stream_options")
     if options.data and not stream:
         raise APIError("'stream_options' can only be given with 'stream': true", param="stream_options")
@@ -156,9 +155,10 @@ def _refuse_unsupported(body: Body, stream: bool) -> None:
             "'stream_options.include_obfuscation' is not supported", param="stream_options.include_obfuscation"
         )
     options.reject_unread()
+    return bool(include)
 
 
-def input_messages(value: Any, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def input_messages(value: Any, history: list[dict[str, Any]], seal: ReasoningSeal) -> list[dict[str, Any]]:
     """`input` as chat messages, after the `history` of a previous response (whose tool
     calls its function_call_output items may answer)."""
     if isinstance(value, str):
@@ -181,7 +181,10 @@ def input_messages(value: Any, history: list[dict[str, Any]]) -> list[dict[str, 
                 "function_call and function_call_output items",
                 param=f"{where}.type",
             )
-        read(Body(item, f"{where}."), out, calls)
+        if read is _reasoning:
+            _reasoning(Body(item, f"{where}."), out, seal)
+        else:
+            read(Body(item, f"{where}."), out, calls)
     return out
 
 
@@ -227,14 +230,16 @@ def _text(item: Body, name: str) -> str:
     return "".join(texts)
 
 
-def _reasoning(item: Body, out: list[dict[str, Any]], calls: set[str]) -> None:
-    """An earlier reply's reasoning, sent back: the chat template's reasoning_content."""
+def _reasoning(item: Body, out: list[dict[str, Any]], seal: ReasoningSeal) -> None:
+    """An earlier reply's reasoning, sent back: the chat template's reasoning_content. Its
+    encrypted_content, when there is one, is what the model thought (signed by this server,
+    a 400 if changed); the readable parts are then only the client's copy of it."""
     item.str("type"), item.str("id"), item.str("status")
-    if item.value("encrypted_content") is not None:
-        raise APIError("this server has no encrypted reasoning to read", param=f"{item.path}encrypted_content")
     parts = [*_parts(item, "content", "reasoning_text"), *_parts(item, "summary", "summary_text")]
+    sealed = item.value("encrypted_content")
+    text = seal.open(sealed, f"{item.path}encrypted_content") if sealed is not None else "".join(parts)
     item.reject_unread()
-    out.append({"role": "assistant", "content": "", "reasoning_content": "".join(parts)})
+    out.append({"role": "assistant", "content": "", "reasoning_content": text})
 
 
 def _parts(item: Body, name: str, kind: str) -> list[str]:
