@@ -85,8 +85,6 @@ class LLMEngine:
         self.runner = make_runner(self.workers, self.model, self.backend, pool, shapes, self.max_model_len, self.lora)
         self.grammars = GrammarCompiler.from_args(self.tokenizer.hf, c.vocab_size, c.eos_token_ids, args)
         self.masks = MaskPrefetcher()
-        encode = functools.partial(self.tokenizer.encode, add_special_tokens=False)
-        self.thinking = ThinkingBudgets(self.grammars.token_texts, self.grammars.decode, encode)
         self.sampler = Sampler(c.vocab_size, c.eos_token_ids, self.masks.mask)
         self._seq_ids = itertools.count()
         self.forker = Forker(self.scheduler, self._seq_ids)
@@ -152,6 +150,12 @@ class LLMEngine:
         self.requests[request_id] = req
         self.scheduler.add(req.seqs[0])
         return req
+
+    @functools.cached_property
+    def thinking(self) -> ThinkingBudgets:
+        """The think-block trackers' factory, made on the first request that needs it."""
+        encode = functools.partial(self.tokenizer.encode, add_special_tokens=False)
+        return ThinkingBudgets(self.grammars.token_texts, self.grammars.decode, encode)
 
     def _thinking_state(self, params: SamplingParams, ids: list[int]) -> ThinkingBudget | None:
         """The think block's tracker for a request that names a budget or the tags (thinking_budget.py)."""

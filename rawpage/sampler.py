@@ -21,6 +21,7 @@ from rawpage.device_logits import DeviceLogits
 from rawpage.ops.sampling import log_softmax, nucleus_mask, top_k_ids
 from rawpage.sequence import Sequence
 from rawpage.structured_output import apply_masks
+from rawpage.thinking_budget import force_end_tags
 
 
 @dataclass
@@ -109,10 +110,7 @@ class Sampler:
                 logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
         if any(s.grammar is not None for s in seqs):  # last: no bias or penalty can revive a forbidden token
             apply_masks(logits, seqs, self.masks)
-        for i, s in enumerate(seqs):  # a spent thinking budget: the end tag's next token, whatever else
-            forced = s.thinking.forced_token() if s.thinking is not None else None
-            if forced is not None:
-                logits[i] = np.where(np.arange(V) == forced, 0.0, -np.inf)
+        force_end_tags(logits, seqs)  # a spent thinking budget: the end tag's next token, whatever else
         return logits
 
     def sample(self, logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:

@@ -60,6 +60,7 @@ class SamplingParams:
             if any(k < 0 for k in self.logit_bias) or not all(map(math.isfinite, self.logit_bias.values())):
                 raise ValueError("logit_bias must map non-negative token ids to finite numbers")
         self._validate()
+        self._validate_thinking()
 
     def _validate(self) -> None:
         def bad(name: str, why: str) -> None:
@@ -102,11 +103,6 @@ class SamplingParams:
         if not math.isfinite(self.length_penalty) or not -10 <= self.length_penalty <= 10:
             # length ** length_penalty must stay a finite, non-zero float for every length
             bad("length_penalty", "must be a number in [-10, 10]")
-        budget = self.thinking_token_budget
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
-            bad("thinking_token_budget", "must be an integer >= 0, or -1 / None (unlimited)")
-        if budget is not None and self.use_beam_search:
-            bad("thinking_token_budget", "does not combine with beam search")
         if self.use_beam_search:
             if self.temperature != 0 and self.temperature != 1.0:
                 bad(
@@ -115,6 +111,13 @@ class SamplingParams:
                 )
             if self.early_stopping not in (True, False, "never"):
                 bad("early_stopping", "must be True, False or 'never'")
+
+    def _validate_thinking(self) -> None:
+        budget = self.thinking_token_budget
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+            raise ValueError(f"thinking_token_budget must be an integer >= 0, or -1 / None (unlimited), got {budget!r}")
+        if budget is not None and self.use_beam_search:
+            raise ValueError("thinking_token_budget does not combine with beam search")
 
     @property
     def greedy(self) -> bool:

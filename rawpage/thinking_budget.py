@@ -20,6 +20,9 @@ so it follows a sequence through forks (n > 1) and preemption, as a grammar's do
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
 
 from rawpage.structured_output.reasoning_gate import OPEN, THINKING, ReasoningGate, TokenTexts, prompt_phase
 
@@ -69,6 +72,14 @@ class ThinkingBudget:
                 self.num_forced += 1
             elif before == THINKING:
                 self.num_thinking += 1
+
+
+def force_end_tags(logits: np.ndarray, seqs: list[Any]) -> None:
+    """Each row (N, V) whose sequence must write its end tag now keeps only that token."""
+    for i, s in enumerate(seqs):
+        forced = s.thinking.forced_token() if s.thinking is not None else None
+        if forced is not None:
+            logits[i] = np.where(np.arange(logits.shape[1]) == forced, 0.0, -np.inf)
 
 
 class ThinkingBudgets:

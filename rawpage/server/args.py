@@ -164,7 +164,7 @@ class ServerConfig:
         None,
         "the key that signs reasoning handed back to clients (Responses encrypted_content, Messages thinking "
         "signatures); replicas behind one address must share it; prefer $RAWPAGE_REASONING_SECRET (argv is visible)",
-        default_text="$RAWPAGE_REASONING_SECRET, else random per start",
+        default_text="$RAWPAGE_REASONING_SECRET or random per start",
     )
     enable_force_include_usage: bool = flag(False, "every stream ends with a usage chunk, as if include_usage")
     log_level: str = flag("info", "log level", choices=["debug", "info", "warning", "error"])

@@ -112,12 +112,19 @@ def _block_type(b: Body, allowed: tuple[str, ...]) -> str:
     return kind
 
 
+def _text(b: Body) -> str:
+    """A text block's text; `citations` may come back as the API returned it: null or empty."""
+    if b.value("citations"):
+        raise APIError(f"'{b.path}citations' is not supported: this server reads text only", param=f"{b.path}citations")
+    return b.required_str("text")
+
+
 def _user(blocks: list[Body], calls: set[str]) -> list[dict[str, Any]]:
     """A user turn: its tool results (chat's tool messages), then its text."""
     out, texts = [], []
     for b in blocks:
         if _block_type(b, ("text", "tool_result")) == "text":
-            texts.append(b.required_str("text"))
+            texts.append(_text(b))
         else:
             use_id = b.required_str("tool_use_id")
             if use_id not in calls:
@@ -140,7 +147,7 @@ def _assistant(blocks: list[Body], calls: set[str], seal: ReasoningSeal) -> list
     for b in blocks:
         kind = _block_type(b, ("text", "tool_use", "thinking"))
         if kind == "text":
-            msg["content"] += b.required_str("text")
+            msg["content"] += _text(b)
         elif kind == "thinking":
             text, signature = b.required_str("thinking"), b.str("signature")
             if signature and seal.open(signature, f"{b.path}signature") != text:
