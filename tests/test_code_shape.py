@@ -86,9 +86,9 @@ CORE_FORBIDDEN = ["rawpage.server", "rawpage.cli"]
 # U+FFFD, as vLLM (issue 42: detokenizer.py), and vLLM's words on an empty prompt, which
 # clients match (request_checks.py), then to 8,670 for vLLM's allowed_token_ids (a mask from ids
 # sorted once per request) and logprob_token_ids with their true ranks (issue 42: sampler.py,
-# sampling_params.py, output_processor.py), then to 8,825 for thinking budgets: the engine tracks
+# sampling_params.py, output_processor.py), then to 8,820 for thinking budgets: the engine tracks
 # a reasoning model's think block and forces its end tag (issue 43 item 1: thinking_budget.py).
-CORE_CLOSURE_LINE_BUDGET = 8825
+CORE_CLOSURE_LINE_BUDGET = 8820
 # Files from `rawpage serve` to the attention kernel (tools/path_files.py), on each path:
 # issue 32's target was 20 on a tiny Llama decoding eagerly; issue 41 measures where users
 # are (the default model's replayed decode and eager prefill on the CPU kernels, the

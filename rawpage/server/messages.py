@@ -27,11 +27,14 @@ async def create_message(request: Request, state: ServerState) -> Response:
     req = parse_messages_request(await state.read_body(request), state)
     gen, parser = await submit(request, state, req.chat)
     if req.stream:
-        return stream_message(state, req.chat.request_id, req.model, gen, parser)
+        return stream_message(state, req, gen, parser)
     final = await final_output(request, gen)
     o = final.outputs[0]
     reply = parser.parse(o.text, o.finish_reason)
-    message = message_object(req.chat.request_id, req.model, reply, o, token_counts(state, final), state.seal.seal)
+    sign = state.seal.seal
+    message = message_object(
+        req.chat.request_id, req.model, reply, o, token_counts(state, final), sign, req.omit_thinking
+    )
     return JSONResponse(message, headers={"request-id": req.chat.request_id})
 
 

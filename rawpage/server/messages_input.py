@@ -150,7 +150,9 @@ def _assistant(blocks: list[Body], calls: set[str], seal: ReasoningSeal) -> list
             msg["content"] += _text(b)
         elif kind == "thinking":
             text, signature = b.required_str("thinking"), b.str("signature")
-            if signature and seal.open(signature, f"{b.path}signature") != text:
+            if signature and not text:  # display "omitted": the signature holds the thinking
+                text = seal.open(signature, f"{b.path}signature")
+            elif signature and seal.open(signature, f"{b.path}signature") != text:
                 raise APIError(
                     f"'{b.path}thinking' is not the thinking its signature signed", param=f"{b.path}thinking"
                 )
@@ -231,7 +233,7 @@ def parse_messages_request(body: Body, state: ServerState) -> MessagesRequest:
     meta.reject_unread()
     stream = bool(body.bool("stream", False))
     body.reject_unread()
-    return MessagesRequest(chat, served_name(state, lora), stream)
+    return MessagesRequest(chat, served_name(state, lora), stream, controls.omitted)
 
 
 def parse_count_tokens(body: Body, state: ServerState) -> ChatRequest:

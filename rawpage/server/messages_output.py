@@ -24,6 +24,7 @@ from rawpage.outputs import CompletionOutput, RequestOutput
 from rawpage.server.chat_reply import Reply, ReplyParser
 from rawpage.server.chat_request import TokenCounts, reply_steps, token_counts
 from rawpage.server.protocol import APIError
+from rawpage.server.request import MessagesRequest
 from rawpage.server.state import ServerState
 from rawpage.server.streaming import sse, sse_response
 from rawpage.server.tool_parsers import ToolCall
@@ -56,13 +57,13 @@ def tool_use(call: ToolCall) -> dict[str, Any]:
     }
 
 
-def content_blocks(reply: Reply, sign: Callable[[str], str]) -> list[dict[str, Any]]:
-    """The reply's blocks; `sign` makes a thinking block's signature (reasoning_seal.py)."""
-    blocks = (
-        [{"type": "thinking", "thinking": reply.reasoning, "signature": sign(reply.reasoning)}]
-        if reply.reasoning
-        else []
-    )
+def content_blocks(reply: Reply, sign: Callable[[str], str], omit: bool = False) -> list[dict[str, Any]]:
+    """The reply's blocks; `sign` makes a thinking block's signature (reasoning_seal.py), which
+    alone carries the thinking when `omit` (thinking.display "omitted")."""
+    blocks = []
+    if reply.reasoning:
+        thinking = "" if omit else reply.reasoning
+        blocks.append({"type": "thinking", "thinking": thinking, "signature": sign(reply.reasoning)})
     if reply.content or not reply.calls:
         blocks.append({"type": "text", "text": reply.content})
     return blocks + [tool_use(c) for c in reply.calls]
@@ -77,7 +78,13 @@ def usage(counts: TokenCounts, output_tokens: int) -> dict[str, Any]:
 
 
 def message_object(
-    rid: str, model: str, reply: Reply, o: CompletionOutput, counts: TokenCounts, sign: Callable[[str], str]
+    rid: str,
+    model: str,
+    reply: Reply,
+    o: CompletionOutput,
+    counts: TokenCounts,
+    sign: Callable[[str], str],
+    omit: bool = False,
 ) -> dict[str, Any]:
     reason, sequence = stop_reason(reply, o)
     return {
@@ -85,7 +92,7 @@ def message_object(
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": content_blocks(reply, sign),
+        "content": content_blocks(reply, sign, omit),
         "stop_reason": reason,
         "stop_sequence": sequence,
         "usage": usage(counts, counts.completion),
@@ -97,9 +104,11 @@ def error_events(err: APIError) -> list[str]:
 
 
 def stream_message(
-    state: ServerState, rid: str, model: str, gen: AsyncIterator[RequestOutput], parser: ReplyParser
+    state: ServerState, req: MessagesRequest, gen: AsyncIterator[RequestOutput], parser: ReplyParser
 ) -> Response:
-    return sse_response(_events(state, parser, MessageEvents(rid, model, state.seal.seal), gen), rid, error_events)
+    rid = req.chat.request_id
+    events = MessageEvents(rid, req.model, state.seal.seal, req.omit_thinking)
+    return sse_response(_events(state, parser, events, gen), rid, error_events)
 
 
 async def _events(state: ServerState, parser: ReplyParser, ev: MessageEvents, gen: AsyncIterator[RequestOutput]):
@@ -120,8 +129,9 @@ async def _events(state: ServerState, parser: ReplyParser, ev: MessageEvents, ge
 class MessageEvents:
     """The SSE events of one streamed message."""
 
-    def __init__(self, rid: str, model: str, sign: Callable[[str], str]) -> None:
+    def __init__(self, rid: str, model: str, sign: Callable[[str], str], omit: bool = False) -> None:
         self.rid, self.model, self.sign = rid, model, sign
+        self.omit = omit  # thinking.display "omitted": no thinking_delta, the signature carries it
         self.index = -1  # the open (or last) content block's index
         self.open: str | None = None  # "thinking" or "text": the block text is going into
         self.reasoning, self.content = "", ""
@@ -173,6 +183,8 @@ class MessageEvents:
         events = [] if self.open == kind else self._close() + self._open(kind)
         if kind == "thinking":
             self.reasoning += text
+            if self.omit:
+                return events
             delta = {"type": "thinking_delta", "thinking": text}
         else:
             self.content += text

@@ -40,6 +40,7 @@ EFFORT_BUDGETS: dict[str, int | None] = {
 class ReasoningControls:
     effort: str | None = None  # one of EFFORT_BUDGETS
     budget: int | None = None  # tokens, given outright (None: not given; -1: unlimited)
+    omitted: bool = False  # Anthropic's thinking.display "omitted": the text travels only in the signature
 
     def resolve(
         self, state: ServerState, render: RenderOptions, params: SamplingParams
@@ -105,7 +106,9 @@ def responses_controls(body: Body) -> tuple[ReasoningControls, dict[str, Any]]:
 
 def anthropic_controls(body: Body, output_effort: str | None) -> ReasoningControls:
     """Anthropic's `thinking`: enabled with budget_tokens, disabled (no thinking), or adaptive
-    (the model decides: no budget); and output_config.effort, read by the caller."""
+    (the model decides: no budget), with its `display` ("summarized": the thinking as it is,
+    there is no summarizer; "omitted": empty, the signature keeps it); and output_config.effort,
+    read by the caller."""
     thinking = body.obj("thinking")
     kind = thinking.str("type")
     budget = None
@@ -117,9 +120,8 @@ def anthropic_controls(body: Body, output_effort: str | None) -> ReasoningContro
         budget = 0
     elif kind not in (None, "adaptive"):
         raise APIError("'thinking.type' must be enabled, disabled or adaptive", param="thinking.type")
-    if thinking.str("display", "summarized") != "summarized":
-        raise APIError(
-            "'thinking.display' must be summarized: this server returns the thinking it has", param="thinking.display"
-        )
+    display = thinking.str("display", "summarized")
+    if display not in ("summarized", "omitted"):
+        raise APIError("'thinking.display' must be summarized or omitted", param="thinking.display")
     thinking.reject_unread()
-    return ReasoningControls(effort(output_effort, "output_config.effort"), budget)
+    return ReasoningControls(effort(output_effort, "output_config.effort"), budget, display == "omitted")

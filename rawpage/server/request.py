@@ -116,6 +116,7 @@ class MessagesRequest:
     chat: ChatRequest
     model: str  # as the reply names it: the served name, or the LoRA adapter's
     stream: bool
+    omit_thinking: bool = False  # thinking.display "omitted": thinking blocks carry only their signature
 
 
 @dataclass(frozen=True)

@@ -133,6 +133,12 @@ def test_anthropic_thinking_blocks_signed_and_sent_back(claude):
     history[1]["content"][0]["thinking"] += " (edited)"
     with pytest.raises(anthropic.BadRequestError, match="signature"):
         claude.messages.create(messages=history, **kw)
+    hidden = claude.messages.create(
+        messages=USER, thinking={"type": "enabled", "budget_tokens": 4, "display": "omitted"}, **kw
+    )
+    assert hidden.content[0].thinking == "" and ReasoningSeal(SECRET).open(hidden.content[0].signature, "x")
+    history = [*USER, {"role": "assistant", "content": [hidden.content[0].model_dump()]}, *USER]
+    assert claude.messages.create(messages=history, **kw).stop_reason == "max_tokens"  # the signature restores it
     off = claude.messages.create(messages=USER, thinking={"type": "disabled"}, **kw)
     assert [b.type for b in off.content] == ["text"]
     with pytest.raises(anthropic.BadRequestError, match="thinking.type"):
