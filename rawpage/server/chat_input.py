@@ -21,7 +21,7 @@ from rawpage.server.protocol import (
     output_options,
     sampling_params,
 )
-from rawpage.server.reasoning_controls import chat_controls
+from rawpage.server.reasoning_input import chat_controls
 from rawpage.server.request import (
     NO_EFFECT_FIELDS,
     BatchChatRequest,

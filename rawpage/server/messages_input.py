@@ -23,7 +23,7 @@ from typing import Any
 from rawpage.server.chat_reply import ReplyParser
 from rawpage.server.guided import structured_outputs_from
 from rawpage.server.protocol import APIError, Body, checked_sampling_params
-from rawpage.server.reasoning_controls import ReasoningControls, anthropic_controls
+from rawpage.server.reasoning_input import ReasoningControls, anthropic_controls
 from rawpage.server.reasoning_seal import ReasoningSeal
 from rawpage.server.request import (
     ChatRequest,
@@ -249,7 +249,7 @@ def _conversation(
     body: Body, state: ServerState
 ) -> tuple[list[dict[str, Any]], ReplyParser, StructuredOutputsParams | None, ReasoningControls]:
     """What /v1/messages and count_tokens share: the messages, the tools, the grammar and
-    the thinking controls (`thinking`, output_config.effort: reasoning_controls.py)."""
+    the thinking controls (`thinking`, output_config.effort: reasoning_input.py)."""
     messages = chat_messages(body, state.seal)
     prepare_tool_messages(messages)
     reply = reply_parser(state, tool_request(state, chat_tools(body)))

@@ -26,7 +26,7 @@ from typing import Any
 from rawpage.sampling_params import SamplingParams
 from rawpage.server.guided import structured_outputs_from
 from rawpage.server.protocol import APIError, Body, checked_sampling_params, logit_bias, logprobs_count
-from rawpage.server.reasoning_controls import responses_controls
+from rawpage.server.reasoning_input import responses_controls
 from rawpage.server.reasoning_seal import ReasoningSeal
 from rawpage.server.request import (
     NO_EFFECT_FIELDS,

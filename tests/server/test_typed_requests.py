@@ -34,6 +34,7 @@ PARSE_MODULES = {
     "prompt_input",
     "responses_input",
     "messages_input",
+    "reasoning_input",  # the reasoning controls each API spells its own way
     "guided",  # the output constraint's fields
     "tools",  # the tool fields
 }

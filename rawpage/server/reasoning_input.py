@@ -79,7 +79,7 @@ def _template_reads_effort(state: ServerState, render: RenderOptions) -> bool:
 def effort(value: Any, param: str) -> str | None:
     if value is None:
         return None
-    if value not in EFFORT_BUDGETS:
+    if not isinstance(value, str) or value not in EFFORT_BUDGETS:
         raise APIError(f"'{param}' must be one of {', '.join(EFFORT_BUDGETS)}; got {str(value)[:32]!r}", param=param)
     return value
 
