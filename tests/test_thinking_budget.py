@@ -101,3 +101,16 @@ def test_bad_budgets_are_refused():
     with pytest.raises(ValueError, match="beam search"):
         SamplingParams(thinking_token_budget=3, use_beam_search=True, n=2, temperature=0)
     assert SamplingParams(thinking_token_budget=-1).thinking_token_budget is None  # llama-server's unlimited
+
+
+def test_speculative_decoding_waits_for_the_block_to_close(llm, tmp_path):
+    """A sequence whose next token may be forced drafts nothing; greedy output is unchanged."""
+    spec = LLM(
+        write_thinking_model(str(tmp_path / "m")),
+        max_model_len=256,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 3},
+    )
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, thinking_token_budget=6)
+    want = llm.chat(USER, params, use_tqdm=False)[0].outputs[0]
+    got = spec.chat(USER, params, use_tqdm=False)[0].outputs[0]
+    assert got.token_ids == want.token_ids and got.reasoning_tokens == want.reasoning_tokens == 7
