@@ -29,6 +29,7 @@ from rawpage.server.request import (
     ChatRequest,
     cache_salt,
     constraint_for,
+    default_max_tokens,
     parse_model,
     priority,
     prompt_truncation,
@@ -154,7 +155,7 @@ def chat_sampling_params(
     if prompt_logprobs is None and body.bool("echo", False) and not out.stream:
         prompt_logprobs = top or 0  # vLLM: an echoed chat brings the prompt's logprobs
     max_tokens = body.int("max_completion_tokens", None, 1)
-    legacy_max_tokens = body.int("max_tokens", state.config.max_tokens_default, 1)
+    legacy_max_tokens = body.int("max_tokens", default_max_tokens(state, None), 1)
     max_tokens = legacy_max_tokens if max_tokens is None else max_tokens
     logprobs = (top or 0) if want_logprobs else None  # with logprob_token_ids, those ids instead of the top N
     return sampling_params(
@@ -165,6 +166,7 @@ def chat_sampling_params(
         config=state.config,
         structured_outputs=constraint,
         logprob_token_ids=chosen,
+        defaults=state.info.sampling_defaults,
     )
 
 

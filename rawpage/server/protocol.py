@@ -255,21 +255,23 @@ def sampling_params(
     config: ServerConfig | None = None,
     structured_outputs: StructuredOutputsParams | None = None,
     logprob_token_ids: list[int] | None = None,
+    defaults: dict[str, Any] | None = None,
 ) -> SamplingParams:
-    """The sampling fields shared by both endpoints, including vLLM's extras."""
-    config = config or ServerConfig()
+    """The sampling fields shared by both endpoints, including vLLM's extras. defaults:
+    the model's (--generation-config), for the fields the body leaves out."""
+    config, d = config or ServerConfig(), defaults or {}
     bias = logit_bias(body.dict("logit_bias"))
     n = body.int("n", 1, 1, 128)
     beam = body.bool("use_beam_search", False)
     kwargs = dict(
         n=n,
-        temperature=body.float("temperature", 1.0, 0.0, 2.0),
-        top_p=body.float("top_p", 1.0, 0.0, 1.0),
-        top_k=body.int("top_k", 0, -1),
-        min_p=body.float("min_p", 0.0, 0.0, 1.0),
+        temperature=body.float("temperature", d.get("temperature", 1.0), 0.0, 2.0),
+        top_p=body.float("top_p", d.get("top_p", 1.0), 0.0, 1.0),
+        top_k=body.int("top_k", d.get("top_k", 0), -1),
+        min_p=body.float("min_p", d.get("min_p", 0.0), 0.0, 1.0),
         presence_penalty=body.float("presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=body.float("frequency_penalty", 0.0, -2.0, 2.0),
-        repetition_penalty=body.float("repetition_penalty", 1.0, 0.0),
+        repetition_penalty=body.float("repetition_penalty", d.get("repetition_penalty", 1.0), 0.0),
         seed=body.int("seed", None, -(2**63), 2**63 - 1),
         max_tokens=max_tokens,
         min_tokens=body.int("min_tokens", 0, 0),

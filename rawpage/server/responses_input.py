@@ -33,6 +33,8 @@ from rawpage.server.request import (
     ChatRequest,
     ResponsesRequest,
     constraint_for,
+    default_max_tokens,
+    model_sampling_defaults,
     parse_model,
     reply_parser,
     served_name,
@@ -80,12 +82,13 @@ def parse_responses(body: Body, state: ServerState, owner: str | None) -> Respon
 def _sampling_params(body: Body, state: ServerState, constraint: StructuredOutputsParams | None) -> SamplingParams:
     """OpenAI's temperature, top_p, max_output_tokens and top_logprobs (with include
     ["message.output_text.logprobs"]), and the sampling extras vLLM's ResponsesRequest takes."""
-    config = state.config
+    config, d = state.config, model_sampling_defaults(state)  # d: --generation-config's, for what is left out
     return checked_sampling_params(
-        temperature=body.float("temperature", 1.0, 0.0, 2.0),
-        top_p=body.float("top_p", 1.0, 0.0, 1.0),
-        top_k=body.int("top_k", 0, -1),
-        repetition_penalty=body.float("repetition_penalty", 1.0, 0.0),
+        temperature=body.float("temperature", d.get("temperature", 1.0), 0.0, 2.0),
+        top_p=body.float("top_p", d.get("top_p", 1.0), 0.0, 1.0),
+        top_k=body.int("top_k", d.get("top_k", 0), -1),
+        min_p=d.get("min_p", 0.0),
+        repetition_penalty=body.float("repetition_penalty", d.get("repetition_penalty", 1.0), 0.0),
         presence_penalty=body.float("presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=body.float("frequency_penalty", 0.0, -2.0, 2.0),
         seed=body.int("seed", None, -(2**63), 2**63 - 1),
@@ -95,7 +98,7 @@ def _sampling_params(body: Body, state: ServerState, constraint: StructuredOutpu
         skip_special_tokens=body.bool("skip_special_tokens", True),
         include_stop_str_in_output=body.bool("include_stop_str_in_output", False),
         logprobs=_output_logprobs(body, state),
-        max_tokens=body.int("max_output_tokens", config.max_tokens_default, 1),
+        max_tokens=body.int("max_output_tokens", default_max_tokens(state, None), 1),
         structured_outputs=constraint,
     )
 
