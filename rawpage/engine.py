@@ -11,6 +11,7 @@ background thread, `LLM` drives it in a loop.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -40,6 +41,7 @@ from rawpage.spec_decode.build import build_spec_decoder
 from rawpage.stats import EngineStats
 from rawpage.structured_output.grammar_compiler import GrammarCompiler, MaskPrefetcher
 from rawpage.text.chat_template import ChatTemplate
+from rawpage.thinking_budget import ThinkingBudget, ThinkingBudgets
 
 logger = logging.getLogger("rawpage")
 
@@ -138,7 +140,8 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else int(self._rng.integers(2**63))
         so, future = params.structured_outputs, checked.grammar  # compiling since check_prompt: not looked up again
         grammar = self.grammars.new_state(so, ids, req, future) if future is not None else None
-        req.seqs.append(Sequence(next(self._seq_ids), req, ids, 0, seed, grammar))
+        thinking = self._thinking_state(params, ids)
+        req.seqs.append(Sequence(next(self._seq_ids), req, ids, 0, seed, grammar, thinking))
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
         if params.use_beam_search:
@@ -146,6 +149,18 @@ class LLMEngine:
         self.requests[request_id] = req
         self.scheduler.add(req.seqs[0])
         return req
+
+    @functools.cached_property
+    def thinking(self) -> ThinkingBudgets:
+        """The think-block trackers' factory, made on the first request that needs it."""
+        encode = functools.partial(self.tokenizer.encode, add_special_tokens=False)
+        return ThinkingBudgets(self.grammars.token_texts, self.grammars.decode, encode)
+
+    def _thinking_state(self, params: SamplingParams, ids: list[int]) -> ThinkingBudget | None:
+        """The think block's tracker for a request that names a budget or the tags (thinking_budget.py)."""
+        if params.use_beam_search or (params.thinking_token_budget is None and params.reasoning_tags is None):
+            return None
+        return self.thinking.new_state(params.thinking_token_budget, params.reasoning_tags, ids)
 
     def check_prompt(self, ids: list[int], params: SamplingParams, priority: int, salt: str | None) -> CheckedPrompt:
         """Every check of a request, once, and its grammar's gate and compile started on the

@@ -305,3 +305,31 @@ def write_gguf(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+# A Qwen3-style reasoning template: the prompt opens the think block (as Qwen3-Thinking's
+# does) unless enable_thinking is false, when it closes it (as hybrid Qwen3's does); an
+# earlier turn's reasoning_content is written back inside its block.
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m.reasoning_content %}<think>\n{{ m.reasoning_content }}\n</think>\n\n{% endif %}"
+    "{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif %}"
+)
+THINK_TAGS = ["<think>", "</think>"]
+
+
+def write_thinking_model(folder: str, template: str = THINKING_TEMPLATE) -> str:
+    """A tiny random Llama whose vocabulary has <think> and </think> as single tokens (added,
+    not special: decoded text keeps them, as Qwen3's does), with a Qwen3-style template."""
+    from tokenizers import AddedToken
+
+    tok = train_tokenizer()
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TAGS])
+    cfg = tiny_config(**{**TINY_LLAMA, "vocab_size": 416})
+    write_hf_folder(folder, cfg, random_tensors(cfg, seed=3), tok)
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": SPECIAL[1], "eos_token": SPECIAL[2], "chat_template": template}, f)
+    return folder

@@ -160,6 +160,17 @@ class ServerConfig:
         "every stream carries usage on each chunk and ends with a usage chunk, as if stream_options asked for "
         "include_usage and continuous_usage_stats (vLLM's)",
     )
+    reasoning_budget: int = flag(
+        -1,
+        "tokens a model may think (inside <think>...</think>) before the end tag is forced, for requests that set "
+        "no budget or effort: -1 unlimited, 0 no thinking (llama-server's flag)",
+    )
+    reasoning_secret: str | None = flag(
+        None,
+        "the key that signs reasoning handed back to clients (Responses encrypted_content, Messages thinking "
+        "signatures); replicas behind one address must share it; prefer $RAWPAGE_REASONING_SECRET (argv is visible)",
+        default_text="$RAWPAGE_REASONING_SECRET or random per start",
+    )
     log_level: str = flag("info", "log level", choices=["debug", "info", "warning", "error"])
     uvicorn_log_level: str | None = flag(
         None,
@@ -176,6 +187,8 @@ class ServerConfig:
             )
         if bool(self.ssl_keyfile) != bool(self.ssl_certfile):
             raise ValueError("https needs both --ssl-keyfile and --ssl-certfile")
+        if self.reasoning_budget < -1:
+            raise ValueError(f"--reasoning-budget {self.reasoning_budget}: -1 (unlimited), 0 or a number of tokens")
         if self.ssl_cert_reqs not in (0, 1, 2):
             raise ValueError(f"--ssl-cert-reqs {self.ssl_cert_reqs}: 0, 1 or 2")
 
@@ -189,6 +202,9 @@ class ServerConfig:
         for env, name in VLLM_SWITCHES.items():
             if os.environ.get(env, "").strip().lower() in ("1", "true"):
                 given.setdefault(name, True)
+        given["reasoning_secret"] = getattr(args, "reasoning_secret", None) or os.environ.get(
+            "RAWPAGE_REASONING_SECRET"
+        )
         given["admin_api_key"] = getattr(args, "admin_api_key", None) or os.environ.get("RAWPAGE_ADMIN_API_KEY") or None
         return cls(**given)
 

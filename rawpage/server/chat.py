@@ -128,4 +128,4 @@ class ChatFormatter:
 
     def usage(self, final: RequestOutput) -> dict[str, Any]:
         counts = token_counts(self.state, final)
-        return usage(counts.prompt, counts.completion, counts.cached)
+        return usage(counts.prompt, counts.completion, counts.cached, counts.reasoning)

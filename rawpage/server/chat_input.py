@@ -21,6 +21,7 @@ from rawpage.server.protocol import (
     output_options,
     sampling_params,
 )
+from rawpage.server.reasoning_input import chat_controls
 from rawpage.server.request import (
     NO_EFFECT_FIELDS,
     BatchChatRequest,
@@ -89,7 +90,7 @@ def parse_chat_completion(body: Body, state: ServerState, rid: str) -> ChatCompl
     out = output_options(body, state.config)
     params = chat_sampling_params(body, state, out, output_constraint(body, reply))
     role, echo = role_and_echo(body, messages)
-    render = render_options(body, state.config)
+    render, params = chat_controls(body).resolve(state, render_options(body, state.config), params)
     cut = prompt_truncation(body, state, params, _max_tokens_name(body))
     chat = ChatRequest(
         rid, messages, params, reply, render, lora, priority(body, state), cache_salt(body), truncation=cut
@@ -108,7 +109,7 @@ def parse_batch_chat(body: Body, state: ServerState, rid: str) -> BatchChatReque
     out = output_options(body, state.config)
     params = chat_sampling_params(body, state, out, output_constraint(body, reply))
     roles = [role_and_echo(body, messages) for messages in conversations]
-    render = render_options(body, state.config)
+    render, params = chat_controls(body).resolve(state, render_options(body, state.config), params)
     model, prio, salt = served_name(state, lora), priority(body, state), cache_salt(body)
     cut = prompt_truncation(body, state, params, _max_tokens_name(body))
     body.reject_unread(NO_EFFECT_FIELDS)

@@ -414,8 +414,11 @@ def logit_bias(given: dict[str, Any]) -> dict[int, float]:
     return out
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:
-    """OpenAI's usage object; cached_tokens only under --enable-prompt-tokens-details."""
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None, reasoning_tokens: int | None = None
+) -> dict[str, Any]:
+    """OpenAI's usage object; cached_tokens only under --enable-prompt-tokens-details, and
+    reasoning_tokens where the engine tracked a think block (a reasoning parser, a budget)."""
     out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -423,4 +426,6 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None)
     }
     if cached_tokens is not None:
         out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    if reasoning_tokens is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
     return out

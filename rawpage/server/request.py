@@ -126,6 +126,7 @@ class ResponsesRequest:
     store: bool
     stream: bool
     raw_messages: bool = False  # vLLM's enable_response_messages: input_messages and output_messages
+    encrypted_reasoning: bool = False  # include: ["reasoning.encrypted_content"] (reasoning_seal.py)
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,7 @@ class MessagesRequest:
     chat: ChatRequest
     model: str  # as the reply names it: the served name, or the LoRA adapter's
     stream: bool
+    omit_thinking: bool = False  # thinking.display "omitted": thinking blocks carry only their signature
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from rawpage.server.async_engine import AsyncEngine
 from rawpage.server.engine_info import EngineInfo
 from rawpage.server.metrics import ServerMetrics
 from rawpage.server.protocol import APIError, Body, check_json
+from rawpage.server.reasoning_seal import ReasoningSeal
 from rawpage.server.response_store import ResponseStore
 from rawpage.server.tools import template_for_tools
 from rawpage.text.chat_template import ChatTemplate, ChatTemplateError
@@ -68,6 +69,7 @@ class ServerState:
         # would stall every other client (and /health), so it runs here.
         self._preprocess = ThreadPoolExecutor(self.config.preprocess_threads, thread_name_prefix="rawpage-preprocess")
         self.responses = ResponseStore(self.config.responses_store_max_items, self.config.responses_store_max_bytes)
+        self.seal = ReasoningSeal(self.config.reasoning_secret)  # signs reasoning handed to clients
 
     @property
     def info(self) -> EngineInfo:

@@ -33,6 +33,7 @@ PARSE_MODULES = {
     "responses_input",
     "messages_input",
     "infill_input",
+    "reasoning_input",  # the reasoning controls each API spells its own way
     "guided",  # the output constraint's fields
     "tools",  # the tool fields
 }
