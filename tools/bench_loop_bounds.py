@@ -66,7 +66,7 @@ def main() -> None:
 
     ids = b'{"prompt": [' + b"1," * 1_999_999 + b'1], "max_tokens": 1}'
     health = []
-    with Flood(url + "/v1/completions", ids, ["k1", "k2"]) as flood, httpx.Client() as client:
+    with Flood(url + "/v1/completions", ids, ["k1", "k2"]) as flood, httpx.Client(timeout=300) as client:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             health.append(timed(lambda: client.get(url + "/health")))
