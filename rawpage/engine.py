@@ -26,7 +26,6 @@ from rawpage.engine_args import EngineArgs
 from rawpage.engine_setup import decode_graph_shapes, load_model, make_runner, num_swap_blocks, resolve_max_model_len
 from rawpage.errors import InvalidRequestError, WorkerDiedError
 from rawpage.forking import Forker
-from rawpage.loader import load_checkpoint
 from rawpage.lora.manager import LoRARequest, resolve_lora
 from rawpage.model_runner import KVPool
 from rawpage.output_processor import OutputProcessor
@@ -55,10 +54,10 @@ class LLMEngine:
         args = args or EngineArgs(**kwargs)
         self.args = args
         t0 = time.monotonic()
-        ckpt = load_checkpoint(args.model, args.load_format, args.seed, args.revision, args.download_dir)
+        ckpt = args.load_checkpoint()
         self.model_path = ckpt.path
         self.model_config = c = ckpt.config
-        self.tokenizer, self.generation_config = ckpt.tokenizer, ckpt.generation_config
+        self.tokenizer, self.sampling_defaults = ckpt.tokenizer, args.sampling_defaults(ckpt)
         self.chat_template = ChatTemplate.from_arg(args.chat_template) if args.chat_template else None
         self.backend = backend_for(args, args.device, c.torch_dtype)
         self.max_model_len = resolve_max_model_len(args.max_model_len, c.max_position_embeddings)

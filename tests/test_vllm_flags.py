@@ -72,8 +72,6 @@ INERT = {
     "--kv-cache-scales 1.0": "--kv-cache-scales has no effect: the KV cache is not fp8 (--kv-cache-dtype fp8)",
     "--revision v2": "--revision has no effect: the model is local, not a hub id",
     "--enable-chunked-prefill": "--enable-chunked-prefill has no effect: chunked prefill is always on",
-    "--generation-config auto": "--generation-config has no effect: rawpage does not apply a model's "
-    "generation_config.json",
 }
 
 
@@ -235,9 +233,9 @@ def test_every_no_effect_flag_parses_and_says_why(caplog):
             "leave --tokenizer-mode out",
         ),
         (
-            ["--rope-scaling", '{"rope_type": "yarn", "factor": 4}'],
-            '--rope-scaling {"rope_type": "yarn", "factor": 4}: not supported: rawpage reads RoPE scaling from the '
-            "model's config.json only; leave --rope-scaling out",
+            ["--logits-processors", "my.Processor"],
+            "--logits-processors my.Processor: not supported: rawpage loads no logits processors into the server; "
+            "leave --logits-processors out",
         ),
         (
             ["--response-role", "bot"],

@@ -9,6 +9,7 @@ GET /v1/engine/events   GET / (the web page, unless --no-web)
 vLLM's own: POST /v1/chat/completions/batch   POST /invocations   GET /load
 GET /tokenizer_info (under --enable-tokenizer-info-endpoint), POST /reset_prefix_cache
 (under --server-dev-mode); see vllm_routes.py
+llama-server's: POST /infill (fill-in-the-middle for editors, infill.py)
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from rawpage.server.completions import create_completion
 from rawpage.server.embeddings import create_embedding, generate_only
 from rawpage.server.engine_view import EngineView
 from rawpage.server.header_timeout import uvicorn_limits
+from rawpage.server.infill import create_infill
 from rawpage.server.listener import listening_socket, quiet_accept_errors
 from rawpage.server.lora_routes import adapter_models, load_lora_adapter, unload_lora_adapter
 from rawpage.server.messages import count_message_tokens, create_message
@@ -144,6 +146,7 @@ def _routes(state: ServerState, view: EngineView) -> list[Route]:
             "/v1/chat/completions/batch", api(load.aware(generate_only(create_batch_chat_completion))), methods=["POST"]
         ),
         Route("/v1/completions", api(completion), methods=["POST"]),
+        Route("/infill", api(load.aware(generate_only(create_infill))), methods=["POST"]),  # llama-server's FIM
         Route("/v1/responses", api(load.aware(generate_only(create_response))), methods=["POST"]),
         Route("/v1/responses/{response_id}", api(retrieve_response), methods=["GET"]),
         Route("/v1/responses/{response_id}", api(delete_response), methods=["DELETE"]),

@@ -28,8 +28,10 @@ from rawpage.server.request import (
     ChatRequest,
     cache_salt,
     constraint_for,
+    default_max_tokens,
     parse_model,
     priority,
+    prompt_truncation,
     render_options,
     reply_parser,
     served_name,
@@ -88,7 +90,10 @@ def parse_chat_completion(body: Body, state: ServerState, rid: str) -> ChatCompl
     params = chat_sampling_params(body, state, out, output_constraint(body, reply))
     role, echo = role_and_echo(body, messages)
     render = render_options(body, state.config)
-    chat = ChatRequest(rid, messages, params, reply, render, lora, priority(body, state), cache_salt(body))
+    cut = prompt_truncation(body, state, params, _max_tokens_name(body))
+    chat = ChatRequest(
+        rid, messages, params, reply, render, lora, priority(body, state), cache_salt(body), truncation=cut
+    )
     body.reject_unread(NO_EFFECT_FIELDS)
     return ChatCompletionRequest(chat, out, served_name(state, lora), role, echo)
 
@@ -105,8 +110,12 @@ def parse_batch_chat(body: Body, state: ServerState, rid: str) -> BatchChatReque
     roles = [role_and_echo(body, messages) for messages in conversations]
     render = render_options(body, state.config)
     model, prio, salt = served_name(state, lora), priority(body, state), cache_salt(body)
+    cut = prompt_truncation(body, state, params, _max_tokens_name(body))
     body.reject_unread(NO_EFFECT_FIELDS)
-    chats = [ChatRequest(rid, messages, params, reply, render, lora, prio, salt) for messages in conversations]
+    chats = [
+        ChatRequest(rid, messages, params, reply, render, lora, prio, salt, truncation=cut)
+        for messages in conversations
+    ]
     return BatchChatRequest(tuple(ChatCompletionRequest(c, out, model, *role) for c, role in zip(chats, roles)))
 
 
@@ -145,9 +154,9 @@ def chat_sampling_params(
     if prompt_logprobs is None and body.bool("echo", False) and not out.stream:
         prompt_logprobs = top or 0  # vLLM: an echoed chat brings the prompt's logprobs
     max_tokens = body.int("max_completion_tokens", None, 1)
-    legacy_max_tokens = body.int("max_tokens", state.config.max_tokens_default, 1)
+    legacy_max_tokens = body.int("max_tokens", default_max_tokens(state, None), 1)
     max_tokens = legacy_max_tokens if max_tokens is None else max_tokens
-    logprobs = (len(chosen) if chosen else top or 0) if want_logprobs else None
+    logprobs = (top or 0) if want_logprobs else None  # with logprob_token_ids, those ids instead of the top N
     return sampling_params(
         body,
         max_tokens,
@@ -156,7 +165,13 @@ def chat_sampling_params(
         config=state.config,
         structured_outputs=constraint,
         logprob_token_ids=chosen,
+        defaults=state.info.sampling_defaults,
     )
+
+
+def _max_tokens_name(body: Body) -> str:
+    """The field that set max_tokens, as vLLM names it in a truncation error."""
+    return "max_completion_tokens" if body.data.get("max_completion_tokens") is not None else "max_tokens"
 
 
 def role_and_echo(body: Body, messages: list[dict[str, Any]]) -> tuple[str, str]:

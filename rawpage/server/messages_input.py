@@ -27,6 +27,7 @@ from rawpage.server.request import (
     ChatRequest,
     MessagesRequest,
     constraint_for,
+    model_sampling_defaults,
     parse_model,
     reply_parser,
     served_name,
@@ -201,10 +202,14 @@ def parse_messages_request(body: Body, state: ServerState) -> MessagesRequest:
     max_tokens = body.int("max_tokens", None, 1)
     messages, reply, constraint = _conversation(body, state)
     config = state.config
+    defaults = model_sampling_defaults(state)  # --generation-config: min_p, repetition_penalty too
     params = checked_sampling_params(
-        temperature=body.float("temperature", 1.0, 0.0, 1.0),
-        top_p=body.float("top_p", 1.0, 0.0, 1.0),
-        top_k=body.int("top_k", 0, 0),
+        **{
+            **defaults,
+            "temperature": body.float("temperature", defaults.get("temperature", 1.0), 0.0, 1.0),
+            "top_p": body.float("top_p", defaults.get("top_p", 1.0), 0.0, 1.0),
+            "top_k": body.int("top_k", defaults.get("top_k", 0), 0),
+        },
         max_tokens=max_tokens,
         stop=stop_sequences(body, config.max_stop_strings, config.max_stop_string_chars),
         structured_outputs=constraint,

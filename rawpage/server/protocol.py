@@ -259,21 +259,23 @@ def sampling_params(
     config: ServerConfig | None = None,
     structured_outputs: StructuredOutputsParams | None = None,
     logprob_token_ids: list[int] | None = None,
+    defaults: dict[str, Any] | None = None,
 ) -> SamplingParams:
-    """The sampling fields shared by both endpoints, including vLLM's extras."""
-    config = config or ServerConfig()
+    """The sampling fields shared by both endpoints, including vLLM's extras. defaults:
+    the model's (--generation-config), for the fields the body leaves out."""
+    config, d = config or ServerConfig(), defaults or {}
     bias = logit_bias(body.dict("logit_bias"))
     n = body.int("n", 1, 1, 128)
     beam = body.bool("use_beam_search", False)
     kwargs = dict(
         n=n,
-        temperature=body.float("temperature", 1.0, 0.0, 2.0),
-        top_p=body.float("top_p", 1.0, 0.0, 1.0),
-        top_k=body.int("top_k", 0, -1),
-        min_p=body.float("min_p", 0.0, 0.0, 1.0),
+        temperature=body.float("temperature", d.get("temperature", 1.0), 0.0, 2.0),
+        top_p=body.float("top_p", d.get("top_p", 1.0), 0.0, 1.0),
+        top_k=body.int("top_k", d.get("top_k", 0), -1),
+        min_p=body.float("min_p", d.get("min_p", 0.0), 0.0, 1.0),
         presence_penalty=body.float("presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=body.float("frequency_penalty", 0.0, -2.0, 2.0),
-        repetition_penalty=body.float("repetition_penalty", 1.0, 0.0),
+        repetition_penalty=body.float("repetition_penalty", d.get("repetition_penalty", 1.0), 0.0),
         seed=body.int("seed", None, -(2**63), 2**63 - 1),
         max_tokens=max_tokens,
         min_tokens=body.int("min_tokens", 0, 0),
@@ -285,6 +287,9 @@ def sampling_params(
         prompt_logprobs=prompt_logprobs,
         logprob_token_ids=logprob_token_ids,
         logit_bias=bias or None,
+        allowed_token_ids=body.int_list("allowed_token_ids")
+        if body.data.get("allowed_token_ids") is not None
+        else None,
         skip_special_tokens=body.bool("skip_special_tokens", True),
         use_beam_search=beam,
         length_penalty=body.float("length_penalty", 1.0),
@@ -319,8 +324,9 @@ def logprobs_count(body: Body, name: str, max_logprobs: int, vocab_size: int) ->
     return count
 
 
-def logprob_token_ids(body: Body, logprobs: bool) -> list[int] | None:
-    """vLLM's `logprob_token_ids`: the tokens whose logprobs each step reports (with the sampled one)."""
+def logprob_token_ids(body: Body, logprobs: bool, needs: str = "'logprobs': true") -> list[int] | None:
+    """vLLM's `logprob_token_ids`: the tokens whose logprobs each step reports (with the
+    sampled one), in place of the top N. It needs `logprobs` (`needs` says how the API sets it)."""
     given = body.data.get("logprob_token_ids") is not None
     ids = body.int_list("logprob_token_ids")
     if not given:
@@ -328,7 +334,11 @@ def logprob_token_ids(body: Body, logprobs: bool) -> list[int] | None:
     if not ids:
         raise APIError("'logprob_token_ids' must not be an empty list", param="logprob_token_ids")
     if not logprobs:
-        raise APIError("'logprob_token_ids' needs 'logprobs': true", param="logprob_token_ids")
+        vllm = "must be set to true" if "true" in needs else "must be set"
+        raise APIError(
+            f"'logprob_token_ids' needs {needs} (vLLM: when using `logprob_token_ids`, `logprobs` {vllm}.)",
+            param="logprob_token_ids",
+        )
     return ids
 
 

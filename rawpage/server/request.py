@@ -6,6 +6,7 @@ frozen value that its handler reads. No handler reads the body itself.
     /v1/responses               responses_input.parse_responses    ─► ResponsesRequest      ├ a ChatRequest
     /v1/messages                messages_input.parse_messages_request ─► MessagesRequest    ┘
     /v1/completions             completions_input.parse_completion ─► CompletionRequest
+    /infill (llama-server's)    infill_input.parse_infill          ─► InfillRequest
     /tokenize, /detokenize, /v1/embeddings, the LoRA routes: their own small ones, below
 
 Chat, Responses and Messages share the ChatRequest: the chat messages, the SamplingParams
@@ -19,11 +20,13 @@ ServerState.check_prompt.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from rawpage.lora import LoRARequest
 from rawpage.pooling.pooler import PoolingParams
+from rawpage.prompt_truncation import TRUNCATION_SIDES, PromptTruncation, resolve
 from rawpage.sampling_params import SamplingParams
 from rawpage.server.args import ServerConfig
 from rawpage.server.chat_reply import ReplyParser
@@ -51,6 +54,7 @@ class ChatRequest:
     priority: int = 0
     cache_salt: str | None = None
     param: str = "messages"  # the field a prompt error is blamed on ("input" for Responses)
+    truncation: PromptTruncation | None = None  # vLLM's truncate_prompt_tokens, applied to the rendered prompt
 
     @property
     def tools(self) -> ToolRequest | None:
@@ -89,6 +93,25 @@ class CompletionRequest:
     lora: LoRARequest | None = None
     priority: int = 0
     cache_salt: str | None = None
+    truncation: PromptTruncation | None = None  # vLLM's truncate_prompt_tokens, applied to each prompt
+    suffix: str | None = None  # fill-in-the-middle: each prompt is the code before the gap, this after it
+
+
+@dataclass(frozen=True)
+class InfillRequest:
+    """POST /infill (llama-server's): the code around a gap, in the model's FIM prompt."""
+
+    request_id: str
+    prefix: str  # input_prefix: before the gap
+    suffix: str  # input_suffix: after it
+    prompt: str  # continues the prefix (the editor's line up to the cursor)
+    extra: tuple[tuple[str, str], ...]  # input_extra: (filename, text) of other files, as context
+    params: SamplingParams  # with the FIM stop tokens
+    stream: bool
+    n_indent: int  # stop at a later line indented less than this (0: off)
+    t_max_predict_ms: int  # stop at a line end once generating took this long (0: off)
+    response_fields: tuple[str, ...]  # only these fields ("a/b" reaches into objects); (): all
+    return_tokens: bool
 
 
 @dataclass(frozen=True)
@@ -102,6 +125,7 @@ class ResponsesRequest:
     model: str
     store: bool
     stream: bool
+    raw_messages: bool = False  # vLLM's enable_response_messages: input_messages and output_messages
 
 
 @dataclass(frozen=True)
@@ -185,6 +209,56 @@ def render_options(body: Body, config: ServerConfig) -> RenderOptions:
         continue_final_message=body.bool("continue_final_message", False),
         add_special_tokens=body.bool("add_special_tokens", False),
     )
+
+
+def default_max_tokens(state: ServerState, api_default: int | None) -> int | None:
+    """max_tokens for a request that gives none: --max-tokens-default, else the model's
+    max_new_tokens (--generation-config), else the API's own default."""
+    return state.config.max_tokens_default or state.info.sampling_defaults.get("max_tokens") or api_default
+
+
+def model_sampling_defaults(state: ServerState) -> dict[str, Any]:
+    """The model's sampling defaults (--generation-config) but max_tokens, which
+    default_max_tokens places: the SamplingParams keywords an API without those
+    fields (Responses, Messages) passes on as they are."""
+    return {k: v for k, v in state.info.sampling_defaults.items() if k != "max_tokens"}
+
+
+def fim_params(state: ServerState, params: SamplingParams, param: str) -> SamplingParams:
+    """A fill-in-the-middle request's params: the middle also ends at the model's FIM end
+    tokens. A 400 that says so for a model without FIM tokens."""
+    fim = state.info.tokenizer.fim
+    if fim is None:
+        raise APIError(
+            f"the model '{state.model_name}' has no fill-in-the-middle tokens (such as <|fim_prefix|>, "
+            "<fim_prefix>, <PRE> or <｜fim▁begin｜>), so it cannot fill a gap; serve a code model "
+            "trained for it (Qwen2.5-Coder, CodeLlama, StarCoder2, DeepSeek-Coder)",
+            param=param,
+        )
+    return dataclasses.replace(params, stop_token_ids=[*params.stop_token_ids, *fim.stop_token_ids])
+
+
+def prompt_truncation(
+    body: Body, state: ServerState, params: SamplingParams, max_tokens_param: str
+) -> PromptTruncation | None:
+    """vLLM's truncate_prompt_tokens (keep k tokens; -1: all that fit beside max_tokens) and
+    truncation_side ("left", generation's default, keeps the prompt's end). None: no cut."""
+    given, side = body.int("truncate_prompt_tokens", None, -1), truncation_side(body, "left")
+    if given is None:
+        return None
+    room = state.info.max_model_len - (params.max_tokens or 0)
+    try:
+        return resolve(given, side, room, f"max_model_len - {max_tokens_param}")
+    except ValueError as e:
+        raise APIError(str(e), param="truncate_prompt_tokens") from None
+
+
+def truncation_side(body: Body, default: str) -> str:
+    """vLLM's truncation_side: "left" keeps a cut prompt's end, "right" its start."""
+    side = body.str("truncation_side") or default
+    if side not in TRUNCATION_SIDES:
+        raise APIError(f"'truncation_side' must be 'left' or 'right', got {side[:32]!r}", param="truncation_side")
+    return side
 
 
 def cache_salt(body: Body) -> str | None:

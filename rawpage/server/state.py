@@ -4,6 +4,7 @@ the work a handler must not do on the event loop (templates, tokenization)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import time
@@ -27,6 +28,7 @@ from rawpage.server.request_body import INLINE_BYTES, decode, read_bytes
 from rawpage.server.response_store import ResponseStore
 from rawpage.server.tools import template_for_tools
 from rawpage.text.chat_template import ChatTemplate, ChatTemplateError
+from rawpage.text.fim import fim_prompt
 
 T = TypeVar("T")
 INLINE_PROMPT_IDS = 4096  # longer prompts are checked (a pass over every id) off the event loop
@@ -182,6 +184,18 @@ class ServerState:
                 "of the input, or raise --max-model-len.",
                 param=param,
             )
+
+    def fim_prompt(self, prefix: str, suffix: str, **kwargs: Any) -> tuple[list[int], bool]:
+        """(token ids, truncated): the model's FIM prompt for a gap (text/fim.py's fim_prompt
+        and its keywords), led by BOS where the model's tokenizer adds one. Blocking: call it off the loop."""
+        tok, most = self.info.tokenizer, self.info.max_prompt_chars
+        if kwargs.get("budget") is None:  # all of it must fit
+            self.check_text_length(prefix + suffix, "prompt")
+        else:  # truncated, each side keeps no more than fits: the rest need not be tokenized
+            prefix, suffix = prefix[-most:], suffix[:most]
+        bos = tok.bos_token_id if tok.encode("", add_special_tokens=True)[:1] == [tok.bos_token_id] else None
+        encode = functools.partial(tok.encode, add_special_tokens=False)
+        return fim_prompt(tok.fim, encode, prefix, suffix, bos=bos, **kwargs)
 
     async def render_chat(
         self,

@@ -106,12 +106,6 @@ NO_EFFECT: dict[str, VllmFlag] = {
         same=("auto", "hf"),
     ),
     "response-role": VllmFlag("replies always have the role 'assistant'", refused=True, same=("assistant",)),
-    "rope-scaling": VllmFlag("rawpage reads RoPE scaling from the model's config.json only", refused=True),
-    "rope-theta": VllmFlag("rawpage reads rope_theta from the model's config.json only", refused=True),
-    "hf-overrides": VllmFlag("rawpage reads the model's config.json as it is", refused=True),
-    "override-generation-config": VllmFlag(
-        "rawpage applies no generation config; send sampling parameters with each request", refused=True
-    ),
     "logits-processors": VllmFlag("rawpage loads no logits processors into the server", refused=True),
     "middleware": VllmFlag("rawpage loads no ASGI middleware into the server", refused=True),
     "tool-parser-plugin": VllmFlag("rawpage's tool parsers are built in (--tool-call-parser)", refused=True),
