@@ -34,7 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -54,6 +54,7 @@ from rawpage.server.embeddings import create_embedding, generate_only
 from rawpage.server.engine_view import EngineView
 from rawpage.server.header_timeout import uvicorn_limits
 from rawpage.server.infill import create_infill
+from rawpage.server.listener import listening_socket, quiet_accept_errors
 from rawpage.server.lora_routes import adapter_models, load_lora_adapter, unload_lora_adapter
 from rawpage.server.messages import count_message_tokens, create_message
 from rawpage.server.metrics import ServerMetrics
@@ -196,10 +197,14 @@ def _endpoint(
         try:
             if auth:
                 _check_access(state, request, admin, x_api_key=anthropic)
+            state.queue_as(request)
             return await handler(request, state)
         except APIError as e:
             return error(e)
         except ClientDisconnected:
+            return Response(status_code=499)
+        except ClientDisconnect:  # the client left before its whole body arrived
+            logger.info("%s: the client closed the connection before sending the whole body", request.url.path)
             return Response(status_code=499)
         except (EngineDeadError, RequestFailedError) as e:
             return error(APIError(str(e), 500, type="internal_server_error"))
@@ -225,6 +230,7 @@ def _lifespan(state: ServerState) -> Callable:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         state.engine.start()  # loads the model in the engine thread; /health says 503 meanwhile
+        asyncio.get_running_loop().set_exception_handler(quiet_accept_errors)  # listener.py logs them
         watcher = asyncio.ensure_future(_watch_event_loop(state))
         yield
         watcher.cancel()
@@ -335,7 +341,7 @@ async def retrieve_model(request: Request, state: ServerState) -> Response:
 
 async def tokenize(request: Request, state: ServerState) -> Response:
     """vLLM's shape: {"prompt": str} or {"messages": [...]} -> {"count", "max_model_len", "tokens"}."""
-    req = parse_tokenize(await state.read_body(request), state)
+    req = await state.parse(request, parse_tokenize)
     tok = state.info.tokenizer
     if req.messages is not None:
         ids = await state.render_chat(req.render, req.messages)
@@ -348,7 +354,7 @@ async def tokenize(request: Request, state: ServerState) -> Response:
 
 
 async def detokenize(request: Request, state: ServerState) -> Response:
-    ids = parse_detokenize(await state.read_body(request), state)
+    ids = await state.parse(request, parse_detokenize)
     text = await state.off_loop(lambda: state.info.tokenizer.decode(ids, skip_special_tokens=False))
     return JSONResponse({"prompt": text})
 
@@ -398,7 +404,9 @@ def run_server(args: argparse.Namespace) -> int:
     )
     logging.getLogger("uvicorn.error").addFilter(_hide_startup_complete)  # said once the model is loaded
     server = _DrainingServer(uv, app.state.rawpage.engine, config.shutdown_timeout)
-    server.run()
+    server.run(sockets=[listening_socket(uv)])  # one that backs off when out of file descriptors
+    if config.uds and os.path.exists(config.uds):
+        os.remove(config.uds)  # as uvicorn.run does
     return server.exit_code
 
 

@@ -99,6 +99,10 @@ class ServerConfig:
     request_header_timeout: float = flag(
         10.0, "seconds a client has to send a whole request head; then its connection is closed (slowloris)"
     )
+    request_body_timeout: float = flag(
+        30.0,
+        "seconds a client has to send a whole request body after its head; then a 408 and the connection closed",
+    )
     timeout_keep_alive: float = flag(5.0, "seconds an idle keep-alive connection is kept open between requests")
     h11_max_incomplete_event_size: int = flag(
         16 << 10,
@@ -126,6 +130,11 @@ class ServerConfig:
     disable_log_requests: bool = flag(False, "no log line per request")
     disable_uvicorn_access_log: bool = flag(False, "no uvicorn access-log line per HTTP request")
     preprocess_threads: int = 2  # chat templates and tokenization run here, off the event loop
+    max_tokenizer_queue_per_key: int = flag(
+        256,
+        "requests one API key (or, without keys, one client address) may have waiting for the chat template "
+        "and tokenizer threads, which serve the keys in turn; beyond, 429",
+    )
     web: bool = flag(True, "serve the built-in web page at / (chat playground and live KV-cache view)")
     tool_call_parser: str | None = flag(
         None,
@@ -189,6 +198,8 @@ class ServerConfig:
             raise ValueError("https needs both --ssl-keyfile and --ssl-certfile")
         if self.reasoning_budget < -1:
             raise ValueError(f"--reasoning-budget {self.reasoning_budget}: -1 (unlimited), 0 or a number of tokens")
+        if self.max_tokenizer_queue_per_key < 1 or self.request_body_timeout <= 0:
+            raise ValueError("--max-tokenizer-queue-per-key must be at least 1, --request-body-timeout above 0")
         if self.ssl_cert_reqs not in (0, 1, 2):
             raise ValueError(f"--ssl-cert-reqs {self.ssl_cert_reqs}: 0, 1 or 2")
 

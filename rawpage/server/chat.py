@@ -21,7 +21,7 @@ from rawpage.server.streaming import sse, sse_response
 
 
 async def create_chat_completion(request: Request, state: ServerState) -> Response:
-    req = parse_chat_completion(await state.read_body(request), state, state.request_id(request, "chatcmpl"))
+    req = await state.parse(request, parse_chat_completion, state.request_id(request, "chatcmpl"))
     fmt = ChatFormatter(state, req)
     gen, reply = await submit(request, state, req.chat)
     if req.output.stream:

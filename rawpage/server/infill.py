@@ -31,7 +31,7 @@ from rawpage.server.streaming import sse, sse_response, unless_disconnected
 
 
 async def create_infill(request: Request, state: ServerState) -> Response:
-    req = parse_infill(await state.read_body(request), state, state.request_id(request, "infill"))
+    req = await state.parse(request, parse_infill, state.request_id(request, "infill"))
     limit = state.info.max_model_len
     budget = limit - (req.params.max_tokens or limit // 4)  # the prompt's room: llama-server trims to fit
 

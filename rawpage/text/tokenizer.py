@@ -79,10 +79,14 @@ class Tokenizer:
 
     # --- encode / decode --------------------------------------------------
 
+    # The _batch calls let go of Python's lock while they run (encode and decode hold it):
+    # a server's other threads, its event loop too, go on meanwhile. For one text, as fast.
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+        return self.hf.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if len(ids) > 1024:  # 1 ms and more: worth the batch call's 2 µs
+            return self.hf.decode_batch([ids], skip_special_tokens=skip_special_tokens)[0]
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def id_to_token(self, token_id: int) -> str | None:

@@ -6,6 +6,7 @@ and a GGUF's FIM ids; and a 400 naming a model without FIM tokens."""
 from __future__ import annotations
 
 import json
+import time
 from types import SimpleNamespace
 
 import openai
@@ -191,3 +192,15 @@ def test_t_max_predict_ms_stops_at_a_line_end_once_late():
     assert m._add(" done\n") == (" done\n", True)
     m._finish("stop", "\n\n")
     assert (m.stop_type, m.stopping_word) == ("word", "\n\n")
+
+
+def test_fim_tokenizes_no_more_of_each_side_than_could_be_kept(client):
+    """Issue 44: a 3 MB prefix was tokenized whole (seconds of CPU) only for its end to be
+    kept; now each side is cut to --max-model-len times the longest token first. Without
+    truncation (a completion's suffix) a text that cannot fit is a 400 before tokenizing."""
+    t0 = time.monotonic()
+    r = client.post("/infill", json={**LLAMA_VIM, "input_prefix": "1" * 3_000_000, "response_fields": ["truncated"]})
+    assert r.status_code == 200 and r.json()["truncated"] is True, r.text[:300]
+    assert time.monotonic() - t0 < 5
+    r = client.post("/v1/completions", json={"prompt": "1" * 3_000_000, "suffix": "x", "max_tokens": 2})
+    assert r.status_code == 400 and "maximum context length is 256 tokens" in r.json()["error"]["message"]
