@@ -84,6 +84,17 @@ class ServerConfig:
         type=parse_bytes,
         default_text="64MiB",
     )
+    responses_store_max_items_per_key: int | None = flag(
+        None,
+        "most stored responses one API key may hold; beyond, its own least recently used go (never another key's)",
+        default_text="--responses-store-max-items / the number of API keys",
+    )
+    responses_store_max_bytes_per_key: int | None = flag(
+        None,
+        "most bytes of stored responses one API key may hold, e.g. 8MiB",
+        type=parse_bytes,
+        default_text="--responses-store-max-bytes / the number of API keys",
+    )
     max_prompts_per_request: int = flag(128, "most prompts in one /v1/completions request")
     max_stop_strings: int = flag(16, "most stop strings per request (OpenAI allows 4)")
     max_stop_string_chars: int = flag(256, "longest stop string, in characters")
@@ -163,6 +174,18 @@ class ServerConfig:
         choices=["critical", "error", "warning", "info", "debug", "trace"],
         default_text="--log-level",
     )
+
+    def store_quota(self) -> tuple[int, int]:
+        """Each key's share of the response store: the flags, else an equal share of the
+        whole for each key the server knows (the admin's included), so that the shares
+        add up to no more than the whole."""
+        keys = max(1, len(set(self.api_keys)) + bool(self.admin_api_key))
+        items = self.responses_store_max_items_per_key
+        nbytes = self.responses_store_max_bytes_per_key
+        return (
+            self.responses_store_max_items // keys if items is None else items,
+            self.responses_store_max_bytes // keys if nbytes is None else nbytes,
+        )
 
     def __post_init__(self) -> None:
         if self.allow_runtime_lora_updating and not self.lora_dir:

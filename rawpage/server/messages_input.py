@@ -26,6 +26,7 @@ from rawpage.server.protocol import APIError, Body, checked_sampling_params
 from rawpage.server.request import (
     ChatRequest,
     MessagesRequest,
+    cache_salt,
     constraint_for,
     parse_model,
     reply_parser,
@@ -209,7 +210,7 @@ def parse_messages_request(body: Body, state: ServerState) -> MessagesRequest:
         stop=stop_sequences(body, config.max_stop_strings, config.max_stop_string_chars),
         structured_outputs=constraint,
     )
-    chat = ChatRequest(f"msg_{uuid.uuid4().hex[:24]}", messages, params, reply, lora=lora)
+    chat = ChatRequest(f"msg_{uuid.uuid4().hex[:24]}", messages, params, reply, lora=lora, cache_salt=cache_salt(body))
     meta = body.obj("metadata")
     meta.str("user_id")  # an end-user id for abuse monitoring: nothing to monitor here
     meta.reject_unread()

@@ -29,6 +29,7 @@ from rawpage.server.request import (
     NO_EFFECT_FIELDS,
     ChatRequest,
     ResponsesRequest,
+    cache_salt,
     constraint_for,
     parse_model,
     reply_parser,
@@ -69,7 +70,7 @@ def parse_responses(body: Body, state: ServerState, owner: str | None) -> Respon
     _refuse_unsupported(body, stream)
     body.reject_unread(NO_EFFECT_FIELDS)
     rid = f"resp_{uuid.uuid4().hex}"  # never a client's X-Request-Id: ids are keys of the store
-    chat = ChatRequest(rid, messages, params, reply, lora=lora, param="input")
+    chat = ChatRequest(rid, messages, params, reply, lora=lora, cache_salt=cache_salt(body), param="input")
     return ResponsesRequest(chat, fields, conversation, owner, served_name(state, lora), store, stream)
 
 

@@ -65,7 +65,9 @@ class ServerState:
         # Rendering a template or tokenizing 4 MB takes CPU time; on the event loop it
         # would stall every other client (and /health), so it runs here.
         self._preprocess = ThreadPoolExecutor(self.config.preprocess_threads, thread_name_prefix="rawpage-preprocess")
-        self.responses = ResponseStore(self.config.responses_store_max_items, self.config.responses_store_max_bytes)
+        config = self.config
+        quota = config.store_quota()
+        self.responses = ResponseStore(config.responses_store_max_items, config.responses_store_max_bytes, *quota)
 
     @property
     def info(self) -> EngineInfo:
