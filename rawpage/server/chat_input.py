@@ -22,7 +22,6 @@ from rawpage.server.protocol import (
     sampling_params,
 )
 from rawpage.server.request import (
-    NO_EFFECT_FIELDS,
     BatchChatRequest,
     ChatCompletionRequest,
     ChatRequest,
@@ -30,6 +29,7 @@ from rawpage.server.request import (
     constraint_for,
     parse_model,
     priority,
+    reject_unread,
     render_options,
     reply_parser,
     served_name,
@@ -89,7 +89,7 @@ def parse_chat_completion(body: Body, state: ServerState, rid: str) -> ChatCompl
     role, echo = role_and_echo(body, messages)
     render = render_options(body, state.config)
     chat = ChatRequest(rid, messages, params, reply, render, lora, priority(body, state), cache_salt(body))
-    body.reject_unread(NO_EFFECT_FIELDS)
+    reject_unread(body)
     return ChatCompletionRequest(chat, out, served_name(state, lora), role, echo)
 
 
@@ -105,7 +105,7 @@ def parse_batch_chat(body: Body, state: ServerState, rid: str) -> BatchChatReque
     roles = [role_and_echo(body, messages) for messages in conversations]
     render = render_options(body, state.config)
     model, prio, salt = served_name(state, lora), priority(body, state), cache_salt(body)
-    body.reject_unread(NO_EFFECT_FIELDS)
+    reject_unread(body)
     chats = [ChatRequest(rid, messages, params, reply, render, lora, prio, salt) for messages in conversations]
     return BatchChatRequest(tuple(ChatCompletionRequest(c, out, model, *role) for c, role in zip(chats, roles)))
 

@@ -26,6 +26,7 @@ from rawpage.server.protocol import APIError, Body, checked_sampling_params
 from rawpage.server.request import (
     ChatRequest,
     MessagesRequest,
+    bounded_str,
     cache_salt,
     constraint_for,
     parse_model,
@@ -212,7 +213,7 @@ def parse_messages_request(body: Body, state: ServerState) -> MessagesRequest:
     )
     chat = ChatRequest(f"msg_{uuid.uuid4().hex[:24]}", messages, params, reply, lora=lora, cache_salt=cache_salt(body))
     meta = body.obj("metadata")
-    meta.str("user_id")  # an end-user id for abuse monitoring: nothing to monitor here
+    bounded_str(meta, "user_id")  # an end-user id for abuse monitoring: nothing to monitor here
     meta.reject_unread()
     stream = bool(body.bool("stream", False))
     body.reject_unread()

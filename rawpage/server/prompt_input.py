@@ -20,13 +20,14 @@ from rawpage.server.protocol import (
     sampling_params,
 )
 from rawpage.server.request import (
-    NO_EFFECT_FIELDS,
     CompletionRequest,
     EmbeddingRequest,
     TokenizeRequest,
+    bounded_str,
     cache_salt,
     parse_model,
     priority,
+    reject_unread,
     render_options,
     served_name,
 )
@@ -48,7 +49,7 @@ def parse_completion(body: Body, state: ServerState, rid: str) -> CompletionRequ
     if body.int("best_of", None, 1) not in (None, params.n):
         raise APIError("'best_of' other than n is not supported", param="best_of")
     prio, salt = priority(body, state), cache_salt(body)
-    body.reject_unread(NO_EFFECT_FIELDS)
+    reject_unread(body)
     return CompletionRequest(rid, prompts, params, out, echo, served_name(state, lora), lora, prio, salt)
 
 
@@ -107,7 +108,7 @@ def parse_embedding(body: Body, state: ServerState) -> EmbeddingRequest:
         normalize=body.bool("normalize", True),
         truncate_prompt_tokens=body.int("truncate_prompt_tokens", None, -1),
     )
-    body.str("user")  # OpenAI's end-user id: accepted, not used
+    bounded_str(body, "user")  # OpenAI's end-user id: accepted, not used
     prio = priority(body, state)
     body.reject_unread()
     return EmbeddingRequest(inputs, add_special_tokens, params, encoding, prio)

@@ -36,6 +36,16 @@ from rawpage.structured_output import StructuredOutputsParams
 # Fields both OpenAI and vLLM accept that change nothing here (README "Request fields").
 NO_EFFECT_FIELDS = frozenset({"user", "safety_identifier"})
 
+# The longest a string the server keeps (the Responses store) or repeats back (a response
+# object, an error) may be, in characters: OpenAI's limit where it has one (SECURITY.md
+# "What a request may leave behind"). `metadata`'s are OpenAI's too (responses_input.py).
+STRING_LIMITS = {
+    "user": 256,
+    "safety_identifier": 64,  # OpenAI's
+    "instructions": 256 << 10,  # a system prompt of ~64k tokens; more would not fit a context anyway
+    "metadata.user_id": 256,  # Anthropic's
+}
+
 
 @dataclass(frozen=True)
 class ChatRequest:
@@ -153,7 +163,7 @@ def parse_model(body: Body, state: ServerState) -> LoRARequest | None:
         return LoRARequest(adapter.name, adapter.int_id, adapter.path)
     if name is not None and name not in (state.model_name, *state.config.model_aliases):
         raise APIError(
-            f"the model '{name}' does not exist; this server serves '{state.model_name}'"
+            f"the model '{name[:128]}' does not exist; this server serves '{state.model_name}'"
             + (f" and the LoRA adapters {sorted(lora.adapters)}" if lora is not None else ""),
             404,
             param="model",
@@ -161,6 +171,23 @@ def parse_model(body: Body, state: ServerState) -> LoRARequest | None:
             code="model_not_found",
         )
     return None
+
+
+def bounded_str(body: Body, name: str) -> str | None:
+    """A string field with its STRING_LIMITS length (keyed by its full path), else a 400 naming it."""
+    value, where = body.str(name), body.path + name
+    limit = STRING_LIMITS[where]
+    if value is not None and len(value) > limit:
+        raise APIError(f"'{where}' has {len(value)} characters; the limit is {limit}", param=where)
+    return value
+
+
+def reject_unread(body: Body) -> None:
+    """The end of a parse: the no-effect fields checked (a string, within its limit) and
+    any other field nobody read refused."""
+    for name in NO_EFFECT_FIELDS:
+        bounded_str(body, name)
+    body.reject_unread()
 
 
 def served_name(state: ServerState, lora: LoRARequest | None) -> str:

@@ -26,12 +26,13 @@ from rawpage.sampling_params import SamplingParams
 from rawpage.server.guided import structured_outputs_from
 from rawpage.server.protocol import APIError, Body, checked_sampling_params
 from rawpage.server.request import (
-    NO_EFFECT_FIELDS,
     ChatRequest,
     ResponsesRequest,
+    bounded_str,
     cache_salt,
     constraint_for,
     parse_model,
+    reject_unread,
     reply_parser,
     served_name,
     tool_request,
@@ -51,7 +52,7 @@ def parse_responses(body: Body, state: ServerState, owner: str | None) -> Respon
     lora = parse_model(body, state)
     previous = body.str("previous_response_id")
     history = _previous(state, previous, owner)
-    instructions = body.str("instructions")
+    instructions = bounded_str(body, "instructions")
     body.mark_read("input")
     conversation = [*history, *input_messages(body.data.get("input"), history)]
     messages = [dict(m) for m in conversation]  # prepare_tool_messages rewrites them: the store keeps JSON text
@@ -68,9 +69,10 @@ def parse_responses(body: Body, state: ServerState, owner: str | None) -> Respon
     store, stream = bool(body.bool("store", True)), bool(body.bool("stream", False))
     fields = _echoed(body, previous, instructions, params, store, tools_body)
     _refuse_unsupported(body, stream)
-    body.reject_unread(NO_EFFECT_FIELDS)
+    salt = cache_salt(body)
+    reject_unread(body)
     rid = f"resp_{uuid.uuid4().hex}"  # never a client's X-Request-Id: ids are keys of the store
-    chat = ChatRequest(rid, messages, params, reply, lora=lora, cache_salt=cache_salt(body), param="input")
+    chat = ChatRequest(rid, messages, params, reply, lora=lora, cache_salt=salt, param="input")
     return ResponsesRequest(chat, fields, conversation, owner, served_name(state, lora), store, stream)
 
 
@@ -112,7 +114,7 @@ def _echoed(
         "tool_choice": choice,
         "tools": tool_list,
         "top_p": params.top_p,
-        "user": body.str("user"),
+        "user": bounded_str(body, "user"),
     }
 
 
