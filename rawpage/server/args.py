@@ -125,9 +125,14 @@ class ServerConfig:
     max_event_streams_per_key: int = flag(4, "open /v1/engine/events streams one API key may hold; beyond, 429")
     allow_runtime_lora_updating: bool = flag(
         False,
-        "serve /v1/load_lora_adapter and /v1/unload_lora_adapter (also $VLLM_ALLOW_RUNTIME_LORA_UPDATING=1); "
-        "loads read only inside --lora-dir, which this needs",
+        "serve /v1/load_lora_adapter and /v1/unload_lora_adapter; loads read only inside --lora-dir, which this "
+        "needs (vLLM's $VLLM_ALLOW_RUNTIME_LORA_UPDATING=True without --lora-dir: any folder, as in vLLM)",
     )
+    admin_only_lora_updating: bool = flag(
+        False,
+        "only the --admin-api-key may load and unload LoRA adapters at run time; what it loads, every key may use",
+    )
+    runtime_lora_anywhere: bool = False  # $VLLM_ALLOW_RUNTIME_LORA_UPDATING without --lora-dir: vLLM's way
     lora_dir: str | None = flag(
         None,
         "the folder runtime LoRA loads may read: a lora_path must resolve (links followed) inside it; "
@@ -188,11 +193,14 @@ class ServerConfig:
         )
 
     def __post_init__(self) -> None:
-        if self.allow_runtime_lora_updating and not self.lora_dir:
+        if self.allow_runtime_lora_updating and not self.lora_dir and not self.runtime_lora_anywhere:
             raise ValueError(
-                "--allow-runtime-lora-updating (or $VLLM_ALLOW_RUNTIME_LORA_UPDATING) needs --lora-dir, "
-                "the folder that runtime loads may read adapters from"
+                "--allow-runtime-lora-updating needs --lora-dir, the folder that runtime loads may read adapters "
+                "from (vLLM's $VLLM_ALLOW_RUNTIME_LORA_UPDATING=True alone lets loads read any folder the server "
+                "can: see SECURITY.md)"
             )
+        if self.admin_only_lora_updating and not self.admin_api_key:
+            raise ValueError("--admin-only-lora-updating needs --admin-api-key (or $RAWPAGE_ADMIN_API_KEY)")
         if bool(self.ssl_keyfile) != bool(self.ssl_certfile):
             raise ValueError("https needs both --ssl-keyfile and --ssl-certfile")
         if self.ssl_cert_reqs not in (0, 1, 2):
@@ -208,6 +216,9 @@ class ServerConfig:
         for env, name in VLLM_SWITCHES.items():
             if os.environ.get(env, "").strip().lower() in ("1", "true"):
                 given.setdefault(name, True)
+        if os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").strip().lower() in ("1", "true"):
+            # vLLM's own switch with no --lora-dir: loads read any folder, as vLLM's do (SECURITY.md)
+            given["runtime_lora_anywhere"] = not given.get("lora_dir")
         given["admin_api_key"] = getattr(args, "admin_api_key", None) or os.environ.get("RAWPAGE_ADMIN_API_KEY") or None
         return cls(**given)
 

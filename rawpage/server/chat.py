@@ -20,7 +20,9 @@ from rawpage.server.streaming import sse, sse_response
 
 
 async def create_chat_completion(request: Request, state: ServerState) -> Response:
-    req = parse_chat_completion(await state.read_body(request), state, state.request_id(request, "chatcmpl"))
+    req = parse_chat_completion(
+        await state.read_body(request), state, state.request_id(request, "chatcmpl"), state.caller(request)
+    )
     fmt = ChatFormatter(state, req)
     gen, reply = await submit(request, state, req.chat)
     if req.output.stream:

@@ -35,7 +35,7 @@ from rawpage.server.request import (
     served_name,
     tool_request,
 )
-from rawpage.server.state import ServerState
+from rawpage.server.state import Caller, ServerState
 from rawpage.server.tools import prepare_tool_messages
 from rawpage.structured_output import StructuredOutputsParams
 
@@ -79,9 +79,9 @@ def parse_messages(body: Body) -> list[dict[str, Any]]:
     return out
 
 
-def parse_chat_completion(body: Body, state: ServerState, rid: str) -> ChatCompletionRequest:
+def parse_chat_completion(body: Body, state: ServerState, rid: str, caller: Caller) -> ChatCompletionRequest:
     """A chat completion body -> its ChatCompletionRequest: every field read, the rest refused."""
-    lora = parse_model(body, state)
+    lora = parse_model(body, state, caller)
     messages = parse_messages(body)
     reply = reply_parser(state, tool_request(state, body), body.bool("include_reasoning", True))
     out = output_options(body, state.config)
@@ -93,10 +93,10 @@ def parse_chat_completion(body: Body, state: ServerState, rid: str) -> ChatCompl
     return ChatCompletionRequest(chat, out, served_name(state, lora), role, echo)
 
 
-def parse_batch_chat(body: Body, state: ServerState, rid: str) -> BatchChatRequest:
+def parse_batch_chat(body: Body, state: ServerState, rid: str, caller: Caller) -> BatchChatRequest:
     """vLLM's batch body: 'messages' is a list of conversations; every other field is
     chat's, the same for all of them (no streaming, tools, beam search or n > 1)."""
-    lora = parse_model(body, state)
+    lora = parse_model(body, state, caller)
     conversations = _conversations(body, state.config.max_prompts_per_request)
     body.mark_read(*_REFUSED_IN_BATCH)
     reply = reply_parser(state, None, body.bool("include_reasoning", True))

@@ -42,7 +42,7 @@ def generate_only(handler: Handler) -> Handler:
 
 
 async def create_embedding(request: Request, state: ServerState) -> Response:
-    req = parse_embedding(await state.read_body(request), state)
+    req = parse_embedding(await state.read_body(request), state, state.caller(request))
     texts = [x for x in req.inputs if isinstance(x, str)]  # tokenized off the event loop
     inputs = await state.encode(texts, add_special_tokens=req.add_special_tokens) if texts else list(req.inputs)
     try:

@@ -23,7 +23,7 @@ from rawpage.server.state import ServerState
 
 
 async def create_message(request: Request, state: ServerState) -> Response:
-    req = parse_messages_request(await state.read_body(request), state)
+    req = parse_messages_request(await state.read_body(request), state, state.caller(request))
     gen, parser = await submit(request, state, req.chat)
     if req.stream:
         return stream_message(state, req.chat.request_id, req.model, gen, parser)
@@ -36,5 +36,5 @@ async def create_message(request: Request, state: ServerState) -> Response:
 
 async def count_message_tokens(request: Request, state: ServerState) -> Response:
     """The prompt's length in tokens, rendered exactly as /v1/messages renders it."""
-    chat = parse_count_tokens(await state.read_body(request), state)
+    chat = parse_count_tokens(await state.read_body(request), state, state.caller(request))
     return JSONResponse({"input_tokens": len(await prompt_ids(state, chat))})

@@ -34,7 +34,7 @@ from rawpage.server.request import (
     served_name,
     tool_request,
 )
-from rawpage.server.state import ServerState
+from rawpage.server.state import Caller, ServerState
 from rawpage.server.tools import prepare_tool_messages
 from rawpage.structured_output import StructuredOutputsParams
 
@@ -195,9 +195,9 @@ def _chat_tool(t: Body) -> dict[str, Any]:
     return {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
 
 
-def parse_messages_request(body: Body, state: ServerState) -> MessagesRequest:
+def parse_messages_request(body: Body, state: ServerState, caller: Caller) -> MessagesRequest:
     """A Messages body -> its MessagesRequest: every field read, the rest refused."""
-    lora = parse_model(body, state)
+    lora = parse_model(body, state, caller)
     if body.data.get("max_tokens") is None:  # Anthropic requires it
         raise APIError("max_tokens: Field required", param="max_tokens")
     max_tokens = body.int("max_tokens", None, 1)
@@ -220,9 +220,9 @@ def parse_messages_request(body: Body, state: ServerState) -> MessagesRequest:
     return MessagesRequest(chat, served_name(state, lora), stream)
 
 
-def parse_count_tokens(body: Body, state: ServerState) -> ChatRequest:
+def parse_count_tokens(body: Body, state: ServerState, caller: Caller) -> ChatRequest:
     """A count_tokens body: the conversation of a Messages body, rendered the same way."""
-    parse_model(body, state)
+    parse_model(body, state, caller)
     messages, reply, constraint = _conversation(body, state)
     body.reject_unread()
     return ChatRequest("count", messages, checked_sampling_params(structured_outputs=constraint), reply)

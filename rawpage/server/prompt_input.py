@@ -31,14 +31,14 @@ from rawpage.server.request import (
     render_options,
     served_name,
 )
-from rawpage.server.state import RenderOptions, ServerState
+from rawpage.server.state import Caller, RenderOptions, ServerState
 
 ENCODING_FORMATS = ("float", "base64")
 
 
-def parse_completion(body: Body, state: ServerState, rid: str) -> CompletionRequest:
+def parse_completion(body: Body, state: ServerState, rid: str, caller: Caller) -> CompletionRequest:
     """A completion body -> its CompletionRequest: every field read, the rest refused."""
-    lora = parse_model(body, state)
+    lora = parse_model(body, state, caller)
     prompts = _prompts(body, state.config.max_prompts_per_request)
     body.mark_read("suffix")
     if body.data.get("suffix"):
@@ -95,9 +95,9 @@ def _sampling_params(body: Body, state: ServerState, out: OutputOptions, echo: b
     )
 
 
-def parse_embedding(body: Body, state: ServerState) -> EmbeddingRequest:
+def parse_embedding(body: Body, state: ServerState, caller: Caller) -> EmbeddingRequest:
     """An embeddings body -> its EmbeddingRequest; a generating server refuses it (input_check)."""
-    parse_model(body, state)
+    parse_model(body, state, caller)
     input_check(state)
     inputs, add_special_tokens = _inputs(body, state.config.max_prompts_per_request)
     encoding = body.str("encoding_format", "float")
@@ -154,9 +154,9 @@ def _token_ids(x: list) -> bool:
     return bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
 
 
-def parse_tokenize(body: Body, state: ServerState) -> TokenizeRequest:
+def parse_tokenize(body: Body, state: ServerState, caller: Caller) -> TokenizeRequest:
     """vLLM's /tokenize: {"prompt": str} or {"messages": [...]} (rendered as chat renders them)."""
-    parse_model(body, state)
+    parse_model(body, state, caller)
     if "messages" in body.data:
         render, messages = render_options(body, state.config), parse_messages(body)
         return TokenizeRequest(None, messages, render, False, bool(body.bool("return_token_strs", False)))
@@ -169,9 +169,9 @@ def parse_tokenize(body: Body, state: ServerState) -> TokenizeRequest:
     )
 
 
-def parse_detokenize(body: Body, state: ServerState) -> list[int]:
+def parse_detokenize(body: Body, state: ServerState, caller: Caller) -> list[int]:
     """vLLM's /detokenize: 'tokens', ids in the vocabulary."""
-    parse_model(body, state)
+    parse_model(body, state, caller)
     ids = body.int_list("tokens")
     vocab = state.info.vocab_size
     if any(not 0 <= t < vocab for t in ids):

@@ -22,14 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rawpage.lora import LoRARequest
+from rawpage.lora import LoRAAdapter, LoRARequest
 from rawpage.pooling.pooler import PoolingParams
 from rawpage.sampling_params import SamplingParams
 from rawpage.server.args import ServerConfig
 from rawpage.server.chat_reply import ReplyParser
 from rawpage.server.protocol import APIError, Body, OutputOptions
 from rawpage.server.reasoning import PARSERS as REASONING_PARSERS
-from rawpage.server.state import RenderOptions, ServerState
+from rawpage.server.state import Caller, RenderOptions, ServerState
 from rawpage.server.tools import ToolRequest, tool_request_from
 from rawpage.structured_output import StructuredOutputsParams
 
@@ -151,20 +151,31 @@ class LoRAAdapterRequest:
 
     name: str
     path: str | None = None
+    load_inplace: bool = False  # vLLM's: replace the adapter already known by this name
 
 
 # --- the fields every API reads alike --------------------------------------------------------
-def parse_model(body: Body, state: ServerState) -> LoRARequest | None:
-    """The body's "model": the base model (None), or a LoRA adapter's name (its request)."""
-    name = body.str("model")
+def visible_adapters(state: ServerState, caller: Caller) -> dict[str, LoRAAdapter]:
+    """The LoRA adapters a caller may see and use: the shared ones (owner None: --lora-modules,
+    or loaded by the admin key) and its own; the admin key sees all (lora_routes.py)."""
     lora = state.engine.info.lora if state.engine.info is not None else None
-    adapter = lora.adapters.get(name) if lora is not None and name is not None else None
+    if lora is None:
+        return {}
+    return {n: a for n, a in list(lora.adapters.items()) if a.owner is None or caller.admin or a.owner == caller.key_id}
+
+
+def parse_model(body: Body, state: ServerState, caller: Caller) -> LoRARequest | None:
+    """The body's "model": the base model (None), or a LoRA adapter's name (its request).
+    Another key's adapter is a 404, as if it did not exist."""
+    name = body.str("model")
+    adapters = visible_adapters(state, caller)
+    adapter = adapters.get(name) if name is not None else None
     if adapter is not None:
         return LoRARequest(adapter.name, adapter.int_id, adapter.path)
     if name is not None and name not in (state.model_name, *state.config.model_aliases):
         raise APIError(
             f"the model '{name[:128]}' does not exist; this server serves '{state.model_name}'"
-            + (f" and the LoRA adapters {sorted(lora.adapters)}" if lora is not None else ""),
+            + (f" and the LoRA adapters {sorted(adapters)}" if adapters else ""),
             404,
             param="model",
             type="not_found_error",
@@ -287,5 +298,8 @@ def parse_lora_adapter(body: Body, state: ServerState, load: bool) -> LoRAAdapte
     path = body.str("lora_path")
     if not path:
         raise APIError("'lora_path' is required", param="lora_path")
+    if len(path) > 4096:
+        raise APIError("'lora_path' must be at most 4096 characters", param="lora_path")
+    inplace = bool(body.bool("load_inplace", False))
     body.reject_unread()
-    return LoRAAdapterRequest(name, path)
+    return LoRAAdapterRequest(name, path, inplace)

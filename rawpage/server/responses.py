@@ -30,7 +30,7 @@ from rawpage.server.streaming import sse_response
 
 
 async def create_response(request: Request, state: ServerState) -> Response:
-    req = parse_responses(await state.read_body(request), state, state.owner(request))
+    req = parse_responses(await state.read_body(request), state, state.caller(request))
     rid = req.chat.request_id
     envelope, items = new_envelope(rid, req.model, req.fields), OutputItems()
     gen, parser = await submit(request, state, req.chat)

@@ -37,7 +37,7 @@ from rawpage.server.request import (
     served_name,
     tool_request,
 )
-from rawpage.server.state import ServerState
+from rawpage.server.state import Caller, ServerState
 from rawpage.server.tools import prepare_tool_messages
 from rawpage.structured_output import StructuredOutputsParams
 
@@ -46,10 +46,11 @@ _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "develop
 _TEXT_PARTS = ("input_text", "output_text")
 
 
-def parse_responses(body: Body, state: ServerState, owner: str | None) -> ResponsesRequest:
+def parse_responses(body: Body, state: ServerState, caller: Caller) -> ResponsesRequest:
     """A Responses body -> its ResponsesRequest: every field is read, refused or a documented
     no-op. `owner` (the caller's key) is whose stored responses previous_response_id names."""
-    lora = parse_model(body, state)
+    lora = parse_model(body, state, caller)
+    owner = caller.key_id
     previous = body.str("previous_response_id")
     history = _previous(state, previous, owner)
     instructions = bounded_str(body, "instructions")
