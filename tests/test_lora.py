@@ -224,3 +224,34 @@ def test_max_cpu_loras_forgets_the_least_recently_used_idle_adapter(lora_setup):
         lora.register(again, in_use={"all8", "qv4"})
     with pytest.raises(ValueError, match="max_cpu_loras"):
         LLM(model, device="cpu", enable_lora=True, max_loras=2, max_cpu_loras=1)
+
+
+def test_a_load_forgets_only_its_owners_idle_adapters_and_replaces_in_place(lora_setup):
+    """Issue 44: past --max-cpu-loras, a tenant's load forgets its own least recently used
+    idle adapter, never another tenant's or a shared one; with none of its own, it is refused.
+    load_inplace (register's `replaces`) swaps an adapter only if it is still the one known."""
+    from rawpage.lora.adapter import load_adapter
+
+    model, _, paths, _ = lora_setup
+    lora = LLM(model, device="cpu", enable_lora=True, max_loras=1, max_lora_rank=16, max_cpu_loras=3).engine.lora
+
+    def read(name: str, path: str, owner: str | None):
+        adapter = load_adapter(LoRARequest(name, lora.next_id(), paths[path]), lora.config, lora.max_rank)
+        adapter.owner = owner
+        return adapter
+
+    lora.register(read("shared", "all8", None))
+    lora.register(read("a1", "qv4", "key-a"))
+    lora.register(read("b1", "mlp16", "key-b"))
+    lora.register(read("b2", "qv4", "key-b"))  # full: b's own oldest (b1) goes
+    assert set(lora.adapters) == {"shared", "a1", "b2"}
+    with pytest.raises(LoRAError, match="none of this caller's is idle"):
+        lora.register(read("c1", "qv4", "key-c"))  # key-c has nothing of its own to give up
+    assert set(lora.adapters) == {"shared", "a1", "b2"}
+    old = lora.adapters["a1"]
+    with pytest.raises(LoRAError, match="has already been loaded"):
+        lora.register(read("a1", "mlp16", "key-a"))  # not in place: refused
+    lora.register(read("a1", "mlp16", "key-a"), replaces=old)
+    assert lora.adapters["a1"] is not old and lora.adapters["a1"].rank == 16
+    with pytest.raises(LoRAError, match="has already been loaded"):  # `old` is no longer the one known
+        lora.register(read("a1", "qv4", "key-a"), replaces=old)
