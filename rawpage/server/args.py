@@ -87,13 +87,13 @@ class ServerConfig:
     responses_store_max_items_per_key: int | None = flag(
         None,
         "most stored responses one API key may hold; beyond, its own least recently used go (never another key's)",
-        default_text="--responses-store-max-items / the number of API keys",
+        default_text="max-items ÷ API keys",
     )
     responses_store_max_bytes_per_key: int | None = flag(
         None,
         "most bytes of stored responses one API key may hold, e.g. 8MiB",
         type=parse_bytes,
-        default_text="--responses-store-max-bytes / the number of API keys",
+        default_text="max-bytes ÷ API keys",
     )
     max_prompts_per_request: int = flag(128, "most prompts in one /v1/completions request")
     max_stop_strings: int = flag(16, "most stop strings per request (OpenAI allows 4)")
