@@ -75,8 +75,10 @@ class OutputProcessor:
         entry = None
         if seq.request.params.logprobs is not None:
             entry = {tok: self._logprob(tok, lp, int(out.ranks[i]))}
-            for rank, (t, v) in enumerate(zip(out.top_ids[i], out.top_logprobs[i]), start=1):
-                entry.setdefault(int(t), self._logprob(int(t), float(v), rank))
+            given = out.top_ranks[i] if out.top_ranks is not None else None  # logprob_token_ids' real ranks
+            ranks = given if given is not None else range(1, len(out.top_ids[i]) + 1)
+            for rank, t, v in zip(ranks, out.top_ids[i], out.top_logprobs[i]):
+                entry.setdefault(int(t), self._logprob(int(t), float(v), int(rank)))
         m = seq.request.metrics
         m.first_token_time = m.first_token_time or now
         return tok, 0.0 if np.isnan(lp) else lp, entry

@@ -29,8 +29,9 @@ def check_request(
     ids: list[int], params: SamplingParams, max_model_len: int, vocab_size: int, args: EngineArgs
 ) -> None:
     """Refuse anything that could not run to the end: token ids outside the vocabulary (in
-    the prompt, stop_token_ids or logit_bias), more logprobs or samples than the flags
-    allow, and prompts that leave no room under --max-model-len."""
+    the prompt, stop_token_ids, logit_bias, logprob_token_ids or allowed_token_ids), more
+    logprobs or samples than the flags allow, and prompts that leave no room under
+    --max-model-len."""
     n, limit, V = len(ids), max_model_len, vocab_size
     if n == 0:
         raise InvalidRequestError(f"the prompt is empty; give at least one token. {EMPTY_PROMPT}", "prompt")
@@ -39,6 +40,7 @@ def check_request(
         ("stop_token_ids", params.stop_token_ids),
         ("logit_bias", list(params.logit_bias or ())),
         ("logprob_token_ids", params.logprob_token_ids or []),
+        ("allowed_token_ids", params.allowed_token_ids or []),
     ):
         bad = [t for t in given if not 0 <= t < V]
         if bad:  # all of logit_bias's keys named, as vLLM; else the first 5

@@ -1,6 +1,7 @@
 """Sampler: logits -> next tokens, for a whole batch with per-sequence parameters.
 
 Order of operations, as in vLLM:
+    allowed_token_ids (every other token to -inf)                     [rows that give it]
     logit_bias, min_tokens (suppress EOS/stop tokens), penalties      [all rows]
     grammar masks (structured outputs: forbidden tokens to -inf)      [constrained rows]
     greedy rows: argmax
@@ -30,6 +31,7 @@ class SamplerOutput:
     top_ids: list[np.ndarray | None]  # per row, top-N token ids if logprobs were asked
     top_logprobs: list[np.ndarray | None]
     ranks: np.ndarray  # (N,) rank of the sampled token in the raw distribution (1 = best)
+    top_ranks: list[np.ndarray | None] | None = None  # per row, the ranks of top_ids (None: 1, 2, 3...)
 
 
 class Sampler:
@@ -64,15 +66,20 @@ class Sampler:
         ranks = np.zeros(n, dtype=np.int64)
         top_ids: list[np.ndarray | None] = [None] * n
         top_lps: list[np.ndarray | None] = [None] * n
+        top_ranks: list[np.ndarray | None] = [None] * n
         for j, i in enumerate(np.flatnonzero(want)):
             picked[i] = raw[j, tokens[i]]
             ranks[i] = int((raw[j] > picked[i]).sum()) + 1
             k = seqs[i].request.params.logprobs
-            if k is not None:  # k may be 0: just the sampled token's own logprob
-                chosen = seqs[i].request.params.logprob_token_ids  # fixed ids (vLLM) instead of the top k
-                top_ids[i] = np.asarray(chosen, dtype=np.int64) if chosen else top_k_ids(raw[j], k)
+            chosen = seqs[i].request.params.logprob_token_ids  # fixed ids (vLLM) instead of the top k
+            if chosen:
+                top_ids[i] = np.asarray(chosen, dtype=np.int64)
+                top_ranks[i] = ranks_of(raw[j], top_ids[i])
+            elif k is not None:  # k may be 0: just the sampled token's own logprob
+                top_ids[i] = top_k_ids(raw[j], k)
+            if top_ids[i] is not None:
                 top_lps[i] = raw[j, top_ids[i]]
-        return SamplerOutput(tokens, picked, top_ids, top_lps, ranks)
+        return SamplerOutput(tokens, picked, top_ids, top_lps, ranks, top_ranks)
 
     def sample_rows(self, logits: DeviceLogits, rows: list[int], seqs: list[Sequence]) -> SamplerOutput:
         """Sample seqs[i] from row rows[i] of logits that may still be on the GPU.
@@ -89,6 +96,7 @@ class Sampler:
     def apply_processors(self, logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
         """Per-request logit edits, in vLLM's order. (N, V) in place."""
         V = self.vocab_size
+        allowed_only(logits, seqs)
         for i, s in enumerate(seqs):
             p = s.request.params
             if p.logit_bias:
@@ -142,12 +150,30 @@ class Sampler:
         return probs
 
 
+def allowed_only(logits: np.ndarray, seqs: list[Sequence]) -> None:
+    """vLLM's allowed_token_ids, first: every other token of the row to -inf. (N, V) in
+    place; the ids were sorted once per request (SamplingParams.allowed_ids)."""
+    for i, s in enumerate(seqs):
+        ids = s.request.params.allowed_ids
+        if ids is not None:
+            keep = logits[i, ids]
+            logits[i] = -np.inf
+            logits[i, ids] = keep
+
+
+def ranks_of(row: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """The ranks (1 = best) of `ids` in one row of logprobs (V,): one sort, then a binary search per id."""
+    ascending = np.sort(row)
+    return len(row) - np.searchsorted(ascending, row[ids], side="right") + 1
+
+
 def plain_greedy(s: Sequence) -> bool:
     """Greedy with no logit edits (apply_processors would change nothing) and no logprobs."""
     p = s.request.params
     return (
         p.greedy
         and not p.logit_bias
+        and p.allowed_ids is None
         and s.num_output_tokens >= p.min_tokens
         and p.repetition_penalty == 1.0
         and not p.presence_penalty

@@ -6,7 +6,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from rawpage.structured_output import StructuredOutputsParams
+
+# vLLM's cap on logprob_token_ids (MAX_LOGPROB_TOKEN_IDS): a request reports at most this many fixed ids per step
+MAX_LOGPROB_TOKEN_IDS = 128
 
 
 @dataclass
@@ -28,9 +33,11 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # top-N logprobs per generated token (plus the sampled one)
     prompt_logprobs: int | None = None  # top-N logprobs per prompt token
-    # vLLM's logprob_token_ids: report these tokens' logprobs at each step instead of the top-N
+    # vLLM's logprob_token_ids: report these tokens' logprobs (and the sampled one's) at each
+    # step instead of the top-N; alone, it turns logprobs on
     logprob_token_ids: list[int] | None = None
     logit_bias: dict[int, float] | None = None  # added to the logits before sampling
+    allowed_token_ids: list[int] | None = None  # vLLM's: only these tokens may be sampled
     skip_special_tokens: bool = True
     # beam search (vLLM's offline API): n is the beam width
     use_beam_search: bool = False
@@ -39,10 +46,13 @@ class SamplingParams:
     # a grammar the output must follow (JSON schema, regex, choice, Lark); a dict is accepted too
     structured_outputs: StructuredOutputsParams | dict[str, Any] | None = None
     stop_strings: list[str] = field(init=False, repr=False)
+    # allowed_token_ids as a sorted, duplicate-free array, built once here for the sampler's mask
+    allowed_ids: np.ndarray | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         self.stop_strings = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self._token_id_lists()
         if isinstance(self.structured_outputs, dict):
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         if self.top_k == -1:
@@ -102,6 +112,30 @@ class SamplingParams:
                 )
             if self.early_stopping not in (True, False, "never"):
                 bad("early_stopping", "must be True, False or 'never'")
+
+    def _token_id_lists(self) -> None:
+        """allowed_token_ids and logprob_token_ids (vLLM's rules and words): non-empty lists
+        of ids >= 0, each kept once (the vocabulary is the engine's check); logprob_token_ids
+        at most MAX_LOGPROB_TOKEN_IDS, never with beam search, and alone it asks for logprobs."""
+        for name in ("allowed_token_ids", "logprob_token_ids"):
+            ids = getattr(self, name)
+            if ids is not None and (not isinstance(ids, (list, tuple)) or not ids):
+                raise ValueError(f"{name} must be a non-empty list of token ids ({name} is not None and empty!)")
+            if ids is not None and any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
+                raise ValueError(f"{name} must hold token ids (integers >= 0), got {list(ids)[:8]!r}")
+            setattr(self, name, None if ids is None else list(dict.fromkeys(ids)))
+        n = len(self.logprob_token_ids or ())
+        if n > MAX_LOGPROB_TOKEN_IDS:
+            raise ValueError(
+                f"logprob_token_ids has {n} distinct ids (Requested logprob_token_ids of length {n}, "
+                f"which is greater than max allowed: {MAX_LOGPROB_TOKEN_IDS})"
+            )
+        if n and self.use_beam_search:
+            raise ValueError("logprob_token_ids is not supported with beam search")
+        if n and self.logprobs is None:
+            self.logprobs = 0  # vLLM's num_logprobs: the ids alone ask for logprobs
+        if self.allowed_token_ids is not None:
+            self.allowed_ids = np.array(sorted(self.allowed_token_ids), dtype=np.int64)
 
     @property
     def greedy(self) -> bool:

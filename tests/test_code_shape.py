@@ -84,10 +84,13 @@ CORE_FORBIDDEN = ["rawpage.server", "rawpage.cli"]
 # structured_output/schema_rewrite.py, with the schema walk it now shares with the server),
 # then to 8,605 for a character cut short by a special token or the end dropped, never a stray
 # U+FFFD, as vLLM (issue 42: detokenizer.py), and vLLM's words on an empty prompt, which
-# clients match (request_checks.py), then to 8,630 for runtime adapters owned by the tenant that
-# loaded them (issue 44: LoRAAdapter.owner, a load forgets only its owner's idle adapters,
-# vLLM's load_inplace in LoRAManager.register, LoRANotFoundError so that a path's answers are one).
-CORE_CLOSURE_LINE_BUDGET = 8630
+# clients match (request_checks.py), then to 8,670 for vLLM's allowed_token_ids (a mask from ids
+# sorted once per request) and logprob_token_ids with their true ranks (issue 42: sampler.py,
+# sampling_params.py, output_processor.py), then to 8,695 for runtime adapters owned by the
+# tenant that loaded them (issue 44: LoRAAdapter.owner, a load forgets only its owner's idle
+# adapters, vLLM's load_inplace in LoRAManager.register, LoRANotFoundError so that a path's
+# answers are one).
+CORE_CLOSURE_LINE_BUDGET = 8695
 # Files from `rawpage serve` to the attention kernel (tools/path_files.py), on each path:
 # issue 32's target was 20 on a tiny Llama decoding eagerly; issue 41 measures where users
 # are (the default model's replayed decode and eager prefill on the CPU kernels, the

@@ -172,16 +172,23 @@ def test_an_input_preempted_mid_prefill_is_pooled_once(folder, engines):
 
 
 # --- limits and refusals ----------------------------------------------------------------------
-def test_truncate_prompt_tokens_keeps_the_last_tokens(folder, engines):
+def test_truncate_prompt_tokens_keeps_the_side_asked(folder, engines):
+    """vLLM's sides: a pooling model keeps the first k tokens ("right"), or with
+    truncation_side "left" the last k."""
     ids = [int(t) for t in np.random.default_rng(3).integers(3, 400, 80)]
     llm = LLM(folder, runner="pooling", max_model_len=64, **KW)
     with pytest.raises(InvalidRequestError, match="more than --max-model-len 64"):
         llm.embed([ids], use_tqdm=False)
     (out,) = llm.embed([ids], truncate_prompt_tokens=20, use_tqdm=False)
-    assert out.prompt_token_ids == ids[-20:]
-    np.testing.assert_allclose(out.outputs.embedding, vectors(engines["last"].embed([ids[-20:]], use_tqdm=False))[0])
+    assert out.prompt_token_ids == ids[:20]
+    np.testing.assert_allclose(out.outputs.embedding, vectors(engines["last"].embed([ids[:20]], use_tqdm=False))[0])
     (out,) = llm.embed([ids], truncate_prompt_tokens=-1, use_tqdm=False)
-    assert out.prompt_token_ids == ids[-64:]
+    assert out.prompt_token_ids == ids[:64]
+    left = PoolingParams(truncation_side="left")
+    (out,) = llm.embed([ids], pooling_params=left, truncate_prompt_tokens=20, use_tqdm=False)
+    assert out.prompt_token_ids == ids[-20:]
+    with pytest.raises(InvalidRequestError, match="truncation_side"):
+        llm.embed([ids], pooling_params=PoolingParams(truncate_prompt_tokens=5, truncation_side="up"), use_tqdm=False)
     assert_no_leaks(llm.engine)
 
 

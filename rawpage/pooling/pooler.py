@@ -32,12 +32,15 @@ class PoolingParams:
 
     dimensions: keep the first `dimensions` entries, then normalise (Matryoshka).
     normalize: L2-normalise the vector (the embedding models' convention).
-    truncate_prompt_tokens: keep only the last k tokens of a longer input; -1 = the last
-        --max-model-len tokens; None = a longer input is refused."""
+    truncate_prompt_tokens: keep only k tokens of a longer input; -1 = --max-model-len of
+        them; None = a longer input is refused.
+    truncation_side: which k stay: "right" (the default, vLLM's for pooling models) keeps
+        the first k, "left" the last k (rawpage/prompt_truncation.py)."""
 
     dimensions: int | None = None
     normalize: bool = True
     truncate_prompt_tokens: int | None = None
+    truncation_side: str = "right"
 
 
 @dataclass

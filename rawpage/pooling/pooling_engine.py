@@ -14,6 +14,7 @@ request, so prefix caching and CUDA graphs (decode-only) are off.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -27,6 +28,7 @@ from rawpage.engine_args import EngineArgs
 from rawpage.errors import InvalidRequestError
 from rawpage.outputs import EmbeddingOutput, EmbeddingRequestOutput
 from rawpage.pooling.pooler import Pooler, PoolingParams, PoolingRequest, resolve_pooling_type
+from rawpage.prompt_truncation import TRUNCATION_SIDES, truncate
 from rawpage.request_checks import check_salt_and_priority
 from rawpage.sampling_params import SamplingParams
 from rawpage.sequence import Request, Sequence
@@ -106,13 +108,15 @@ class PoolingEngine(LLMEngine):
                 f"truncate_prompt_tokens must be -1 (to --max-model-len) or 1 to {limit}, got {k}",
                 "truncate_prompt_tokens",
             )
-        ids = ids[-(limit if k == -1 else k) :] if k is not None else ids
+        if params.truncation_side not in TRUNCATION_SIDES:
+            raise InvalidRequestError("truncation_side must be 'left' or 'right'", "truncation_side")
+        ids = truncate(ids, limit if k == -1 else k, params.truncation_side) if k is not None else ids
         if not ids:
             raise InvalidRequestError("the input is empty; give at least one token", param)
         if len(ids) > limit:
             raise InvalidRequestError(
                 f"the input has {len(ids)} tokens, more than --max-model-len {limit}; shorten it or "
-                "pass truncate_prompt_tokens (keeps the last k tokens)",
+                "pass truncate_prompt_tokens (keeps the first k tokens; truncation_side 'left': the last k)",
                 param,
             )
         if any(not 0 <= t < V for t in ids):
@@ -177,7 +181,7 @@ def embed(
         prompts = [prompts]
     params = pooling_params or PoolingParams()
     if truncate_prompt_tokens is not None:
-        params = PoolingParams(params.dimensions, params.normalize, truncate_prompt_tokens)
+        params = dataclasses.replace(params, truncate_prompt_tokens=truncate_prompt_tokens)
     rids = [str(next(ids)) for _ in prompts]
     try:
         for rid, prompt in zip(rids, prompts):

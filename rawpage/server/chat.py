@@ -13,6 +13,7 @@ from rawpage.outputs import CompletionOutput, RequestOutput
 from rawpage.server.chat_input import parse_chat_completion
 from rawpage.server.chat_reply import ReplyParser
 from rawpage.server.chat_request import final_output, reply_steps, submit, token_counts
+from rawpage.server.logprob_items import logprob_items
 from rawpage.server.protocol import prompt_logprobs_json, usage
 from rawpage.server.request import ChatCompletionRequest
 from rawpage.server.state import ServerState
@@ -71,8 +72,8 @@ class ChatFormatter:
     def __init__(self, state: ServerState, req: ChatCompletionRequest) -> None:
         self.state, self.rid, self.out, self.created = state, req.chat.request_id, req.output, int(time.time())
         params = req.chat.params
-        chosen = params.logprob_token_ids
-        self.top_logprobs = len(chosen) if chosen else params.logprobs or 0
+        self.fixed_ids = params.logprob_token_ids is not None  # vLLM: the sampled token and these ids
+        self.top_logprobs = params.logprobs or 0
         self.model = req.model  # the served name, or the LoRA adapter the request named
         self.role, self.echo = req.role, req.echo  # see chat_input.role_and_echo
 
@@ -117,17 +118,7 @@ class ChatFormatter:
         return f"token_id:{token_id}" if self.out.tokens_as_ids else self.state.token_text(token_id)
 
     def logprobs(self, token_ids: list[int], entries: list) -> dict[str, Any]:
-        def item(tok: int, lp: float) -> dict[str, Any]:
-            text = self.token(tok)
-            return {"token": text, "logprob": max(lp, -9999.0), "bytes": list(text.encode("utf-8"))}
-
-        content = []
-        for tok, e in zip(token_ids, entries):
-            top = sorted(
-                (v.rank, t, v.logprob) for t, v in e.items() if v.rank is not None and v.rank <= self.top_logprobs
-            )
-            content.append({**item(tok, e[tok].logprob), "top_logprobs": [item(t, lp) for _, t, lp in top]})
-        return {"content": content}
+        return {"content": logprob_items(token_ids, entries, self.top_logprobs, self.fixed_ids, self.token)}
 
     def usage(self, final: RequestOutput) -> dict[str, Any]:
         counts = token_counts(self.state, final)

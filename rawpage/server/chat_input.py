@@ -29,6 +29,7 @@ from rawpage.server.request import (
     constraint_for,
     parse_model,
     priority,
+    prompt_truncation,
     reject_unread,
     render_options,
     reply_parser,
@@ -88,7 +89,10 @@ def parse_chat_completion(body: Body, state: ServerState, rid: str, caller: Call
     params = chat_sampling_params(body, state, out, output_constraint(body, reply))
     role, echo = role_and_echo(body, messages)
     render = render_options(body, state.config)
-    chat = ChatRequest(rid, messages, params, reply, render, lora, priority(body, state), cache_salt(body))
+    cut = prompt_truncation(body, state, params, _max_tokens_name(body))
+    chat = ChatRequest(
+        rid, messages, params, reply, render, lora, priority(body, state), cache_salt(body), truncation=cut
+    )
     reject_unread(body)
     return ChatCompletionRequest(chat, out, served_name(state, lora), role, echo)
 
@@ -105,8 +109,12 @@ def parse_batch_chat(body: Body, state: ServerState, rid: str, caller: Caller) -
     roles = [role_and_echo(body, messages) for messages in conversations]
     render = render_options(body, state.config)
     model, prio, salt = served_name(state, lora), priority(body, state), cache_salt(body)
+    cut = prompt_truncation(body, state, params, _max_tokens_name(body))
     reject_unread(body)
-    chats = [ChatRequest(rid, messages, params, reply, render, lora, prio, salt) for messages in conversations]
+    chats = [
+        ChatRequest(rid, messages, params, reply, render, lora, prio, salt, truncation=cut)
+        for messages in conversations
+    ]
     return BatchChatRequest(tuple(ChatCompletionRequest(c, out, model, *role) for c, role in zip(chats, roles)))
 
 
@@ -147,7 +155,7 @@ def chat_sampling_params(
     max_tokens = body.int("max_completion_tokens", None, 1)
     legacy_max_tokens = body.int("max_tokens", state.config.max_tokens_default, 1)
     max_tokens = legacy_max_tokens if max_tokens is None else max_tokens
-    logprobs = (len(chosen) if chosen else top or 0) if want_logprobs else None
+    logprobs = (top or 0) if want_logprobs else None  # with logprob_token_ids, those ids instead of the top N
     return sampling_params(
         body,
         max_tokens,
@@ -157,6 +165,11 @@ def chat_sampling_params(
         structured_outputs=constraint,
         logprob_token_ids=chosen,
     )
+
+
+def _max_tokens_name(body: Body) -> str:
+    """The field that set max_tokens, as vLLM names it in a truncation error."""
+    return "max_completion_tokens" if body.data.get("max_completion_tokens") is not None else "max_tokens"
 
 
 def role_and_echo(body: Body, messages: list[dict[str, Any]]) -> tuple[str, str]:

@@ -34,9 +34,11 @@ from rawpage.server.streaming import final_outputs, merge, unless_disconnected
 
 
 async def prompt_ids(state: ServerState, chat: ChatRequest) -> list[int]:
-    """The chat template over the messages (and the tools, unless tool_choice is "none")."""
+    """The chat template over the messages (and the tools, unless tool_choice is "none"),
+    cut to truncate_prompt_tokens where the request asks (vLLM cuts the rendered prompt too)."""
     tools = chat.tools.template_tools() if chat.tools else None
-    return await state.render_chat(chat.render, chat.messages, chat.param, tools)
+    ids = await state.render_chat(chat.render, chat.messages, chat.param, tools)
+    return chat.truncation.apply(ids) if chat.truncation is not None else ids
 
 
 async def checked_prompt(state: ServerState, chat: ChatRequest) -> tuple[CheckedPrompt, ReplyParser]:

@@ -42,11 +42,14 @@ async def create_completion(request: Request, state: ServerState) -> Response:
 
 
 async def _tokenized(state: ServerState, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
-    """Each prompt as (its text, or None for token ids; its token ids), tokenized off the event loop."""
+    """Each prompt as (its text, or None for token ids; its token ids), tokenized off the
+    event loop. A truncated prompt (truncate_prompt_tokens) keeps no text: echo decodes what ran."""
     texts = [p for p in req.prompts if isinstance(p, str)]
-    if texts:
-        return list(zip(texts, await state.encode(texts)))
-    return [(None, ids) for ids in req.prompts]
+    prompts = list(zip(texts, await state.encode(texts))) if texts else [(None, ids) for ids in req.prompts]
+    if req.truncation is None:
+        return prompts
+    cut = [(text, req.truncation.apply(ids)) for text, ids in prompts]
+    return [(text if len(ids) == len(full) else None, ids) for (text, ids), (_, full) in zip(cut, prompts)]
 
 
 async def _stream(fmt: _Formatter, streams: list[AsyncIterator[RequestOutput]]):

@@ -15,6 +15,7 @@ from rawpage.server.protocol import (
     Body,
     OutputOptions,
     check_prompt_logprobs,
+    logprob_token_ids,
     logprobs_count,
     output_options,
     sampling_params,
@@ -27,9 +28,11 @@ from rawpage.server.request import (
     cache_salt,
     parse_model,
     priority,
+    prompt_truncation,
     reject_unread,
     render_options,
     served_name,
+    truncation_side,
 )
 from rawpage.server.state import Caller, RenderOptions, ServerState
 
@@ -49,8 +52,9 @@ def parse_completion(body: Body, state: ServerState, rid: str, caller: Caller) -
     if body.int("best_of", None, 1) not in (None, params.n):
         raise APIError("'best_of' other than n is not supported", param="best_of")
     prio, salt = priority(body, state), cache_salt(body)
+    cut = prompt_truncation(body, state, params, "max_tokens")
     reject_unread(body)
-    return CompletionRequest(rid, prompts, params, out, echo, served_name(state, lora), lora, prio, salt)
+    return CompletionRequest(rid, prompts, params, out, echo, served_name(state, lora), lora, prio, salt, cut)
 
 
 def _prompts(body: Body, limit: int) -> tuple[str | list[int], ...]:
@@ -92,6 +96,7 @@ def _sampling_params(body: Body, state: ServerState, out: OutputOptions, echo: b
         prompt_logprobs=prompt_logprobs,
         config=state.config,
         structured_outputs=structured_outputs_from(body),
+        logprob_token_ids=logprob_token_ids(body, logprobs is not None, "'logprobs' (any count)"),
     )
 
 
@@ -103,10 +108,11 @@ def parse_embedding(body: Body, state: ServerState, caller: Caller) -> Embedding
     encoding = body.str("encoding_format", "float")
     if encoding not in ENCODING_FORMATS:
         raise APIError(f"'encoding_format' must be 'float' or 'base64', got {encoding!r}", param="encoding_format")
-    params = PoolingParams(  # vLLM's extras: normalize and truncate_prompt_tokens
+    params = PoolingParams(  # vLLM's extras: normalize, truncate_prompt_tokens and truncation_side
         dimensions=body.int("dimensions", None, 1),
         normalize=body.bool("normalize", True),
         truncate_prompt_tokens=body.int("truncate_prompt_tokens", None, -1),
+        truncation_side=truncation_side(body, "right"),  # vLLM's side for pooling models: the start stays
     )
     bounded_str(body, "user")  # OpenAI's end-user id: accepted, not used
     prio = priority(body, state)

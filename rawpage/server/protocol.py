@@ -281,6 +281,9 @@ def sampling_params(
         prompt_logprobs=prompt_logprobs,
         logprob_token_ids=logprob_token_ids,
         logit_bias=bias or None,
+        allowed_token_ids=body.int_list("allowed_token_ids")
+        if body.data.get("allowed_token_ids") is not None
+        else None,
         skip_special_tokens=body.bool("skip_special_tokens", True),
         use_beam_search=beam,
         length_penalty=body.float("length_penalty", 1.0),
@@ -315,8 +318,9 @@ def logprobs_count(body: Body, name: str, max_logprobs: int, vocab_size: int) ->
     return count
 
 
-def logprob_token_ids(body: Body, logprobs: bool) -> list[int] | None:
-    """vLLM's `logprob_token_ids`: the tokens whose logprobs each step reports (with the sampled one)."""
+def logprob_token_ids(body: Body, logprobs: bool, needs: str = "'logprobs': true") -> list[int] | None:
+    """vLLM's `logprob_token_ids`: the tokens whose logprobs each step reports (with the
+    sampled one), in place of the top N. It needs `logprobs` (`needs` says how the API sets it)."""
     given = body.data.get("logprob_token_ids") is not None
     ids = body.int_list("logprob_token_ids")
     if not given:
@@ -324,7 +328,11 @@ def logprob_token_ids(body: Body, logprobs: bool) -> list[int] | None:
     if not ids:
         raise APIError("'logprob_token_ids' must not be an empty list", param="logprob_token_ids")
     if not logprobs:
-        raise APIError("'logprob_token_ids' needs 'logprobs': true", param="logprob_token_ids")
+        vllm = "must be set to true" if "true" in needs else "must be set"
+        raise APIError(
+            f"'logprob_token_ids' needs {needs} (vLLM: when using `logprob_token_ids`, `logprobs` {vllm}.)",
+            param="logprob_token_ids",
+        )
     return ids
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from rawpage.lora import LoRAAdapter, LoRARequest
 from rawpage.pooling.pooler import PoolingParams
+from rawpage.prompt_truncation import TRUNCATION_SIDES, PromptTruncation, resolve
 from rawpage.sampling_params import SamplingParams
 from rawpage.server.args import ServerConfig
 from rawpage.server.chat_reply import ReplyParser
@@ -61,6 +62,7 @@ class ChatRequest:
     priority: int = 0
     cache_salt: str | None = None
     param: str = "messages"  # the field a prompt error is blamed on ("input" for Responses)
+    truncation: PromptTruncation | None = None  # vLLM's truncate_prompt_tokens, applied to the rendered prompt
 
     @property
     def tools(self) -> ToolRequest | None:
@@ -99,6 +101,7 @@ class CompletionRequest:
     lora: LoRARequest | None = None
     priority: int = 0
     cache_salt: str | None = None
+    truncation: PromptTruncation | None = None  # vLLM's truncate_prompt_tokens, applied to each prompt
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,7 @@ class ResponsesRequest:
     model: str
     store: bool
     stream: bool
+    raw_messages: bool = False  # vLLM's enable_response_messages: input_messages and output_messages
 
 
 @dataclass(frozen=True)
@@ -223,6 +227,29 @@ def render_options(body: Body, config: ServerConfig) -> RenderOptions:
         continue_final_message=body.bool("continue_final_message", False),
         add_special_tokens=body.bool("add_special_tokens", False),
     )
+
+
+def prompt_truncation(
+    body: Body, state: ServerState, params: SamplingParams, max_tokens_param: str
+) -> PromptTruncation | None:
+    """vLLM's truncate_prompt_tokens (keep k tokens; -1: all that fit beside max_tokens) and
+    truncation_side ("left", generation's default, keeps the prompt's end). None: no cut."""
+    given, side = body.int("truncate_prompt_tokens", None, -1), truncation_side(body, "left")
+    if given is None:
+        return None
+    room = state.info.max_model_len - (params.max_tokens or 0)
+    try:
+        return resolve(given, side, room, f"max_model_len - {max_tokens_param}")
+    except ValueError as e:
+        raise APIError(str(e), param="truncate_prompt_tokens") from None
+
+
+def truncation_side(body: Body, default: str) -> str:
+    """vLLM's truncation_side: "left" keeps a cut prompt's end, "right" its start."""
+    side = body.str("truncation_side") or default
+    if side not in TRUNCATION_SIDES:
+        raise APIError(f"'truncation_side' must be 'left' or 'right', got {side[:32]!r}", param="truncation_side")
+    return side
 
 
 def cache_salt(body: Body) -> str | None:

@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from rawpage.outputs import RequestOutput
 from rawpage.server.chat_reply import Reply, ReplyParser
 from rawpage.server.chat_request import final_output, reply_steps, submit, token_counts
+from rawpage.server.logprob_items import logprob_items
 from rawpage.server.protocol import APIError
 from rawpage.server.request import ResponsesRequest
 from rawpage.server.responses_input import parse_responses
@@ -41,6 +42,7 @@ async def create_response(request: Request, state: ServerState) -> Response:
     o = final.outputs[0]
     reply = parser.parse(o.text, o.finish_reason)
     response = finished(envelope, reply, items.of(reply), await _usage(state, final, reply))
+    response = _with_extras(state, req, response, final)
     _keep(state, req, response, reply)
     return JSONResponse(response, headers={"X-Request-Id": rid})
 
@@ -51,15 +53,47 @@ async def _stream(state: ServerState, req: ResponsesRequest, gen, parser: ReplyP
     final, reason = None, None
     async for out, steps in reply_steps(gen, parser):
         for step in steps:
+            if step.o.delta_logprobs:  # each text delta carries its tokens' logprobs
+                events.pending_logprobs += _logprobs(state, req, step.o.delta_token_ids, step.o.delta_logprobs)
             for e in events.feed(step.delta):
                 yield e
             reason = step.finish or reason
         final = out
     reply = events.reply(reason)
-    closing, response = events.finish(reply, await _usage(state, final, reply))
+    closing, response = events.finish(
+        reply, await _usage(state, final, reply), lambda r: _with_extras(state, req, r, final)
+    )
     _keep(state, req, response, reply)
     for e in closing:
         yield e
+
+
+def _logprobs(state: ServerState, req: ResponsesRequest, token_ids: list[int], entries: list) -> list[dict[str, Any]]:
+    return logprob_items(token_ids, entries, req.chat.params.logprobs or 0, False, state.token_text)
+
+
+def _with_extras(
+    state: ServerState, req: ResponsesRequest, response: dict[str, Any], final: RequestOutput
+) -> dict[str, Any]:
+    """The finished response with what the request asked beyond OpenAI's defaults: every
+    output token's logprobs on the message's output_text (include, as vLLM puts them), and
+    vLLM's enable_response_messages: the prompt and the reply as raw text and token ids."""
+    o = final.outputs[0]
+    if o.logprobs is not None:
+        lps = _logprobs(state, req, o.token_ids, o.logprobs)
+        for item in response["output"]:
+            if item["type"] == "message" and item["content"]:
+                item["content"][0]["logprobs"] = lps
+    if req.raw_messages:
+        prompt = state.info.tokenizer.decode(final.prompt_token_ids, skip_special_tokens=False)
+        response["input_messages"] = [_raw_message(prompt, final.prompt_token_ids)]
+        response["output_messages"] = [_raw_message(o.text, o.token_ids)]
+    return response
+
+
+def _raw_message(text: str, token_ids: list[int]) -> dict[str, Any]:
+    """vLLM's ResponseRawMessageAndToken (its token ids are the truth where text and ids differ)."""
+    return {"type": "raw_message_tokens", "message": text, "tokens": list(token_ids)}
 
 
 async def _usage(state: ServerState, final: RequestOutput, reply: Reply) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from typing import Any
 
 from rawpage.sampling_params import SamplingParams
 from rawpage.server.guided import structured_outputs_from
-from rawpage.server.protocol import APIError, Body, checked_sampling_params
+from rawpage.server.protocol import APIError, Body, checked_sampling_params, logit_bias, logprobs_count
 from rawpage.server.request import (
     ChatRequest,
     ResponsesRequest,
@@ -44,6 +44,7 @@ from rawpage.structured_output import StructuredOutputsParams
 _METADATA_LIMITS = (16, 64, 512)  # OpenAI's: keys, key length, value length
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _TEXT_PARTS = ("input_text", "output_text")
+OUTPUT_LOGPROBS = "message.output_text.logprobs"  # the one `include` value that applies here
 
 
 def parse_responses(body: Body, state: ServerState, caller: Caller) -> ResponsesRequest:
@@ -61,20 +62,58 @@ def parse_responses(body: Body, state: ServerState, caller: Caller) -> Responses
     prepare_tool_messages(messages)
     tools_body = chat_tools(body)
     reply = reply_parser(state, tool_request(state, tools_body))
-    params = checked_sampling_params(
-        temperature=body.float("temperature", 1.0, 0.0, 2.0),
-        top_p=body.float("top_p", 1.0, 0.0, 1.0),
-        max_tokens=body.int("max_output_tokens", state.config.max_tokens_default, 1),
-        structured_outputs=constraint_for(text_format(body), "text.format", reply),
-    )
+    params = _sampling_params(body, state, constraint_for(text_format(body), "text.format", reply))
     store, stream = bool(body.bool("store", True)), bool(body.bool("stream", False))
     fields = _echoed(body, previous, instructions, params, store, tools_body)
+    raw_messages = bool(body.bool("enable_response_messages", False))
     _refuse_unsupported(body, stream)
     salt = cache_salt(body)
     reject_unread(body)
     rid = f"resp_{uuid.uuid4().hex}"  # never a client's X-Request-Id: ids are keys of the store
     chat = ChatRequest(rid, messages, params, reply, lora=lora, cache_salt=salt, param="input")
-    return ResponsesRequest(chat, fields, conversation, owner, served_name(state, lora), store, stream)
+    model = served_name(state, lora)
+    return ResponsesRequest(chat, fields, conversation, owner, model, store, stream, raw_messages)
+
+
+def _sampling_params(body: Body, state: ServerState, constraint: StructuredOutputsParams | None) -> SamplingParams:
+    """OpenAI's temperature, top_p, max_output_tokens and top_logprobs (with include
+    ["message.output_text.logprobs"]), and the sampling extras vLLM's ResponsesRequest takes."""
+    config = state.config
+    return checked_sampling_params(
+        temperature=body.float("temperature", 1.0, 0.0, 2.0),
+        top_p=body.float("top_p", 1.0, 0.0, 1.0),
+        top_k=body.int("top_k", 0, -1),
+        repetition_penalty=body.float("repetition_penalty", 1.0, 0.0),
+        presence_penalty=body.float("presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=body.float("frequency_penalty", 0.0, -2.0, 2.0),
+        seed=body.int("seed", None, -(2**63), 2**63 - 1),
+        stop=body.stop(config.max_stop_strings, config.max_stop_string_chars),
+        ignore_eos=body.bool("ignore_eos", False),
+        logit_bias=logit_bias(body.dict("logit_bias")) or None,
+        skip_special_tokens=body.bool("skip_special_tokens", True),
+        include_stop_str_in_output=body.bool("include_stop_str_in_output", False),
+        logprobs=_output_logprobs(body, state),
+        max_tokens=body.int("max_output_tokens", config.max_tokens_default, 1),
+        structured_outputs=constraint,
+    )
+
+
+def _output_logprobs(body: Body, state: ServerState) -> int | None:
+    """`include`: only "message.output_text.logprobs" applies here; it reports each output
+    token's logprob with `top_logprobs` (0 to --max-logprobs) alternatives. Without it,
+    top_logprobs asks for nothing (as in OpenAI and vLLM)."""
+    include = body.value("include") or []
+    if not isinstance(include, list) or not all(isinstance(x, str) for x in include):
+        raise APIError("'include' must be a list of strings", param="include")
+    other = [x for x in include if x != OUTPUT_LOGPROBS]
+    if other:
+        raise APIError(
+            f"'include' {other[0][:64]!r} is not supported: this server has no built-in tools, images or "
+            f"encrypted reasoning; it can include {OUTPUT_LOGPROBS!r}",
+            param="include",
+        )
+    top = logprobs_count(body, "top_logprobs", state.info.max_logprobs, state.info.vocab_size)
+    return (top or 0) if include else None
 
 
 def _previous(state: ServerState, previous: str | None, owner: str | None) -> list[dict[str, Any]]:
@@ -115,6 +154,9 @@ def _echoed(
         "tool_choice": choice,
         "tools": tool_list,
         "top_p": params.top_p,
+        "top_logprobs": params.logprobs,
+        "presence_penalty": params.presence_penalty,
+        "frequency_penalty": params.frequency_penalty,
         "user": bounded_str(body, "user"),
     }
 
@@ -138,12 +180,6 @@ def _refuse_unsupported(body: Body, stream: bool) -> None:
     """Fields whose only value here is the default: anything else is a 400 that names it."""
     if body.bool("background", False):
         raise APIError("'background' responses are not supported here; use 'stream': true", param="background")
-    include = body.value("include") or []
-    if not isinstance(include, list) or include:
-        raise APIError(
-            f"'include' {str(include)[:100]} is not supported (no logprobs or encrypted reasoning here)",
-            param="include",
-        )
     if body.str("truncation", "disabled") != "disabled":
         raise APIError("'truncation' must be 'disabled': an input over --max-model-len is a 400", param="truncation")
     reasoning = body.obj("reasoning")

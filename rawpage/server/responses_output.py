@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from rawpage.server.chat_reply import Reply
@@ -81,8 +82,8 @@ class OutputItems:
         return items + [self.function_call(c) for c in reply.calls]
 
 
-def output_text(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def output_text(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 def finished(
@@ -122,6 +123,10 @@ class ResponseEvents:
         self.open: str | None = None  # "reasoning" or "message": the item text is going into
         self.reasoning, self.content = "", ""
         self.calls: list[ToolCall] = []
+        # logprob items of tokens not yet sent (include ["message.output_text.logprobs"]):
+        # the next text delta carries them; those sent with the message, for its done event
+        self.pending_logprobs: list[dict[str, Any]] = []
+        self.message_logprobs: list[dict[str, Any]] = []
 
     def event(self, kind: str, **fields: Any) -> str:
         data = {"type": kind, "sequence_number": self.seq, **fields}
@@ -150,12 +155,15 @@ class ResponseEvents:
         """What the stream carried, as the Reply a non-streamed request parses from the whole text."""
         return Reply(self.reasoning or None, self.content, self.calls, finish_reason)
 
-    def finish(self, reply: Reply, usage_: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
-        """The closing events and the final response (the one a non-streamed request gets)."""
+    def finish(
+        self, reply: Reply, usage_: dict[str, Any], extras: Callable[[dict[str, Any]], dict[str, Any]] = lambda r: r
+    ) -> tuple[list[str], dict[str, Any]]:
+        """The closing events and the final response (the one a non-streamed request gets,
+        `extras` added to it as there: logprobs, raw messages)."""
         events = self._close()
         if not self.content and not self.calls:  # an empty answer is still a message, as unstreamed
             events += self._open("message") + self._close()
-        response = finished(self.envelope, reply, self.items.of(reply), usage_)
+        response = extras(finished(self.envelope, reply, self.items.of(reply), usage_))
         return events + [self.event(_TERMINAL[response["status"]], response=response)], response
 
     def error_events(self, err: APIError) -> list[str]:
@@ -167,6 +175,7 @@ class ResponseEvents:
     def _text(self, kind: str, text: str) -> list[str]:
         events = [] if self.open == kind else self._close() + self._open(kind)
         index, item_id = len(self.output) - 1, self.output[-1]["id"]
+        sent, self.pending_logprobs = self.pending_logprobs, []  # a reasoning delta's tokens go nowhere
         if kind == "reasoning":
             self.reasoning += text
             return events + [
@@ -175,8 +184,9 @@ class ResponseEvents:
                 )
             ]
         self.content += text
+        self.message_logprobs += sent
         where = dict(item_id=item_id, output_index=index, content_index=0)
-        return events + [self.event("response.output_text.delta", **where, delta=text, logprobs=[])]
+        return events + [self.event("response.output_text.delta", **where, delta=text, logprobs=sent)]
 
     def _open(self, kind: str) -> list[str]:
         item = (
@@ -204,8 +214,10 @@ class ResponseEvents:
             item = self.output[index] = self.items.message(self.content)
             where = dict(item_id=item["id"], output_index=index, content_index=0)
             done = [
-                self.event("response.output_text.done", **where, text=self.content, logprobs=[]),
-                self.event("response.content_part.done", **where, part=output_text(self.content)),
+                self.event("response.output_text.done", **where, text=self.content, logprobs=self.message_logprobs),
+                self.event(
+                    "response.content_part.done", **where, part=output_text(self.content, self.message_logprobs)
+                ),
             ]
         return done + [self.event("response.output_item.done", output_index=index, item=item)]
 

@@ -89,6 +89,11 @@ def test_token_ids_and_vllm_extras(server, offline):
     long = list(range(3, 3 + MAX_LEN + 20))
     r = post(server, {"input": long, "truncate_prompt_tokens": 10, "encoding_format": "float"})
     assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 10
+    first = offline.embed([long[:10]], use_tqdm=False)[0].outputs.embedding  # vLLM's side for pooling: "right"
+    np.testing.assert_allclose(r.json()["data"][0]["embedding"], first, atol=1e-6)
+    r = post(server, {"input": long, "truncate_prompt_tokens": 10, "truncation_side": "left"})
+    last = offline.embed([long[-10:]], use_tqdm=False)[0].outputs.embedding
+    np.testing.assert_allclose(r.json()["data"][0]["embedding"], last, atol=1e-6)
 
 
 def test_64_inputs_run_batched(server, client):
@@ -120,6 +125,7 @@ def test_64_inputs_run_batched(server, client):
         ({"input": "hi", "dimensions": 65}, "dimensions"),
         ({"input": "hi", "normalize": "maybe"}, "normalize"),  # ("yes" is true, as in pydantic)
         ({"input": "hi", "truncate_prompt_tokens": MAX_LEN + 1}, "truncate_prompt_tokens"),
+        ({"input": "hi", "truncate_prompt_tokens": 1, "truncation_side": "up"}, "truncation_side"),
         ({"input": "hi", "temperature": 0.5}, "temperature"),
         ({"input": "hi", "model": "other"}, "model"),
     ],
