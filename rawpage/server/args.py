@@ -171,7 +171,22 @@ class ServerConfig:
         choices=["qwen3", "deepseek_r1"],
         default_text="none",
     )
-    enable_force_include_usage: bool = flag(False, "every stream ends with a usage chunk, as if include_usage")
+    enable_force_include_usage: bool = flag(
+        False,
+        "every stream carries usage on each chunk and ends with a usage chunk, as if stream_options asked for "
+        "include_usage and continuous_usage_stats (vLLM's)",
+    )
+    reasoning_budget: int = flag(
+        -1,
+        "tokens a model may think (inside <think>...</think>) before the end tag is forced, for requests that set "
+        "no budget or effort: -1 unlimited, 0 no thinking (llama-server's flag)",
+    )
+    reasoning_secret: str | None = flag(
+        None,
+        "the key that signs reasoning handed back to clients (Responses encrypted_content, Messages thinking "
+        "signatures); replicas behind one address must share it; prefer $RAWPAGE_REASONING_SECRET (argv is visible)",
+        default_text="$RAWPAGE_REASONING_SECRET or random per start",
+    )
     log_level: str = flag("info", "log level", choices=["debug", "info", "warning", "error"])
     uvicorn_log_level: str | None = flag(
         None,
@@ -203,6 +218,8 @@ class ServerConfig:
             raise ValueError("--admin-only-lora-updating needs --admin-api-key (or $RAWPAGE_ADMIN_API_KEY)")
         if bool(self.ssl_keyfile) != bool(self.ssl_certfile):
             raise ValueError("https needs both --ssl-keyfile and --ssl-certfile")
+        if self.reasoning_budget < -1:
+            raise ValueError(f"--reasoning-budget {self.reasoning_budget}: -1 (unlimited), 0 or a number of tokens")
         if self.ssl_cert_reqs not in (0, 1, 2):
             raise ValueError(f"--ssl-cert-reqs {self.ssl_cert_reqs}: 0, 1 or 2")
 
@@ -216,6 +233,9 @@ class ServerConfig:
         for env, name in VLLM_SWITCHES.items():
             if os.environ.get(env, "").strip().lower() in ("1", "true"):
                 given.setdefault(name, True)
+        given["reasoning_secret"] = getattr(args, "reasoning_secret", None) or os.environ.get(
+            "RAWPAGE_REASONING_SECRET"
+        )
         if os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").strip().lower() in ("1", "true"):
             # vLLM's own switch with no --lora-dir: loads read any folder, as vLLM's do (SECURITY.md)
             given["runtime_lora_anywhere"] = not given.get("lora_dir")

@@ -14,6 +14,7 @@ import functools
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from rawpage.engine import LLMEngine
 from rawpage.lora import LoRAAdapter, LoRARequest
@@ -50,6 +51,8 @@ class EngineInfo:
         self.max_model_len: int = engine.max_model_len
         self.vocab_size: int = engine.model_config.vocab_size
         self.max_logprobs: int = engine.args.max_logprobs  # --max-logprobs
+        # --generation-config: SamplingParams keywords for the fields a request leaves out
+        self.sampling_defaults: dict[str, Any] = engine.sampling_defaults
         self.scheduling_policy: str = engine.args.scheduling_policy  # --scheduling-policy: "fcfs" or "priority"
         self.runner: str = engine.args.runner  # --runner: "generate" (chat, completions) or "pooling" (embeddings)
         self.lora: LoRAInfo | None = LoRAInfo.of(engine.lora) if engine.lora is not None else None  # --enable-lora

@@ -6,7 +6,8 @@ object, or as Anthropic's event stream (messages_output.py). Errors on these rou
 Anthropic's shape, and the key may come as `x-api-key` (app.py).
 
     Reply            content block
-    reasoning        {"type": "thinking", "thinking", "signature": ""} (--reasoning-parser)
+    reasoning        {"type": "thinking", "thinking", "signature"} (--reasoning-parser; the
+                     signature is reasoning_seal.py's: signed, not encrypted)
     content          {"type": "text", "text"}  (present unless there are only tool calls)
     each call        {"type": "tool_use", "id", "name", "input"}
 """
@@ -26,11 +27,14 @@ async def create_message(request: Request, state: ServerState) -> Response:
     req = parse_messages_request(await state.read_body(request), state, state.caller(request))
     gen, parser = await submit(request, state, req.chat)
     if req.stream:
-        return stream_message(state, req.chat.request_id, req.model, gen, parser)
+        return stream_message(state, req, gen, parser)
     final = await final_output(request, gen)
     o = final.outputs[0]
     reply = parser.parse(o.text, o.finish_reason)
-    message = message_object(req.chat.request_id, req.model, reply, o, token_counts(state, final))
+    sign = state.seal.seal
+    message = message_object(
+        req.chat.request_id, req.model, reply, o, token_counts(state, final), sign, req.omit_thinking
+    )
     return JSONResponse(message, headers={"request-id": req.chat.request_id})
 
 

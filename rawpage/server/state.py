@@ -4,6 +4,7 @@ the work a handler must not do on the event loop (templates, tokenization)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import json
@@ -23,9 +24,11 @@ from rawpage.server.async_engine import AsyncEngine
 from rawpage.server.engine_info import EngineInfo
 from rawpage.server.metrics import ServerMetrics
 from rawpage.server.protocol import APIError, Body, check_json
+from rawpage.server.reasoning_seal import ReasoningSeal
 from rawpage.server.response_store import ResponseStore
 from rawpage.server.tools import template_for_tools
 from rawpage.text.chat_template import ChatTemplate, ChatTemplateError
+from rawpage.text.fim import fim_prompt
 
 T = TypeVar("T")
 
@@ -68,6 +71,7 @@ class ServerState:
         config = self.config
         quota = config.store_quota()
         self.responses = ResponseStore(config.responses_store_max_items, config.responses_store_max_bytes, *quota)
+        self.seal = ReasoningSeal(self.config.reasoning_secret)  # signs reasoning handed to clients
 
     @property
     def info(self) -> EngineInfo:
@@ -147,6 +151,14 @@ class ServerState:
     async def encode(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
         tok = self.info.tokenizer
         return await self.off_loop(lambda: [tok.encode(t, add_special_tokens=add_special_tokens) for t in texts])
+
+    def fim_prompt(self, prefix: str, suffix: str, **kwargs: Any) -> tuple[list[int], bool]:
+        """(token ids, truncated): the model's FIM prompt for a gap (text/fim.py's fim_prompt
+        and its keywords), led by BOS where the model's tokenizer adds one. Blocking: call it off the loop."""
+        tok = self.info.tokenizer
+        bos = tok.bos_token_id if tok.encode("", add_special_tokens=True)[:1] == [tok.bos_token_id] else None
+        encode = functools.partial(tok.encode, add_special_tokens=False)
+        return fim_prompt(tok.fim, encode, prefix, suffix, bos=bos, **kwargs)
 
     async def render_chat(
         self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -66,3 +67,21 @@ class ServerProcess:
             if line.startswith(name + "{") or line.startswith(name + " "):
                 return float(line.rsplit(" ", 1)[1])
         raise KeyError(name)
+
+
+@contextlib.contextmanager
+def in_process_app(args, config=None):
+    """The app in this process, through Starlette's TestClient, once its engine has loaded:
+    (client, ServerState)."""
+    from starlette.testclient import TestClient
+
+    from rawpage.server.app import build_app
+    from rawpage.server.args import ServerConfig
+
+    with TestClient(build_app(args, config or ServerConfig(allowed_hosts=["testserver"]))) as client:
+        state = client.app.state.rawpage
+        deadline = time.monotonic() + 120
+        while state.engine.is_loading and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert state.engine.info is not None, state.engine.error
+        yield client, state
