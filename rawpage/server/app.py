@@ -377,8 +377,9 @@ def run_server(args: argparse.Namespace) -> int:
     logger.info(
         "rawpage %s: serving %s at %s (loading the model now; /health is 503 until ready)", __version__, name, where
     )
-    if (policy := describe_load_policy(config)) is not None:
-        (logger.warning if config.runtime_lora_anywhere else logger.info)("%s", policy)
+    policy = describe_load_policy(config)  # where runtime LoRA loads may read; a warning if anywhere
+    if policy is not None:
+        logger.log(logging.WARNING if config.runtime_lora_anywhere else logging.INFO, "%s", policy)
     # uvicorn handles SIGINT/SIGTERM itself and afterwards re-raises the signal to the handler
     # found before it started. That handler is this no-op, so a graceful shutdown exits with 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
