@@ -94,8 +94,11 @@ CORE_FORBIDDEN = ["rawpage.server", "rawpage.cli"]
 # and a request's queue time ends when it is scheduled (issue 42: scheduler.py, stats.py, engine.py),
 # then by 150 for thinking budgets: the engine tracks a reasoning model's think block and forces
 # its end tag (issue 43 item 1: thinking_budget.py), then by 4 for the tokenizer's calls that let go of
-# Python's lock, so that a server's event loop runs while it tokenizes (issue 44, text/tokenizer.py).
-CORE_CLOSURE_LINE_BUDGET = 9211
+# Python's lock, so that a server's event loop runs while it tokenizes (issue 44, text/tokenizer.py), then by 25 for runtime adapters owned by the
+# tenant that loaded them (issue 44: LoRAAdapter.owner, a load forgets only its owner's idle
+# adapters, vLLM's load_inplace in LoRAManager.register, LoRANotFoundError so that a path's
+# answers are one).
+CORE_CLOSURE_LINE_BUDGET = 9236
 # Files from `rawpage serve` to the attention kernel (tools/path_files.py), on each path:
 # issue 32's target was 20 on a tiny Llama decoding eagerly; issue 41 measures where users
 # are (the default model's replayed decode and eager prefill on the CPU kernels, the

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rawpage import LLM, LoRARequest, SamplingParams
-from rawpage.lora import LoRAError
+from rawpage.lora import LoRAError, LoRANotFoundError
 from tests.model_harness import SingleSequence
 from tests.tiny_lora import merged_tensors, write_adapter
 from tests.tiny_models import random_tensors, tiny_config, train_tokenizer, write_hf_folder
@@ -128,9 +128,9 @@ def test_lora_modules_flag_and_errors(lora_setup, tmp_path):
     llm = LLM(model, device="cpu", enable_lora=True, max_lora_rank=8, lora_modules=[f"all8={paths['all8']}"])
     assert set(llm.engine.lora.adapters) == {"all8"}
     assert "LoRA slots" in llm.engine.memory.describe()
-    with pytest.raises(LoRAError, match="rank 16; --max-lora-rank is 8"):
+    with pytest.raises(LoRAError, match="rank 16, which is greater than max_lora_rank 8"):
         _greedy(llm, [PROMPTS[0]], [LoRARequest("mlp16", 9, paths["mlp16"])])
-    with pytest.raises(LoRAError, match="adapter_config.json not found"):
+    with pytest.raises(LoRANotFoundError, match="No adapter found .* no adapter_config.json"):
         _greedy(llm, [PROMPTS[0]], [LoRARequest("nowhere", 10, str(tmp_path))])
     with pytest.raises(ValueError, match="needs --enable-lora"):
         LLM(model, device="cpu", lora_modules=[f"x={paths['all8']}"])
@@ -224,3 +224,34 @@ def test_max_cpu_loras_forgets_the_least_recently_used_idle_adapter(lora_setup):
         lora.register(again, in_use={"all8", "qv4"})
     with pytest.raises(ValueError, match="max_cpu_loras"):
         LLM(model, device="cpu", enable_lora=True, max_loras=2, max_cpu_loras=1)
+
+
+def test_a_load_forgets_only_its_owners_idle_adapters_and_replaces_in_place(lora_setup):
+    """Issue 44: past --max-cpu-loras, a tenant's load forgets its own least recently used
+    idle adapter, never another tenant's or a shared one; with none of its own, it is refused.
+    load_inplace (register's `replaces`) swaps an adapter only if it is still the one known."""
+    from rawpage.lora.adapter import load_adapter
+
+    model, _, paths, _ = lora_setup
+    lora = LLM(model, device="cpu", enable_lora=True, max_loras=1, max_lora_rank=16, max_cpu_loras=3).engine.lora
+
+    def read(name: str, path: str, owner: str | None):
+        adapter = load_adapter(LoRARequest(name, lora.next_id(), paths[path]), lora.config, lora.max_rank)
+        adapter.owner = owner
+        return adapter
+
+    lora.register(read("shared", "all8", None))
+    lora.register(read("a1", "qv4", "key-a"))
+    lora.register(read("b1", "mlp16", "key-b"))
+    lora.register(read("b2", "qv4", "key-b"))  # full: b's own oldest (b1) goes
+    assert set(lora.adapters) == {"shared", "a1", "b2"}
+    with pytest.raises(LoRAError, match="none of this caller's is idle"):
+        lora.register(read("c1", "qv4", "key-c"))  # key-c has nothing of its own to give up
+    assert set(lora.adapters) == {"shared", "a1", "b2"}
+    old = lora.adapters["a1"]
+    with pytest.raises(LoRAError, match="has already been loaded"):
+        lora.register(read("a1", "mlp16", "key-a"))  # not in place: refused
+    lora.register(read("a1", "mlp16", "key-a"), replaces=old)
+    assert lora.adapters["a1"] is not old and lora.adapters["a1"].rank == 16
+    with pytest.raises(LoRAError, match="has already been loaded"):  # `old` is no longer the one known
+        lora.register(read("a1", "qv4", "key-a"), replaces=old)

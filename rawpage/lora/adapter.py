@@ -46,6 +46,12 @@ class LoRAError(ValueError):
     """An adapter that cannot be loaded or served; the message says why."""
 
 
+class LoRANotFoundError(LoRAError):
+    """No adapter at a path: nothing there, not a folder, or no adapter_config.json or
+    adapter_model.safetensors in it (or unreadable). The server answers all alike, so that
+    a client cannot tell them apart to learn what lies on its disk."""
+
+
 @dataclass(frozen=True)
 class LoRARequest:
     """vLLM's LoRARequest: which adapter a request runs with. lora_int_id >= 1 is the
@@ -71,6 +77,7 @@ class LoRAAdapter:
     scale: float
     weights: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = field(repr=False)
     digest: str = ""  # SHA-256 of the config and weights: the prefix cache's key
+    owner: str | None = None  # the server's: the key_id of the tenant that loaded it; None = shared by all
 
     def nbytes(self) -> int:
         return sum(a.nbytes + b.nbytes for a, b in self.weights.values())
@@ -78,18 +85,22 @@ class LoRAAdapter:
 
 def read_adapter_config(path: str) -> dict:
     cfg_path = os.path.join(path, "adapter_config.json")
-    if not os.path.isfile(cfg_path):
-        raise LoRAError(f"no LoRA adapter at {path!r}: adapter_config.json not found")
     try:
+        if not os.path.isfile(cfg_path):  # (never a FIFO or a device: nothing that could block)
+            raise OSError
         with open(cfg_path, "rb") as f:
-            cfg = json.loads(f.read(1 << 20))  # a config is a few hundred bytes
-    except (OSError, ValueError, RecursionError) as e:
+            text = f.read(1 << 20)  # a config is a few hundred bytes
+    except (OSError, ValueError):  # ValueError: a NUL in the path
+        raise LoRANotFoundError(f"No adapter found at {path!r}: no adapter_config.json there") from None
+    try:
+        cfg = json.loads(text)
+    except (ValueError, RecursionError) as e:
         raise LoRAError(f"LoRA adapter {path!r}: adapter_config.json is not readable JSON ({e})") from None
     if not isinstance(cfg, dict):
         raise LoRAError(f"LoRA adapter {path!r}: adapter_config.json must hold a JSON object")
-    refused = {
-        "use_dora": "DoRA adapters",
-        "modules_to_save": "adapters that also train whole modules (modules_to_save)",
+    refused = {  # with vLLM's phrases, which its clients and tests match
+        "use_dora": "DoRA adapters (this server does not yet support DoRA)",
+        "modules_to_save": "adapters that also train whole modules (it only supports modules_to_save being None)",
         "rank_pattern": "per-module ranks (rank_pattern)",
         "alpha_pattern": "per-module alphas (alpha_pattern)",
         "layers_to_transform": "layers_to_transform",
@@ -124,13 +135,20 @@ def load_adapter(request: LoRARequest, config: ModelConfig, max_rank: int) -> Lo
     cfg = read_adapter_config(path)
     r, alpha = cfg["r"], float(cfg.get("lora_alpha", cfg["r"]))
     if not 1 <= r <= max_rank:
-        raise LoRAError(f"LoRA adapter {name!r} has rank {r}; --max-lora-rank is {max_rank}")
+        raise LoRAError(
+            f"LoRA adapter {name!r} has rank {r}, which is greater than max_lora_rank {max_rank} (--max-lora-rank)"
+        )
     scale = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
     file = os.path.join(path, "adapter_model.safetensors")
     if not os.path.isfile(file):
-        raise LoRAError(f"no adapter_model.safetensors in {path!r} (only safetensors adapters are read)")
+        raise LoRANotFoundError(f"No adapter found at {path!r}: no adapter_model.safetensors there")
     try:
         st = SafetensorsFile(file)
+    except OSError:
+        raise LoRANotFoundError(f"No adapter found at {path!r}: adapter_model.safetensors is unreadable") from None
+    except (ValueError, KeyError, TypeError, ModelLoadError) as e:  # a corrupt header
+        raise LoRAError(f"cannot read {file!r}: {e}") from None
+    try:
         plan = _plan(st, config, r, name)
         weights = {key: (_read(st, a), _read(st, b) * np.float32(scale)) for key, (a, b) in plan.items()}
     except LoRAError:

@@ -106,19 +106,26 @@ class LoRAManager:
             raise LoRAError(f"LoRA id {request.lora_int_id} is already used by another adapter")
         return self.register(load_adapter(request, self.config, self.max_rank))
 
-    def register(self, adapter: LoRAAdapter, in_use: Collection[str] = ()) -> LoRAAdapter:
-        """Engine thread: know an adapter read elsewhere (load_adapter, in a worker thread).
-        Its id is renumbered if another took it meanwhile. Past --max-cpu-loras, the least
-        recently used adapter not named in `in_use` is forgotten."""
-        if adapter.name in self.adapters:
-            raise LoRAError(f"the LoRA adapter {adapter.name!r} is already loaded")
+    def register(
+        self, adapter: LoRAAdapter, in_use: Collection[str] = (), replaces: LoRAAdapter | None = None
+    ) -> LoRAAdapter:
+        """Engine thread: know an adapter read elsewhere (load_adapter, in a worker thread),
+        in place of `replaces` if that is the one known by its name (vLLM's load_inplace;
+        requests running with the old one finish with it). Its id is renumbered if another
+        took it meanwhile. Past --max-cpu-loras, the least recently used adapter of the same
+        owner not named in `in_use` is forgotten: one tenant's loads never forget another's."""
+        known = self.adapters.get(adapter.name)
+        if known is not None and known is not replaces:
+            raise LoRAError(f"The lora adapter '{adapter.name}' has already been loaded")
         for layer, part in adapter.weights:
             if (layer, TARGETS[part][0]) not in self.slots:
                 raise LoRAError(f"LoRA adapter {adapter.name!r} adapts {part} of layer {layer}, an MoE layer's experts")
+        if known is not None:
+            self.remove(known.name)
         if any(a.int_id == adapter.int_id for a in self.adapters.values()):
             adapter.int_id = self.next_id()
         if len(self.adapters) >= self.max_cpu_loras:
-            self._evict_idle(in_use)
+            self._evict_idle(in_use, adapter.owner)
         self.adapters[adapter.name] = adapter
         self._last_used[adapter.name] = next(self._uses)
         logger.info(
@@ -126,12 +133,12 @@ class LoRAManager:
         )
         return adapter
 
-    def _evict_idle(self, in_use: Collection[str]) -> None:
-        idle = [name for name in self.adapters if name not in in_use]
+    def _evict_idle(self, in_use: Collection[str], owner: str | None) -> None:
+        idle = [name for name, a in self.adapters.items() if name not in in_use and a.owner == owner]
         if not idle:
             raise LoRAError(
-                f"all {self.max_cpu_loras} LoRA adapters in host memory are in use by requests; "
-                "unload one, wait, or raise --max-cpu-loras"
+                f"--max-cpu-loras {self.max_cpu_loras} LoRA adapters are in host memory, and none of "
+                "this caller's is idle; unload one, wait, or raise --max-cpu-loras"
             )
         oldest = min(idle, key=lambda name: self._last_used.get(name, -1))
         logger.info("LoRA adapter %r forgotten: --max-cpu-loras %d are loaded", oldest, self.max_cpu_loras)

@@ -55,7 +55,7 @@ from rawpage.server.engine_view import EngineView
 from rawpage.server.header_timeout import uvicorn_limits
 from rawpage.server.infill import create_infill
 from rawpage.server.listener import listening_socket, quiet_accept_errors
-from rawpage.server.lora_routes import adapter_models, load_lora_adapter, unload_lora_adapter
+from rawpage.server.lora_routes import adapter_models, describe_load_policy, load_lora_adapter, unload_lora_adapter
 from rawpage.server.messages import count_message_tokens, create_message
 from rawpage.server.metrics import ServerMetrics
 from rawpage.server.prompt_input import parse_detokenize, parse_tokenize
@@ -140,6 +140,7 @@ def _routes(state: ServerState, view: EngineView) -> list[Route]:
         return _endpoint(load.aware(generate_only(handler)), state, auth=True, anthropic=True)
 
     load = ServerLoad(config.enable_server_load_tracking)
+    lora_admin = config.admin_only_lora_updating
     chat_only, completion_only = generate_only(create_chat_completion), generate_only(create_completion)
     chat, completion = load.aware(chat_only), load.aware(completion_only)
     routes = [
@@ -160,8 +161,9 @@ def _routes(state: ServerState, view: EngineView) -> list[Route]:
         Route("/load", api(load.endpoint), methods=["GET"]),
         Route("/v1/models", api(list_models), methods=["GET"]),
         Route("/v1/models/{model_id:path}", api(retrieve_model), methods=["GET"]),
-        Route("/v1/load_lora_adapter", api(load_lora_adapter), methods=["POST"]),
-        Route("/v1/unload_lora_adapter", api(unload_lora_adapter), methods=["POST"]),
+        # --admin-only-lora-updating: the admin's call; otherwise each key changes its own adapters (lora_routes)
+        Route("/v1/load_lora_adapter", api(load_lora_adapter, admin=lora_admin), methods=["POST"]),
+        Route("/v1/unload_lora_adapter", api(unload_lora_adapter, admin=lora_admin), methods=["POST"]),
         Route("/tokenize", api(tokenize), methods=["POST"]),
         Route("/detokenize", api(detokenize), methods=["POST"]),
         Route("/health", api(health, auth=False), methods=["GET"]),
@@ -284,8 +286,8 @@ async def version(request: Request, state: ServerState) -> Response:
     return JSONResponse({"version": __version__})
 
 
-def _models(state: ServerState) -> list[dict[str, Any]]:
-    """The base model, then the LoRA adapters (--enable-lora), as model objects."""
+def _models(state: ServerState, request: Request) -> list[dict[str, Any]]:
+    """The base model, then the LoRA adapters (--enable-lora) the caller may use, as model objects."""
     info = state.info
     model = {
         "id": state.model_name,
@@ -297,7 +299,7 @@ def _models(state: ServerState) -> list[dict[str, Any]]:
         "runner": info.runner,  # rawpage's: "generate" (chat, completions) or "pooling" (embeddings)
         "parent": None,  # an adapter's is the base model
     }
-    models = [model, *adapter_models(state, state.created, info.max_model_len)]
+    models = [model, *adapter_models(state, state.caller(request), state.created, info.max_model_len)]
     return [{**m, "permission": [_permission(state.created)]} for m in models]
 
 
@@ -320,13 +322,13 @@ def _permission(created: int) -> dict[str, Any]:
 
 
 async def list_models(request: Request, state: ServerState) -> Response:
-    return JSONResponse({"object": "list", "data": _models(state)})
+    return JSONResponse({"object": "list", "data": _models(state, request)})
 
 
 async def retrieve_model(request: Request, state: ServerState) -> Response:
     """GET /v1/models/{id}: one model object, or a 404 in OpenAI's shape naming those served."""
     model_id = request.path_params["model_id"]
-    models = _models(state)
+    models = _models(state, request)
     for m in models:
         if m["id"] == model_id:
             return JSONResponse(m)
@@ -341,7 +343,7 @@ async def retrieve_model(request: Request, state: ServerState) -> Response:
 
 async def tokenize(request: Request, state: ServerState) -> Response:
     """vLLM's shape: {"prompt": str} or {"messages": [...]} -> {"count", "max_model_len", "tokens"}."""
-    req = await state.parse(request, parse_tokenize)
+    req = await state.parse(request, parse_tokenize, state.caller(request))
     tok = state.info.tokenizer
     if req.messages is not None:
         ids = await state.render_chat(req.render, req.messages)
@@ -354,7 +356,7 @@ async def tokenize(request: Request, state: ServerState) -> Response:
 
 
 async def detokenize(request: Request, state: ServerState) -> Response:
-    ids = await state.parse(request, parse_detokenize)
+    ids = await state.parse(request, parse_detokenize, state.caller(request))
     text = await state.off_loop(lambda: state.info.tokenizer.decode(ids, skip_special_tokens=False))
     return JSONResponse({"prompt": text})
 
@@ -381,6 +383,9 @@ def run_server(args: argparse.Namespace) -> int:
     logger.info(
         "rawpage %s: serving %s at %s (loading the model now; /health is 503 until ready)", __version__, name, where
     )
+    policy = describe_load_policy(config)  # where runtime LoRA loads may read; a warning if anywhere
+    if policy is not None:
+        logger.log(logging.WARNING if config.runtime_lora_anywhere else logging.INFO, "%s", policy)
     # uvicorn handles SIGINT/SIGTERM itself and afterwards re-raises the signal to the handler
     # found before it started. That handler is this no-op, so a graceful shutdown exits with 0.
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -84,6 +84,17 @@ class ServerConfig:
         type=parse_bytes,
         default_text="64MiB",
     )
+    responses_store_max_items_per_key: int | None = flag(
+        None,
+        "most stored responses one API key may hold; beyond, its own least recently used go (never another key's)",
+        default_text="max-items ÷ API keys",
+    )
+    responses_store_max_bytes_per_key: int | None = flag(
+        None,
+        "most bytes of stored responses one API key may hold, e.g. 8MiB",
+        type=parse_bytes,
+        default_text="max-bytes ÷ API keys",
+    )
     max_prompts_per_request: int = flag(128, "most prompts in one /v1/completions request")
     max_stop_strings: int = flag(16, "most stop strings per request (OpenAI allows 4)")
     max_stop_string_chars: int = flag(256, "longest stop string, in characters")
@@ -118,9 +129,14 @@ class ServerConfig:
     max_event_streams_per_key: int = flag(4, "open /v1/engine/events streams one API key may hold; beyond, 429")
     allow_runtime_lora_updating: bool = flag(
         False,
-        "serve /v1/load_lora_adapter and /v1/unload_lora_adapter (also $VLLM_ALLOW_RUNTIME_LORA_UPDATING=1); "
-        "loads read only inside --lora-dir, which this needs",
+        "serve /v1/load_lora_adapter and /v1/unload_lora_adapter; loads read only inside --lora-dir, which this "
+        "needs (vLLM's $VLLM_ALLOW_RUNTIME_LORA_UPDATING=True without --lora-dir: any folder, as in vLLM)",
     )
+    admin_only_lora_updating: bool = flag(
+        False,
+        "only the --admin-api-key may load and unload LoRA adapters at run time; what it loads, every key may use",
+    )
+    runtime_lora_anywhere: bool = False  # $VLLM_ALLOW_RUNTIME_LORA_UPDATING without --lora-dir: vLLM's way
     lora_dir: str | None = flag(
         None,
         "the folder runtime LoRA loads may read: a lora_path must resolve (links followed) inside it; "
@@ -188,12 +204,27 @@ class ServerConfig:
         default_text="--log-level",
     )
 
+    def store_quota(self) -> tuple[int, int]:
+        """Each key's share of the response store: the flags, else an equal share of the
+        whole for each key the server knows (the admin's included), so that the shares
+        add up to no more than the whole."""
+        keys = max(1, len(set(self.api_keys)) + bool(self.admin_api_key))
+        items = self.responses_store_max_items_per_key
+        nbytes = self.responses_store_max_bytes_per_key
+        return (
+            self.responses_store_max_items // keys if items is None else items,
+            self.responses_store_max_bytes // keys if nbytes is None else nbytes,
+        )
+
     def __post_init__(self) -> None:
-        if self.allow_runtime_lora_updating and not self.lora_dir:
+        if self.allow_runtime_lora_updating and not self.lora_dir and not self.runtime_lora_anywhere:
             raise ValueError(
-                "--allow-runtime-lora-updating (or $VLLM_ALLOW_RUNTIME_LORA_UPDATING) needs --lora-dir, "
-                "the folder that runtime loads may read adapters from"
+                "--allow-runtime-lora-updating needs --lora-dir, the folder that runtime loads may read adapters "
+                "from (vLLM's $VLLM_ALLOW_RUNTIME_LORA_UPDATING=True alone lets loads read any folder the server "
+                "can: see SECURITY.md)"
             )
+        if self.admin_only_lora_updating and not self.admin_api_key:
+            raise ValueError("--admin-only-lora-updating needs --admin-api-key (or $RAWPAGE_ADMIN_API_KEY)")
         if bool(self.ssl_keyfile) != bool(self.ssl_certfile):
             raise ValueError("https needs both --ssl-keyfile and --ssl-certfile")
         if self.reasoning_budget < -1:
@@ -216,6 +247,9 @@ class ServerConfig:
         given["reasoning_secret"] = getattr(args, "reasoning_secret", None) or os.environ.get(
             "RAWPAGE_REASONING_SECRET"
         )
+        if os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").strip().lower() in ("1", "true"):
+            # vLLM's own switch with no --lora-dir: loads read any folder, as vLLM's do (SECURITY.md)
+            given["runtime_lora_anywhere"] = not given.get("lora_dir")
         given["admin_api_key"] = getattr(args, "admin_api_key", None) or os.environ.get("RAWPAGE_ADMIN_API_KEY") or None
         return cls(**given)
 

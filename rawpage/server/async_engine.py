@@ -257,13 +257,23 @@ class AsyncEngine:
         (an observer: the engine view's refresh)."""
         self._inbox.put(("call", fn))
 
-    async def add_lora(self, adapter: LoRAAdapter) -> None:
-        """Make a loaded adapter known by its name, between two steps (LoRAError if it cannot be)."""
-        await self._run_in_engine_thread(lambda engine: engine.lora.register(adapter, _adapters_in_use(engine)))
+    async def add_lora(self, adapter: LoRAAdapter, replaces: LoRAAdapter | None = None) -> None:
+        """Make a loaded adapter known by its name, in place of `replaces` if that is still
+        the one known by it, between two steps (LoRAError if it cannot be)."""
+        await self._run_in_engine_thread(
+            lambda engine: engine.lora.register(adapter, _adapters_in_use(engine), replaces)
+        )
 
-    async def remove_lora(self, name: str) -> None:
-        """Forget an adapter's name (KeyError if unknown); requests running with it finish with it."""
-        await self._run_in_engine_thread(lambda engine: engine.lora.remove(name))
+    async def remove_lora(self, name: str, expected: LoRAAdapter | None = None) -> None:
+        """Forget an adapter's name (KeyError if unknown, or if it names another adapter than
+        `expected` by now); requests running with it finish with it."""
+
+        def remove(engine: LLMEngine) -> None:
+            if expected is not None and engine.lora.adapters.get(name) is not expected:
+                raise KeyError(name)
+            engine.lora.remove(name)
+
+        await self._run_in_engine_thread(remove)
 
     async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """LLMEngine.reset_prefix_cache, between two steps."""
@@ -379,10 +389,11 @@ class AsyncEngine:
             if stream is None:  # the client left before we got to it: it costs nothing
                 return
             try:  # a CheckedPrompt (generate's) is added without checking it again
+                _check_still_loaded(engine, lora)
                 engine.add_request(rid, prompt, params, arrival_time=arrival, priority=priority, lora_request=lora)
                 if self.request_timeout is not None:
                     self._deadlines[rid] = arrival + self.request_timeout
-            except ValueError as e:
+            except (ValueError, APIError) as e:
                 stream.put(e)
             except Exception as e:  # noqa: BLE001 - a bad request must not stop the engine thread
                 logger.exception("adding request %s failed", rid)
@@ -399,6 +410,23 @@ class AsyncEngine:
                 logger.exception("engine-thread call failed")
         elif cmd[0] == "abort_all":
             engine.abort_request(list(self._streams))
+
+
+def _check_still_loaded(engine: LLMEngine, lora: LoRARequest | None) -> None:
+    """A request's adapter, chosen by name when it was parsed, must still be the one known
+    by that name: one unloaded or replaced since (perhaps by another tenant's, under the
+    same name) is a 404, never read again from disk as an adapter nobody owns."""
+    if lora is None:
+        return
+    known = engine.lora.adapters.get(lora.lora_name) if engine.lora is not None else None
+    if known is None or known.int_id != lora.lora_int_id:
+        raise APIError(
+            f"the LoRA adapter '{lora.lora_name}' was unloaded or replaced before this request started; retry",
+            404,
+            param="model",
+            type="not_found_error",
+            code="model_not_found",
+        )
 
 
 def _adapters_in_use(engine: LLMEngine) -> set[str]:

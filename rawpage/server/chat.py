@@ -21,7 +21,9 @@ from rawpage.server.streaming import sse, sse_response
 
 
 async def create_chat_completion(request: Request, state: ServerState) -> Response:
-    req = await state.parse(request, parse_chat_completion, state.request_id(request, "chatcmpl"))
+    req = await state.parse(
+        request, parse_chat_completion, state.request_id(request, "chatcmpl"), state.caller(request)
+    )
     fmt = ChatFormatter(state, req)
     gen, reply = await submit(request, state, req.chat)
     if req.output.stream:

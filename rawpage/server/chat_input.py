@@ -23,7 +23,6 @@ from rawpage.server.protocol import (
 )
 from rawpage.server.reasoning_input import chat_controls
 from rawpage.server.request import (
-    NO_EFFECT_FIELDS,
     BatchChatRequest,
     ChatCompletionRequest,
     ChatRequest,
@@ -33,12 +32,13 @@ from rawpage.server.request import (
     parse_model,
     priority,
     prompt_truncation,
+    reject_unread,
     render_options,
     reply_parser,
     served_name,
     tool_request,
 )
-from rawpage.server.state import ServerState
+from rawpage.server.state import Caller, ServerState
 from rawpage.server.tools import prepare_tool_messages
 from rawpage.structured_output import StructuredOutputsParams
 
@@ -82,9 +82,9 @@ def parse_messages(body: Body) -> list[dict[str, Any]]:
     return out
 
 
-def parse_chat_completion(body: Body, state: ServerState, rid: str) -> ChatCompletionRequest:
+def parse_chat_completion(body: Body, state: ServerState, rid: str, caller: Caller) -> ChatCompletionRequest:
     """A chat completion body -> its ChatCompletionRequest: every field read, the rest refused."""
-    lora = parse_model(body, state)
+    lora = parse_model(body, state, caller)
     messages = parse_messages(body)
     reply = reply_parser(state, tool_request(state, body), body.bool("include_reasoning", True))
     out = output_options(body, state.config)
@@ -95,14 +95,14 @@ def parse_chat_completion(body: Body, state: ServerState, rid: str) -> ChatCompl
     chat = ChatRequest(
         rid, messages, params, reply, render, lora, priority(body, state), cache_salt(body), truncation=cut
     )
-    body.reject_unread(NO_EFFECT_FIELDS)
+    reject_unread(body)
     return ChatCompletionRequest(chat, out, served_name(state, lora), role, echo)
 
 
-def parse_batch_chat(body: Body, state: ServerState, rid: str) -> BatchChatRequest:
+def parse_batch_chat(body: Body, state: ServerState, rid: str, caller: Caller) -> BatchChatRequest:
     """vLLM's batch body: 'messages' is a list of conversations; every other field is
     chat's, the same for all of them (no streaming, tools, beam search or n > 1)."""
-    lora = parse_model(body, state)
+    lora = parse_model(body, state, caller)
     conversations = _conversations(body, state.config.max_prompts_per_request)
     body.mark_read(*_REFUSED_IN_BATCH)
     reply = reply_parser(state, None, body.bool("include_reasoning", True))
@@ -112,7 +112,7 @@ def parse_batch_chat(body: Body, state: ServerState, rid: str) -> BatchChatReque
     render, params = chat_controls(body).resolve(state, render_options(body, state.config), params)
     model, prio, salt = served_name(state, lora), priority(body, state), cache_salt(body)
     cut = prompt_truncation(body, state, params, _max_tokens_name(body))
-    body.reject_unread(NO_EFFECT_FIELDS)
+    reject_unread(body)
     chats = [
         ChatRequest(rid, messages, params, reply, render, lora, prio, salt, truncation=cut)
         for messages in conversations

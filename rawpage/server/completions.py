@@ -20,7 +20,7 @@ from rawpage.server.streaming import final_outputs, merge, sse, sse_response, un
 
 
 async def create_completion(request: Request, state: ServerState) -> Response:
-    req = await state.parse(request, parse_completion, state.request_id(request, "cmpl"))
+    req = await state.parse(request, parse_completion, state.request_id(request, "cmpl"), state.caller(request))
     prompts = await _tokenized(state, req)
     checked = [await state.check_prompt(ids, req.params, "prompt", req.priority, req.cache_salt) for _, ids in prompts]
     tag = uuid.uuid4().hex[:8]

@@ -42,7 +42,7 @@ def generate_only(handler: Handler) -> Handler:
 
 
 async def create_embedding(request: Request, state: ServerState) -> Response:
-    req = await state.parse(request, parse_embedding)
+    req = await state.parse(request, parse_embedding, state.caller(request))
     texts = [x for x in req.inputs if isinstance(x, str)]  # tokenized off the event loop
     inputs = await state.encode(texts, req.add_special_tokens, "input") if texts else list(req.inputs)
     try:

@@ -24,7 +24,7 @@ from rawpage.server.state import ServerState
 
 
 async def create_message(request: Request, state: ServerState) -> Response:
-    req = await state.parse(request, parse_messages_request)
+    req = await state.parse(request, parse_messages_request, state.caller(request))
     gen, parser = await submit(request, state, req.chat)
     if req.stream:
         return stream_message(state, req, gen, parser)
@@ -40,5 +40,5 @@ async def create_message(request: Request, state: ServerState) -> Response:
 
 async def count_message_tokens(request: Request, state: ServerState) -> Response:
     """The prompt's length in tokens, rendered exactly as /v1/messages renders it."""
-    chat = await state.parse(request, parse_count_tokens)
+    chat = await state.parse(request, parse_count_tokens, state.caller(request))
     return JSONResponse({"input_tokens": len(await prompt_ids(state, chat))})

@@ -28,6 +28,8 @@ from rawpage.server.reasoning_seal import ReasoningSeal
 from rawpage.server.request import (
     ChatRequest,
     MessagesRequest,
+    bounded_str,
+    cache_salt,
     constraint_for,
     model_sampling_defaults,
     parse_model,
@@ -35,7 +37,7 @@ from rawpage.server.request import (
     served_name,
     tool_request,
 )
-from rawpage.server.state import RenderOptions, ServerState
+from rawpage.server.state import Caller, RenderOptions, ServerState
 from rawpage.server.tools import prepare_tool_messages
 from rawpage.structured_output import StructuredOutputsParams
 
@@ -211,9 +213,9 @@ def _chat_tool(t: Body) -> dict[str, Any]:
     return {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
 
 
-def parse_messages_request(body: Body, state: ServerState) -> MessagesRequest:
+def parse_messages_request(body: Body, state: ServerState, caller: Caller) -> MessagesRequest:
     """A Messages body -> its MessagesRequest: every field read, the rest refused."""
-    lora = parse_model(body, state)
+    lora = parse_model(body, state, caller)
     if body.data.get("max_tokens") is None:  # Anthropic requires it
         raise APIError("max_tokens: Field required", param="max_tokens")
     max_tokens = body.int("max_tokens", None, 1)
@@ -232,18 +234,20 @@ def parse_messages_request(body: Body, state: ServerState) -> MessagesRequest:
         structured_outputs=constraint,
     )
     render, params = controls.resolve(state, RenderOptions(), params)
-    chat = ChatRequest(f"msg_{uuid.uuid4().hex[:24]}", messages, params, reply, render, lora=lora)
+    chat = ChatRequest(
+        f"msg_{uuid.uuid4().hex[:24]}", messages, params, reply, render, lora=lora, cache_salt=cache_salt(body)
+    )
     meta = body.obj("metadata")
-    meta.str("user_id")  # an end-user id for abuse monitoring: nothing to monitor here
+    bounded_str(meta, "user_id")  # an end-user id for abuse monitoring: nothing to monitor here
     meta.reject_unread()
     stream = bool(body.bool("stream", False))
     body.reject_unread()
     return MessagesRequest(chat, served_name(state, lora), stream, controls.omitted)
 
 
-def parse_count_tokens(body: Body, state: ServerState) -> ChatRequest:
+def parse_count_tokens(body: Body, state: ServerState, caller: Caller) -> ChatRequest:
     """A count_tokens body: the conversation of a Messages body, rendered the same way."""
-    parse_model(body, state)
+    parse_model(body, state, caller)
     messages, reply, constraint, controls = _conversation(body, state)
     body.reject_unread()
     render, params = controls.resolve(state, RenderOptions(), checked_sampling_params(structured_outputs=constraint))

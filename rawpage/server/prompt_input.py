@@ -21,28 +21,29 @@ from rawpage.server.protocol import (
     sampling_params,
 )
 from rawpage.server.request import (
-    NO_EFFECT_FIELDS,
     CompletionRequest,
     EmbeddingRequest,
     TokenizeRequest,
+    bounded_str,
     cache_salt,
     default_max_tokens,
     fim_params,
     parse_model,
     priority,
     prompt_truncation,
+    reject_unread,
     render_options,
     served_name,
     truncation_side,
 )
-from rawpage.server.state import RenderOptions, ServerState
+from rawpage.server.state import Caller, RenderOptions, ServerState
 
 ENCODING_FORMATS = ("float", "base64")
 
 
-def parse_completion(body: Body, state: ServerState, rid: str) -> CompletionRequest:
+def parse_completion(body: Body, state: ServerState, rid: str, caller: Caller) -> CompletionRequest:
     """A completion body -> its CompletionRequest: every field read, the rest refused."""
-    lora = parse_model(body, state)
+    lora = parse_model(body, state, caller)
     prompts = _prompts(body, state.config.max_prompts_per_request)
     suffix = body.str("suffix") or None  # "" asks for no middle: a plain completion, as OpenAI's
     out = output_options(body, state.config)
@@ -58,7 +59,7 @@ def parse_completion(body: Body, state: ServerState, rid: str) -> CompletionRequ
         raise APIError("'best_of' other than n is not supported", param="best_of")
     prio, salt = priority(body, state), cache_salt(body)
     cut = prompt_truncation(body, state, params, "max_tokens")
-    body.reject_unread(NO_EFFECT_FIELDS)
+    reject_unread(body)
     return CompletionRequest(rid, prompts, params, out, echo, served_name(state, lora), lora, prio, salt, cut, suffix)
 
 
@@ -106,9 +107,9 @@ def _sampling_params(body: Body, state: ServerState, out: OutputOptions, echo: b
     )
 
 
-def parse_embedding(body: Body, state: ServerState) -> EmbeddingRequest:
+def parse_embedding(body: Body, state: ServerState, caller: Caller) -> EmbeddingRequest:
     """An embeddings body -> its EmbeddingRequest; a generating server refuses it (input_check)."""
-    parse_model(body, state)
+    parse_model(body, state, caller)
     input_check(state)
     inputs, add_special_tokens = _inputs(body, state.config.max_prompts_per_request)
     encoding = body.str("encoding_format", "float")
@@ -120,7 +121,7 @@ def parse_embedding(body: Body, state: ServerState) -> EmbeddingRequest:
         truncate_prompt_tokens=body.int("truncate_prompt_tokens", None, -1),
         truncation_side=truncation_side(body, "right"),  # vLLM's side for pooling models: the start stays
     )
-    body.str("user")  # OpenAI's end-user id: accepted, not used
+    bounded_str(body, "user")  # OpenAI's end-user id: accepted, not used
     prio = priority(body, state)
     body.reject_unread()
     return EmbeddingRequest(inputs, add_special_tokens, params, encoding, prio)
@@ -166,9 +167,9 @@ def _token_ids(x: list) -> bool:
     return bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
 
 
-def parse_tokenize(body: Body, state: ServerState) -> TokenizeRequest:
+def parse_tokenize(body: Body, state: ServerState, caller: Caller) -> TokenizeRequest:
     """vLLM's /tokenize: {"prompt": str} or {"messages": [...]} (rendered as chat renders them)."""
-    parse_model(body, state)
+    parse_model(body, state, caller)
     if "messages" in body.data:
         render, messages = render_options(body, state.config), parse_messages(body)
         return TokenizeRequest(None, messages, render, False, bool(body.bool("return_token_strs", False)))
@@ -181,9 +182,9 @@ def parse_tokenize(body: Body, state: ServerState) -> TokenizeRequest:
     )
 
 
-def parse_detokenize(body: Body, state: ServerState) -> list[int]:
+def parse_detokenize(body: Body, state: ServerState, caller: Caller) -> list[int]:
     """vLLM's /detokenize: 'tokens', ids in the vocabulary."""
-    parse_model(body, state)
+    parse_model(body, state, caller)
     ids = body.int_list("tokens")
     vocab = state.info.vocab_size
     if any(not 0 <= t < vocab for t in ids):

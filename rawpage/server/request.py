@@ -24,7 +24,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from rawpage.lora import LoRARequest
+from rawpage.lora import LoRAAdapter, LoRARequest
 from rawpage.pooling.pooler import PoolingParams
 from rawpage.prompt_truncation import TRUNCATION_SIDES, PromptTruncation, resolve
 from rawpage.sampling_params import SamplingParams
@@ -32,12 +32,22 @@ from rawpage.server.args import ServerConfig
 from rawpage.server.chat_reply import ReplyParser
 from rawpage.server.protocol import APIError, Body, OutputOptions
 from rawpage.server.reasoning import PARSERS as REASONING_PARSERS
-from rawpage.server.state import RenderOptions, ServerState
+from rawpage.server.state import Caller, RenderOptions, ServerState
 from rawpage.server.tools import ToolRequest, tool_request_from
 from rawpage.structured_output import StructuredOutputsParams
 
 # Fields both OpenAI and vLLM accept that change nothing here (README "Request fields").
 NO_EFFECT_FIELDS = frozenset({"user", "safety_identifier"})
+
+# The longest a string the server keeps (the Responses store) or repeats back (a response
+# object, an error) may be, in characters: OpenAI's limit where it has one (SECURITY.md
+# "What a request may leave behind"). `metadata`'s are OpenAI's too (responses_input.py).
+STRING_LIMITS = {
+    "user": 256,
+    "safety_identifier": 64,  # OpenAI's
+    "instructions": 256 << 10,  # a system prompt of ~64k tokens; more would not fit a context anyway
+    "metadata.user_id": 256,  # Anthropic's
+}
 
 
 @dataclass(frozen=True)
@@ -167,26 +177,54 @@ class LoRAAdapterRequest:
 
     name: str
     path: str | None = None
+    load_inplace: bool = False  # vLLM's: replace the adapter already known by this name
 
 
 # --- the fields every API reads alike --------------------------------------------------------
-def parse_model(body: Body, state: ServerState) -> LoRARequest | None:
-    """The body's "model": the base model (None), or a LoRA adapter's name (its request)."""
-    name = body.str("model")
+def visible_adapters(state: ServerState, caller: Caller) -> dict[str, LoRAAdapter]:
+    """The LoRA adapters a caller may see and use: the shared ones (owner None: --lora-modules,
+    or loaded by the admin key) and its own; the admin key sees all (lora_routes.py)."""
     lora = state.engine.info.lora if state.engine.info is not None else None
-    adapter = lora.adapters.get(name) if lora is not None and name is not None else None
+    if lora is None:
+        return {}
+    return {n: a for n, a in list(lora.adapters.items()) if a.owner is None or caller.admin or a.owner == caller.key_id}
+
+
+def parse_model(body: Body, state: ServerState, caller: Caller) -> LoRARequest | None:
+    """The body's "model": the base model (None), or a LoRA adapter's name (its request).
+    Another key's adapter is a 404, as if it did not exist."""
+    name = body.str("model")
+    adapters = visible_adapters(state, caller)
+    adapter = adapters.get(name) if name is not None else None
     if adapter is not None:
         return LoRARequest(adapter.name, adapter.int_id, adapter.path)
     if name is not None and name not in (state.model_name, *state.config.model_aliases):
         raise APIError(
-            f"the model '{name}' does not exist; this server serves '{state.model_name}'"
-            + (f" and the LoRA adapters {sorted(lora.adapters)}" if lora is not None else ""),
+            f"the model '{name[:128]}' does not exist; this server serves '{state.model_name}'"
+            + (f" and the LoRA adapters {sorted(adapters)}" if adapters else ""),
             404,
             param="model",
             type="not_found_error",
             code="model_not_found",
         )
     return None
+
+
+def bounded_str(body: Body, name: str) -> str | None:
+    """A string field with its STRING_LIMITS length (keyed by its full path), else a 400 naming it."""
+    value, where = body.str(name), body.path + name
+    limit = STRING_LIMITS[where]
+    if value is not None and len(value) > limit:
+        raise APIError(f"'{where}' has {len(value)} characters; the limit is {limit}", param=where)
+    return value
+
+
+def reject_unread(body: Body) -> None:
+    """The end of a parse: the no-effect fields checked (a string, within its limit) and
+    any other field nobody read refused."""
+    for name in NO_EFFECT_FIELDS:
+        bounded_str(body, name)
+    body.reject_unread()
 
 
 def served_name(state: ServerState, lora: LoRARequest | None) -> str:
@@ -336,5 +374,8 @@ def parse_lora_adapter(body: Body, state: ServerState, load: bool) -> LoRAAdapte
     path = body.str("lora_path")
     if not path:
         raise APIError("'lora_path' is required", param="lora_path")
+    if len(path) > 4096:
+        raise APIError("'lora_path' must be at most 4096 characters", param="lora_path")
+    inplace = bool(body.bool("load_inplace", False))
     body.reject_unread()
-    return LoRAAdapterRequest(name, path)
+    return LoRAAdapterRequest(name, path, inplace)

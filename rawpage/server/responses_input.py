@@ -29,18 +29,20 @@ from rawpage.server.protocol import APIError, Body, checked_sampling_params, log
 from rawpage.server.reasoning_input import responses_controls
 from rawpage.server.reasoning_seal import ReasoningSeal
 from rawpage.server.request import (
-    NO_EFFECT_FIELDS,
     ChatRequest,
     ResponsesRequest,
+    bounded_str,
+    cache_salt,
     constraint_for,
     default_max_tokens,
     model_sampling_defaults,
     parse_model,
+    reject_unread,
     reply_parser,
     served_name,
     tool_request,
 )
-from rawpage.server.state import RenderOptions, ServerState
+from rawpage.server.state import Caller, RenderOptions, ServerState
 from rawpage.server.tools import prepare_tool_messages
 from rawpage.structured_output import StructuredOutputsParams
 
@@ -51,13 +53,14 @@ OUTPUT_LOGPROBS = "message.output_text.logprobs"  # the `include` values that ap
 ENCRYPTED_REASONING = "reasoning.encrypted_content"  # reasoning_seal.py
 
 
-def parse_responses(body: Body, state: ServerState, owner: str | None) -> ResponsesRequest:
+def parse_responses(body: Body, state: ServerState, caller: Caller) -> ResponsesRequest:
     """A Responses body -> its ResponsesRequest: every field is read, refused or a documented
     no-op. `owner` (the caller's key) is whose stored responses previous_response_id names."""
-    lora = parse_model(body, state)
+    lora = parse_model(body, state, caller)
+    owner = caller.key_id
     previous = body.str("previous_response_id")
     history = _previous(state, previous, owner)
-    instructions = body.str("instructions")
+    instructions = bounded_str(body, "instructions")
     body.mark_read("input")
     conversation = [*history, *input_messages(body.data.get("input"), history, state.seal)]
     messages = [dict(m) for m in conversation]  # prepare_tool_messages rewrites them: the store keeps JSON text
@@ -72,9 +75,10 @@ def parse_responses(body: Body, state: ServerState, owner: str | None) -> Respon
     fields = {**_echoed(body, previous, instructions, params, store, tools_body), "reasoning": reasoning}
     raw_messages = bool(body.bool("enable_response_messages", False))
     _refuse_unsupported(body, stream)
-    body.reject_unread(NO_EFFECT_FIELDS)
+    salt = cache_salt(body)
+    reject_unread(body)
     rid = f"resp_{uuid.uuid4().hex}"  # never a client's X-Request-Id: ids are keys of the store
-    chat = ChatRequest(rid, messages, params, reply, render, lora=lora, param="input")
+    chat = ChatRequest(rid, messages, params, reply, render, lora=lora, cache_salt=salt, param="input")
     model, sealed = served_name(state, lora), ENCRYPTED_REASONING in (body.value("include") or [])
     return ResponsesRequest(chat, fields, conversation, owner, model, store, stream, raw_messages, sealed)
 
@@ -161,7 +165,7 @@ def _echoed(
         "top_logprobs": params.logprobs,
         "presence_penalty": params.presence_penalty,
         "frequency_penalty": params.frequency_penalty,
-        "user": body.str("user"),
+        "user": bounded_str(body, "user"),
     }
 
 

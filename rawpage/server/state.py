@@ -76,7 +76,7 @@ class ServerState:
         # each caller in turn.
         c = self.config
         self._preprocess = FairExecutor(c.preprocess_threads, c.max_tokenizer_queue_per_key, "rawpage-preprocess")
-        self.responses = ResponseStore(self.config.responses_store_max_items, self.config.responses_store_max_bytes)
+        self.responses = ResponseStore(c.responses_store_max_items, c.responses_store_max_bytes, *c.store_quota())
         self.seal = ReasoningSeal(self.config.reasoning_secret)  # signs reasoning handed to clients
 
     @property

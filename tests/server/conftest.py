@@ -23,9 +23,8 @@ def plain_server():
 
 @pytest.fixture(scope="package")
 def keyed_server():
-    """Two tenants' keys, and a Responses store of two responses (evictions are quick to reach)."""
-    s = ServerProcess(
-        "--api-key", "key-a", "--api-key", "key-b", "--responses-store-max-items", "2", "--max-num-seqs", "4"
-    )
+    """Two tenants' keys, and a Responses store of two responses per key (evictions are quick to reach)."""
+    store = ["--responses-store-max-items", "4", "--responses-store-max-items-per-key", "2"]
+    s = ServerProcess("--api-key", "key-a", "--api-key", "key-b", *store, "--max-num-seqs", "4")
     yield s
     assert s.stop() == 0, s.output()

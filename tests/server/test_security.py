@@ -301,6 +301,32 @@ def test_cache_salt_separates_tenants_over_http(trusting):
     assert_error(r, 400, "cache_salt")
 
 
+@pytest.mark.parametrize("api", ["responses", "messages"])
+def test_cache_salt_separates_caches_on_responses_and_messages(trusting, api):
+    """Issue 44: cache_salt on /v1/responses and /v1/messages salts the prefix-cache
+    blocks as on completions: a second request with the same salt hits, another salt does not."""
+    prompt = f"You are a helpful assistant for {api}. Your PIN is 4321. " * 6 + "Question: hi"
+
+    if api == "responses":
+        body, path = {"input": prompt, "max_output_tokens": 1}, "/v1/responses"
+    else:
+        body, path = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 1}, "/v1/messages"
+
+    def cached(salt):
+        r = httpx.post(trusting.url + path, json={**body, "cache_salt": salt}, headers=AUTH, timeout=120)
+        assert r.status_code == 200, r.text
+        usage = r.json()["usage"]
+        return (
+            usage["input_tokens_details"]["cached_tokens"] if api == "responses" else usage["cache_read_input_tokens"]
+        )
+
+    assert cached(f"alice-{api}") == 0  # (the chat template's start is the same for both APIs)
+    assert cached(f"alice-{api}") > 0
+    assert cached(f"mallory-{api}") == 0
+    r = httpx.post(trusting.url + path, json={**body, "cache_salt": ""}, headers=AUTH)
+    assert r.status_code == 400 and "cache_salt" in r.text
+
+
 def test_a_request_whose_client_left_while_queued_costs_no_compute():
     """With one sequence slot busy, a second request waits; its client hangs up; when the
     slot frees, the engine never computes the second prompt."""

@@ -18,6 +18,7 @@ from rawpage.server.prompt_input import parse_completion, parse_detokenize, pars
 from rawpage.server.protocol import APIError, Body
 from rawpage.server.request import ChatRequest, parse_lora_adapter
 from rawpage.server.responses_input import parse_responses
+from rawpage.server.state import Caller
 from rawpage.structured_output.grammar_compiler import GrammarCompiler
 from tests.server.harness import in_process_app
 
@@ -38,6 +39,7 @@ PARSE_MODULES = {
     "tools",  # the tool fields
 }
 MSGS = [{"role": "user", "content": "hi"}]
+USER = Caller(None, admin=True)  # a server without keys: its one user
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +52,13 @@ def app(tiny_model_dir):
 def parse_every_api(state) -> list:
     """One request of each API, parsed as its handler parses it."""
     return [
-        parse_chat_completion(Body({"messages": MSGS, "logprobs": True, "stream": True}), state, "chatcmpl-1"),
-        parse_batch_chat(Body({"messages": [MSGS, MSGS]}), state, "chatcmpl-2"),
-        parse_completion(Body({"prompt": ["a", "b"], "echo": True}), state, "cmpl-1"),
-        parse_responses(Body({"input": "hi", "instructions": "be brief"}), state, None),
-        parse_messages_request(Body({"messages": MSGS, "max_tokens": 4, "system": "be brief"}), state),
-        parse_count_tokens(Body({"messages": MSGS}), state),
-        parse_tokenize(Body({"messages": MSGS}), state),
+        parse_chat_completion(Body({"messages": MSGS, "logprobs": True, "stream": True}), state, "chatcmpl-1", USER),
+        parse_batch_chat(Body({"messages": [MSGS, MSGS]}), state, "chatcmpl-2", USER),
+        parse_completion(Body({"prompt": ["a", "b"], "echo": True}), state, "cmpl-1", USER),
+        parse_responses(Body({"input": "hi", "instructions": "be brief"}), state, USER),
+        parse_messages_request(Body({"messages": MSGS, "max_tokens": 4, "system": "be brief"}), state, USER),
+        parse_count_tokens(Body({"messages": MSGS}), state, USER),
+        parse_tokenize(Body({"messages": MSGS}), state, USER),
     ]
 
 
@@ -76,13 +78,13 @@ def test_each_api_parses_into_a_frozen_typed_request(app):
     assert responses.chat.messages[0] == {"role": "system", "content": "be brief"} and responses.chat.param == "input"
     assert messages.chat.messages[0]["role"] == "system" and messages.chat.params.max_tokens == 4
     assert completion.prompts == ("a", "b") and completion.echo
-    assert parse_detokenize(Body({"tokens": [1, 2]}), state) == [1, 2]
+    assert parse_detokenize(Body({"tokens": [1, 2]}), state, USER) == [1, 2]
 
 
 def test_parse_errors_keep_each_apis_shape(app):
     client, state = app
     with pytest.raises(APIError, match="'messages' must be a non-empty list"):
-        parse_chat_completion(Body({"messages": []}), state, "chatcmpl-1")
+        parse_chat_completion(Body({"messages": []}), state, "chatcmpl-1", USER)
     with pytest.raises(APIError, match="LoRA adapters are off"):
         parse_lora_adapter(Body({"lora_name": "x"}), state, load=False)
     r = client.post("/v1/chat/completions", json={"messages": MSGS, "nonsense": 1})
