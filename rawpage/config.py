@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from rawpage.errors import UnsupportedModelError
+from rawpage.multimodal.vision_config import VisionConfig
 
 # Hugging Face `architectures` entries -> our family names (models/registry.py maps
 # each family to its model class).
@@ -26,6 +27,26 @@ SUPPORTED_ARCHITECTURES = {
     "Phi3ForCausalLM": "phi3",
     "MixtralForCausalLM": "mixtral",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+}
+# Vision-language checkpoints: the text part runs as this *ForCausalLM, the vision part
+# is config.vision (rawpage/multimodal/vision_config.py).
+VISION_ARCHITECTURES = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
+# Gemma3TextConfig's defaults: the Hub's Gemma 3 configs spell out only what differs.
+_GEMMA3_TEXT_DEFAULTS = {
+    "model_type": "gemma3_text",
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "tie_word_embeddings": True,
 }
 
 
@@ -62,6 +83,7 @@ class ModelConfig:
     moe_intermediate_size: int = 0  # MoE: each expert's FFN hidden size
     norm_topk_prob: bool = True  # MoE: renormalize the top-k router weights to sum to 1
     mlp_only_layers: list[int] = field(default_factory=list)  # Qwen3-MoE: dense layers among the sparse
+    vision: VisionConfig | None = None  # a vision-language checkpoint's tower and image recipe
 
     def layer_sliding_window(self, i: int) -> int | None:
         """The window of layer i, or None for full attention."""
@@ -83,8 +105,13 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     @classmethod
-    def from_hf(cls, cfg: dict[str, Any], name: str = "") -> ModelConfig:
+    def from_hf(cls, cfg: dict[str, Any], name: str = "", preprocessor: dict[str, Any] | None = None) -> ModelConfig:
+        """cfg: config.json; preprocessor: preprocessor_config.json (vision-language checkpoints)."""
         archs = cfg.get("architectures") or [cfg.get("model_type", "<missing>")]
+        if archs[0] in VISION_ARCHITECTURES:
+            config = cls.from_hf(_text_config(cfg, VISION_ARCHITECTURES[archs[0]]), name)
+            config.vision = VisionConfig.from_hf(cfg, preprocessor or {})
+            return config
         arch = SUPPORTED_ARCHITECTURES.get(archs[0])
         if arch is None:
             raise UnsupportedModelError(
@@ -145,6 +172,14 @@ class ModelConfig:
             raise UnsupportedModelError(
                 f"num_experts_per_tok={self.num_experts_per_tok} must be in 1..num_experts={self.num_experts}"
             )
+
+
+def _text_config(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    """A vision-language config.json's text_config, as the *ForCausalLM config it is."""
+    text = {**_GEMMA3_TEXT_DEFAULTS, **(cfg.get("text_config") or {}), "architectures": [arch]}
+    for key in ("eos_token_id", "bos_token_id", "torch_dtype", "dtype"):
+        text.setdefault(key, cfg.get(key))
+    return text
 
 
 def _dense_layers(cfg: dict[str, Any]) -> list[int]:

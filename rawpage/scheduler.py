@@ -59,6 +59,16 @@ class SchedulerOutput:
         return not self.scheduled
 
 
+def _whole_images(seq: Sequence, start: int, n: int) -> int:
+    """n, or fewer so that a chunk from `start` never ends inside an image: an image's
+    tokens attend to each other both ways (Gemma 3), so the rest of an image is computed
+    in one step (PromptImages checks an image fits --max-num-batched-tokens)."""
+    for image in seq.request.images:
+        if image.offset < start + n < image.offset + image.length:
+            return max(0, image.offset - start)
+    return n
+
+
 def _order(seq: Sequence) -> tuple:
     """Scheduling order: priority (lower first), then arrival, then sequence id."""
     return (seq.request.priority, seq.request.arrival_time, seq.seq_id)
@@ -187,8 +197,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_uncomputed_tokens, budget)
-            if n == 0:  # a beam waiting for its siblings' logits
+            n = _whole_images(seq, seq.num_computed_tokens, min(seq.num_uncomputed_tokens, budget))
+            if n == 0:  # a beam waiting for its siblings' logits, or an image that needs more budget
                 i += 1
                 continue
             while not self.block_manager.append_slots(seq, n):
@@ -207,7 +217,9 @@ class Scheduler:
         bm = self.block_manager
         while self.swapped and budget > 0:
             seq = self.swapped[0]
-            n = min(seq.num_uncomputed_tokens, budget)
+            n = _whole_images(seq, seq.num_computed_tokens, min(seq.num_uncomputed_tokens, budget))
+            if n == 0:
+                break
             lora_ok = not self.config.max_loras or lora_fits(seq, self.running, self.config.max_loras)
             if len(self.running) >= self.config.max_num_seqs or not bm.can_swap_in(seq, n) or not lora_ok:
                 break
@@ -260,7 +272,7 @@ class Scheduler:
         bm = self.block_manager
         remaining = seq.num_tokens - len(cached) * bm.block_size
         free_slots = bm.num_allocatable_blocks(cached) * bm.block_size
-        return max(0, min(remaining, budget, free_slots))
+        return _whole_images(seq, len(cached) * bm.block_size, max(0, min(remaining, budget, free_slots)))
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Swap mode: copy the sequence's blocks to CPU memory and park it; it resumes where

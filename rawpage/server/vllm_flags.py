@@ -93,7 +93,6 @@ NO_EFFECT: dict[str, VllmFlag] = {
     "guided-decoding-backend": VllmFlag("structured outputs always compile with llguidance"),
     "structured-outputs-config": VllmFlag("structured outputs always compile with llguidance"),
     "enable-reasoning": VllmFlag("--reasoning-parser alone turns reasoning output on", switch=True),
-    "limit-mm-per-prompt": VllmFlag("rawpage serves text-only models"),
     "mm-processor-kwargs": VllmFlag("rawpage serves text-only models"),
     "hf-token": VllmFlag("hub downloads read $HF_TOKEN (or `huggingface-cli login`'s token); set that instead"),
     "code-revision": VllmFlag("rawpage never runs code from a model repository"),
