@@ -113,6 +113,8 @@ def open_image(data: bytes) -> Any:
         raise ImageError("SVG images are not supported (send PNG, JPEG, WebP or GIF)")
     try:
         im = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)  # reads the header only
+    except Image.DecompressionBombError:  # Pillow's own guard, past 2 x its MAX_IMAGE_PIXELS
+        raise ImageError(f"image is larger than {MAX_IMAGE_PIXELS} pixels (width x height)") from None
     except Exception:  # UnidentifiedImageError, or a header Pillow cannot parse
         raise ImageError(f"image data is not a decodable {', '.join(IMAGE_FORMATS)} image") from None
     check_size(im.size)
