@@ -145,3 +145,90 @@ def test_image_limits_in_the_engine(llm, tmp_path):
         generate(llm, {"prompt": "no placeholder", "multi_modal_data": {"image": ims[0]}})
     with pytest.raises(InvalidRequestError, match="PIL"):
         generate(llm, {"prompt": "<start_of_image>", "multi_modal_data": {"image": b"not an image object"}})
+
+
+def test_text_only_requests_to_a_vision_model(llm):
+    out = generate(llm, "Hello there", 4)
+    assert len(out.outputs[0].token_ids) == 4 and IMAGE not in out.prompt_token_ids
+
+
+def test_a_chunk_never_ends_inside_an_image():
+    from types import SimpleNamespace
+
+    from rawpage.multimodal.image_input import ImageInput
+    from rawpage.scheduler import _whole_images
+
+    image = ImageInput("00", np.zeros(1), offset=10, length=4)  # tokens 10..13
+    seq = SimpleNamespace(request=SimpleNamespace(images=(image,)))
+    assert _whole_images(seq, 0, 8) == 8  # ends before the image
+    assert _whole_images(seq, 0, 12) == 10  # would end inside: stops at its start
+    assert _whole_images(seq, 0, 14) == 14  # the whole image
+    assert _whole_images(seq, 10, 2) == 0  # its start, but not all of it: wait for budget
+    assert _whole_images(seq, 12, 1) == 0  # a prefix hit inside it: the rest in one step
+    assert _whole_images(seq, 12, 2) == 2
+
+
+def test_block_names_carry_the_image_digest():
+    from rawpage.block_hash import block_digest
+
+    ids = [5, IMAGE, IMAGE, 6]
+    assert block_digest(b"p", ids, ["aa" * 32]) != block_digest(b"p", ids, ["bb" * 32])
+    assert block_digest(b"p", ids) != block_digest(b"p", ids, ["aa" * 32])
+    assert block_digest(b"p", ids, ()) == block_digest(b"p", ids)  # text-only names unchanged
+
+
+def png_bytes(im) -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def test_open_image_limits(monkeypatch):
+    from rawpage.multimodal import image_input as ii
+
+    im = seeded_image(1, 40, 30)
+    assert ii.open_image(png_bytes(im)).size == (40, 30)
+    monkeypatch.setattr(ii, "MAX_IMAGE_PIXELS", 40 * 30 - 1)
+    with pytest.raises(ii.ImageError, match="pixels"):
+        ii.open_image(png_bytes(im))
+    monkeypatch.setattr(ii, "MAX_IMAGE_BYTES", 100)
+    with pytest.raises(ii.ImageError, match="over the limit"):
+        ii.open_image(png_bytes(im))
+    monkeypatch.undo()
+    buf = io.BytesIO()
+    im.save(buf, "TIFF")
+    with pytest.raises(ii.ImageError, match="not a decodable"):
+        ii.open_image(buf.getvalue())
+    with pytest.raises(ii.ImageError, match="SVG"):
+        ii.open_image(b"  <svg xmlns='http://www.w3.org/2000/svg'></svg>")
+    with pytest.raises(ii.ImageError, match="decoded"):
+        ii.open_image(png_bytes(im)[:200])  # a valid header over a truncated body
+    from rawpage.multimodal.vision_config import ImageProcessorConfig
+
+    rgba = PIL.Image.new("RGBA", (8, 8), (0, 0, 0, 0))  # transparent: white, as transformers composites it
+    np.testing.assert_allclose(ii.preprocess(rgba, ImageProcessorConfig(4, 4)), 1.0)
+
+
+def test_limit_mm_per_prompt_flag_is_vllms_json():
+    import argparse
+
+    from rawpage.engine_args import _mm_limits
+
+    assert _mm_limits('{"image": 3}') == {"image": 3}
+    for bad in ("3", '{"video": 1}', '{"image": -1}', "{"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _mm_limits(bad)
+
+
+def test_images_need_a_vision_model_on_the_cpu(model):
+    from types import SimpleNamespace
+
+    from rawpage.multimodal.image_input import ImageError
+    from rawpage.multimodal.prompt_images import PromptImages
+
+    args = SimpleNamespace(batched_tokens=lambda d: 64, limit_mm_per_prompt=None, allowed_local_media_path=None)
+    with pytest.raises(ImageError, match="'tiny' does not take images"):
+        PromptImages(None, None, "tiny", args).require_vision()
+    with pytest.raises(ImageError, match="--device cpu only"):
+        PromptImages(model.config.vision, None, "vlm", args, device="cuda").require_vision()
+    assert PromptImages(model.config.vision, None, "vlm", args).require_vision() is model.config.vision

@@ -148,16 +148,6 @@ class ServerState:
         tok = self.info.tokenizer
         return await self.off_loop(lambda: [tok.encode(t, add_special_tokens=add_special_tokens) for t in texts])
 
-    async def render_chat(
-        self,
-        render: RenderOptions,
-        messages: list[dict[str, Any]],
-        param: str = "messages",
-        tools: list[dict[str, Any]] | None = None,
-    ) -> list[int]:
-        """Messages (and tools) -> chat template -> token ids, off the event loop."""
-        return (await self.render_chat_images(render, messages, param, tools))[0]
-
     async def render_chat_images(
         self,
         render: RenderOptions,
@@ -165,8 +155,9 @@ class ServerState:
         param: str = "messages",
         tools: list[dict[str, Any]] | None = None,
     ) -> tuple[list[int], tuple[ImageInput, ...]]:
-        """render_chat, and the messages' images decoded and preprocessed (their placeholders
-        expanded into their soft tokens in the ids), all off the event loop."""
+        """Messages (and tools) -> chat template -> token ids, and the messages' images decoded
+        and preprocessed (their placeholders expanded into their soft tokens in the ids), all
+        off the event loop."""
         info = self.info
 
         def work() -> tuple[list[int], tuple[ImageInput, ...]]:
