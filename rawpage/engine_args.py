@@ -184,6 +184,12 @@ class EngineArgs:
     allowed_local_media_path: str | None = flag(
         None, "file:// image URLs in requests are read from under this folder only (off: no file:// URLs)"
     )
+    allowed_media_domains: list[str] = flag(
+        help="http(s) image URLs are fetched from these domains (and their subdomains) only, never from a "
+        "non-public address (off: no http(s) URLs)",
+        nargs="+",
+        factory=list,
+    )
     enable_lora: bool = flag(False, "serve LoRA adapters (PEFT format) on top of the model, many in one batch")
     max_loras: int = flag(1, "LoRA adapters resident on the device at once (slots); more wait their turn")
     max_lora_rank: int = flag(16, "largest LoRA rank an adapter may have (every slot is this size)")

@@ -15,7 +15,7 @@ from typing import Any
 from rawpage.engine import PromptType
 from rawpage.engine_args import EngineArgs
 from rawpage.lora.adapter import LoRARequest
-from rawpage.multimodal.chat_images import take_images
+from rawpage.multimodal.chat_images import load_images, take_images
 from rawpage.outputs import EmbeddingRequestOutput, RequestOutput
 from rawpage.pooling.pooling_engine import embed, new_engine
 from rawpage.request_checks import check_messages, check_params_type
@@ -91,7 +91,7 @@ class LLM:
         for c in convs:  # image parts (image_url, image_pil) become the model's placeholders and multi_modal_data
             messages, sources = take_images(c)
             text = tok.apply_chat_template(messages, add_generation_prompt, chat_template=template)
-            images = self.engine.images.load(sources) if sources else []
+            images = load_images(sources, self.engine.images) if sources else []
             text = self.engine.images.expand_text(text, len(images))
             prompt = {"prompt_token_ids": tok.encode(text, add_special_tokens=False)}
             prompts.append({**prompt, "multi_modal_data": {"image": images}} if images else prompt)

@@ -226,9 +226,63 @@ def test_images_need_a_vision_model_on_the_cpu(model):
     from rawpage.multimodal.image_input import ImageError
     from rawpage.multimodal.prompt_images import PromptImages
 
-    args = SimpleNamespace(batched_tokens=lambda d: 64, limit_mm_per_prompt=None, allowed_local_media_path=None)
+    args = SimpleNamespace(
+        batched_tokens=lambda d: 64, limit_mm_per_prompt=None, allowed_local_media_path=None, allowed_media_domains=[]
+    )
     with pytest.raises(ImageError, match="'tiny' does not take images"):
         PromptImages(None, None, "tiny", args).require_vision()
     with pytest.raises(ImageError, match="--device cpu only"):
         PromptImages(model.config.vision, None, "vlm", args, device="cuda").require_vision()
     assert PromptImages(model.config.vision, None, "vlm", args).require_vision() is model.config.vision
+
+
+@pytest.fixture
+def http_images():
+    """A local HTTP server: /cat.png, a redirect, and a body over the byte limit."""
+    import http.server
+    import threading
+
+    body = png_bytes(seeded_image(3, 20, 20))
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/moved":
+                self.send_response(302)
+                self.send_header("Location", "/cat.png")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body if self.path == "/cat.png" else b"\0" * 4096)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://localhost:{server.server_address[1]}", body
+    server.shutdown()
+
+
+def test_http_image_urls(http_images, monkeypatch):
+    from rawpage.multimodal import image_input as ii
+    from rawpage.multimodal import media_fetch
+
+    base, body = http_images
+    assert media_fetch.host_allowed("cdn.example.com", ("example.com",))
+    assert not media_fetch.host_allowed("evilexample.com", ("example.com",))
+    with pytest.raises(ii.ImageError, match="--allowed-media-domains"):
+        media_fetch.fetch_image(base + "/cat.png", ())
+    with pytest.raises(ii.ImageError, match="not in --allowed-media-domains"):
+        media_fetch.fetch_image(base + "/cat.png", ("example.com",))
+    # allowed by name, but localhost is not a public address: never fetched
+    with pytest.raises(ii.ImageError, match="non-public"):
+        media_fetch.fetch_image(base + "/cat.png", ("localhost",))
+    # the fetch itself, to the address that was checked (the check let through for this test)
+    monkeypatch.setattr(media_fetch, "public_address", lambda host, port: "127.0.0.1")
+    assert media_fetch.fetch_image(base + "/cat.png", ("localhost",)) == body
+    with pytest.raises(ii.ImageError, match="HTTP 302"):
+        media_fetch.fetch_image(base + "/moved", ("localhost",))
+    monkeypatch.setattr(media_fetch, "MAX_IMAGE_BYTES", 1000)
+    with pytest.raises(ii.ImageError, match="over 1000 bytes"):
+        media_fetch.fetch_image(base + "/big", ("localhost",))

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from rawpage.multimodal.image_input import ImageError, MediaPolicy, image_bytes_from_url, open_image
+from rawpage.multimodal.image_input import ImageError, MediaPolicy, decode_base64, local_file, open_image
+from rawpage.multimodal.media_fetch import fetch_image
+from rawpage.multimodal.prompt_images import PromptImages
 
 IMAGE_PART_TYPES = ("image_url", "image_pil")
 
@@ -55,6 +57,26 @@ def _is_image(part: Any) -> bool:
     return isinstance(part, dict) and part.get("type") in IMAGE_PART_TYPES
 
 
-def load_images(sources: list[Any], policy: MediaPolicy) -> list[Any]:
-    """PIL images from the sources (URLs decoded, PIL images as given)."""
-    return [open_image(image_bytes_from_url(s, policy)) if isinstance(s, str) else s for s in sources]
+def load_images(sources: list[Any], images: PromptImages) -> list[Any]:
+    """PIL images from chat image parts' sources (URLs fetched and decoded, PIL images as
+    given); the model and the count are checked before anything is fetched or decoded."""
+    images.require_vision()
+    images.check_count(len(sources))
+    return [open_image(image_bytes_from_url(s, images.policy)) if isinstance(s, str) else s for s in sources]
+
+
+def image_bytes_from_url(url: str, policy: MediaPolicy) -> bytes:
+    """The encoded image an image_url names: a data URL, file:// under the allowed path,
+    or http(s) from an allowed domain."""
+    if url.startswith("data:"):
+        header, sep, payload = url.partition(",")
+        if not sep or not header.endswith(";base64"):
+            raise ImageError("an image data URL must be data:image/<format>;base64,<data>")
+        if "svg" in header.lower():
+            raise ImageError("SVG images are not supported (send PNG, JPEG, WebP or GIF)")
+        return decode_base64(payload)
+    if url.startswith("file://"):
+        return local_file(url[len("file://") :], policy)
+    if url.startswith(("http://", "https://")):
+        return fetch_image(url, policy.allowed_media_domains)
+    raise ImageError(f"unsupported image URL scheme in {url[:40]!r}: use a data URL (data:image/png;base64,...)")

@@ -1,6 +1,7 @@
 """An image from a request, decoded within limits and made into the tower's input.
 
-    data URL / base64 / file under --allowed-local-media-path / PIL image
+    data URL / file under --allowed-local-media-path / http(s) from --allowed-media-domains
+    (multimodal/chat_images.py, media_fetch.py) / PIL image
       -> bytes (at most MAX_IMAGE_BYTES) -> header read: format in IMAGE_FORMATS,
          width x height at most MAX_IMAGE_PIXELS (a decompression bomb stops here,
          before a pixel is decoded) -> RGB (transparency over white)
@@ -46,9 +47,11 @@ class ImageInput:
 
 @dataclass(frozen=True)
 class MediaPolicy:
-    """Where image URLs may point (vLLM's --allowed-local-media-path); data URLs always work."""
+    """Where image URLs may point (vLLM's --allowed-local-media-path, --allowed-media-domains);
+    data URLs always work."""
 
     allowed_local_media_path: str | None = None
+    allowed_media_domains: tuple[str, ...] = ()
 
 
 def _pil() -> Any:
@@ -57,25 +60,6 @@ def _pil() -> Any:
     except ImportError:
         raise ImageError("image input needs Pillow: pip install 'rawpage[vision]'") from None
     return Image
-
-
-def image_bytes_from_url(url: str, policy: MediaPolicy) -> bytes:
-    """The encoded image an image_url names: a data URL, or file:// under the allowed path."""
-    if url.startswith("data:"):
-        header, sep, payload = url.partition(",")
-        if not sep or not header.endswith(";base64"):
-            raise ImageError("an image data URL must be data:image/<format>;base64,<data>")
-        if "svg" in header.lower():
-            raise ImageError("SVG images are not supported (send PNG, JPEG, WebP or GIF)")
-        return decode_base64(payload)
-    if url.startswith("file://"):
-        return _local_file(url[len("file://") :], policy)
-    if url.startswith(("http://", "https://")):
-        raise ImageError(
-            "image URLs over http(s) are not fetched by this server (rawpage does not implement "
-            "--allowed-media-domains yet); send the image as a data URL (data:image/png;base64,...)"
-        )
-    raise ImageError(f"unsupported image URL scheme in {url[:40]!r}: use a data URL (data:image/png;base64,...)")
 
 
 def decode_base64(payload: str) -> bytes:
@@ -87,7 +71,8 @@ def decode_base64(payload: str) -> bytes:
         raise ImageError("image data is not valid base64") from None
 
 
-def _local_file(path: str, policy: MediaPolicy) -> bytes:
+def local_file(path: str, policy: MediaPolicy) -> bytes:
+    """A file:// URL's bytes, if its real path is under --allowed-local-media-path."""
     root = policy.allowed_local_media_path
     if not root:
         raise ImageError("file:// image URLs need the server to run with --allowed-local-media-path")

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rawpage.errors import InvalidRequestError
-from rawpage.multimodal.chat_images import load_images
 from rawpage.multimodal.image_input import ImageError, ImageInput, MediaPolicy, image_input
 from rawpage.multimodal.placeholders import expand_image_ids, expand_image_text, place_images
 from rawpage.multimodal.vision_config import VisionConfig
@@ -31,7 +30,8 @@ class PromptImages:
         self.vision, self.tok, self.model_name, self.device = vision, tok, model_name, device
         self.max_chunk = args.batched_tokens(device)
         self.max_images = (args.limit_mm_per_prompt or {}).get("image", DEFAULT_IMAGES_PER_PROMPT)
-        self.policy = MediaPolicy(args.allowed_local_media_path)  # where image URLs may point
+        # where image URLs may point
+        self.policy = MediaPolicy(args.allowed_local_media_path, tuple(args.allowed_media_domains or ()))
 
     def require_vision(self) -> VisionConfig:
         if self.vision is None:
@@ -52,13 +52,6 @@ class PromptImages:
         vc = self.require_vision()
         self.check_count(len(images))
         return [image_input(im, vc.processor) for im in images]
-
-    def load(self, sources: list[Any]) -> list[Any]:
-        """Chat image parts' sources (URLs, PIL images: chat_images.take_images) -> PIL images;
-        the model and the count are checked before anything is decoded."""
-        self.require_vision()
-        self.check_count(len(sources))
-        return load_images(sources, self.policy)
 
     def from_multi_modal_data(self, data: Any) -> list[ImageInput]:
         """vLLM's prompt["multi_modal_data"]: {"image": a PIL image or a list of them}."""

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
-from rawpage.multimodal.chat_images import take_images
+from rawpage.multimodal.chat_images import load_images, take_images
 from rawpage.multimodal.image_input import ImageInput
 from rawpage.request_checks import CheckedPrompt
 from rawpage.sampling_params import SamplingParams
@@ -167,7 +167,7 @@ class ServerState:
                 chosen, extra = template_for_tools(chosen or info.tokenizer.chat_template), {"tools": tools}
             kwargs = {**render.chat_template_kwargs, **extra}
             msgs, sources = take_images(messages)
-            images = info.images.inputs(info.images.load(sources)) if sources else []
+            images = info.images.inputs(load_images(sources, info.images)) if sources else []
             text = info.tokenizer.apply_chat_template(
                 msgs, render.add_generation_prompt, chat_template=chosen, **kwargs
             )

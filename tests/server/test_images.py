@@ -30,6 +30,7 @@ def media(tmp_path_factory):
 def vlm_server(tmp_path_factory, media):
     folder = write_vlm(str(tmp_path_factory.mktemp("vlm") / MODEL))
     flags = f"--block-size 8 --allowed-local-media-path {media} --enable-prompt-tokens-details".split()
+    flags += ["--allowed-media-domains", "localhost", "example.com"]
     s = ServerProcess("--model", folder, "--limit-mm-per-prompt", '{"image": 2}', *flags)
     yield s
     assert s.stop() == 0, s.output()
@@ -121,7 +122,8 @@ def test_a_local_file_under_the_allowed_path(client, media, tmp_path):
         ([data_url(b'<?xml version="1.0"?><svg/>')], "SVG"),
         ([data_url(bomb_png())], "pixels"),
         ([data_url(b"BM" + b"\0" * 64, "image/bmp")], "not a decodable"),
-        (["https://example.com/cat.png"], "allowed-media-domains"),
+        (["https://example.org/cat.png"], "not in --allowed-media-domains"),
+        (["http://localhost:1/cat.png"], "non-public address"),  # an allowed domain, a private address
         (["ftp://example.com/cat.png"], "scheme"),
         ([data_url(png())] * 3, "limit-mm-per-prompt"),
     ],
