@@ -200,7 +200,10 @@ def role_and_echo(body: Body, messages: list[dict[str, Any]]) -> tuple[str, str]
             param="continue_final_message",
         )
     role = "assistant" if generation_prompt else messages[-1]["role"]
-    echo = messages[-1]["content"] if body.bool("echo", False) and messages[-1]["role"] == role else ""
+    content = messages[-1]["content"]
+    if isinstance(content, list):  # with images: echo its text
+        content = "".join(p["text"] for p in content if p["type"] == "text")
+    echo = content if body.bool("echo", False) and messages[-1]["role"] == role else ""
     return role, echo
 
 

@@ -214,7 +214,10 @@ def open_final_message(text: str, last: dict[str, Any]) -> str:
     """vLLM's continue_final_message (as transformers does it): cut the rendered prompt right
     after the last message's content, so the template's end-of-turn is gone and the model
     continues that message."""
-    content = (last.get("content") or "").strip()
+    content = last.get("content") or ""
+    if isinstance(content, list):  # with images: the text after them
+        content = content[-1].get("text", "") if content else ""
+    content = content.strip()
     at = text.rfind(content) if content else -1
     if at < 0:
         raise APIError(

@@ -154,3 +154,11 @@ def test_a_text_model_refuses_images_naming_itself(plain_server):
     r = httpx.post(plain_server.url + "/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 400 and "does not take images" in r.json()["error"]["message"], r.text
     assert models[0]["id"] in r.json()["error"]["message"]
+
+
+def test_echo_and_continue_final_message_with_an_image(vlm_server):
+    body = {"model": MODEL, "messages": ask(data_url(png()), text="Once upon"), "max_tokens": 2}
+    body |= {"echo": True, "add_generation_prompt": False, "continue_final_message": True}
+    r = httpx.post(vlm_server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"].startswith("Once upon")
