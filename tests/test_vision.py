@@ -152,20 +152,25 @@ def test_text_only_requests_to_a_vision_model(llm):
     assert len(out.outputs[0].token_ids) == 4 and IMAGE not in out.prompt_token_ids
 
 
-def test_a_chunk_never_ends_inside_an_image():
+def test_a_chunk_never_ends_inside_an_image_and_images_fit_the_encoder_budget():
     from types import SimpleNamespace
 
     from rawpage.multimodal.image_input import ImageInput
-    from rawpage.scheduler import _whole_images
+    from rawpage.scheduler import Scheduler
 
+    sched = Scheduler.__new__(Scheduler)  # _image_chunk reads the sequence and the encoder budget only
+    sched.encoder_budget = 100
     image = ImageInput("00", np.zeros(1), offset=10, length=4)  # tokens 10..13
     seq = SimpleNamespace(request=SimpleNamespace(images=(image,)))
-    assert _whole_images(seq, 0, 8) == 8  # ends before the image
-    assert _whole_images(seq, 0, 12) == 10  # would end inside: stops at its start
-    assert _whole_images(seq, 0, 14) == 14  # the whole image
-    assert _whole_images(seq, 10, 2) == 0  # its start, but not all of it: wait for budget
-    assert _whole_images(seq, 12, 1) == 0  # a prefix hit inside it: the rest in one step
-    assert _whole_images(seq, 12, 2) == 2
+    assert sched._image_chunk(seq, 0, 8) == 8  # ends before the image
+    assert sched._image_chunk(seq, 0, 12) == 10  # would end inside: stops at its start
+    assert sched._image_chunk(seq, 0, 14) == 14  # the whole image
+    assert sched._image_chunk(seq, 10, 2) == 0  # its start, but not all of it: wait for budget
+    assert sched._image_chunk(seq, 12, 1) == 0  # a prefix hit inside it: the rest in one step
+    assert sched._image_chunk(seq, 12, 2) == 2  # (no encoder budget: the chunk does not start it)
+    assert sched.encoder_budget == 100 - 4  # one chunk started the image
+    sched.encoder_budget = 3  # the step's encoder budget is spent: the chunk stops before the image
+    assert sched._image_chunk(seq, 0, 14) == 10 and sched.encoder_budget == 3
 
 
 def test_block_names_carry_the_image_digest():
