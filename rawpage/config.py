@@ -6,14 +6,14 @@ A Hugging Face `config.json` and a GGUF file's metadata both become a
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from rawpage.errors import UnsupportedModelError
 from rawpage.multimodal.vision_config import VisionConfig
+
+# rope_scaling recipes the rotary tables know (models/rotary.py); None is plain RoPE.
+ROPE_TYPES = (None, "default", "linear", "llama3", "yarn", "dynamic", "longrope")
 
 # Hugging Face `architectures` entries -> our family names (models/registry.py maps
 # each family to its model class).
@@ -105,8 +105,17 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     @classmethod
-    def from_hf(cls, cfg: dict[str, Any], name: str = "", preprocessor: dict[str, Any] | None = None) -> ModelConfig:
-        """cfg: config.json; preprocessor: preprocessor_config.json (vision-language checkpoints)."""
+    def from_hf(
+        cls,
+        cfg: dict[str, Any],
+        name: str = "",
+        overrides: dict[str, Any] | None = None,
+        preprocessor: dict[str, Any] | None = None,
+    ) -> ModelConfig:
+        """A config.json, with --hf-overrides laid over it; preprocessor: preprocessor_config.json
+        (vision-language checkpoints)."""
+        if overrides:
+            cfg = apply_hf_overrides(cfg, overrides)
         archs = cfg.get("architectures") or [cfg.get("model_type", "<missing>")]
         if archs[0] in VISION_ARCHITECTURES:
             config = cls.from_hf(_text_config(cfg, VISION_ARCHITECTURES[archs[0]]), name)
@@ -122,6 +131,7 @@ class ModelConfig:
         heads = cfg["num_attention_heads"]
         eos = cfg.get("eos_token_id")
         rope = _rope_parameters(cfg, arch)
+        rope_scaling, max_len = long_context(_rope_scaling(rope["global"]), cfg.get("max_position_embeddings", 4096))
         is_gemma = arch in ("gemma2", "gemma3")
         return cls(
             architecture=arch,
@@ -134,8 +144,8 @@ class ModelConfig:
             vocab_size=cfg["vocab_size"],
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=rope["global"].get("rope_theta", 10000.0),
-            rope_scaling=_rope_scaling(rope["global"]),
-            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=max_len,
             tie_word_embeddings=cfg.get("tie_word_embeddings", is_gemma),
             attention_bias=arch == "qwen2" or cfg.get("attention_bias", False),
             bos_token_id=cfg.get("bos_token_id"),
@@ -163,9 +173,13 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise UnsupportedModelError(f"head_dim={self.head_dim} must be even for rotary")
-        rope_type = (self.rope_scaling or {}).get("rope_type", (self.rope_scaling or {}).get("type"))
-        if rope_type not in (None, "default", "llama3", "linear", "longrope"):
-            raise UnsupportedModelError(f"unsupported rope_scaling type {rope_type!r}")
+        kind = rope_type(self.rope_scaling)
+        if kind not in ROPE_TYPES:
+            raise UnsupportedModelError(
+                f"unsupported rope_scaling type {kind!r}; rawpage runs {', '.join(t for t in ROPE_TYPES if t)}"
+            )
+        if kind in ("linear", "llama3", "yarn", "dynamic") and not (self.rope_scaling or {}).get("factor", 0) > 0:
+            raise UnsupportedModelError(f"rope_scaling type {kind!r} needs a 'factor' > 0, got {self.rope_scaling}")
         if self.hidden_act not in ("silu", "gelu_pytorch_tanh"):
             raise UnsupportedModelError(f"unsupported activation {self.hidden_act!r} (silu, gelu_pytorch_tanh)")
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
@@ -236,43 +250,68 @@ def _rope_parameters(cfg: dict[str, Any], arch: str) -> dict[str, dict[str, Any]
     return out
 
 
+def rope_type(rope_scaling: dict[str, Any] | None) -> str | None:
+    """The recipe's name, under either spelling ("rope_type", or the older "type")."""
+    rs = rope_scaling or {}
+    return rs.get("rope_type", rs.get("type"))
+
+
+def long_context(rope_scaling: dict[str, Any] | None, max_len: int) -> tuple[dict[str, Any] | None, int]:
+    """(rope_scaling, the context length) for a recipe that stretches the original one.
+    YaRN and dynamic NTK name the pretraining length (original_max_position_embeddings,
+    else the config's max_position_embeddings) and reach `factor` times past it, the
+    length vLLM derives too: Qwen2.5's 32k config with {"type": "yarn", "factor": 4}
+    serves 128k. The original length is written into the recipe, which needs it."""
+    if rope_type(rope_scaling) not in ("yarn", "dynamic") or not (rope_scaling or {}).get("factor"):
+        return rope_scaling, max_len
+    rs = dict(rope_scaling, rope_type=rope_type(rope_scaling))
+    original = int(rs.get("original_max_position_embeddings") or max_len)
+    rs["original_max_position_embeddings"] = original
+    return rs, max(max_len, int(original * rs["factor"]))
+
+
 def _rope_scaling(params: dict[str, Any]) -> dict[str, Any] | None:
     """The scaling recipe without the base; None for plain RoPE."""
     rs = {k: v for k, v in params.items() if k != "rope_theta"}
     return None if rs.get("rope_type", rs.get("type", "default")) == "default" else rs
 
 
-def rope_inv_freq(
-    cfg: ModelConfig,
-    freq_factors: np.ndarray | None = None,
-    theta: float | None = None,
-    rope_scaling: dict[str, Any] | None = None,
-) -> np.ndarray:
-    """Rotary inverse frequencies (D/2,), with Llama 3's long-context scaling or linear
-    position interpolation. theta and rope_scaling default to the config's (Gemma 3's
-    sliding layers pass their own). LongRoPE (Phi-3) is in models/rotary.py.
+# What --hf-overrides may change on a GGUF, whose config is not a config.json.
+GGUF_OVERRIDES = ("rope_scaling", "rope_theta", "max_position_embeddings")
 
-    GGUF files store Llama 3's scaling already applied as per-frequency divisors
-    (`rope_freqs.weight`); HF configs give the recipe, which we apply here.
-    """
-    d = cfg.head_dim
-    if theta is None:
-        theta, rope_scaling = cfg.rope_theta, cfg.rope_scaling
-    inv_freq = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
-    if freq_factors is not None:
-        return inv_freq / freq_factors.astype(np.float64)
-    rs = rope_scaling or {}
-    if rs.get("rope_type", rs.get("type")) == "linear":  # positions divided by `factor`
-        return inv_freq / rs["factor"]
-    if rs.get("rope_type", rs.get("type")) == "llama3":
-        # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, and
-        # the band in between interpolated smoothly.
-        factor = rs["factor"]
-        low, high = rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
-        old_len = rs.get("original_max_position_embeddings", 8192)
-        wavelen = 2 * math.pi / inv_freq
-        smooth = (old_len / wavelen - low) / (high - low)
-        scaled = np.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-        mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
-        inv_freq = np.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
-    return inv_freq
+
+def apply_hf_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """config.json with --hf-overrides (and --rope-scaling, --rope-theta) laid over it, as
+    vLLM lays them. A transformers-5 config keeps its RoPE in rope_parameters: an
+    override of rope_scaling or rope_theta goes there too (into full_attention's, per layer type)."""
+    out = {**raw, **overrides}
+    rp = raw.get("rope_parameters")
+    if isinstance(rp, dict) and ("rope_scaling" in overrides or "rope_theta" in overrides):
+        rp = {k: dict(v) for k, v in rp.items()} if "full_attention" in rp else {"flat": dict(rp)}
+        target = rp.get("full_attention", rp.get("flat"))
+        theta = overrides.get("rope_theta", target.get("rope_theta"))
+        if "rope_scaling" in overrides:
+            target.clear()
+            target.update(overrides["rope_scaling"] or {"rope_type": "default"})
+        target["rope_theta"] = theta
+        out["rope_parameters"] = rp.get("flat", rp)
+    return out
+
+
+def override_config(cfg: ModelConfig, overrides: dict[str, Any], where: str) -> None:
+    """--hf-overrides on a config made from GGUF metadata: RoPE and the context length only."""
+    unknown = sorted(set(overrides) - set(GGUF_OVERRIDES))
+    if unknown:
+        raise UnsupportedModelError(
+            f"{where}: --hf-overrides can set only {', '.join(GGUF_OVERRIDES)} on a GGUF, not {', '.join(unknown)}"
+        )
+    if "rope_theta" in overrides:
+        cfg.rope_theta = float(overrides["rope_theta"])
+    if "max_position_embeddings" in overrides:
+        cfg.max_position_embeddings = int(overrides["max_position_embeddings"])
+    if "rope_scaling" in overrides:
+        rs = _rope_scaling(dict(overrides["rope_scaling"] or {}))
+        if rope_type(rs) == "longrope":
+            raise UnsupportedModelError(f"{where}: a GGUF's LongRoPE factors come from the file, not --rope-scaling")
+        cfg.rope_scaling, cfg.max_position_embeddings = long_context(rs, cfg.max_position_embeddings)
+    cfg.validate()

@@ -11,6 +11,7 @@ background thread, `LLM` drives it in a loop.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -26,7 +27,6 @@ from rawpage.engine_args import EngineArgs
 from rawpage.engine_setup import decode_graph_shapes, load_model, make_runner, num_swap_blocks, resolve_max_model_len
 from rawpage.errors import InvalidRequestError, WorkerDiedError
 from rawpage.forking import Forker
-from rawpage.loader import load_checkpoint
 from rawpage.lora.manager import LoRARequest, resolve_lora
 from rawpage.model_runner import KVPool
 from rawpage.multimodal.image_input import ImageError, ImageInput
@@ -43,6 +43,7 @@ from rawpage.spec_decode.build import build_spec_decoder
 from rawpage.stats import EngineStats
 from rawpage.structured_output.grammar_compiler import GrammarCompiler, MaskPrefetcher
 from rawpage.text.chat_template import ChatTemplate
+from rawpage.thinking_budget import ThinkingBudget, ThinkingBudgets
 
 logger = logging.getLogger("rawpage")
 
@@ -57,10 +58,10 @@ class LLMEngine:
         args = args or EngineArgs(**kwargs)
         self.args = args
         t0 = time.monotonic()
-        ckpt = load_checkpoint(args.model, args.load_format, args.seed, args.revision, args.download_dir)
+        ckpt = args.load_checkpoint()
         self.model_path = ckpt.path
         self.model_config = c = ckpt.config
-        self.tokenizer, self.generation_config = ckpt.tokenizer, ckpt.generation_config
+        self.tokenizer, self.sampling_defaults = ckpt.tokenizer, args.sampling_defaults(ckpt)
         self.chat_template = ChatTemplate.from_arg(args.chat_template) if args.chat_template else None
         self.backend = backend_for(args, args.device, c.torch_dtype)
         self.max_model_len = resolve_max_model_len(args.max_model_len, c.max_position_embeddings)
@@ -156,7 +157,8 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else int(self._rng.integers(2**63))
         so, future = params.structured_outputs, checked.grammar  # compiling since check_prompt: not looked up again
         grammar = self.grammars.new_state(so, ids, req, future) if future is not None else None
-        req.seqs.append(Sequence(next(self._seq_ids), req, ids, 0, seed, grammar))
+        thinking = self._thinking_state(params, ids)
+        req.seqs.append(Sequence(next(self._seq_ids), req, ids, 0, seed, grammar, thinking))
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
         if params.use_beam_search:
@@ -164,6 +166,18 @@ class LLMEngine:
         self.requests[request_id] = req
         self.scheduler.add(req.seqs[0])
         return req
+
+    @functools.cached_property
+    def thinking(self) -> ThinkingBudgets:
+        """The think-block trackers' factory, made on the first request that needs it."""
+        encode = functools.partial(self.tokenizer.encode, add_special_tokens=False)
+        return ThinkingBudgets(self.grammars.token_texts, self.grammars.decode, encode)
+
+    def _thinking_state(self, params: SamplingParams, ids: list[int]) -> ThinkingBudget | None:
+        """The think block's tracker for a request that names a budget or the tags (thinking_budget.py)."""
+        if params.use_beam_search or (params.thinking_token_budget is None and params.reasoning_tags is None):
+            return None
+        return self.thinking.new_state(params.thinking_token_budget, params.reasoning_tags, ids)
 
     def check_prompt(
         self, ids: list[int], params: SamplingParams, priority: int, salt: str | None, images: tuple = ()
@@ -250,6 +264,9 @@ class LLMEngine:
         if self.grammars.pending:  # compiles that failed (no server checked them first)
             self._fail_all(self.grammars.failed_requests())
         sched = self.scheduler.schedule()
+        now = time.time()
+        for seq, _ in sched.scheduled:  # the end of its queue time (vLLM's SCHEDULED event)
+            seq.request.metrics.first_scheduled_time = seq.request.metrics.first_scheduled_time or now
         if self.spec:
             self.spec.settle(sched)
         self.batch = sched.scheduled
@@ -286,9 +303,6 @@ class LLMEngine:
         start = seq.num_computed_tokens
         is_decode = seq.num_output_tokens > 0 and start == seq.num_tokens - 1 - seq.num_draft_tokens
         self.scheduler.computed(seq, n)
-        metrics = seq.request.metrics
-        if metrics.first_scheduled_time is None:
-            metrics.first_scheduled_time = time.time()
         if seq.request.prompt_logprobs is not None and num_rows > 1:
             self.output.record_prompt_logprobs(seq.request, start, logits[offset : offset + num_rows])
         return 0 if is_decode else n

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
+import os
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,12 +22,13 @@ from rawpage.spec_decode.config import SpeculativeConfig
 
 if TYPE_CHECKING:
     from rawpage.backends.base import Backend
+    from rawpage.loader import Checkpoint
 
 logger = logging.getLogger("rawpage")
 
 DEVICES = ["auto", "cpu", "sim", "cuda"]
 DTYPES = ["auto", "float32", "float16", "bfloat16", "half"]
-LOAD_FORMATS = ["auto", "dummy"]
+LOAD_FORMATS = ["auto", "safetensors", "gguf", "dummy"]  # vLLM's others (pt, npcache, ...) read formats we do not
 BLOCK_SIZES = [8, 16, 32]
 PREEMPTION_MODES = ["recompute", "swap"]
 SCHEDULING_POLICIES = ["fcfs", "priority"]
@@ -77,10 +80,20 @@ def parse_bytes(text: str | int | float) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+def json_object(value: dict | str | None, name: str) -> dict | None:
+    """A dict flag given as a dict (LLM keywords) or as JSON text (the CLI)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--{name.replace('_', '-')} is not valid JSON: {e}") from None
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(f"--{name.replace('_', '-')} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
 def _mm_limits(text: str) -> dict[str, int]:
     """--limit-mm-per-prompt '{"image": N}' (vLLM's JSON form)."""
-    import json
-
     try:
         limits = json.loads(text)
     except json.JSONDecodeError:
@@ -115,7 +128,10 @@ class EngineArgs:
         "auto", "weight and activation dtype; auto = float32 on cpu, the checkpoint's dtype on cuda", choices=DTYPES
     )
     load_format: str = flag(
-        "auto", "dummy: random weights of the shapes in --model's config.json, for benchmarks", choices=LOAD_FORMATS
+        "auto",
+        "auto: a model folder's safetensors or a .gguf file; safetensors, gguf: the same, refused if --model holds "
+        "the other; dummy: random weights of the shapes in --model's config.json, for benchmarks",
+        choices=LOAD_FORMATS,
     )
     max_model_len: int | None = flag(None, "longest prompt + output, in tokens", default_text="the model's")
     max_num_seqs: int = flag(256, "most sequences in one batch")
@@ -249,11 +265,30 @@ class EngineArgs:
         None, "where hub ids are downloaded and looked up", default_text="the Hugging Face cache"
     )
     generation_config: str = flag(
-        "vllm",
-        "vllm: requests' sampling defaults are the API's; rawpage does not apply a model's generation_config.json "
-        "(vLLM's 'auto')",
+        "auto",
+        "the sampling defaults for fields a request leaves out: auto = the model's generation_config.json "
+        "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens); vllm = the API's neutral "
+        "defaults; or a folder holding a generation_config.json",
+    )
+    override_generation_config: dict | str | None = flag(
+        None,
+        'sampling defaults laid over --generation-config\'s, as JSON: {"temperature": 0.5, "max_new_tokens": 256}',
+        default_text="none",
     )
     disable_log_stats: bool = flag(False, "no periodic stats line in the log")
+    hf_overrides: dict | str | None = flag(
+        None,
+        'keys laid over the model\'s config.json, as JSON: {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}, '
+        '"max_position_embeddings": 131072}; on a GGUF only rope_scaling, rope_theta and max_position_embeddings',
+        default_text="none",
+    )
+    rope_scaling: dict | str | None = flag(
+        None,
+        'RoPE scaling, as JSON: {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}; '
+        "also linear, dynamic and llama3 (the same as --hf-overrides '{\"rope_scaling\": ...}')",
+        default_text="the model's",
+    )
+    rope_theta: float | None = flag(None, "the RoPE base, in place of the model's", default_text="the model's")
     speculative_config: dict | str | None = flag(
         None,
         'speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, '
@@ -286,12 +321,20 @@ class EngineArgs:
         self.pooling_type = self.pooling_type.lower()  # vLLM spells them LAST, MEAN, CLS
         parse_kv_cache_scales(self.kv_cache_scales)  # a bad value fails here, before anything loads
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        self.hf_overrides = json_object(self.hf_overrides, "hf_overrides")
+        self.rope_scaling = json_object(self.rope_scaling, "rope_scaling")
+        self.override_generation_config = json_object(self.override_generation_config, "override_generation_config")
         for f in dataclasses.fields(self):
             choices, value = f.metadata.get("choices"), getattr(self, f.name)
             if choices and value not in choices:
                 raise ValueError(f"{f.name} must be one of {', '.join(map(str, choices))}, got {value!r}")
         checks = [
             (self.max_num_seqs >= 1, "max_num_seqs", "must be >= 1"),
+            (
+                self.generation_config in ("auto", "vllm") or os.path.isdir(self.generation_config),
+                "generation_config",
+                "must be auto, vllm or a folder that holds a generation_config.json",
+            ),
             (self.max_model_len is None or self.max_model_len >= 1, "max_model_len", "must be >= 1"),
             (
                 self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,
@@ -345,6 +388,31 @@ class EngineArgs:
         if isinstance(self.served_model_name, list) and len(self.served_model_name) == 1:
             self.served_model_name = self.served_model_name[0]
 
+    def load_checkpoint(self) -> Checkpoint:
+        """The checkpoint an engine (or a tensor-parallel rank) serves, as these flags name it."""
+        from rawpage.loader import load_checkpoint
+
+        return load_checkpoint(
+            self.model, self.load_format, self.seed, self.revision, self.download_dir, self.config_overrides()
+        )
+
+    def sampling_defaults(self, ckpt: Checkpoint) -> dict[str, Any]:
+        """SamplingParams keywords for what a request leaves out (--generation-config), logged."""
+        from rawpage.generation_config import sampling_defaults
+
+        return sampling_defaults(
+            self.generation_config, ckpt.path, ckpt.generation_config, self.override_generation_config
+        )
+
+    def config_overrides(self) -> dict[str, Any]:
+        """What is laid over the model's config: --hf-overrides, then --rope-scaling and --rope-theta."""
+        out = dict(self.hf_overrides or {})
+        if self.rope_scaling is not None:
+            out["rope_scaling"] = self.rope_scaling
+        if self.rope_theta is not None:
+            out["rope_theta"] = self.rope_theta
+        return out
+
     def batched_tokens(self, device: str) -> int:
         """--max-num-batched-tokens, or its default on `device` (a backend's name)."""
         return self.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS[device]
@@ -368,8 +436,6 @@ class EngineArgs:
             "revision": not (self.model and looks_like_hub_id(self.model)) and "the model is local, not a hub id",
             "download_dir": not (self.model and looks_like_hub_id(self.model)) and "the model is not a hub id",
             "enable_chunked_prefill": "chunked prefill is always on",
-            "generation_config": self.generation_config != "vllm"
-            and "rawpage does not apply a model's generation_config.json; requests use the API's defaults",
         }
         log_inert_flags(self.given | self._changed(), rules)
 

@@ -38,6 +38,11 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The SamplingParams a prompt gets when none are given: the model's
+        generation_config.json under --generation-config auto, else the neutral defaults."""
+        return SamplingParams(**self.engine.sampling_defaults)
+
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Forget every cached prompt prefix (LLMEngine.reset_prefix_cache): the next prompts
         compute all their blocks. True when nothing stays cached."""
@@ -55,7 +60,7 @@ class LLM:
         lora_request: one adapter for every prompt, or one (or None) per prompt."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.get_default_sampling_params()
         params = params if isinstance(params, list) else [params] * len(prompts)
         check_params_type(params)
         if len(params) != len(prompts):

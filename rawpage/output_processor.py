@@ -126,6 +126,7 @@ class OutputProcessor:
                     delta_token_ids=list(toks[st.num_emitted_tokens :]),
                     delta_logprobs=lps[st.num_emitted_tokens :] if lps is not None else None,
                     grammar_error=getattr(seq.grammar, "error", None),
+                    reasoning_tokens=seq.thinking.num_reasoning_tokens if seq.thinking is not None else None,
                 )
             )
             st.num_emitted_chars, st.num_emitted_tokens = len(visible), len(toks)

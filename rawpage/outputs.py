@@ -26,6 +26,9 @@ class CompletionOutput:
     # Why the grammar reached its error state (it allowed no token), if it did: the output
     # was cut short there, so finish_reason is "length", never a valid-looking "stop".
     grammar_error: str | None = None
+    # Tokens of the think block, its tags included, where the request had it tracked
+    # (SamplingParams.reasoning_tags or thinking_token_budget); None otherwise.
+    reasoning_tokens: int | None = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None

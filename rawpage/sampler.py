@@ -22,6 +22,7 @@ from rawpage.device_logits import DeviceLogits
 from rawpage.ops.sampling import log_softmax, nucleus_mask, top_k_ids
 from rawpage.sequence import Sequence
 from rawpage.structured_output import apply_masks
+from rawpage.thinking_budget import force_end_tags
 
 
 @dataclass
@@ -117,6 +118,7 @@ class Sampler:
                 logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
         if any(s.grammar is not None for s in seqs):  # last: no bias or penalty can revive a forbidden token
             apply_masks(logits, seqs, self.masks)
+        force_end_tags(logits, seqs)  # a spent thinking budget: the end tag's next token, whatever else
         return logits
 
     def sample(self, logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
@@ -181,4 +183,5 @@ def plain_greedy(s: Sequence) -> bool:
         and p.logprobs is None
         and not p.use_beam_search
         and s.grammar is None
+        and (s.thinking is None or s.thinking.forced_token() is None)
     )

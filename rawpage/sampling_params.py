@@ -45,6 +45,12 @@ class SamplingParams:
     early_stopping: bool | str = False
     # a grammar the output must follow (JSON schema, regex, choice, Lark); a dict is accepted too
     structured_outputs: StructuredOutputsParams | dict[str, Any] | None = None
+    # vLLM's: tokens a reasoning model may write inside its think block before the end tag is
+    # forced (rawpage/thinking_budget.py); None (or -1) unlimited, 0 no thinking
+    thinking_token_budget: int | None = None
+    # the think block's (start, end) tags: the engine tracks the block (usage's reasoning tokens)
+    # and applies thinking_token_budget to it; None: <think>, </think> where a budget is given
+    reasoning_tags: tuple[str, str] | None = None
     stop_strings: list[str] = field(init=False, repr=False)
     # allowed_token_ids as a sorted, duplicate-free array, built once here for the sampler's mask
     allowed_ids: np.ndarray | None = field(init=False, repr=False, compare=False, default=None)
@@ -57,11 +63,14 @@ class SamplingParams:
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         if self.top_k == -1:
             self.top_k = 0
+        if self.thinking_token_budget == -1:
+            self.thinking_token_budget = None  # llama-server's spelling of unlimited
         if self.logit_bias:
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
             if any(k < 0 for k in self.logit_bias) or not all(map(math.isfinite, self.logit_bias.values())):
                 raise ValueError("logit_bias must map non-negative token ids to finite numbers")
         self._validate()
+        self._validate_thinking()
 
     def _validate(self) -> None:
         def bad(name: str, why: str) -> None:
@@ -136,6 +145,13 @@ class SamplingParams:
             self.logprobs = 0  # vLLM's num_logprobs: the ids alone ask for logprobs
         if self.allowed_token_ids is not None:
             self.allowed_ids = np.array(sorted(self.allowed_token_ids), dtype=np.int64)
+
+    def _validate_thinking(self) -> None:
+        budget = self.thinking_token_budget
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+            raise ValueError(f"thinking_token_budget must be an integer >= 0, or -1 / None (unlimited), got {budget!r}")
+        if budget is not None and self.use_beam_search:
+            raise ValueError("thinking_token_budget does not combine with beam search")
 
     @property
     def greedy(self) -> bool:

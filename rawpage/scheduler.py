@@ -75,6 +75,7 @@ class Scheduler:
         self.num_swap_outs = 0
         self.num_swap_ins = 0
         self.encoder_budget = config.max_num_batched_tokens  # refilled each step (_image_chunk)
+        self.num_waiting_deferred = 0  # waiting sequences let by in the last step: over --max-loras, grammar compiling
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -173,6 +174,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         self.encoder_budget = self.config.max_num_batched_tokens  # image tokens whose encoder may run this step
+        self.num_waiting_deferred = 0
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted:  # a step that had to preempt admits nobody
             budget = self._schedule_swapped(out, budget)
@@ -233,6 +235,7 @@ class Scheduler:
             # Over --max-loras, or its grammar still compiling (vLLM's WAITING_FOR_FSM): let others by.
             over_loras = self.config.max_loras and not lora_fits(seq, self.running, self.config.max_loras)
             if over_loras or (seq.grammar and not seq.grammar.ready):
+                self.num_waiting_deferred += 1
                 i += 1
                 continue
             cached = bm.prefix_cache.match_prefix(seq) if seq.request.params.prompt_logprobs is None else []

@@ -44,7 +44,14 @@ class Logprob:
 
 class Sequence:
     def __init__(
-        self, seq_id: int, request: Request, token_ids: list[int], index: int, seed: int, grammar: Any = None
+        self,
+        seq_id: int,
+        request: Request,
+        token_ids: list[int],
+        index: int,
+        seed: int,
+        grammar: Any = None,
+        thinking: Any = None,
     ) -> None:
         self.seq_id = seq_id
         self.request = request
@@ -65,6 +72,7 @@ class Sequence:
         self.finish_reason: str | None = None  # "stop" | "length" | "abort"
         self.stop_reason: int | str | None = None  # the stop token id or stop string
         self.grammar: Any = grammar  # GrammarState of a structured-output request; advanced by append_token
+        self.thinking: Any = thinking  # ThinkingBudget of a reasoning request (thinking_budget.py); likewise
 
     # --- token bookkeeping ------------------------------------------------------
     @property
@@ -100,6 +108,8 @@ class Sequence:
             self.logprobs.append(entry)
         if self.grammar is not None:
             self.grammar.accept(token_id)
+        if self.thinking is not None:
+            self.thinking.accept(token_id)
 
     def fork(self, seq_id: int, index: int, seed: int) -> Sequence:
         """A child with the same tokens and progress; the caller shares the blocks."""
@@ -109,6 +119,7 @@ class Sequence:
         child.cumulative_logprob = self.cumulative_logprob
         child.logprobs = list(self.logprobs)
         child.grammar = self.grammar.fork() if self.grammar is not None else None
+        child.thinking = self.thinking.fork() if self.thinking is not None else None
         return child
 
     def __repr__(self) -> str:

@@ -25,6 +25,7 @@ class StepStats:
     kv_usage: float  # fraction of blocks in use
     num_prompt_tokens: int  # computed this step (prefill, recompute)
     num_generation_tokens: int  # sampled this step
+    num_waiting_deferred: int = 0  # of num_waiting, those let by (over --max-loras, grammar compiling)
 
 
 @dataclass
@@ -52,6 +53,7 @@ class EngineStats:
             bm.num_used_blocks / max(1, bm.num_blocks),
             num_prompt_tokens,
             num_generation_tokens,
+            sc.num_waiting_deferred,
         )
         self.last = s
         self.steps_total += bool(s.num_prompt_tokens or s.num_generation_tokens)

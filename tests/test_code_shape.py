@@ -87,11 +87,18 @@ CORE_FORBIDDEN = ["rawpage.server", "rawpage.cli"]
 # U+FFFD, as vLLM (issue 42: detokenizer.py), and vLLM's words on an empty prompt, which
 # clients match (request_checks.py), then to 8,670 for vLLM's allowed_token_ids (a mask from ids
 # sorted once per request) and logprob_token_ids with their true ranks (issue 42: sampler.py,
-# sampling_params.py, output_processor.py).
-# Raised to 9,430 for image input (issue 45): the prompt's images placed and checked
-# (multimodal/), the SigLIP encoder and Gemma 3's image rows (models/siglip.py, gemma.py),
-# image attention and the scheduler's whole-image chunks; then to 9,450 for its encoder budget.
-CORE_CLOSURE_LINE_BUDGET = 9450
+# sampling_params.py, output_processor.py), then by 380 for issue 43: RoPE scaling past the
+# pretraining length (YaRN, dynamic NTK, llama3 in models/rotary.py; GGUF YaRN; --rope-scaling,
+# --hf-overrides), the model's sampling defaults (generation_config.py, --generation-config auto)
+# and its fill-in-the-middle tokens, which the tokenizer finds (text/fim.py), then by 7 for vLLM's
+# metrics: the scheduler counts the waiting sequences it lets by (num_requests_waiting_by_reason)
+# and a request's queue time ends when it is scheduled (issue 42: scheduler.py, stats.py, engine.py),
+# then by 150 for thinking budgets: the engine tracks a reasoning model's think block and forces
+# its end tag (issue 43 item 1: thinking_budget.py), then by 4 for the tokenizer's calls that let go of
+# Python's lock, so that a server's event loop runs while it tokenizes (issue 44, text/tokenizer.py), then by 780 for image input (issue 45): the prompt's images
+# placed and checked (multimodal/), the SigLIP encoder and Gemma 3's image rows (models/siglip.py,
+# gemma.py), image attention, the scheduler's whole-image chunks and its encoder budget.
+CORE_CLOSURE_LINE_BUDGET = 9991
 # Files from `rawpage serve` to the attention kernel (tools/path_files.py), on each path:
 # issue 32's target was 20 on a tiny Llama decoding eagerly; issue 41 measures where users
 # are (the default model's replayed decode and eager prefill on the CPU kernels, the
@@ -121,6 +128,9 @@ MANY_PARAMETERS: dict[str, str] = {  # path:function -> why it takes more
     "rawpage/backends/cublaslt_fp8.py:__call__": "one cuBLASLt matmul: the C function's own arguments",
     "rawpage/backends/cublas_gemm.py:gemm_matmul": "a GEMM's operands beside the cuBLAS handle and stream",
     "rawpage/flags.py:flag": "a declaration like dataclasses.field: each keyword is one piece of a flag's metadata",
+    "rawpage/server/protocol.py:sampling_params": "the body, what each API decides (max_tokens, logprobs, the "
+    "grammar) and the server's limits and the model's defaults (--generation-config), each a keyword",
+    "rawpage/text/fim.py:fim_prompt": "the parts of a FIM prompt as llama-server's /infill names them, each a keyword",
 }
 
 

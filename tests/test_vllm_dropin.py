@@ -112,12 +112,17 @@ def test_auto_parser_comes_from_a_known_template_unless_flags_say_otherwise():
 
 def test_include_reasoning_false_drops_reasoning_content():
     text = "<think>hmm</think>Paris"
-    assert ReplyParser(None, REASONING["qwen3"]).message(text, "stop")[0]["reasoning_content"] == "hmm"
+    msg, _ = ReplyParser(None, REASONING["qwen3"]).message(text, "stop")
+    assert msg["reasoning"] == msg["reasoning_content"] == "hmm"  # vLLM's name and its older alias
+    stream = ReplyParser(None, REASONING["qwen3"]).stream()
+    deltas = [stream.feed(text[:9]), stream.feed(text[9:]), stream.finish("stop")[0]]
+    assert "".join(d.get("reasoning", "") for d in deltas) == "hmm"
+    assert all(d.get("reasoning") == d.get("reasoning_content") for d in deltas)
     msg, _ = ReplyParser(None, REASONING["qwen3"], include_reasoning=False).message(text, "stop")
-    assert "reasoning_content" not in msg and msg["content"] == "Paris"
+    assert msg["reasoning"] is None and msg["reasoning_content"] is None and msg["content"] == "Paris"
     stream = ReplyParser(None, REASONING["qwen3"], include_reasoning=False).stream()
     deltas = [stream.feed(text[:9]), stream.feed(text[9:]), stream.finish("stop")[0]]
-    assert all("reasoning_content" not in d for d in deltas)
+    assert all("reasoning_content" not in d and "reasoning" not in d for d in deltas)
 
 
 def test_continue_final_message_cuts_after_the_last_content():

@@ -72,8 +72,6 @@ INERT = {
     "--kv-cache-scales 1.0": "--kv-cache-scales has no effect: the KV cache is not fp8 (--kv-cache-dtype fp8)",
     "--revision v2": "--revision has no effect: the model is local, not a hub id",
     "--enable-chunked-prefill": "--enable-chunked-prefill has no effect: chunked prefill is always on",
-    "--generation-config auto": "--generation-config has no effect: rawpage does not apply a model's "
-    "generation_config.json",
 }
 
 
@@ -150,9 +148,18 @@ def test_uds_root_path_aliases_and_forced_usage_live(tmp_path):
             time.sleep(0.2)
         models = client.get("/v1/models").json()["data"]
         assert models[0]["id"] == "first"
+        assert client.get("/llm/v1/models").json()["data"][0]["id"] == "first"  # the prefix is optional
         body = {"model": "second", "prompt": "Hi", "max_tokens": 2, "stream": True}
         lines = [x for x in client.post("/v1/completions", json=body).text.splitlines() if x.startswith("data: {")]
         assert json.loads(lines[-1][6:])["usage"]["completion_tokens"] == 2
+        # --enable-force-include-usage: usage on every chunk, as vLLM (the role chunk counts no tokens yet)
+        chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "min_tokens": 3, "stream": True}
+        text = client.post("/llm/v1/chat/completions", json=chat).text
+        chunks = [json.loads(x[6:]) for x in text.splitlines() if x.startswith("data: {")]
+        counts = [c["usage"]["completion_tokens"] for c in chunks]
+        assert counts[0] == 0 and counts[-2:] == [3, 3] and not chunks[-1]["choices"]
+        assert all(b > a for a, b in zip(counts[:-2], counts[1:-1])), counts  # each chunk brings tokens
+        assert all(c["usage"]["total_tokens"] == c["usage"]["prompt_tokens"] + n for c, n in zip(chunks, counts))
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(60)
@@ -235,9 +242,9 @@ def test_every_no_effect_flag_parses_and_says_why(caplog):
             "leave --tokenizer-mode out",
         ),
         (
-            ["--rope-scaling", '{"rope_type": "yarn", "factor": 4}'],
-            '--rope-scaling {"rope_type": "yarn", "factor": 4}: not supported: rawpage reads RoPE scaling from the '
-            "model's config.json only; leave --rope-scaling out",
+            ["--logits-processors", "my.Processor"],
+            "--logits-processors my.Processor: not supported: rawpage loads no logits processors into the server; "
+            "leave --logits-processors out",
         ),
         (
             ["--response-role", "bot"],
@@ -291,3 +298,59 @@ def test_vllms_long_entry_point_serves_https_with_a_typical_command_line(tmp_pat
     (ready,) = [i for i, line in enumerate(lines) if "startup complete" in line]
     assert lines[ready].endswith("INFO rawpage.server: Application startup complete.")
     assert any("KV cache" in line or "blocks" in line for line in lines[:ready]), text
+
+
+# --- issue 42: every flag of `vllm serve --help` is known: it works, warns why not, or is refused ---
+def _vllm_serve_flags() -> list[str]:
+    path = os.path.join(os.path.dirname(__file__), "data", "vllm_serve_flags.txt")
+    return [x.strip() for x in open(path) if x.startswith("--")]
+
+
+def test_every_vllm_serve_flag_is_known():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    serve = cli._serve_parser(parser.add_subparsers())
+    known = {o for a in serve._actions for o in a.option_strings}
+    assert [f for f in _vllm_serve_flags() if f not in known] == []
+
+
+def test_list_flags_take_several_values_and_refusals_say_why(caplog):
+    from rawpage.server.vllm_flags import check_vllm_flags
+
+    args = cli.parse_args(["serve", "--device-ids", "0", "1", "--numa-bind", "--spec-tokens", "3"])
+    with caplog.at_level(logging.WARNING, "rawpage"):
+        check_vllm_flags(args)
+    assert [m.split(" has no effect")[0] for m in caplog.messages] == ["--numa-bind", "--device-ids", "--spec-tokens"]
+    for argv, why in (
+        (["--skip-tokenizer-init"], "a feature rawpage does not have"),
+        (["--task", "embed"], "--runner"),
+        (["--disable-sliding-window"], "--max-model-len at or below the window"),
+        (["--tokenizer-revision", "v2"], "at --revision"),
+        (["--tokenizer-revision", "v2", "--revision", "v1"], "at --revision"),
+        (["--scheduler-cls", "my.Scheduler"], "no code"),
+        (["--chat-template-content-format", "openai"], "renders"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            check_vllm_flags(cli.parse_args(["serve", *argv]))
+    for argv in (
+        ["--task", "generate"],
+        ["--tokenizer-revision", "main"],
+        ["--tokenizer-revision", "v1", "--revision", "v1"],
+    ):
+        check_vllm_flags(cli.parse_args(["serve", *argv]))  # what rawpage does anyway: a warning at most
+
+
+def test_load_format_safetensors_and_gguf_check_what_is_loaded(tiny_model_dir):
+    from rawpage.errors import ModelLoadError
+    from rawpage.loader import load_checkpoint
+    from rawpage.loader.default_model import default_model_path
+
+    assert load_checkpoint(tiny_model_dir, "safetensors").config is not None
+    assert load_checkpoint(default_model_path(), "gguf").config is not None
+    with pytest.raises(ModelLoadError, match="holds safetensors weights; pass --load-format auto"):
+        load_checkpoint(tiny_model_dir, "gguf")
+    with pytest.raises(ModelLoadError, match="holds gguf weights"):
+        load_checkpoint(default_model_path(), "safetensors")
+    with pytest.raises(SystemExit):  # vLLM's pt, npcache, ...: formats rawpage does not read
+        cli.parse_args(["serve", "--load-format", "pt"])

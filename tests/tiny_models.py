@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -21,20 +23,23 @@ TRAIN_TEXT = [
     "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\nParis.<|im_end|>",
 ]
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Qwen2.5-Coder's fill-in-the-middle tokens (train_tokenizer(fim=True))
+FIM_SPECIAL = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"]
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
 
-def train_tokenizer(vocab_size: int = 400) -> Tokenizer:
-    """A small byte-level BPE, GPT-2 style, with chat special tokens at ids 0..2."""
+def train_tokenizer(vocab_size: int = 400, fim: bool = False) -> Tokenizer:
+    """A small byte-level BPE, GPT-2 style, with chat special tokens at ids 0..2 (and with
+    fim, Qwen2.5-Coder's FIM tokens at ids 3..8)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL,
+        special_tokens=SPECIAL + (FIM_SPECIAL if fim else []),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -195,9 +200,11 @@ def write_gguf(
     qtype: str = "F32",
     rope_freqs: np.ndarray | None = None,
     raw: dict | None = None,
+    extra_metadata: Callable[[Any], None] | None = None,
 ) -> str:
     """Write the model as llama.cpp would: permuted q/k (llama), matrices in `qtype`,
-    each layer's experts stacked (Mixtral is `llama` with experts).
+    each layer's experts stacked (Mixtral is `llama` with experts). extra_metadata(writer)
+    adds keys of its own (YaRN's, FIM token ids).
 
     raw: {gguf tensor name: (uint8 blocks, ggml type name)} written as given instead."""
     import gguf
@@ -251,12 +258,14 @@ def write_gguf(
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt2")
     w.add_token_list(tokens)
-    w.add_token_types([3 if t in SPECIAL else 1 for t in tokens])
+    w.add_token_types([3 if t in SPECIAL or t in FIM_SPECIAL else 1 for t in tokens])
     w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in merges])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_add_bos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
+    if extra_metadata is not None:
+        extra_metadata(w)
     q_type = getattr(gguf.GGMLQuantizationType, qtype)
     stacks: dict[str, dict[int, np.ndarray]] = {}
     for name, t in tensors.items():
@@ -296,3 +305,31 @@ def write_gguf(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+# A Qwen3-style reasoning template: the prompt opens the think block (as Qwen3-Thinking's
+# does) unless enable_thinking is false, when it closes it (as hybrid Qwen3's does); an
+# earlier turn's reasoning_content is written back inside its block.
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m.reasoning_content %}<think>\n{{ m.reasoning_content }}\n</think>\n\n{% endif %}"
+    "{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif %}"
+)
+THINK_TAGS = ["<think>", "</think>"]
+
+
+def write_thinking_model(folder: str, template: str = THINKING_TEMPLATE) -> str:
+    """A tiny random Llama whose vocabulary has <think> and </think> as single tokens (added,
+    not special: decoded text keeps them, as Qwen3's does), with a Qwen3-style template."""
+    from tokenizers import AddedToken
+
+    tok = train_tokenizer()
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TAGS])
+    cfg = tiny_config(**{**TINY_LLAMA, "vocab_size": 416})
+    write_hf_folder(folder, cfg, random_tensors(cfg, seed=3), tok)
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": SPECIAL[1], "eos_token": SPECIAL[2], "chat_template": template}, f)
+    return folder

@@ -25,7 +25,6 @@ from typing import Any
 
 from rawpage.distributed.communicator import NcclCommunicator, PipeCommunicator
 from rawpage.engine_args import EngineArgs
-from rawpage.loader import load_checkpoint
 from rawpage.model_runner import ModelRunner
 from rawpage.models.sharding import ShardLayout, TensorParallel
 from rawpage.rank_setup import backend_for, build_rank, plan_kv_cache
@@ -70,7 +69,7 @@ def _start(spec: WorkerSpec, control: Connection, comm_endpoint: Any) -> ModelRu
         comm = NcclCommunicator(rank, size, comm_endpoint)
     else:
         comm = PipeCommunicator(rank, size, [comm_endpoint])
-    ckpt = load_checkpoint(args.model, args.load_format, args.seed, args.revision, args.download_dir)
+    ckpt = args.load_checkpoint()
     backend = backend_for(args, device, ckpt.config.torch_dtype)
     tp = TensorParallel(ShardLayout.on(device, ckpt.config, rank, size), comm)
     model = build_rank(ckpt, backend, args.quantization, tp)

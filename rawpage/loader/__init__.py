@@ -50,25 +50,30 @@ def load_checkpoint(
     seed: int = 0,
     revision: str | None = None,
     download_dir: str | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> Checkpoint:
     """load_format "dummy": `model` is a config.json (or a folder with one); the weights
-    are random, drawn from `seed` when the model is built."""
+    are random, drawn from `seed` when the model is built. overrides: --hf-overrides
+    (with --rope-scaling and --rope-theta), laid over the model's config."""
     if load_format == "dummy":
-        return _load_dummy(model, seed)
+        return _load_dummy(model, seed, overrides)
     path = resolve_model_path(model, revision, download_dir)
-    if os.path.isdir(path):
-        return _load_hf_folder(path)
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic == b"GGUF":
-        return _load_gguf(path)
-    raise ModelLoadError(f"{path}: neither a model folder nor a GGUF file (magic bytes {magic!r})")
+    magic = b""
+    if not os.path.isdir(path):
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    found = "safetensors" if os.path.isdir(path) else "gguf" if magic == b"GGUF" else None
+    if found is None:
+        raise ModelLoadError(f"{path}: neither a model folder nor a GGUF file (magic bytes {magic!r})")
+    if load_format not in ("auto", found):  # vLLM's --load-format safetensors / gguf: what the user expects to load
+        raise ModelLoadError(f"--load-format {load_format}: {path} holds {found} weights; pass --load-format auto")
+    return _load_hf_folder(path, overrides) if found == "safetensors" else _load_gguf(path, overrides)
 
 
-def _load_hf_folder(folder: str) -> Checkpoint:
+def _load_hf_folder(folder: str, overrides: dict[str, Any] | None = None) -> Checkpoint:
     from rawpage.loader import hf_folder
 
-    config = hf_folder.load_config(folder)
+    config = hf_folder.load_config(folder, overrides)
     tensors = hf_folder.open_safetensors(folder)
     qconfig = hf_folder.read_json(os.path.join(folder, "config.json")).get("quantization_config")
     if qconfig:  # AWQ / GPTQ / FP8: packed Linear weights (rawpage/quantization/)
@@ -87,22 +92,25 @@ def _load_hf_folder(folder: str) -> Checkpoint:
     return Checkpoint(folder, config, tensors, tokenizer, gen)
 
 
-def _load_gguf(path: str) -> Checkpoint:
+def _load_gguf(path: str, overrides: dict[str, Any] | None = None) -> Checkpoint:
+    from rawpage.config import override_config
     from rawpage.loader.gguf_file import GGUFCheckpoint
 
     ckpt = GGUFCheckpoint(path)
     ckpt.config.validate()
+    if overrides:
+        override_config(ckpt.config, overrides, path)
     tokenizer = Tokenizer.from_gguf(ckpt.meta)
     ckpt.config.eos_token_ids = tokenizer.eos_token_ids
     return Checkpoint(path, ckpt.config, ckpt.tensor_source(), tokenizer, {})
 
 
-def _load_dummy(model: str | None, seed: int) -> Checkpoint:
+def _load_dummy(model: str | None, seed: int, overrides: dict[str, Any] | None = None) -> Checkpoint:
     from rawpage.loader.dummy import config_path, load_dummy_config, placeholder_tokenizer
 
     if model is None:
         raise ModelLoadError("--load-format dummy needs --model pointing at a config.json (see tools/configs/)")
-    config = load_dummy_config(model)
+    config = load_dummy_config(model, overrides)
     folder = os.path.dirname(config_path(model))
     if os.path.exists(os.path.join(folder, "tokenizer.json")):
         tokenizer = Tokenizer.from_hf_folder(folder, config.eos_token_ids)

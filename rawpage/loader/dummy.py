@@ -63,7 +63,7 @@ def config_path(model: str) -> str:
     return path
 
 
-def load_dummy_config(model: str) -> ModelConfig:
+def load_dummy_config(model: str, overrides: dict | None = None) -> ModelConfig:
     path = config_path(model)
     try:
         with open(path) as f:
@@ -71,7 +71,7 @@ def load_dummy_config(model: str) -> ModelConfig:
     except json.JSONDecodeError as e:
         raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
     name = os.path.basename(os.path.dirname(os.path.abspath(path))) + " (dummy weights)"
-    cfg = ModelConfig.from_hf(raw, name=name)
+    cfg = ModelConfig.from_hf(raw, name=name, overrides=overrides)
     cfg.validate()
     return cfg
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rawpage.config import ModelConfig
+from rawpage.config import ModelConfig, long_context
 from rawpage.errors import ModelLoadError, UnsupportedModelError
 from rawpage.loader.gguf_reader import GGUFTensorInfo, read_gguf
 from rawpage.loader.tensors import TensorSource
@@ -94,6 +94,11 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, d // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+# llama.cpp's {arch}.rope.scaling.yarn_* keys, and the rope_scaling names models/rotary.py reads
+YARN_KEYS = [("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")]
+YARN_KEYS += [("yarn_ext_factor", "extrapolation_factor"), ("yarn_attn_factor", "attn_factor")]
+
+
 class GGUFCheckpoint:
     """An opened GGUF file: its config, its tensors (lazy) and its raw metadata."""
 
@@ -144,6 +149,7 @@ class GGUFCheckpoint:
                 norm_topk_prob=bool(m.get(f"{a}.expert_weights_norm", True)),
                 mlp_only_layers=self._dense_layers(int(m[f"{a}.block_count"])) if experts else [],
             )
+            self._rope_scaling(cfg)
             if self.family in ("gemma2", "gemma3"):
                 self._gemma_config(cfg)
             if self.family == "phi3":
@@ -170,8 +176,33 @@ class GGUFCheckpoint:
         cfg.query_pre_attn_scalar = cfg.hidden_size / cfg.num_heads if big else cfg.head_dim
         if a == "gemma3":
             cfg.rope_local_theta = float(m.get(f"{a}.rope.freq_base_swa", 10000.0))  # the sliding layers' base
-            if m.get(f"{a}.rope.scaling.type") == "linear":
-                cfg.rope_scaling = {"rope_type": "linear", "factor": float(m[f"{a}.rope.scaling.factor"])}
+
+    def _rope_scaling(self, cfg: ModelConfig) -> None:
+        """{arch}.rope.scaling.*: linear, or YaRN with its original length and (newer
+        converters) its betas and factors. Llama 3's scaling comes as the rope_freqs
+        tensor instead, and Phi-3's LongRoPE as two tensors (_phi3_config)."""
+        m, a = self.meta, self.arch
+        kind = m.get(f"{a}.rope.scaling.type")
+        factor = m.get(f"{a}.rope.scaling.factor") or (
+            1 / m[f"{a}.rope.scale_linear"] if f"{a}.rope.scale_linear" in m else None
+        )
+        if kind in (None, "none") and factor is None or kind == "longrope":
+            return
+        if kind not in (None, "linear", "yarn"):
+            raise UnsupportedModelError(f"{self.path}: unsupported {a}.rope.scaling.type {kind!r} (linear, yarn)")
+        if not factor or factor == 1.0:
+            return
+        if kind != "yarn":
+            cfg.rope_scaling = {"rope_type": "linear", "factor": float(factor)}
+            return
+        if m.get(f"{a}.rope.scaling.yarn_log_multiplier"):
+            raise UnsupportedModelError(f"{self.path}: YaRN with a yarn_log_multiplier (DeepSeek's) is not supported")
+        rs = {"rope_type": "yarn", "factor": float(factor)}
+        if f"{a}.rope.scaling.original_context_length" in m:
+            rs["original_max_position_embeddings"] = int(m[f"{a}.rope.scaling.original_context_length"])
+        given = {ours: float(m[f"{a}.rope.scaling.{k}"]) for k, ours in YARN_KEYS if f"{a}.rope.scaling.{k}" in m}
+        rs.update({k: v for k, v in given.items() if v >= 0})  # llama.cpp's -1: its default
+        cfg.rope_scaling, cfg.max_position_embeddings = long_context(rs, cfg.max_position_embeddings)
 
     def _phi3_config(self, cfg: ModelConfig) -> None:
         """Phi-3's window, and its LongRoPE factors, which llama.cpp stores as two tensors."""

@@ -82,10 +82,11 @@ def _bf16_weight(st: SafetensorsFile, name: str) -> QuantizedWeight:
     return QuantizedWeight("bf16", (rows, cols), np.array(st.tensor(name)))
 
 
-def load_config(folder: str) -> ModelConfig:
+def load_config(folder: str, overrides: dict | None = None) -> ModelConfig:
     cfg = ModelConfig.from_hf(
         read_json(os.path.join(folder, "config.json"), required=True),
         name=os.path.basename(os.path.normpath(folder)),
+        overrides=overrides,
         preprocessor=read_json(os.path.join(folder, "preprocessor_config.json")),
     )
     cfg.validate()

@@ -9,6 +9,7 @@ GET /v1/engine/events   GET / (the web page, unless --no-web)
 vLLM's own: POST /v1/chat/completions/batch   POST /invocations   GET /load
 GET /tokenizer_info (under --enable-tokenizer-info-endpoint), POST /reset_prefix_cache
 (under --server-dev-mode); see vllm_routes.py
+llama-server's: POST /infill (fill-in-the-middle for editors, infill.py)
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -52,6 +53,8 @@ from rawpage.server.completions import create_completion
 from rawpage.server.embeddings import create_embedding, generate_only
 from rawpage.server.engine_view import EngineView
 from rawpage.server.header_timeout import uvicorn_limits
+from rawpage.server.infill import create_infill
+from rawpage.server.listener import listening_socket, quiet_accept_errors
 from rawpage.server.lora_routes import adapter_models, load_lora_adapter, unload_lora_adapter
 from rawpage.server.messages import count_message_tokens, create_message
 from rawpage.server.metrics import ServerMetrics
@@ -59,6 +62,7 @@ from rawpage.server.prompt_input import parse_detokenize, parse_tokenize
 from rawpage.server.protocol import APIError, is_anthropic_path
 from rawpage.server.request_guard import RequestGuard
 from rawpage.server.responses import cancel_response, create_response, delete_response, retrieve_response
+from rawpage.server.root_path import RootPath, normalize_root_path, route_path
 from rawpage.server.state import ServerState
 from rawpage.server.streaming import ClientDisconnected
 from rawpage.server.vllm_routes import ServerLoad, invocations, reset_prefix_cache, tokenizer_info
@@ -106,8 +110,9 @@ def build_app(engine_args: EngineArgs, config: ServerConfig | None = None) -> St
     )
     view.owner_of = engine.owner_of  # which tenant each request is: the engine view shows each its own
     state = ServerState(engine, name, metrics, config)
-    # The guard is outermost: a request for another Host, or a foreign page's POST, reaches nothing.
-    middleware = [Middleware(RequestGuard, config=config)]
+    # --root-path first (root_path.py); then the guard: a request for another Host, or a foreign
+    # page's POST, reaches nothing.
+    middleware = [Middleware(RootPath, root_path=config.root_path), Middleware(RequestGuard, config=config)]
     if config.allowed_origins:  # CORS is off unless the operator names origins
         cors = dict(
             allow_methods=config.allowed_methods,
@@ -143,6 +148,7 @@ def _routes(state: ServerState, view: EngineView) -> list[Route]:
             "/v1/chat/completions/batch", api(load.aware(generate_only(create_batch_chat_completion))), methods=["POST"]
         ),
         Route("/v1/completions", api(completion), methods=["POST"]),
+        Route("/infill", api(load.aware(generate_only(create_infill))), methods=["POST"]),  # llama-server's FIM
         Route("/v1/responses", api(load.aware(generate_only(create_response))), methods=["POST"]),
         Route("/v1/responses/{response_id}", api(retrieve_response), methods=["GET"]),
         Route("/v1/responses/{response_id}", api(delete_response), methods=["DELETE"]),
@@ -191,10 +197,14 @@ def _endpoint(
         try:
             if auth:
                 _check_access(state, request, admin, x_api_key=anthropic)
+            state.queue_as(request)
             return await handler(request, state)
         except APIError as e:
             return error(e)
         except ClientDisconnected:
+            return Response(status_code=499)
+        except ClientDisconnect:  # the client left before its whole body arrived
+            logger.info("%s: the client closed the connection before sending the whole body", request.url.path)
             return Response(status_code=499)
         except (EngineDeadError, RequestFailedError) as e:
             return error(APIError(str(e), 500, type="internal_server_error"))
@@ -220,6 +230,7 @@ def _lifespan(state: ServerState) -> Callable:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         state.engine.start()  # loads the model in the engine thread; /health says 503 meanwhile
+        asyncio.get_running_loop().set_exception_handler(quiet_accept_errors)  # listener.py logs them
         watcher = asyncio.ensure_future(_watch_event_loop(state))
         yield
         watcher.cancel()
@@ -248,7 +259,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     such as /v1/embeddings) names the routes it does serve."""
     status = getattr(exc, "status_code", 404)
     message = f"{request.method} {request.url.path}: {getattr(exc, 'detail', 'not found')}"
-    if status == 404 and request.url.path.startswith("/v1/"):
+    if status == 404 and route_path(request.scope).startswith("/v1/"):
         served = [_route_name(r) for r in request.app.routes if isinstance(r, Route) and r.path.startswith("/v1/")]
         message += "; this server serves " + ", ".join(served)
     err = APIError(message, status, type="not_found_error" if status == 404 else "invalid_request_error")
@@ -330,7 +341,7 @@ async def retrieve_model(request: Request, state: ServerState) -> Response:
 
 async def tokenize(request: Request, state: ServerState) -> Response:
     """vLLM's shape: {"prompt": str} or {"messages": [...]} -> {"count", "max_model_len", "tokens"}."""
-    req = parse_tokenize(await state.read_body(request), state)
+    req = await state.parse(request, parse_tokenize)
     tok = state.info.tokenizer
     if req.messages is not None:
         ids, _ = await state.render_chat_images(req.render, req.messages)
@@ -343,7 +354,7 @@ async def tokenize(request: Request, state: ServerState) -> Response:
 
 
 async def detokenize(request: Request, state: ServerState) -> Response:
-    ids = parse_detokenize(await state.read_body(request), state)
+    ids = await state.parse(request, parse_detokenize)
     text = await state.off_loop(lambda: state.info.tokenizer.decode(ids, skip_special_tokens=False))
     return JSONResponse({"prompt": text})
 
@@ -362,7 +373,11 @@ def run_server(args: argparse.Namespace) -> int:
     app = build_app(engine_args, config)
     name = app.state.rawpage.model_name
     scheme = "https" if config.ssl_certfile else "http"
-    where = f"unix:{config.uds}" if config.uds else f"{scheme}://{config.host}:{config.port}{config.root_path}/v1"
+    where = (
+        f"unix:{config.uds}"
+        if config.uds
+        else f"{scheme}://{config.host}:{config.port}{normalize_root_path(config.root_path)}/v1"
+    )
     logger.info(
         "rawpage %s: serving %s at %s (loading the model now; /health is 503 until ready)", __version__, name, where
     )
@@ -377,7 +392,6 @@ def run_server(args: argparse.Namespace) -> int:
         host=config.host,
         port=config.port,
         uds=config.uds,
-        root_path=config.root_path,
         log_level=config.uvicorn_log_level or config.log_level,
         timeout_graceful_shutdown=config.shutdown_timeout + 5,
         log_config=None,
@@ -390,7 +404,9 @@ def run_server(args: argparse.Namespace) -> int:
     )
     logging.getLogger("uvicorn.error").addFilter(_hide_startup_complete)  # said once the model is loaded
     server = _DrainingServer(uv, app.state.rawpage.engine, config.shutdown_timeout)
-    server.run()
+    server.run(sockets=[listening_socket(uv)])  # one that backs off when out of file descriptors
+    if config.uds and os.path.exists(config.uds):
+        os.remove(config.uds)  # as uvicorn.run does
     return server.exit_code
 
 

@@ -99,6 +99,10 @@ class ServerConfig:
     request_header_timeout: float = flag(
         10.0, "seconds a client has to send a whole request head; then its connection is closed (slowloris)"
     )
+    request_body_timeout: float = flag(
+        30.0,
+        "seconds a client has to send a whole request body after its head; then a 408 and the connection closed",
+    )
     timeout_keep_alive: float = flag(5.0, "seconds an idle keep-alive connection is kept open between requests")
     h11_max_incomplete_event_size: int = flag(
         16 << 10,
@@ -126,6 +130,11 @@ class ServerConfig:
     disable_log_requests: bool = flag(False, "no log line per request")
     disable_uvicorn_access_log: bool = flag(False, "no uvicorn access-log line per HTTP request")
     preprocess_threads: int = 2  # chat templates and tokenization run here, off the event loop
+    max_tokenizer_queue_per_key: int = flag(
+        256,
+        "requests one API key (or, without keys, one client address) may have waiting for the chat template "
+        "and tokenizer threads, which serve the keys in turn; beyond, 429",
+    )
     web: bool = flag(True, "serve the built-in web page at / (chat playground and live KV-cache view)")
     tool_call_parser: str | None = flag(
         None,
@@ -155,7 +164,22 @@ class ServerConfig:
         choices=["qwen3", "deepseek_r1"],
         default_text="none",
     )
-    enable_force_include_usage: bool = flag(False, "every stream ends with a usage chunk, as if include_usage")
+    enable_force_include_usage: bool = flag(
+        False,
+        "every stream carries usage on each chunk and ends with a usage chunk, as if stream_options asked for "
+        "include_usage and continuous_usage_stats (vLLM's)",
+    )
+    reasoning_budget: int = flag(
+        -1,
+        "tokens a model may think (inside <think>...</think>) before the end tag is forced, for requests that set "
+        "no budget or effort: -1 unlimited, 0 no thinking (llama-server's flag)",
+    )
+    reasoning_secret: str | None = flag(
+        None,
+        "the key that signs reasoning handed back to clients (Responses encrypted_content, Messages thinking "
+        "signatures); replicas behind one address must share it; prefer $RAWPAGE_REASONING_SECRET (argv is visible)",
+        default_text="$RAWPAGE_REASONING_SECRET or random per start",
+    )
     log_level: str = flag("info", "log level", choices=["debug", "info", "warning", "error"])
     uvicorn_log_level: str | None = flag(
         None,
@@ -172,6 +196,10 @@ class ServerConfig:
             )
         if bool(self.ssl_keyfile) != bool(self.ssl_certfile):
             raise ValueError("https needs both --ssl-keyfile and --ssl-certfile")
+        if self.reasoning_budget < -1:
+            raise ValueError(f"--reasoning-budget {self.reasoning_budget}: -1 (unlimited), 0 or a number of tokens")
+        if self.max_tokenizer_queue_per_key < 1 or self.request_body_timeout <= 0:
+            raise ValueError("--max-tokenizer-queue-per-key must be at least 1, --request-body-timeout above 0")
         if self.ssl_cert_reqs not in (0, 1, 2):
             raise ValueError(f"--ssl-cert-reqs {self.ssl_cert_reqs}: 0, 1 or 2")
 
@@ -185,6 +213,9 @@ class ServerConfig:
         for env, name in VLLM_SWITCHES.items():
             if os.environ.get(env, "").strip().lower() in ("1", "true"):
                 given.setdefault(name, True)
+        given["reasoning_secret"] = getattr(args, "reasoning_secret", None) or os.environ.get(
+            "RAWPAGE_REASONING_SECRET"
+        )
         given["admin_api_key"] = getattr(args, "admin_api_key", None) or os.environ.get("RAWPAGE_ADMIN_API_KEY") or None
         return cls(**given)
 

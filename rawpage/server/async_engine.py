@@ -304,6 +304,7 @@ class AsyncEngine:
             else:  # a bug: its traceback
                 logger.error("the engine could not start\n%s", traceback.format_exc())
             return
+        self._report([])  # the metrics that describe the loaded engine (vllm:cache_config_info), before any request
         try:
             while not self._stop.is_set():
                 self._drain_inbox(block=not engine.has_unfinished_requests())

@@ -21,7 +21,7 @@ from rawpage.server.streaming import sse, sse_response
 
 
 async def create_chat_completion(request: Request, state: ServerState) -> Response:
-    req = parse_chat_completion(await state.read_body(request), state, state.request_id(request, "chatcmpl"))
+    req = await state.parse(request, parse_chat_completion, state.request_id(request, "chatcmpl"))
     fmt = ChatFormatter(state, req)
     gen, reply = await submit(request, state, req.chat)
     if req.output.stream:
@@ -89,11 +89,19 @@ class ChatFormatter:
         return out
 
     def opening(self, index: int, out: RequestOutput) -> list[dict[str, Any]]:
-        """A choice's first chunks: its role (and, as vLLM, prompt_token_ids), then what echo repeats."""
-        first = self.chunk(index, {"role": self.role, "content": ""}, None, out)
+        """A choice's first chunks: its role (and, as vLLM, prompt_token_ids), then what echo repeats.
+        Their running usage (continuous_usage_stats) counts no completion tokens yet, as vLLM's:
+        the tokens this step made arrive in the next chunk."""
+        chunks = [self.chunk(index, {"role": self.role, "content": ""}, None, out)]
         if self.out.return_token_ids:
-            first["prompt_token_ids"] = list(out.prompt_token_ids)
-        return [first, self.chunk(index, {"content": self.echo}, None, out)] if self.echo else [first]
+            chunks[0]["prompt_token_ids"] = list(out.prompt_token_ids)
+        if self.echo:
+            chunks.append(self.chunk(index, {"content": self.echo}, None, out))
+        for c in chunks:
+            if "usage" in c:
+                counts = token_counts(self.state, out)
+                c["usage"] = usage(counts.prompt, 0, counts.cached)
+        return chunks
 
     def chunk(
         self,
@@ -120,4 +128,4 @@ class ChatFormatter:
 
     def usage(self, final: RequestOutput) -> dict[str, Any]:
         counts = token_counts(self.state, final)
-        return usage(counts.prompt, counts.completion, counts.cached)
+        return usage(counts.prompt, counts.completion, counts.cached, counts.reasoning)

@@ -18,7 +18,7 @@ from rawpage.server.streaming import final_outputs, unless_disconnected
 
 
 async def create_batch_chat_completion(request: Request, state: ServerState) -> Response:
-    batch = parse_batch_chat(await state.read_body(request), state, state.request_id(request, "chatcmpl"))
+    batch = await state.parse(request, parse_batch_chat, state.request_id(request, "chatcmpl"))
     checked = [await checked_prompt(state, c.chat) for c in batch.conversations]  # every one, before any is queued
     first = batch.conversations[0]
     fmt = ChatFormatter(state, first)

@@ -23,6 +23,7 @@ from rawpage.server.protocol import (
     output_options,
     sampling_params,
 )
+from rawpage.server.reasoning_input import chat_controls
 from rawpage.server.request import (
     NO_EFFECT_FIELDS,
     BatchChatRequest,
@@ -30,6 +31,7 @@ from rawpage.server.request import (
     ChatRequest,
     cache_salt,
     constraint_for,
+    default_max_tokens,
     parse_model,
     priority,
     prompt_truncation,
@@ -102,7 +104,7 @@ def parse_chat_completion(body: Body, state: ServerState, rid: str) -> ChatCompl
     out = output_options(body, state.config)
     params = chat_sampling_params(body, state, out, output_constraint(body, reply))
     role, echo = role_and_echo(body, messages)
-    render = render_options(body, state.config)
+    render, params = chat_controls(body).resolve(state, render_options(body, state.config), params)
     cut = prompt_truncation(body, state, params, _max_tokens_name(body))
     chat = ChatRequest(
         rid, messages, params, reply, render, lora, priority(body, state), cache_salt(body), truncation=cut
@@ -121,7 +123,7 @@ def parse_batch_chat(body: Body, state: ServerState, rid: str) -> BatchChatReque
     out = output_options(body, state.config)
     params = chat_sampling_params(body, state, out, output_constraint(body, reply))
     roles = [role_and_echo(body, messages) for messages in conversations]
-    render = render_options(body, state.config)
+    render, params = chat_controls(body).resolve(state, render_options(body, state.config), params)
     model, prio, salt = served_name(state, lora), priority(body, state), cache_salt(body)
     cut = prompt_truncation(body, state, params, _max_tokens_name(body))
     body.reject_unread(NO_EFFECT_FIELDS)
@@ -167,7 +169,7 @@ def chat_sampling_params(
     if prompt_logprobs is None and body.bool("echo", False) and not out.stream:
         prompt_logprobs = top or 0  # vLLM: an echoed chat brings the prompt's logprobs
     max_tokens = body.int("max_completion_tokens", None, 1)
-    legacy_max_tokens = body.int("max_tokens", state.config.max_tokens_default, 1)
+    legacy_max_tokens = body.int("max_tokens", default_max_tokens(state, None), 1)
     max_tokens = legacy_max_tokens if max_tokens is None else max_tokens
     logprobs = (top or 0) if want_logprobs else None  # with logprob_token_ids, those ids instead of the top N
     return sampling_params(
@@ -178,6 +180,7 @@ def chat_sampling_params(
         config=state.config,
         structured_outputs=constraint,
         logprob_token_ids=chosen,
+        defaults=state.info.sampling_defaults,
     )
 
 

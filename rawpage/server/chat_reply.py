@@ -1,5 +1,6 @@
-"""One chat choice's generated text -> the assistant message: reasoning_content, content
-and tool_calls, whole (`message`) or as stream deltas (`ReplyStream`).
+"""One chat choice's generated text -> the assistant message: reasoning, content and
+tool_calls, whole (`message`) or as stream deltas (`ReplyStream`). The reasoning goes out
+under vLLM's two names, `reasoning` and its older alias `reasoning_content`.
 
 The stream holds back only text that may still turn out to be a tag or a call, and
 at the end parses the held text exactly as `message` parses the whole, so both give
@@ -55,8 +56,7 @@ class ReplyParser:
             "role": "assistant",
             "content": reply.content if reply.content or not reply.calls else None,
         }
-        if self.reasoning is not None and self.include_reasoning:
-            msg["reasoning_content"] = reply.reasoning
+        msg["reasoning"] = msg["reasoning_content"] = reply.reasoning  # null without a parser, as vLLM
         if reply.calls:
             msg["tool_calls"] = [c.to_openai() for c in reply.calls]
         return msg, reply.finish_reason
@@ -101,7 +101,7 @@ class ReplyStream:
     def _delta(reasoning: str, content: str) -> dict[str, Any]:
         delta: dict[str, Any] = {}
         if reasoning:
-            delta["reasoning_content"] = reasoning
+            delta["reasoning"] = delta["reasoning_content"] = reasoning
         if content:
             delta["content"] = content
         return delta

@@ -115,8 +115,11 @@ class TokenCounts:
     prompt: int
     completion: int
     cached: int | None  # only under --enable-prompt-tokens-details (it leaks other requests' prefixes)
+    reasoning: int | None = None  # the think blocks' tokens, where the engine tracked them (thinking_budget.py)
 
 
 def token_counts(state: ServerState, final: RequestOutput) -> TokenCounts:
     cached = final.num_cached_tokens if state.config.enable_prompt_tokens_details else None
-    return TokenCounts(len(final.prompt_token_ids), sum(len(o.token_ids) for o in final.outputs), cached)
+    tracked = [o.reasoning_tokens for o in final.outputs if o.reasoning_tokens is not None]
+    completion = sum(len(o.token_ids) for o in final.outputs)
+    return TokenCounts(len(final.prompt_token_ids), completion, cached, sum(tracked) if tracked else None)

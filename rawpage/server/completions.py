@@ -20,7 +20,7 @@ from rawpage.server.streaming import final_outputs, merge, sse, sse_response, un
 
 
 async def create_completion(request: Request, state: ServerState) -> Response:
-    req = parse_completion(await state.read_body(request), state, state.request_id(request, "cmpl"))
+    req = await state.parse(request, parse_completion, state.request_id(request, "cmpl"))
     prompts = await _tokenized(state, req)
     checked = [await state.check_prompt(ids, req.params, "prompt", req.priority, req.cache_salt) for _, ids in prompts]
     tag = uuid.uuid4().hex[:8]
@@ -41,8 +41,13 @@ async def create_completion(request: Request, state: ServerState) -> Response:
 
 async def _tokenized(state: ServerState, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
     """Each prompt as (its text, or None for token ids; its token ids), tokenized off the
-    event loop. A truncated prompt (truncate_prompt_tokens) keeps no text: echo decodes what ran."""
+    event loop. A truncated prompt (truncate_prompt_tokens) keeps no text: echo decodes what ran.
+    With a suffix, each text is the code before a gap, in the model's FIM prompt, which a
+    truncation trims around the gap (the prefix's start, the suffix's end), its FIM tokens kept."""
     texts = [p for p in req.prompts if isinstance(p, str)]
+    if req.suffix is not None:
+        fim, suffix, budget = state.fim_prompt, req.suffix, req.truncation.keep if req.truncation else None
+        return list(zip(texts, await state.off_loop(lambda: [fim(t, suffix, budget=budget)[0] for t in texts])))
     prompts = list(zip(texts, await state.encode(texts))) if texts else [(None, ids) for ids in req.prompts]
     if req.truncation is None:
         return prompts

@@ -42,9 +42,9 @@ def generate_only(handler: Handler) -> Handler:
 
 
 async def create_embedding(request: Request, state: ServerState) -> Response:
-    req = parse_embedding(await state.read_body(request), state)
+    req = await state.parse(request, parse_embedding)
     texts = [x for x in req.inputs if isinstance(x, str)]  # tokenized off the event loop
-    inputs = await state.encode(texts, add_special_tokens=req.add_special_tokens) if texts else list(req.inputs)
+    inputs = await state.encode(texts, req.add_special_tokens, "input") if texts else list(req.inputs)
     try:
         inputs = [state.info.check_input(ids, req.params) for ids in inputs]  # truncated where asked
     except ValueError as e:

@@ -14,6 +14,7 @@ import functools
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from rawpage.engine import LLMEngine
 from rawpage.lora import LoRAAdapter, LoRARequest
@@ -48,8 +49,15 @@ class EngineInfo:
         self.tokenizer: Tokenizer = engine.tokenizer
         self.chat_template: ChatTemplate | None = engine.chat_template  # --chat-template; None: the tokenizer's own
         self.max_model_len: int = engine.max_model_len
+        # No token stands for more input characters than the longest one in the vocabulary
+        # (byte-level vocabularies write one character per byte, SentencePiece's ▁ is one
+        # space), so a longer text than this cannot fit in max_model_len tokens.
+        self.longest_token_chars: int = max(map(len, engine.tokenizer.hf.get_vocab(with_added_tokens=True)))
+        self.max_prompt_chars: int = self.max_model_len * self.longest_token_chars
         self.vocab_size: int = engine.model_config.vocab_size
         self.max_logprobs: int = engine.args.max_logprobs  # --max-logprobs
+        # --generation-config: SamplingParams keywords for the fields a request leaves out
+        self.sampling_defaults: dict[str, Any] = engine.sampling_defaults
         self.scheduling_policy: str = engine.args.scheduling_policy  # --scheduling-policy: "fcfs" or "priority"
         self.runner: str = engine.args.runner  # --runner: "generate" (chat, completions) or "pooling" (embeddings)
         self.lora: LoRAInfo | None = LoRAInfo.of(engine.lora) if engine.lora is not None else None  # --enable-lora

@@ -6,7 +6,8 @@ object, or as Anthropic's event stream (messages_output.py). Errors on these rou
 Anthropic's shape, and the key may come as `x-api-key` (app.py).
 
     Reply            content block
-    reasoning        {"type": "thinking", "thinking", "signature": ""} (--reasoning-parser)
+    reasoning        {"type": "thinking", "thinking", "signature"} (--reasoning-parser; the
+                     signature is reasoning_seal.py's: signed, not encrypted)
     content          {"type": "text", "text"}  (present unless there are only tool calls)
     each call        {"type": "tool_use", "id", "name", "input"}
 """
@@ -23,18 +24,21 @@ from rawpage.server.state import ServerState
 
 
 async def create_message(request: Request, state: ServerState) -> Response:
-    req = parse_messages_request(await state.read_body(request), state)
+    req = await state.parse(request, parse_messages_request)
     gen, parser = await submit(request, state, req.chat)
     if req.stream:
-        return stream_message(state, req.chat.request_id, req.model, gen, parser)
+        return stream_message(state, req, gen, parser)
     final = await final_output(request, gen)
     o = final.outputs[0]
     reply = parser.parse(o.text, o.finish_reason)
-    message = message_object(req.chat.request_id, req.model, reply, o, token_counts(state, final))
+    sign = state.seal.seal
+    message = message_object(
+        req.chat.request_id, req.model, reply, o, token_counts(state, final), sign, req.omit_thinking
+    )
     return JSONResponse(message, headers={"request-id": req.chat.request_id})
 
 
 async def count_message_tokens(request: Request, state: ServerState) -> Response:
     """The prompt's length in tokens, rendered exactly as /v1/messages renders it."""
-    chat = parse_count_tokens(await state.read_body(request), state)
+    chat = await state.parse(request, parse_count_tokens)
     return JSONResponse({"input_tokens": len((await prompt_ids(state, chat))[0])})

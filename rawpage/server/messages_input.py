@@ -6,7 +6,7 @@ into chat's terms.
     {"role": "user", "content": [text...]}      {"role": "user", "content": joined text}
     {"type": "tool_result", "tool_use_id"}      {"role": "tool", "tool_call_id", "content"}
     {"type": "tool_use", "id", "name", "input"} a tool call on the assistant message
-    {"type": "thinking", "thinking"}            the assistant message's reasoning_content
+    {"type": "thinking", "thinking", "signature"} the assistant message's reasoning_content
     tools: [{"name", "description", "input_schema"}]   [{"type": "function", "function": {...}}]
     tool_choice auto / any / tool / none        auto / required / named / none
 
@@ -23,16 +23,19 @@ from typing import Any
 from rawpage.server.chat_reply import ReplyParser
 from rawpage.server.guided import structured_outputs_from
 from rawpage.server.protocol import APIError, Body, checked_sampling_params
+from rawpage.server.reasoning_input import ReasoningControls, anthropic_controls
+from rawpage.server.reasoning_seal import ReasoningSeal
 from rawpage.server.request import (
     ChatRequest,
     MessagesRequest,
     constraint_for,
+    model_sampling_defaults,
     parse_model,
     reply_parser,
     served_name,
     tool_request,
 )
-from rawpage.server.state import ServerState
+from rawpage.server.state import RenderOptions, ServerState
 from rawpage.server.tools import prepare_tool_messages
 from rawpage.structured_output import StructuredOutputsParams
 
@@ -73,8 +76,9 @@ def _texts(blocks: Any, where: str) -> str:
     return "".join(texts)
 
 
-def chat_messages(body: Body) -> list[dict[str, Any]]:
-    """`system` and `messages` as chat messages, every block checked."""
+def chat_messages(body: Body, seal: ReasoningSeal) -> list[dict[str, Any]]:
+    """`system` and `messages` as chat messages, every block checked (a thinking block's
+    signature against `seal`)."""
     body.mark_read("messages")
     messages = body.data.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -93,8 +97,8 @@ def chat_messages(body: Body) -> list[dict[str, Any]]:
             raise APIError(
                 f"'messages[{i}].content' must be a string or a list of blocks", param=f"messages[{i}].content"
             )
-        read = _user if role == "user" else _assistant
-        out += read([Body(b, f"messages[{i}].content[{j}].") for j, b in enumerate(blocks)], calls)
+        parts = [Body(b, f"messages[{i}].content[{j}].") for j, b in enumerate(blocks)]
+        out += _user(parts, calls) if role == "user" else _assistant(parts, calls, seal)
     return out
 
 
@@ -109,13 +113,20 @@ def _block_type(b: Body, allowed: tuple[str, ...]) -> str:
     return kind
 
 
+def _text(b: Body) -> str:
+    """A text block's text; `citations` may come back as the API returned it: null or empty."""
+    if b.value("citations"):
+        raise APIError(f"'{b.path}citations' is not supported: this server reads text only", param=f"{b.path}citations")
+    return b.required_str("text")
+
+
 def _user(blocks: list[Body], calls: set[str]) -> list[dict[str, Any]]:
     """A user turn: its tool results (chat's tool messages), then its text and images."""
     out, parts = [], []
     for b in blocks:
         kind = _block_type(b, ("text", "image", "tool_result"))
         if kind == "text":
-            parts.append({"type": "text", "text": b.required_str("text")})
+            parts.append({"type": "text", "text": _text(b)})
         elif kind == "image":
             parts.append({"type": "image_url", "image_url": {"url": _image_url(b)}})
         else:
@@ -150,16 +161,23 @@ def _image_url(b: Body) -> str:
     return url
 
 
-def _assistant(blocks: list[Body], calls: set[str]) -> list[dict[str, Any]]:
-    """An assistant turn: its text, its tool calls and its thinking, as one message."""
+def _assistant(blocks: list[Body], calls: set[str], seal: ReasoningSeal) -> list[dict[str, Any]]:
+    """An assistant turn: its text, its tool calls and its thinking, as one message. A
+    thinking block's signature is ours (reasoning_seal.py): its text must be what we signed."""
     msg: dict[str, Any] = {"role": "assistant", "content": ""}
     for b in blocks:
         kind = _block_type(b, ("text", "tool_use", "thinking"))
         if kind == "text":
-            msg["content"] += b.required_str("text")
+            msg["content"] += _text(b)
         elif kind == "thinking":
-            msg["reasoning_content"] = msg.get("reasoning_content", "") + b.required_str("thinking")
-            b.str("signature")  # ours are empty: nothing to verify
+            text, signature = b.required_str("thinking"), b.str("signature")
+            if signature and not text:  # display "omitted": the signature holds the thinking
+                text = seal.open(signature, f"{b.path}signature")
+            elif signature and seal.open(signature, f"{b.path}signature") != text:
+                raise APIError(
+                    f"'{b.path}thinking' is not the thinking its signature signed", param=f"{b.path}thinking"
+                )
+            msg["reasoning_content"] = msg.get("reasoning_content", "") + text
         else:
             use_id, name = b.required_str("id"), b.required_str("name")
             args = b.value("input")
@@ -219,62 +237,58 @@ def parse_messages_request(body: Body, state: ServerState) -> MessagesRequest:
     if body.data.get("max_tokens") is None:  # Anthropic requires it
         raise APIError("max_tokens: Field required", param="max_tokens")
     max_tokens = body.int("max_tokens", None, 1)
-    messages, reply, constraint = _conversation(body, state)
+    messages, reply, constraint, controls = _conversation(body, state)
     config = state.config
+    defaults = model_sampling_defaults(state)  # --generation-config: min_p, repetition_penalty too
     params = checked_sampling_params(
-        temperature=body.float("temperature", 1.0, 0.0, 1.0),
-        top_p=body.float("top_p", 1.0, 0.0, 1.0),
-        top_k=body.int("top_k", 0, 0),
+        **{
+            **defaults,
+            "temperature": body.float("temperature", defaults.get("temperature", 1.0), 0.0, 1.0),
+            "top_p": body.float("top_p", defaults.get("top_p", 1.0), 0.0, 1.0),
+            "top_k": body.int("top_k", defaults.get("top_k", 0), 0),
+        },
         max_tokens=max_tokens,
         stop=stop_sequences(body, config.max_stop_strings, config.max_stop_string_chars),
         structured_outputs=constraint,
     )
-    chat = ChatRequest(f"msg_{uuid.uuid4().hex[:24]}", messages, params, reply, lora=lora)
+    render, params = controls.resolve(state, RenderOptions(), params)
+    chat = ChatRequest(f"msg_{uuid.uuid4().hex[:24]}", messages, params, reply, render, lora=lora)
     meta = body.obj("metadata")
     meta.str("user_id")  # an end-user id for abuse monitoring: nothing to monitor here
     meta.reject_unread()
     stream = bool(body.bool("stream", False))
     body.reject_unread()
-    return MessagesRequest(chat, served_name(state, lora), stream)
+    return MessagesRequest(chat, served_name(state, lora), stream, controls.omitted)
 
 
 def parse_count_tokens(body: Body, state: ServerState) -> ChatRequest:
     """A count_tokens body: the conversation of a Messages body, rendered the same way."""
     parse_model(body, state)
-    messages, reply, constraint = _conversation(body, state)
+    messages, reply, constraint, controls = _conversation(body, state)
     body.reject_unread()
-    return ChatRequest("count", messages, checked_sampling_params(structured_outputs=constraint), reply)
+    render, params = controls.resolve(state, RenderOptions(), checked_sampling_params(structured_outputs=constraint))
+    return ChatRequest("count", messages, params, reply, render)
 
 
 def _conversation(
     body: Body, state: ServerState
-) -> tuple[list[dict[str, Any]], ReplyParser, StructuredOutputsParams | None]:
-    """What /v1/messages and count_tokens share: the messages, the tools and the grammar."""
-    messages = chat_messages(body)
+) -> tuple[list[dict[str, Any]], ReplyParser, StructuredOutputsParams | None, ReasoningControls]:
+    """What /v1/messages and count_tokens share: the messages, the tools, the grammar and
+    the thinking controls (`thinking`, output_config.effort: reasoning_input.py)."""
+    messages = chat_messages(body, state.seal)
     prepare_tool_messages(messages)
-    _refuse_thinking(body)
     reply = reply_parser(state, tool_request(state, chat_tools(body)))
-    constraint = constraint_for(_output_format(body), "output_config.format", reply)
-    cache_control(body)  # a top-level mark: see messages_input
-    return messages, reply, constraint
-
-
-def _refuse_thinking(body: Body) -> None:
-    thinking = body.obj("thinking")
-    if thinking.data and thinking.str("type") != "disabled":
-        raise APIError(
-            "'thinking' can only be disabled here: a model thinks by itself, and --reasoning-parser splits "
-            "its thinking into thinking blocks",
-            param="thinking",
-        )
-    thinking.reject_unread()
-
-
-def _output_format(body: Body) -> StructuredOutputsParams | None:
-    """`output_config.format`: {"type": "json_schema", "schema"}, through chat's grammar path."""
     config = body.obj("output_config")
-    fmt = config.obj("format")
+    constraint = constraint_for(_output_format(config), "output_config.format", reply)
+    controls = anthropic_controls(body, config.str("effort"))
     config.reject_unread()
+    cache_control(body)  # a top-level mark: see messages_input
+    return messages, reply, constraint, controls
+
+
+def _output_format(config: Body) -> StructuredOutputsParams | None:
+    """`output_config.format`: {"type": "json_schema", "schema"}, through chat's grammar path."""
+    fmt = config.obj("format")
     if not fmt.data:
         return None
     if fmt.str("type") != "json_schema":

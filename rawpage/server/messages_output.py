@@ -3,8 +3,9 @@ the same message block by block.
 
     message_start                the message, empty, with usage.input_tokens
     ping
-    content_block_start / _delta / _stop   per block: thinking (thinking_delta), text
-                                 (text_delta), tool_use (input_json_delta, whole, at the end)
+    content_block_start / _delta / _stop   per block: thinking (thinking_delta, then one
+                                 signature_delta), text (text_delta), tool_use
+                                 (input_json_delta, whole, at the end)
     message_delta                stop_reason, stop_sequence, usage.output_tokens
     message_stop
 
@@ -14,7 +15,7 @@ A failure after the stream began is one `error` event in Anthropic's error shape
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.responses import Response
@@ -23,6 +24,7 @@ from rawpage.outputs import CompletionOutput, RequestOutput
 from rawpage.server.chat_reply import Reply, ReplyParser
 from rawpage.server.chat_request import TokenCounts, reply_steps, token_counts
 from rawpage.server.protocol import APIError
+from rawpage.server.request import MessagesRequest
 from rawpage.server.state import ServerState
 from rawpage.server.streaming import sse, sse_response
 from rawpage.server.tool_parsers import ToolCall
@@ -55,8 +57,13 @@ def tool_use(call: ToolCall) -> dict[str, Any]:
     }
 
 
-def content_blocks(reply: Reply) -> list[dict[str, Any]]:
-    blocks = [{"type": "thinking", "thinking": reply.reasoning, "signature": ""}] if reply.reasoning else []
+def content_blocks(reply: Reply, sign: Callable[[str], str], omit: bool = False) -> list[dict[str, Any]]:
+    """The reply's blocks; `sign` makes a thinking block's signature (reasoning_seal.py), which
+    alone carries the thinking when `omit` (thinking.display "omitted")."""
+    blocks = []
+    if reply.reasoning:
+        thinking = "" if omit else reply.reasoning
+        blocks.append({"type": "thinking", "thinking": thinking, "signature": sign(reply.reasoning)})
     if reply.content or not reply.calls:
         blocks.append({"type": "text", "text": reply.content})
     return blocks + [tool_use(c) for c in reply.calls]
@@ -70,14 +77,22 @@ def usage(counts: TokenCounts, output_tokens: int) -> dict[str, Any]:
     return out
 
 
-def message_object(rid: str, model: str, reply: Reply, o: CompletionOutput, counts: TokenCounts) -> dict[str, Any]:
+def message_object(
+    rid: str,
+    model: str,
+    reply: Reply,
+    o: CompletionOutput,
+    counts: TokenCounts,
+    sign: Callable[[str], str],
+    omit: bool = False,
+) -> dict[str, Any]:
     reason, sequence = stop_reason(reply, o)
     return {
         "id": rid,
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": content_blocks(reply),
+        "content": content_blocks(reply, sign, omit),
         "stop_reason": reason,
         "stop_sequence": sequence,
         "usage": usage(counts, counts.completion),
@@ -89,9 +104,11 @@ def error_events(err: APIError) -> list[str]:
 
 
 def stream_message(
-    state: ServerState, rid: str, model: str, gen: AsyncIterator[RequestOutput], parser: ReplyParser
+    state: ServerState, req: MessagesRequest, gen: AsyncIterator[RequestOutput], parser: ReplyParser
 ) -> Response:
-    return sse_response(_events(state, parser, MessageEvents(rid, model), gen), rid, error_events)
+    rid = req.chat.request_id
+    events = MessageEvents(rid, req.model, state.seal.seal, req.omit_thinking)
+    return sse_response(_events(state, parser, events, gen), rid, error_events)
 
 
 async def _events(state: ServerState, parser: ReplyParser, ev: MessageEvents, gen: AsyncIterator[RequestOutput]):
@@ -112,8 +129,9 @@ async def _events(state: ServerState, parser: ReplyParser, ev: MessageEvents, ge
 class MessageEvents:
     """The SSE events of one streamed message."""
 
-    def __init__(self, rid: str, model: str) -> None:
-        self.rid, self.model = rid, model
+    def __init__(self, rid: str, model: str, sign: Callable[[str], str], omit: bool = False) -> None:
+        self.rid, self.model, self.sign = rid, model, sign
+        self.omit = omit  # thinking.display "omitted": no thinking_delta, the signature carries it
         self.index = -1  # the open (or last) content block's index
         self.open: str | None = None  # "thinking" or "text": the block text is going into
         self.reasoning, self.content = "", ""
@@ -165,6 +183,8 @@ class MessageEvents:
         events = [] if self.open == kind else self._close() + self._open(kind)
         if kind == "thinking":
             self.reasoning += text
+            if self.omit:
+                return events
             delta = {"type": "thinking_delta", "thinking": text}
         else:
             self.content += text
@@ -184,8 +204,12 @@ class MessageEvents:
     def _close(self) -> list[str]:
         if self.open is None:
             return []
+        events = []
+        if self.open == "thinking":  # the block's signature comes last, as Anthropic sends it
+            delta = {"type": "signature_delta", "signature": self.sign(self.reasoning)}
+            events.append(self.event("content_block_delta", index=self.index, delta=delta))
         self.open = None
-        return [self.event("content_block_stop", index=self.index)]
+        return events + [self.event("content_block_stop", index=self.index)]
 
     def _call(self, call: ToolCall) -> list[str]:
         events = self._close()

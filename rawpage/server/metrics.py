@@ -1,6 +1,8 @@
-"""Prometheus metrics with vLLM's names under a `rawpage:` prefix, for /metrics; those
-vLLM exports are exported under its own `vllm:` names too (same `model_name` label), so
-vLLM's dashboards and autoscalers read rawpage unchanged.
+"""Prometheus metrics with vLLM's names under a `rawpage:` prefix, for /metrics. Those vLLM
+exports with the same meaning are exported under its own `vllm:` names too (labels
+`model_name` and vLLM's `engine="0"`), so vLLM's dashboards and autoscalers read rawpage
+unchanged; the `vllm:` series that vLLM defines differently (prompt tokens, tokens per
+step, latencies, per-request histograms) are vllm_metrics.py's, counted its way.
 
 Gauges and counters are updated in the engine thread after every step (the
 `on_step` hook of AsyncEngine); latencies are observed as tokens arrive.
@@ -18,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from rawpage.engine import LLMEngine
 from rawpage.outputs import RequestOutput
+from rawpage.server.vllm_metrics import VllmMetrics
 
 _LATENCY_BUCKETS = (
     0.001,
@@ -42,18 +45,13 @@ _LATENCY_BUCKETS = (
     160.0,
 )
 
-
-# vLLM's buckets for vllm:iteration_tokens_total (tokens computed per engine step).
-_ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-
-# The metrics vLLM exports under the same name (without our prefix): these get a vllm: twin.
+# The metrics vLLM exports under the same name and meaning: these get a vllm: twin.
 # (request_success too, made apart: vLLM's has a finished_reason label, ours has none.)
 VLLM_NAMES = frozenset(
     {
         "num_requests_running",
         "num_requests_waiting",
         "kv_cache_usage_perc",
-        "prompt_tokens",
         "generation_tokens",
         "num_preemptions",
         "prefix_cache_queries",
@@ -61,13 +59,11 @@ VLLM_NAMES = frozenset(
         "spec_decode_num_drafts",
         "spec_decode_num_draft_tokens",
         "spec_decode_num_accepted_tokens",
-        "time_to_first_token_seconds",
-        "inter_token_latency_seconds",
-        "e2e_request_latency_seconds",
     }
 )
 
 
+VLLM_SUCCESS = ("vllm:request_success", "Count of successfully processed requests.")  # vLLM's name and help
 # vllm:request_success_total's finished_reason values, as vLLM's (each series there from the start).
 FINISHED_REASONS = ("stop", "length", "abort")
 
@@ -102,25 +98,17 @@ class _Twins:
             c.observe(value)
 
 
-def _iteration_tokens(registry: CollectorRegistry, labels: list[str]) -> Histogram:
-    """vLLM's vllm:iteration_tokens_total (no rawpage: twin: ours is the two token counters)."""
-    return Histogram(
-        "vllm:iteration_tokens_total",
-        "Tokens computed per engine step",
-        labels,
-        buckets=_ITERATION_BUCKETS,
-        registry=registry,
-    )
-
-
 class ServerMetrics:
     def __init__(self, model_name: str) -> None:
-        self.registry = CollectorRegistry()
+        self.registry, self.model_name = CollectorRegistry(), model_name
         r, labels = self.registry, ["model_name"]
+        self.vllm: VllmMetrics | None = None  # its buckets need --max-model-len: made once the engine has loaded
 
         def make(kind: type, name: str, doc: str, **kw: Any) -> _Twins:
-            prefixes = ("rawpage", "vllm") if name in VLLM_NAMES else ("rawpage",)
-            return _Twins(*(kind(f"{p}:{name}", doc, labels, registry=r, **kw).labels(model_name) for p in prefixes))
+            twins = [kind(f"rawpage:{name}", doc, labels, registry=r, **kw).labels(model_name)]
+            if name in VLLM_NAMES:  # vLLM's labels: model_name and engine
+                twins.append(kind(f"vllm:{name}", doc, [*labels, "engine"], registry=r, **kw).labels(model_name, "0"))
+            return _Twins(*twins)
 
         def gauge(name: str, doc: str) -> _Twins:
             return make(Gauge, name, doc)
@@ -146,8 +134,8 @@ class ServerMetrics:
         self.swap_outs = counter("num_swap_outs", "Sequences swapped out to CPU memory")
         self.swap_ins = counter("num_swap_ins", "Sequences swapped back in")
         self.finished = counter("request_success", "Requests finished")
-        vllm_finished = Counter("vllm:request_success", "Requests finished", [*labels, "finished_reason"], registry=r)
-        self.vllm_finished = {k: vllm_finished.labels(model_name, k) for k in FINISHED_REASONS}
+        reasons = Counter(*VLLM_SUCCESS, [*labels, "engine", "finished_reason"], registry=r)
+        self.vllm_finished = {k: reasons.labels(model_name, "0", k) for k in FINISHED_REASONS}
         self.steps = counter("engine_steps", "Engine iterations that ran a forward pass")
         self._add_spec_metrics(counter, gauge)
         self.loop_lag = gauge("event_loop_lag_max_seconds", "Longest the HTTP event loop was late to wake")
@@ -155,7 +143,6 @@ class ServerMetrics:
         self.ttft = histogram("time_to_first_token_seconds", "Time from arrival to the first token")
         self.itl = histogram("inter_token_latency_seconds", "Time between tokens of one sequence")
         self.e2e = histogram("e2e_request_latency_seconds", "Time from arrival to the last token")
-        self.iteration_tokens = _iteration_tokens(r, labels).labels(model_name)
         self.orca = {"kv_cache_usage_perc": 0.0, "num_requests_waiting": 0.0}  # the ORCA report's values
         self._seen = dict.fromkeys(
             ["steps", "prompt", "gen", "preempt", "pq", "ph", "so", "si", "sd", "sdt", "sa", "st", "wr"], 0
@@ -194,6 +181,9 @@ class ServerMetrics:
 
     def on_step(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
         st, sc, bm = engine.stats, engine.scheduler, engine.block_manager
+        if self.vllm is None:
+            self.vllm = VllmMetrics(self.registry, self.model_name, engine)
+        self.vllm.on_step(engine, outputs, st.last)
         if st.last is not None:
             self.running.set(st.last.num_running)
             self.waiting.set(st.last.num_waiting)
@@ -203,8 +193,6 @@ class ServerMetrics:
                 "kv_cache_usage_perc": float(st.last.kv_usage),
                 "num_requests_waiting": float(st.last.num_waiting),
             }
-            if st.steps_total > self._seen["steps"]:  # a step that ran a forward pass
-                self.iteration_tokens.observe(st.last.num_prompt_tokens + st.last.num_generation_tokens)
         self._count("steps", self.steps, st.steps_total)
         self._count("prompt", self.prompt_tokens, st.prompt_tokens_total)
         self._count("gen", self.generation_tokens, st.generation_tokens_total)

@@ -26,6 +26,8 @@ from rawpage.server.request import (
     EmbeddingRequest,
     TokenizeRequest,
     cache_salt,
+    default_max_tokens,
+    fim_params,
     parse_model,
     priority,
     prompt_truncation,
@@ -42,18 +44,22 @@ def parse_completion(body: Body, state: ServerState, rid: str) -> CompletionRequ
     """A completion body -> its CompletionRequest: every field read, the rest refused."""
     lora = parse_model(body, state)
     prompts = _prompts(body, state.config.max_prompts_per_request)
-    body.mark_read("suffix")
-    if body.data.get("suffix"):
-        raise APIError("'suffix' is not supported", param="suffix")
+    suffix = body.str("suffix") or None  # "" asks for no middle: a plain completion, as OpenAI's
     out = output_options(body, state.config)
     echo = bool(body.bool("echo", False))
     params = _sampling_params(body, state, out, echo)
+    if suffix is not None:
+        params = fim_params(state, params, "suffix")
+        if echo or not all(isinstance(p, str) for p in prompts):
+            raise APIError(
+                "'suffix' needs text prompts and no 'echo': the prompt is the code before the gap", param="suffix"
+            )
     if body.int("best_of", None, 1) not in (None, params.n):
         raise APIError("'best_of' other than n is not supported", param="best_of")
     prio, salt = priority(body, state), cache_salt(body)
     cut = prompt_truncation(body, state, params, "max_tokens")
     body.reject_unread(NO_EFFECT_FIELDS)
-    return CompletionRequest(rid, prompts, params, out, echo, served_name(state, lora), lora, prio, salt, cut)
+    return CompletionRequest(rid, prompts, params, out, echo, served_name(state, lora), lora, prio, salt, cut, suffix)
 
 
 def _prompts(body: Body, limit: int) -> tuple[str | list[int], ...]:
@@ -90,11 +96,12 @@ def _sampling_params(body: Body, state: ServerState, out: OutputOptions, echo: b
         prompt_logprobs = logprobs
     return sampling_params(
         body,
-        body.int("max_tokens", state.config.max_tokens_default or 16, 1),
+        body.int("max_tokens", default_max_tokens(state, 16), 1),
         logprobs,
         prompt_logprobs=prompt_logprobs,
         config=state.config,
         structured_outputs=structured_outputs_from(body),
+        defaults=state.info.sampling_defaults,
         logprob_token_ids=logprob_token_ids(body, logprobs is not None, "'logprobs' (any count)"),
     )
 

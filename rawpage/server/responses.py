@@ -33,7 +33,8 @@ from rawpage.server.streaming import sse_response
 async def create_response(request: Request, state: ServerState) -> Response:
     req = parse_responses(await state.read_body(request), state, state.owner(request))
     rid = req.chat.request_id
-    envelope, items = new_envelope(rid, req.model, req.fields), OutputItems()
+    envelope = new_envelope(rid, req.model, req.fields)
+    items = OutputItems(state.seal.seal if req.encrypted_reasoning else None)
     gen, parser = await submit(request, state, req.chat)
     if req.stream:
         events = ResponseEvents(envelope, items)
@@ -41,7 +42,7 @@ async def create_response(request: Request, state: ServerState) -> Response:
     final = await final_output(request, gen)
     o = final.outputs[0]
     reply = parser.parse(o.text, o.finish_reason)
-    response = finished(envelope, reply, items.of(reply), await _usage(state, final, reply))
+    response = finished(envelope, reply, items.of(reply), _usage(state, final))
     response = _with_extras(state, req, response, final)
     _keep(state, req, response, reply)
     return JSONResponse(response, headers={"X-Request-Id": rid})
@@ -60,9 +61,7 @@ async def _stream(state: ServerState, req: ResponsesRequest, gen, parser: ReplyP
             reason = step.finish or reason
         final = out
     reply = events.reply(reason)
-    closing, response = events.finish(
-        reply, await _usage(state, final, reply), lambda r: _with_extras(state, req, r, final)
-    )
+    closing, response = events.finish(reply, _usage(state, final), lambda r: _with_extras(state, req, r, final))
     _keep(state, req, response, reply)
     for e in closing:
         yield e
@@ -96,11 +95,10 @@ def _raw_message(text: str, token_ids: list[int]) -> dict[str, Any]:
     return {"type": "raw_message_tokens", "message": text, "tokens": list(token_ids)}
 
 
-async def _usage(state: ServerState, final: RequestOutput, reply: Reply) -> dict[str, Any]:
-    """Usage, with the reasoning's tokens counted by the tokenizer (the engine counts only the whole)."""
+def _usage(state: ServerState, final: RequestOutput) -> dict[str, Any]:
+    """Usage, with the think block's tokens as the engine counted them (0 where none was tracked)."""
     counts = token_counts(state, final)
-    reasoning = len((await state.encode([reply.reasoning], add_special_tokens=False))[0]) if reply.reasoning else 0
-    return usage(counts.prompt, counts.completion, counts.cached, min(reasoning, counts.completion))
+    return usage(counts.prompt, counts.completion, counts.cached, counts.reasoning or 0)
 
 
 def _keep(state: ServerState, req: ResponsesRequest, response: dict[str, Any], reply: Reply) -> None:

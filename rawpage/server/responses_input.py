@@ -7,7 +7,8 @@ stored conversation.
     "a string"                               {"role": "user", "content": ...}
     {"type": "message", "role", "content"}   that role ("developer" is "system"); input_text /
                                              output_text parts joined
-    {"type": "reasoning", "content"|"summary"} an assistant message's reasoning_content
+    {"type": "reasoning", "content"|"summary"|"encrypted_content"}
+                                             an assistant message's reasoning_content
     {"type": "function_call", "call_id", "name", "arguments"}
                                              a tool call on the assistant message before it
     {"type": "function_call_output", "call_id", "output"}
@@ -25,24 +26,29 @@ from typing import Any
 from rawpage.sampling_params import SamplingParams
 from rawpage.server.guided import structured_outputs_from
 from rawpage.server.protocol import APIError, Body, checked_sampling_params, logit_bias, logprobs_count
+from rawpage.server.reasoning_input import responses_controls
+from rawpage.server.reasoning_seal import ReasoningSeal
 from rawpage.server.request import (
     NO_EFFECT_FIELDS,
     ChatRequest,
     ResponsesRequest,
     constraint_for,
+    default_max_tokens,
+    model_sampling_defaults,
     parse_model,
     reply_parser,
     served_name,
     tool_request,
 )
-from rawpage.server.state import ServerState
+from rawpage.server.state import RenderOptions, ServerState
 from rawpage.server.tools import prepare_tool_messages
 from rawpage.structured_output import StructuredOutputsParams
 
 _METADATA_LIMITS = (16, 64, 512)  # OpenAI's: keys, key length, value length
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _TEXT_PARTS = ("input_text", "output_text")
-OUTPUT_LOGPROBS = "message.output_text.logprobs"  # the one `include` value that applies here
+OUTPUT_LOGPROBS = "message.output_text.logprobs"  # the `include` values that apply here
+ENCRYPTED_REASONING = "reasoning.encrypted_content"  # reasoning_seal.py
 
 
 def parse_responses(body: Body, state: ServerState, owner: str | None) -> ResponsesRequest:
@@ -53,33 +59,36 @@ def parse_responses(body: Body, state: ServerState, owner: str | None) -> Respon
     history = _previous(state, previous, owner)
     instructions = body.str("instructions")
     body.mark_read("input")
-    conversation = [*history, *input_messages(body.data.get("input"), history)]
+    conversation = [*history, *input_messages(body.data.get("input"), history, state.seal)]
     messages = [dict(m) for m in conversation]  # prepare_tool_messages rewrites them: the store keeps JSON text
     messages = [{"role": "system", "content": instructions}, *messages] if instructions else messages
     prepare_tool_messages(messages)
     tools_body = chat_tools(body)
     reply = reply_parser(state, tool_request(state, tools_body))
     params = _sampling_params(body, state, constraint_for(text_format(body), "text.format", reply))
+    controls, reasoning = responses_controls(body)
+    render, params = controls.resolve(state, RenderOptions(), params)
     store, stream = bool(body.bool("store", True)), bool(body.bool("stream", False))
-    fields = _echoed(body, previous, instructions, params, store, tools_body)
+    fields = {**_echoed(body, previous, instructions, params, store, tools_body), "reasoning": reasoning}
     raw_messages = bool(body.bool("enable_response_messages", False))
     _refuse_unsupported(body, stream)
     body.reject_unread(NO_EFFECT_FIELDS)
     rid = f"resp_{uuid.uuid4().hex}"  # never a client's X-Request-Id: ids are keys of the store
-    chat = ChatRequest(rid, messages, params, reply, lora=lora, param="input")
-    model = served_name(state, lora)
-    return ResponsesRequest(chat, fields, conversation, owner, model, store, stream, raw_messages)
+    chat = ChatRequest(rid, messages, params, reply, render, lora=lora, param="input")
+    model, sealed = served_name(state, lora), ENCRYPTED_REASONING in (body.value("include") or [])
+    return ResponsesRequest(chat, fields, conversation, owner, model, store, stream, raw_messages, sealed)
 
 
 def _sampling_params(body: Body, state: ServerState, constraint: StructuredOutputsParams | None) -> SamplingParams:
     """OpenAI's temperature, top_p, max_output_tokens and top_logprobs (with include
     ["message.output_text.logprobs"]), and the sampling extras vLLM's ResponsesRequest takes."""
-    config = state.config
+    config, d = state.config, model_sampling_defaults(state)  # d: --generation-config's, for what is left out
     return checked_sampling_params(
-        temperature=body.float("temperature", 1.0, 0.0, 2.0),
-        top_p=body.float("top_p", 1.0, 0.0, 1.0),
-        top_k=body.int("top_k", 0, -1),
-        repetition_penalty=body.float("repetition_penalty", 1.0, 0.0),
+        temperature=body.float("temperature", d.get("temperature", 1.0), 0.0, 2.0),
+        top_p=body.float("top_p", d.get("top_p", 1.0), 0.0, 1.0),
+        top_k=body.int("top_k", d.get("top_k", 0), -1),
+        min_p=d.get("min_p", 0.0),
+        repetition_penalty=body.float("repetition_penalty", d.get("repetition_penalty", 1.0), 0.0),
         presence_penalty=body.float("presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=body.float("frequency_penalty", 0.0, -2.0, 2.0),
         seed=body.int("seed", None, -(2**63), 2**63 - 1),
@@ -89,7 +98,7 @@ def _sampling_params(body: Body, state: ServerState, constraint: StructuredOutpu
         skip_special_tokens=body.bool("skip_special_tokens", True),
         include_stop_str_in_output=body.bool("include_stop_str_in_output", False),
         logprobs=_output_logprobs(body, state),
-        max_tokens=body.int("max_output_tokens", config.max_tokens_default, 1),
+        max_tokens=body.int("max_output_tokens", default_max_tokens(state, None), 1),
         structured_outputs=constraint,
     )
 
@@ -101,15 +110,15 @@ def _output_logprobs(body: Body, state: ServerState) -> int | None:
     include = body.value("include") or []
     if not isinstance(include, list) or not all(isinstance(x, str) for x in include):
         raise APIError("'include' must be a list of strings", param="include")
-    other = [x for x in include if x != OUTPUT_LOGPROBS]
+    other = [x for x in include if x not in (OUTPUT_LOGPROBS, ENCRYPTED_REASONING)]
     if other:
         raise APIError(
-            f"'include' {other[0][:64]!r} is not supported: this server has no built-in tools, images or "
-            f"encrypted reasoning; it can include {OUTPUT_LOGPROBS!r}",
+            f"'include' {other[0][:64]!r} is not supported: this server has no built-in tools or images; it can "
+            f"include {OUTPUT_LOGPROBS!r} and {ENCRYPTED_REASONING!r}",
             param="include",
         )
     top = logprobs_count(body, "top_logprobs", state.info.max_logprobs, state.info.vocab_size)
-    return (top or 0) if include else None
+    return (top or 0) if OUTPUT_LOGPROBS in include else None
 
 
 def _previous(state: ServerState, previous: str | None, owner: str | None) -> list[dict[str, Any]]:
@@ -143,7 +152,6 @@ def _echoed(
         "metadata": _metadata(body),
         "parallel_tool_calls": tools.data["parallel_tool_calls"],
         "previous_response_id": previous,
-        "reasoning": {"effort": None, "summary": None},
         "store": store,
         "temperature": params.temperature,
         "text": {"format": fmt or {"type": "text"}},
@@ -178,12 +186,6 @@ def _refuse_unsupported(body: Body, stream: bool) -> None:
         raise APIError("'background' responses are not supported here; use 'stream': true", param="background")
     if body.str("truncation", "disabled") != "disabled":
         raise APIError("'truncation' must be 'disabled': an input over --max-model-len is a 400", param="truncation")
-    reasoning = body.obj("reasoning")
-    for name in reasoning.data:  # reasoning is the model's own, split by --reasoning-parser
-        if reasoning.data[name] is not None:
-            raise APIError(
-                f"'reasoning.{name}' is not supported: this server cannot steer reasoning", param=f"reasoning.{name}"
-            )
     options = body.obj("stream_options")
     if options.data and not stream:
         raise APIError("'stream_options' can only be given with 'stream': true", param="stream_options")
@@ -194,7 +196,7 @@ def _refuse_unsupported(body: Body, stream: bool) -> None:
     options.reject_unread()
 
 
-def input_messages(value: Any, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def input_messages(value: Any, history: list[dict[str, Any]], seal: ReasoningSeal) -> list[dict[str, Any]]:
     """`input` as chat messages, after the `history` of a previous response (whose tool
     calls its function_call_output items may answer)."""
     if isinstance(value, str):
@@ -217,7 +219,10 @@ def input_messages(value: Any, history: list[dict[str, Any]]) -> list[dict[str, 
                 "function_call and function_call_output items",
                 param=f"{where}.type",
             )
-        read(Body(item, f"{where}."), out, calls)
+        if read is _reasoning:
+            _reasoning(Body(item, f"{where}."), out, seal)
+        else:
+            read(Body(item, f"{where}."), out, calls)
     return out
 
 
@@ -279,14 +284,16 @@ def _image_part(p: Body) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def _reasoning(item: Body, out: list[dict[str, Any]], calls: set[str]) -> None:
-    """An earlier reply's reasoning, sent back: the chat template's reasoning_content."""
+def _reasoning(item: Body, out: list[dict[str, Any]], seal: ReasoningSeal) -> None:
+    """An earlier reply's reasoning, sent back: the chat template's reasoning_content. Its
+    encrypted_content, when there is one, is what the model thought (signed by this server,
+    a 400 if changed); the readable parts are then only the client's copy of it."""
     item.str("type"), item.str("id"), item.str("status")
-    if item.value("encrypted_content") is not None:
-        raise APIError("this server has no encrypted reasoning to read", param=f"{item.path}encrypted_content")
     parts = [*_parts(item, "content", "reasoning_text"), *_parts(item, "summary", "summary_text")]
+    sealed = item.value("encrypted_content")
+    text = seal.open(sealed, f"{item.path}encrypted_content") if sealed is not None else "".join(parts)
     item.reject_unread()
-    out.append({"role": "assistant", "content": "", "reasoning_content": "".join(parts)})
+    out.append({"role": "assistant", "content": "", "reasoning_content": text})
 
 
 def _parts(item: Body, name: str, kind: str) -> list[str]:

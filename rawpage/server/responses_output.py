@@ -48,14 +48,19 @@ def new_envelope(rid: str, model: str, fields: dict[str, Any]) -> dict[str, Any]
 
 class OutputItems:
     """A response's output items. Their ids are drawn once, so that a stream's events and
-    its final response name the same items."""
+    its final response name the same items. `seal` (include: ["reasoning.encrypted_content"])
+    signs the reasoning into the item's encrypted_content (reasoning_seal.py)."""
 
-    def __init__(self) -> None:
+    def __init__(self, seal: Callable[[str], str] | None = None) -> None:
         self.reasoning_id, self.message_id = f"rs_{_hex()}", f"msg_{_hex()}"
+        self.seal = seal
 
     def reasoning(self, text: str, status: str = "completed") -> dict[str, Any]:
         content = [{"type": "reasoning_text", "text": text}] if status == "completed" else []
-        return {"type": "reasoning", "id": self.reasoning_id, "summary": [], "content": content, "status": status}
+        item = {"type": "reasoning", "id": self.reasoning_id, "summary": [], "content": content, "status": status}
+        if self.seal is not None and status == "completed":
+            item["encrypted_content"] = self.seal(text)
+        return item
 
     def message(self, text: str | None, status: str = "completed") -> dict[str, Any]:
         content = [output_text(text)] if text is not None else []

@@ -4,13 +4,13 @@ the work a handler must not do on the event loop (templates, tokenization)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
-import json
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -23,13 +23,22 @@ from rawpage.sampling_params import SamplingParams
 from rawpage.server.args import ServerConfig
 from rawpage.server.async_engine import AsyncEngine
 from rawpage.server.engine_info import EngineInfo
+from rawpage.server.fair_executor import FairExecutor, QueueFull
 from rawpage.server.metrics import ServerMetrics
-from rawpage.server.protocol import APIError, Body, check_json
+from rawpage.server.protocol import APIError, Body
+from rawpage.server.reasoning_seal import ReasoningSeal
+from rawpage.server.request_body import INLINE_BYTES, decode, read_bytes
 from rawpage.server.response_store import ResponseStore
 from rawpage.server.tools import template_for_tools
 from rawpage.text.chat_template import ChatTemplate, ChatTemplateError
+from rawpage.text.fim import fim_prompt
 
 T = TypeVar("T")
+INLINE_PROMPT_IDS = 4096  # longer prompts are checked (a pass over every id) off the event loop
+
+# Whose preprocessing the running request's is, for its turn on the threads
+# (fair_executor.py): its API key, or its client's address. Set by app.py's endpoint wrapper.
+_queue_key: ContextVar[str | None] = ContextVar("rawpage_queue_key", default=None)
 
 
 def key_id(key: str) -> str:
@@ -64,10 +73,13 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
-        # Rendering a template or tokenizing 4 MB takes CPU time; on the event loop it
-        # would stall every other client (and /health), so it runs here.
-        self._preprocess = ThreadPoolExecutor(self.config.preprocess_threads, thread_name_prefix="rawpage-preprocess")
+        # Decoding a large body, rendering a template or tokenizing 4 MB takes CPU time; on
+        # the event loop it would stall every other client (and /health), so it runs here,
+        # each caller in turn.
+        c = self.config
+        self._preprocess = FairExecutor(c.preprocess_threads, c.max_tokenizer_queue_per_key, "rawpage-preprocess")
         self.responses = ResponseStore(self.config.responses_store_max_items, self.config.responses_store_max_bytes)
+        self.seal = ReasoningSeal(self.config.reasoning_secret)  # signs reasoning handed to clients
 
     @property
     def info(self) -> EngineInfo:
@@ -79,10 +91,29 @@ class ServerState:
         return self.engine.info
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._preprocess, fn, *args)
+        """fn(*args) on the preprocessing threads, in the turn of the request's caller; a 429
+        if the caller already has --max-tokenizer-queue-per-key jobs waiting there."""
+        try:
+            future = self._preprocess.submit(_queue_key.get(), fn, *args)
+        except QueueFull:
+            limit = self.config.max_tokenizer_queue_per_key
+            raise APIError(
+                f"this API key (or client address) has {limit} requests waiting for the tokenizer already "
+                f"(--max-tokenizer-queue-per-key {limit}); retry when one has finished",
+                429,
+                type="rate_limit_error",
+                headers={"Retry-After": "1"},
+            ) from None
+        return await asyncio.wrap_future(future)
+
+    def queue_as(self, request: Request) -> None:
+        """File this request's preprocessing under its caller: the key check_auth found, or
+        the client's address (a server without keys, or a route without auth)."""
+        client = request.client.host if request.client else None
+        _queue_key.set(self.caller(request).key_id or client)
 
     def close(self) -> None:
-        self._preprocess.shutdown(wait=False, cancel_futures=True)
+        self._preprocess.shutdown()
 
     # --- access -------------------------------------------------------------------------
     def check_auth(self, request: Request, x_api_key: bool = False) -> Caller:
@@ -114,39 +145,61 @@ class ServerState:
         return self.caller(request).key_id
 
     async def read_body(self, request: Request) -> Body:
-        """The body as JSON, for a parse function (request.py) to read: the only read of it.
-        Kept on the request, so that /invocations can look at it before its handler parses it."""
-        given = getattr(request.state, "rawpage_body", None)
-        if given is not None:
-            return Body(given)
-        limit = self.config.max_request_bytes
-        size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > limit:
-            raise APIError(f"request body of {size} bytes exceeds the limit of {limit}", 413)
-        chunks, total = [], 0
-        async for chunk in request.stream():
-            total += len(chunk)
-            if total > limit:
-                raise APIError(f"request body exceeds the limit of {limit} bytes", 413)
-            chunks.append(chunk)
-        try:
-            data = json.loads(b"".join(chunks))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise APIError(f"the request body is not valid JSON: {e}") from None
-        except RecursionError:
-            raise APIError("the request body nests too deeply") from None
-        check_json(data)
-        request.state.rawpage_body = data
+        """The body as JSON, for a parse function (request.py) to read: the only read of it
+        (request_body.py). Kept on the request, so that /invocations can look at it before
+        its handler parses it."""
+        data = getattr(request.state, "rawpage_body", None)
+        if data is None:
+            raw = await read_bytes(request, self.config.max_request_bytes, self.config.request_body_timeout)
+            data = decode(raw) if len(raw) <= INLINE_BYTES else await self.off_loop(decode, raw)
+            request.state.rawpage_body, request.state.rawpage_body_bytes = data, len(raw)
         return Body(data)
+
+    async def parse(self, request: Request, parse: Callable[..., T], *args: Any) -> T:
+        """The body parsed into its typed request, parse(body, self, *args): on the event
+        loop for a small body, in the caller's turn on the preprocessing threads for a large
+        one (a list of two million token ids takes a while to check)."""
+        body = await self.read_body(request)
+        if request.state.rawpage_body_bytes <= INLINE_BYTES:
+            return parse(body, self, *args)
+        return await self.off_loop(parse, body, self, *args)
 
     def request_id(self, request: Request, prefix: str) -> str:
         given = request.headers.get("x-request-id")
         return given if given and len(given) <= 128 and given.isprintable() else f"{prefix}-{uuid.uuid4().hex}"
 
     # --- preprocessing (off the event loop) ---------------------------------------------------
-    async def encode(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+    async def encode(self, texts: list[str], add_special_tokens: bool = True, param: str = "prompt") -> list[list[int]]:
         tok = self.info.tokenizer
+        for t in texts:
+            self.check_text_length(t, param)
         return await self.off_loop(lambda: [tok.encode(t, add_special_tokens=add_special_tokens) for t in texts])
+
+    def check_text_length(self, text: str, param: str) -> None:
+        """A 400 before tokenizing a text that cannot fit in --max-model-len tokens: one with
+        more characters than max_model_len tokens of the longest token's length can hold.
+        (Tokenizing 4 MB of digits costs seconds of CPU only to be refused for length.)"""
+        info = self.info
+        if len(text) > info.max_prompt_chars:
+            raise APIError(
+                f"This model's maximum context length is {info.max_model_len} tokens. However, your request has "
+                f"{len(text)} characters of input, more than {info.max_model_len} tokens can hold (the "
+                f"tokenizer's longest token is {info.longest_token_chars} characters). Please reduce the length "
+                "of the input, or raise --max-model-len.",
+                param=param,
+            )
+
+    def fim_prompt(self, prefix: str, suffix: str, **kwargs: Any) -> tuple[list[int], bool]:
+        """(token ids, truncated): the model's FIM prompt for a gap (text/fim.py's fim_prompt
+        and its keywords), led by BOS where the model's tokenizer adds one. Blocking: call it off the loop."""
+        tok, most = self.info.tokenizer, self.info.max_prompt_chars
+        if kwargs.get("budget") is None:  # all of it must fit
+            self.check_text_length(prefix + suffix, "prompt")
+        else:  # truncated, each side keeps no more than fits: the rest need not be tokenized
+            prefix, suffix = prefix[-most:], suffix[:most]
+        bos = tok.bos_token_id if tok.encode("", add_special_tokens=True)[:1] == [tok.bos_token_id] else None
+        encode = functools.partial(tok.encode, add_special_tokens=False)
+        return fim_prompt(tok.fim, encode, prefix, suffix, bos=bos, **kwargs)
 
     async def render_chat_images(
         self,
@@ -172,6 +225,7 @@ class ServerState:
                 msgs, render.add_generation_prompt, chat_template=chosen, **kwargs
             )
             text = open_final_message(text, messages[-1]) if render.continue_final_message else text
+            self.check_text_length(text, param)
             text = info.images.expand_text(text, len(images))
             return info.tokenizer.encode(text, add_special_tokens=render.add_special_tokens), tuple(images)
 
@@ -195,7 +249,11 @@ class ServerState:
         on the compiler's own threads (rawpage/structured_output/grammar_compiler.py), never
         on the event loop nor on the template and tokenization threads.
         AsyncEngine.generate queues the CheckedPrompt, which the engine does not check again."""
-        checked = self.info.check_prompt(ids, params, priority, cache_salt, images)
+        check = self.info.check_prompt
+        if len(ids) <= INLINE_PROMPT_IDS:
+            checked = check(ids, params, priority, cache_salt, images)
+        else:
+            checked = await self.off_loop(check, ids, params, priority, cache_salt, images)
         if checked.grammar is not None:
             try:
                 await asyncio.wrap_future(checked.grammar)

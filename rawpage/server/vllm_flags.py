@@ -29,6 +29,8 @@ class VllmFlag:
     refused: bool = False  # its values would change results: refused unless in `same`
     same: tuple[str, ...] = ()  # refused flags: the values that mean what rawpage does anyway
     aliases: tuple[str, ...] = ()  # vLLM's short spellings (-asc)
+    same_as: str | None = None  # refused flags: a value equal to this rawpage flag's is what rawpage does
+    many: bool = False  # takes one or more values (vLLM's list flags: --device-ids 0 1)
 
 
 ONE_PROCESS = (
@@ -52,7 +54,7 @@ NO_EFFECT: dict[str, VllmFlag] = {
     "enable-sleep-mode": VllmFlag("rawpage has no /sleep and /wake_up routes", switch=True),
     "enable-prompt-embeds": VllmFlag("prompts are text or token ids; prompt_embeds is refused", switch=True),
     "otlp-traces-endpoint": VllmFlag("rawpage exports no OpenTelemetry traces; /metrics has the timings"),
-    "collect-detailed-traces": VllmFlag("rawpage exports no OpenTelemetry traces"),
+    "collect-detailed-traces": VllmFlag("rawpage exports no OpenTelemetry traces", many=True),
     # where the engine runs
     "distributed-executor-backend": VllmFlag(
         "tensor-parallel ranks are always processes on this machine (vLLM's mp); --ray serves replicas"
@@ -105,17 +107,140 @@ NO_EFFECT: dict[str, VllmFlag] = {
         same=("auto", "hf"),
     ),
     "response-role": VllmFlag("replies always have the role 'assistant'", refused=True, same=("assistant",)),
-    "rope-scaling": VllmFlag("rawpage reads RoPE scaling from the model's config.json only", refused=True),
-    "rope-theta": VllmFlag("rawpage reads rope_theta from the model's config.json only", refused=True),
-    "hf-overrides": VllmFlag("rawpage reads the model's config.json as it is", refused=True),
-    "override-generation-config": VllmFlag(
-        "rawpage applies no generation config; send sampling parameters with each request", refused=True
-    ),
-    "logits-processors": VllmFlag("rawpage loads no logits processors into the server", refused=True),
-    "middleware": VllmFlag("rawpage loads no ASGI middleware into the server", refused=True),
+    "logits-processors": VllmFlag("rawpage loads no logits processors into the server", refused=True, many=True),
+    "middleware": VllmFlag("rawpage loads no ASGI middleware into the server", refused=True, many=True),
     "tool-parser-plugin": VllmFlag("rawpage's tool parsers are built in (--tool-call-parser)", refused=True),
     "config": VllmFlag("rawpage reads no YAML config file; give its flags on the command line", refused=True),
+    "task": VllmFlag(
+        "rawpage picks the task with --runner: generate (the default) or pooling (embeddings)",
+        refused=True,
+        same=("auto", "generate"),
+    ),
+    "tokenizer-revision": VllmFlag(
+        "the tokenizer is read from the model's own files, at --revision", refused=True, same_as="revision"
+    ),
+    "disable-sliding-window": VllmFlag(
+        "rawpage keeps the model's sliding window; a --max-model-len at or below the window gives what vLLM's flag "
+        "gives (it caps the length at the window)",
+        switch=True,
+        refused=True,
+    ),
 }
+
+
+def _group(why: str, names: str, refused: bool = False, same: tuple[str, ...] = ()) -> dict[str, VllmFlag]:
+    """Rows that share a reason; a name written +name is a switch, name* takes several values."""
+    return {n.strip("+*"): VllmFlag(why, n.startswith("+"), refused, same, many=n.endswith("*")) for n in names.split()}
+
+
+# The rest of `vllm serve --help` (vllm/engine/arg_utils.py, entrypoints/openai/cli_args.py at the
+# commit vLLM's tests come from), grouped by why each has no effect here, or is refused.
+NO_EFFECT.update(
+    _group(
+        "one engine in one process serves (no data parallelism, nodes or custom workers); "
+        "replicas: --ray --num-replicas N, or servers behind a balancer (docs/deploy.md)",
+        "data-parallel-address data-parallel-backend +data-parallel-external-lb +data-parallel-hybrid-lb "
+        "+data-parallel-multi-port-external-lb data-parallel-rank data-parallel-rpc-port data-parallel-size-local "
+        "data-parallel-start-rank data-parallel-supervisor-port dp-supervisor-probe-failure-threshold "
+        "dp-supervisor-probe-interval-s dp-supervisor-probe-timeout-s +disable-nccl-for-dp-synchronization nnodes "
+        "node-rank master-addr master-port distributed-timeout-seconds cpu-distributed-timeout-seconds +numa-bind "
+        "numa-bind-cpus* numa-bind-nodes* device-ids*",
+    )
+    | _group(
+        "each sequence's attention runs on one rank (no context parallelism)",
+        "decode-context-parallel-size prefill-context-parallel-size dcp-comm-backend dcp-kv-cache-interleave-size "
+        "cp-kv-cache-interleave-size",
+    )
+    | _group(
+        "MoE experts are split by --tensor-parallel-size (no expert parallelism or load balancer)",
+        "all2all-backend +enable-eplb eplb-config expert-placement-strategy +enable-elastic-ep +enable-ep-weight-filter "
+        "moe-backend +enable-bf16x3-router-gemm",
+    )
+    | _group(
+        "rawpage picks its own kernels and graphs (no torch.compile, FlashInfer or backend choice); "
+        "--enforce-eager turns decode graphs off",
+        "+enable-dbo dbo-decode-token-threshold dbo-prefill-token-threshold ubatch-size cudagraph-capture-sizes* "
+        "max-cudagraph-capture-size +cudagraph-metrics optimization-level performance-mode kernel-config linear-backend "
+        "attention-backend attention-config mamba-backend gdn-prefill-backend ir-op-priority jit-monitor-mode "
+        "+jit-monitor-verbose +enable-flashinfer-autotune +enable-cumem-allocator +enable-layerwise-nvtx-tracing "
+        "+disable-cascade-attn +use-fp64-gumbel +kv-sharing-fast-prefill profiler-config",
+    )
+    | _group(
+        "rawpage serves text-only models",
+        "allowed-local-media-path allowed-media-domains* media-io-kwargs mm-encoder-attn-backend mm-encoder-attn-dtype "
+        "mm-encoder-fp8-scale-path mm-encoder-fp8-scale-save-margin mm-encoder-fp8-scale-save-path +mm-encoder-only "
+        "mm-encoder-tp-mode mm-ipc-gpu-memory-gb mm-processor-cache-gb mm-processor-cache-type "
+        "mm-shm-cache-max-object-size-mb mm-tensor-ipc +interleave-mm-strings +enable-mm-embeds +language-model-only "
+        "+skip-mm-profiling video-pruning-rate +disable-chunked-mm-input +enable-tower-connector-lora default-mm-loras "
+        "+enable-flash-late-interaction",
+    )
+    | _group(
+        "rawpage serves no Mamba or hybrid state-space models",
+        "mamba-block-size mamba-cache-dtype mamba-cache-mode mamba-cache-philox-rounds mamba-ssm-cache-dtype "
+        "+enable-mamba-cache-stochastic-rounding",
+    )
+    | _group(
+        "the KV cache and weights stay in this server's memory (--swap-space is its CPU tier); nothing is offloaded "
+        "or transferred",
+        "kv-offloading-backend kv-offloading-size offload-backend offload-group-size offload-num-in-group "
+        "offload-params offload-prefetch-step cpu-offload-params ec-transfer-config weight-transfer-config "
+        "prefix-match-unit +kv-cache-metrics kv-cache-metrics-sample",
+    )
+    | _group(
+        "weights load as rawpage reads them (safetensors memory maps or GGUF), whatever these loading options say",
+        "ignore-patterns* model-loader-extra-config pt-load-map-location safetensors-load-strategy "
+        "safetensors-prefetch-block-size safetensors-prefetch-num-threads +allow-deprecated-quantization "
+        "+fail-on-environ-validation",
+    )
+    | _group(
+        "LoRA adapters run with rawpage's own layout (--max-loras, --max-lora-rank)",
+        "lora-dtype +fully-sharded-loras +enable-moe-shared-loras +enable-mixed-moe-lora-format +specialize-active-lora",
+    )
+    | _group(
+        'speculative decoding is set with --speculative-config \'{"method": ..., "num_speculative_tokens": ...}\'',
+        "spec-method spec-model spec-tokens",
+    )
+    | _group(
+        "logs and metrics are rawpage's: one line per request, a stats line while busy, /metrics",
+        "+aggregate-engine-logging +enable-log-deltas +enable-logging-iteration-details disable-access-log-for-endpoints "
+        "+enable-mfu-metrics show-hidden-metrics-for-version fingerprint-mode fingerprint-value +enable-offline-docs",
+    )
+    | _group(
+        "the scheduler admits by --max-num-seqs and --max-num-batched-tokens at every step",
+        "max-num-scheduled-tokens prefill-schedule-interval +scheduler-reserve-full-isl watermark stream-interval "
+        "renderer-num-workers",
+    )
+    | _group(
+        "a feature rawpage does not have; the responses or prompts would differ from vLLM's",
+        "+skip-tokenizer-init +tokens-only tool-server +exclude-tools-when-tool-choice-none default-chat-template-kwargs "
+        "reasoning-config +enable-return-routed-experts +enable-per-request-metrics logprobs-mode diffusion-config "
+        "+grpc",
+        refused=True,
+    )
+    | _group(
+        "rawpage reads the model's own config.json, weights and modules as they are",
+        "config-format hf-config-path quantization-config model-class-overrides pooler-config lora-target-modules* "
+        "kv-cache-dtype-skip-layers* override-attention-dtype additional-config",
+        refused=True,
+    )
+    | _group(
+        "the chat template gets each message's content as rawpage renders it",
+        "chat-template-content-format",
+        refused=True,
+        same=("auto",),
+    )
+    | _group(
+        "rawpage loads no code into the server",
+        "scheduler-cls worker-cls worker-extension-cls io-processor-plugin reasoning-parser-plugin",
+        refused=True,
+    )
+    | _group("a model becomes a pooling model with --runner pooling", "convert", refused=True, same=("auto", "none"))
+    | _group(
+        "TLS uses Python's default ciphers, and certificates are read at startup",
+        "ssl-ciphers +enable-ssl-refresh",
+        refused=True,
+    )
+)
 
 
 def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
@@ -125,6 +250,8 @@ def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
     for name, f in NO_EFFECT.items():
         group = refused if f.refused else inert
         kwargs = {"action": argparse.BooleanOptionalAction} if f.switch else {"metavar": "VALUE"}
+        if f.many:
+            kwargs["nargs"] = "+"
         allowed = f" (accepted: {', '.join(f.same)})" if f.same else ""
         group.add_argument("--" + name, *f.aliases, dest=_dest(name), default=None, help=f.why + allowed, **kwargs)
 
@@ -136,12 +263,20 @@ def check_vllm_flags(args: argparse.Namespace) -> None:
         value = getattr(args, _dest(name), None)
         if value is None or value is False:
             continue
-        if f.refused and value not in f.same:
-            raise ValueError(f"--{name} {value}: not supported: {f.why}; leave --{name} out")
+        shown = " ".join(value) if isinstance(value, list) else value  # a list flag: as typed
+        if f.refused and value not in (*f.same, *_same_as(args, f)):
+            raise ValueError(f"--{name} {shown}: not supported: {f.why}; leave --{name} out")
         if f.refused:
-            logger.warning("--%s %s has no effect: it is what rawpage does", name, value)
+            logger.warning("--%s %s has no effect: it is what rawpage does", name, shown)
         else:
             logger.warning("--%s has no effect: %s", name, f.why)
+
+
+def _same_as(args: argparse.Namespace, f: VllmFlag) -> tuple[str, ...]:
+    """--tokenizer-revision X with --revision X (or "main" with none): the files rawpage reads anyway."""
+    if f.same_as is None:
+        return ()
+    return (getattr(args, f.same_as, None) or "main",)
 
 
 def _dest(name: str) -> str:

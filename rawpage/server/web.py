@@ -15,6 +15,7 @@ from importlib import resources
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from rawpage.server.engine_view import EngineView
 from rawpage.server.protocol import APIError
@@ -71,44 +72,62 @@ def engine_events(view: EngineView) -> Callable[[Request, ServerState], Awaitabl
         only its own requests."""
         _ = state.info  # 503 while the model loads
         caller = state.caller(request)
-        per_key = state.config.max_event_streams_per_key
-        if view.watchers >= MAX_WATCHERS or view.watchers_by_key[caller.key_id] >= per_key:
-            mine = view.watchers_by_key[caller.key_id] >= per_key
-            raise APIError(
-                f"too many open engine event streams for this API key (limit {per_key}, --max-event-streams-per-key)"
-                if mine
-                else f"too many open engine event streams (limit {MAX_WATCHERS})",
-                429,
-                type="rate_limit_error",
-                headers={"Retry-After": "5"},
-            )
-        return StreamingResponse(
-            _events(view, state, caller),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        _admit(view, caller.key_id, state.config.max_event_streams_per_key)
+        return _EventStream(_events(view, state, caller), lambda: _leave(view, caller.key_id))
 
     return endpoint
 
 
-async def _events(view: EngineView, state: ServerState, caller: Caller) -> AsyncIterator[bytes]:
+def _admit(view: EngineView, key: str | None, per_key: int) -> None:
+    """Count a stream in at admission, in the same step as its check (no await between
+    them), so that many opened at once cannot all pass the check before any is counted."""
+    mine = view.watchers_by_key[key] >= per_key
+    if view.watchers >= MAX_WATCHERS or mine:
+        raise APIError(
+            f"too many open engine event streams for this API key (limit {per_key}, --max-event-streams-per-key)"
+            if mine
+            else f"too many open engine event streams (limit {MAX_WATCHERS})",
+            429,
+            type="rate_limit_error",
+            headers={"Retry-After": "5"},
+        )
     view.watchers += 1
-    view.watchers_by_key[caller.key_id] += 1
-    try:
-        # The current state first: `latest` if no step ran since it was taken, else the one
-        # the engine thread takes for us.
-        state.engine.call_in_engine_thread(view.refresh)
-        sent, quiet_since = (None if view.is_current else view.latest), time.monotonic()
-        while True:
-            snap = view.latest
-            if snap is not None and snap is not sent:
-                data = snap.data if caller.admin else snap.for_tenant(caller.key_id)
-                yield b"event: snapshot\ndata: " + data + b"\n\n"
-                sent, quiet_since = snap, time.monotonic()
-            elif time.monotonic() - quiet_since > KEEPALIVE:
-                yield b": keepalive\n\n"
-                quiet_since = time.monotonic()
-            await asyncio.sleep(POLL_INTERVAL)
-    finally:
-        view.watchers -= 1
-        view.watchers_by_key[caller.key_id] -= 1
+    view.watchers_by_key[key] += 1
+
+
+def _leave(view: EngineView, key: str | None) -> None:
+    view.watchers -= 1
+    view.watchers_by_key[key] -= 1
+
+
+class _EventStream(StreamingResponse):
+    """The stream, which gives its place back when it ends, however it ends: also when the
+    client leaves before its first byte, when the generator never starts."""
+
+    def __init__(self, events: AsyncIterator[bytes], leave: Callable[[], None]) -> None:
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        super().__init__(events, media_type="text/event-stream", headers=headers)
+        self._leave = leave
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._leave()
+
+
+async def _events(view: EngineView, state: ServerState, caller: Caller) -> AsyncIterator[bytes]:
+    # The current state first: `latest` if no step ran since it was taken, else the one
+    # the engine thread takes for us.
+    state.engine.call_in_engine_thread(view.refresh)
+    sent, quiet_since = (None if view.is_current else view.latest), time.monotonic()
+    while True:
+        snap = view.latest
+        if snap is not None and snap is not sent:
+            data = snap.data if caller.admin else snap.for_tenant(caller.key_id)
+            yield b"event: snapshot\ndata: " + data + b"\n\n"
+            sent, quiet_since = snap, time.monotonic()
+        elif time.monotonic() - quiet_since > KEEPALIVE:
+            yield b": keepalive\n\n"
+            quiet_since = time.monotonic()
+        await asyncio.sleep(POLL_INTERVAL)

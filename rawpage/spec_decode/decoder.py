@@ -72,6 +72,7 @@ class RowView:
 
     def __init__(self, seq: Sequence, extra: list[int], grammar: Any) -> None:
         self.request, self.num_prompt_tokens, self.grammar = seq.request, seq.num_prompt_tokens, grammar
+        self.thinking = None  # a sequence whose budget may still force a token does not draft (_candidates)
         self.token_ids = seq.token_ids + extra
         self.seq_id = -1 - seq.seq_id  # never matches a grammar mask prefetched for the sequence itself
 
@@ -136,6 +137,8 @@ class SpecDecoder:
                 self._log_beam_once()
                 continue
             if seq.num_uncomputed_tokens != 1 or seq.num_output_tokens == 0:
+                continue
+            if seq.thinking is not None and seq.thinking.may_force:  # its next token may be forced: no drafts
                 continue
             p = seq.request.params
             left = p.max_tokens - seq.num_output_tokens if p.max_tokens is not None else self.max_model_len

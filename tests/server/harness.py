@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -12,6 +14,11 @@ import time
 import httpx
 
 
+def _limit_open_files(n: int) -> None:
+    """`ulimit -n n` for the server process (run in the child before it starts)."""
+    resource.setrlimit(resource.RLIMIT_NOFILE, (n, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -19,14 +26,17 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, *args: str, wait: bool = True, timeout: float = 180.0) -> None:
+    def __init__(
+        self, *args: str, wait: bool = True, timeout: float = 180.0, max_open_files: int | None = None
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = f"/tmp/rawpage-test-server-{self.port}.log"
         self.log = open(self.log_path, "w")
         cmd = [sys.executable, "-m", "rawpage.cli", "serve", "--port", str(self.port), *args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        limit = None if max_open_files is None else lambda: _limit_open_files(max_open_files)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, preexec_fn=limit)
         if wait:
             self.wait_ready(timeout)
 
@@ -66,3 +76,21 @@ class ServerProcess:
             if line.startswith(name + "{") or line.startswith(name + " "):
                 return float(line.rsplit(" ", 1)[1])
         raise KeyError(name)
+
+
+@contextlib.contextmanager
+def in_process_app(args, config=None):
+    """The app in this process, through Starlette's TestClient, once its engine has loaded:
+    (client, ServerState)."""
+    from starlette.testclient import TestClient
+
+    from rawpage.server.app import build_app
+    from rawpage.server.args import ServerConfig
+
+    with TestClient(build_app(args, config or ServerConfig(allowed_hosts=["testserver"]))) as client:
+        state = client.app.state.rawpage
+        deadline = time.monotonic() + 120
+        while state.engine.is_loading and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert state.engine.info is not None, state.engine.error
+        yield client, state

@@ -128,8 +128,9 @@ TOOL_USE = {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1
             "invalid_request_error",
         ),
         ({"messages": ASK, "max_tokens": 4, "temperature": 1.5}, 400, "invalid_request_error"),
+        ({"messages": ASK, "max_tokens": 4, "thinking": {"type": "sometimes"}}, 400, "invalid_request_error"),
         (
-            {"messages": ASK, "max_tokens": 4, "thinking": {"type": "enabled", "budget_tokens": 1024}},
+            {"messages": ASK, "max_tokens": 4, "thinking": {"type": "enabled"}},  # no budget_tokens
             400,
             "invalid_request_error",
         ),

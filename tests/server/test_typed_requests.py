@@ -5,15 +5,12 @@ engine's add_request takes as it is, without looking it up again."""
 
 import ast
 import dataclasses
-import time
 from pathlib import Path
 
 import pytest
-from starlette.testclient import TestClient
 
 from rawpage import engine
 from rawpage.engine_args import EngineArgs
-from rawpage.server.app import build_app
 from rawpage.server.args import ServerConfig
 from rawpage.server.chat_input import parse_batch_chat, parse_chat_completion
 from rawpage.server.messages_input import parse_count_tokens, parse_messages_request
@@ -22,6 +19,7 @@ from rawpage.server.protocol import APIError, Body
 from rawpage.server.request import ChatRequest, parse_lora_adapter
 from rawpage.server.responses_input import parse_responses
 from rawpage.structured_output.grammar_compiler import GrammarCompiler
+from tests.server.harness import in_process_app
 
 SERVER = Path(__file__).resolve().parents[2] / "rawpage" / "server"
 # The modules that read a request body (a Body): each API's parse, the shared fields, the
@@ -34,6 +32,8 @@ PARSE_MODULES = {
     "prompt_input",
     "responses_input",
     "messages_input",
+    "infill_input",
+    "reasoning_input",  # the reasoning controls each API spells its own way
     "guided",  # the output constraint's fields
     "tools",  # the tool fields
 }
@@ -43,12 +43,7 @@ MSGS = [{"role": "user", "content": "hi"}]
 @pytest.fixture(scope="module")
 def app(tiny_model_dir):
     config = ServerConfig(allowed_hosts=["testserver"], max_tokens_default=4)
-    with TestClient(build_app(EngineArgs(model=tiny_model_dir, max_model_len=256), config)) as client:
-        state = client.app.state.rawpage
-        deadline = time.monotonic() + 120
-        while state.engine.is_loading and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert state.engine.info is not None, state.engine.error
+    with in_process_app(EngineArgs(model=tiny_model_dir, max_model_len=256), config) as (client, state):
         yield client, state
 
 

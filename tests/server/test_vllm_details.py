@@ -6,6 +6,8 @@ import json
 
 import httpx
 
+from rawpage.loader import load_checkpoint
+
 MODEL = "SmolLM2-135M-Instruct"
 
 
@@ -89,3 +91,44 @@ def test_request_success_counts_by_finished_reason(plain_server):
     assert eos["finish_reason"] == "stop"
     after = _successes(plain_server)
     assert {k: after[k] - before[k] for k in after} == {"stop": 1, "length": 1, "abort": 0, "": 2}
+
+
+def test_chat_cut_inside_an_emoji_is_what_vllms_decode_stream_gives(plain_server):
+    """vLLM's test_return_tokens_as_ids asks for 8 tokens of emoji; SmolLM2's 8th is the first byte of
+    an emoji. vLLM's detokenizer (tokenizers' DecodeStream) emits text only once it no longer ends in
+    U+FFFD, so the cut character never appears: the reply is the tokens' text without it, streamed or
+    not (the suite's comparison with a plain decode, which ends in U+FFFD, holds only for replies
+    that end on a whole character)."""
+    messages = [
+        {"role": "system", "content": "You like to respond in only emojis, like 🎉"},
+        {"role": "user", "content": "Please write some emojis: 🐱🐶🎉"},
+    ]
+    body = {"model": MODEL, "messages": messages, "temperature": 0, "max_tokens": 8, "logprobs": True}
+    body["return_tokens_as_token_ids"] = True
+    whole = httpx.post(plain_server.url + "/v1/chat/completions", json=body, timeout=120).json()["choices"][0]
+    ids = [int(c["token"].removeprefix("token_id:")) for c in whole["logprobs"]["content"]]
+    decoded = load_checkpoint().tokenizer.decode(ids, skip_special_tokens=True)
+    assert len(ids) == 8 and decoded.endswith("\ufffd")  # the case: the 8th token starts a character
+    assert whole["message"]["content"] == decoded.rstrip("\ufffd")
+    lines = httpx.post(plain_server.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=120).text
+    chunks = [json.loads(x[6:]) for x in lines.splitlines() if x.startswith("data: {")]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == whole["message"]["content"]
+
+
+def test_a_custom_role_renders_as_the_template_says_and_stops_at_eos(plain_server):
+    """vLLM's test_custom_role: an unknown role reaches the template (ChatML: <|im_start|>my-custom-role),
+    text and a list of text parts render alike, and a reply with no max_tokens (the rest of the
+    context, as vLLM) ends at <|im_end|>. (On 2026-12-03 at 5309a57 the greedy reply took ' but' over
+    ' which' at its 37th token, 0.013 apart, and that branch repeats one sentence until the context
+    is full: the 135M model's loop, not the template, the default max_tokens or the EOS.)"""
+    tok = load_checkpoint().tokenizer
+    for content in ("what is 1+1?", [{"type": "text", "text": "what is 1+1?"}]):
+        body = {"messages": [{"role": "my-custom-role", "content": content}]}
+        ids = httpx.post(plain_server.url + "/tokenize", json=body).json()["tokens"]
+        assert tok.decode(ids, skip_special_tokens=False).endswith(
+            "<|im_start|>my-custom-role\nwhat is 1+1?<|im_end|>\n<|im_start|>assistant\n"
+        )
+    body = {"model": MODEL, "messages": [{"role": "my-custom-role", "content": "what is 1+1?"}], "temperature": 0}
+    r = httpx.post(plain_server.url + "/v1/chat/completions", json={**body, "logit_bias": {"2": 8}}, timeout=120)
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and r.json()["usage"]["completion_tokens"] < 100

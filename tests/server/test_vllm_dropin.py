@@ -165,7 +165,10 @@ def test_vllm_metric_names_beside_ours(plain_server):
         "vllm:e2e_request_latency_seconds_bucket",
         "rawpage:prompt_tokens_total",
     ):
-        assert f'{name}{{model_name="{MODEL}"' in text or f'{name}{{le="' in text, name
+        line = next((x for x in text.splitlines() if x.startswith(name + "{")), "")
+        assert f'model_name="{MODEL}"' in line, name
+        if name.startswith("vllm:"):  # vLLM's labels: model_name and engine
+            assert 'engine="0"' in line, name
     assert plain_server.metric("vllm:generation_tokens_total") == plain_server.metric("rawpage:generation_tokens_total")
 
 

@@ -159,7 +159,7 @@ def test_responses_output_logprobs_streamed_and_not(client):
     assert events[-1].response.output[0].content[0].logprobs == lps
     plain = client.responses.create(**ask)  # top_logprobs without include asks for nothing
     assert plain.output[0].content[0].logprobs == [] and plain.top_logprobs is None
-    bad_request(lambda: client.responses.create(include=["reasoning.encrypted_content"], **ask), "include")
+    bad_request(lambda: client.responses.create(include=["file_search_call.results"], **ask), "include")
 
 
 @pytest.mark.parametrize("stream", [False, True])
