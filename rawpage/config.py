@@ -105,22 +105,12 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     @classmethod
-    def from_hf(
-        cls,
-        cfg: dict[str, Any],
-        name: str = "",
-        overrides: dict[str, Any] | None = None,
-        preprocessor: dict[str, Any] | None = None,
-    ) -> ModelConfig:
-        """A config.json, with --hf-overrides laid over it; preprocessor: preprocessor_config.json
-        (vision-language checkpoints)."""
+    def from_hf(cls, cfg: dict[str, Any], name: str = "", overrides: dict[str, Any] | None = None) -> ModelConfig:
+        """A config.json, with --hf-overrides laid over it (of a vision-language one, its text part)."""
         if overrides:
             cfg = apply_hf_overrides(cfg, overrides)
+        cfg = text_config(cfg)
         archs = cfg.get("architectures") or [cfg.get("model_type", "<missing>")]
-        if archs[0] in VISION_ARCHITECTURES:
-            config = cls.from_hf(_text_config(cfg, VISION_ARCHITECTURES[archs[0]]), name)
-            config.vision = VisionConfig.from_hf(cfg, preprocessor or {})
-            return config
         arch = SUPPORTED_ARCHITECTURES.get(archs[0])
         if arch is None:
             raise UnsupportedModelError(
@@ -188,12 +178,23 @@ class ModelConfig:
             )
 
 
-def _text_config(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
-    """A vision-language config.json's text_config, as the *ForCausalLM config it is."""
+def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A vision-language config.json's text_config, as the *ForCausalLM config it is; any
+    other config.json as it is."""
+    arch = VISION_ARCHITECTURES.get((cfg.get("architectures") or [None])[0])
+    if arch is None:
+        return cfg
     text = {**_GEMMA3_TEXT_DEFAULTS, **(cfg.get("text_config") or {}), "architectures": [arch]}
     for key in ("eos_token_id", "bos_token_id", "torch_dtype", "dtype"):
         text.setdefault(key, cfg.get(key))
     return text
+
+
+def vision_config(cfg: dict[str, Any], preprocessor: dict[str, Any]) -> VisionConfig | None:
+    """The vision tower of a vision-language config.json (with its preprocessor_config.json); None for others."""
+    return (
+        VisionConfig.from_hf(cfg, preprocessor) if cfg.get("architectures", [None])[0] in VISION_ARCHITECTURES else None
+    )
 
 
 def _dense_layers(cfg: dict[str, Any]) -> list[int]:

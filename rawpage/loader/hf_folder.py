@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from rawpage.config import ModelConfig
+from rawpage.config import ModelConfig, vision_config
 from rawpage.errors import ModelLoadError
 from rawpage.loader.safetensors_file import SafetensorsFile, bf16_to_f32
 from rawpage.loader.tensors import TensorSource, is_linear_weight
@@ -83,11 +83,8 @@ def _bf16_weight(st: SafetensorsFile, name: str) -> QuantizedWeight:
 
 
 def load_config(folder: str, overrides: dict | None = None) -> ModelConfig:
-    cfg = ModelConfig.from_hf(
-        read_json(os.path.join(folder, "config.json"), required=True),
-        name=os.path.basename(os.path.normpath(folder)),
-        overrides=overrides,
-        preprocessor=read_json(os.path.join(folder, "preprocessor_config.json")),
-    )
+    raw = read_json(os.path.join(folder, "config.json"), required=True)
+    cfg = ModelConfig.from_hf(raw, name=os.path.basename(os.path.normpath(folder)), overrides=overrides)
+    cfg.vision = vision_config(raw, read_json(os.path.join(folder, "preprocessor_config.json")))
     cfg.validate()
     return cfg
