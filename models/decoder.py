@@ -26,6 +26,7 @@ from rawpage.models.moe import MoEWeights, moe_forward
 from rawpage.models.rotary import rope_table
 from rawpage.models.weight_source import CheckpointWeights, Part, WeightSource, progress
 from rawpage.ops.attention_metadata import AttentionOptions
+from rawpage.ops.paged_attention import image_attention
 from rawpage.quantization.weight import QuantizedWeight
 
 
@@ -223,9 +224,7 @@ class DecoderModel:
     def forward(self, batch: ForwardBatch, kv_caches: list[tuple[Array, Array]]) -> Array:
         """Returns the final hidden states of the rows in batch.logits_indices: (N, dim)."""
         c, b = self.config, self.backend
-        h = self.embed_tokens(batch.input_ids)  # (T, dim)
-        if self.scale_embedding:
-            h = self.affine(h, c.hidden_size**0.5)
+        h = self.input_embeddings(batch)  # (T, dim)
         residual = None
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
             # attention block: x = norm(h + residual); h = o_proj(attn(rope(q), rope(k), v))
@@ -244,6 +243,12 @@ class DecoderModel:
         x, _ = b.fused_add_rms_norm(h, residual, self.norm, c.rms_norm_eps)
         return x  # (N, dim)
 
+    def input_embeddings(self, batch: ForwardBatch) -> Array:
+        """(T, dim): each token's embedding (Gemma: times sqrt(dim)). A vision-language
+        model puts its images' soft tokens in their rows (models/gemma.py)."""
+        h = self.embed_tokens(batch.input_ids)  # (T, dim)
+        return self.affine(h, self.config.hidden_size**0.5) if self.scale_embedding else h
+
     def attention(self, layer: DecoderLayer, x: Array, batch: ForwardBatch, kv_cache: tuple[Array, Array]) -> Array:
         """x (T, dim) -> o_proj(paged attention over the cache after writing this step's K/V): (T, dim)."""
         c, b = self.config, self.backend
@@ -259,6 +264,10 @@ class DecoderModel:
         b.rope(batch.positions, q, k, self.cos_sin[layer.rope], True)
         b.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         o = b.paged_attention(q, k_cache, v_cache, batch.attn, layer.attn_opts)  # (T, H, D)
+        if batch.mm is not None and batch.mm.seqs.size:  # image tokens see their whole image
+            scales = b.fp8_scales() if k_cache.dtype == np.uint8 else None
+            rows, o_rows = image_attention(q, k_cache, v_cache, batch.attn, layer.attn_opts, batch.mm.spans, scales)
+            o[rows] = o_rows
         h = self.project_out(o.reshape(T, H * D), layer.o_proj)  # (T, dim)
         return h if layer.post_attn_norm is None else b.rms_norm(h, layer.post_attn_norm, eps)
 

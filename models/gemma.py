@@ -9,9 +9,23 @@
   layer; Gemma 3: five local to one global, each kind with its own RoPE base);
 - Gemma 2 soft-caps attention scores and the final logits: c * tanh(x / c);
 - Gemma 3 normalizes each head of q and k, as Qwen3 does (with the 1 + w scale).
+
+Gemma3ForConditionalGeneration is the Gemma 3 decoder plus an image encoder
+(models/siglip.py): an image's N soft tokens replace the (scaled) embeddings of its
+<image_soft_token> rows, unscaled, and attend to each other both ways
+(models/decoder.py calls ops/paged_attention.image_attention for those rows).
 """
 
+from collections.abc import Mapping
+
+import numpy as np
+
+from rawpage.backends.base import Array, Backend
+from rawpage.config import ModelConfig
+from rawpage.forward_batch import ForwardBatch
 from rawpage.models.decoder import DecoderModel
+from rawpage.models.siglip import Gemma3VisionEncoder
+from rawpage.models.weight_source import WeightSource
 
 
 class Gemma2Model(DecoderModel):
@@ -22,3 +36,24 @@ class Gemma2Model(DecoderModel):
 
 class Gemma3Model(Gemma2Model):
     qk_norm = True
+
+
+class Gemma3VisionModel(Gemma3Model):
+    """Gemma 3 with images (config.vision set: a Gemma3ForConditionalGeneration checkpoint)."""
+
+    def __init__(self, config: ModelConfig, backend: Backend, tensors: Mapping[str, np.ndarray] | WeightSource) -> None:
+        super().__init__(config, backend, tensors)
+        self.vision = Gemma3VisionEncoder(config.vision, config.hidden_size, backend, tensors)
+
+    def encode_image(self, pixels: np.ndarray) -> np.ndarray:
+        """pixels (3, S, S) -> soft tokens (N, dim) float32, on the host."""
+        return self.vision.encode(pixels)
+
+    def input_embeddings(self, batch: ForwardBatch) -> Array:
+        h = super().input_embeddings(batch)  # (T, dim)
+        if batch.mm is not None:
+            h[batch.mm.rows] = self.backend.asarray(batch.mm.embeds)
+        return h
+
+    def num_bytes(self) -> int:
+        return super().num_bytes() + self.vision.num_bytes()

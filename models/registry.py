@@ -11,7 +11,7 @@ from rawpage.backends.base import Backend
 from rawpage.config import ModelConfig
 from rawpage.errors import UnsupportedModelError
 from rawpage.models.decoder import DecoderModel
-from rawpage.models.gemma import Gemma2Model, Gemma3Model
+from rawpage.models.gemma import Gemma2Model, Gemma3Model, Gemma3VisionModel
 from rawpage.models.llama import LlamaModel
 from rawpage.models.mistral import MistralModel
 from rawpage.models.mixtral import MixtralModel
@@ -33,6 +33,9 @@ MODEL_CLASSES: dict[str, type[DecoderModel]] = {
     "qwen3_moe": Qwen3MoeModel,
 }
 
+# A vision-language checkpoint's family (config.vision set) -> the class that adds its image encoder.
+VISION_MODEL_CLASSES: dict[str, type[DecoderModel]] = {"gemma3": Gemma3VisionModel}
+
 
 def build_model(
     config: ModelConfig,
@@ -42,13 +45,15 @@ def build_model(
 ) -> Model:
     """The model of config.architecture, its weights loaded onto the backend; under tensor
     parallelism rank tp.layout.rank's shard of it, wrapped with the collectives."""
-    cls = MODEL_CLASSES.get(config.architecture)
+    cls = (VISION_MODEL_CLASSES if config.vision is not None else MODEL_CLASSES).get(config.architecture)
     if cls is None:
         raise UnsupportedModelError(
             f"no model class for architecture {config.architecture!r}; rawpage runs {', '.join(MODEL_CLASSES)}"
         )
     if tp is None:
         return cls(config, backend, tensors)
+    if config.vision is not None:
+        raise UnsupportedModelError("tensor parallelism does not run vision-language models yet (issue 45)")
     check_shardable(config, tp.layout.size, tp.layout.exact)
     model = cls(tp.layout.local_config(), backend, tp.weights(tensors))
     apply_tensor_parallel(model, tp)

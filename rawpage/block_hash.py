@@ -3,7 +3,8 @@
 A full block is named by SHA-256 over (its parent's name, its token ids), and the
 first block's parent is a root digest of the request's *extra keys*: everything
 besides the tokens that changes what the KV cache holds or who may share it
-(`cache_salt`, the LoRA adapter's content digest; multimodal inputs later).
+(`cache_salt`, the LoRA adapter's content digest). A block that holds tokens of an
+image adds that image's content digest to its own name (and so to every later one's).
 
 Why a cryptographic hash: a block name is trusted to mean "same content". Python's
 `hash()` is unkeyed and invertible step by step, so a client can build two different
@@ -38,6 +39,9 @@ def root_digest(extra_keys: dict[str, str | None] | None = None) -> bytes:
     return h.digest()
 
 
-def block_digest(parent: bytes, token_ids: Sequence[int]) -> bytes:
-    """Name of a full block: SHA-256(parent name, token ids as little-endian int64)."""
-    return hashlib.sha256(parent + np.asarray(token_ids, dtype="<i8").tobytes()).digest()
+def block_digest(parent: bytes, token_ids: Sequence[int], image_digests: Sequence[str] = ()) -> bytes:
+    """Name of a full block: SHA-256(parent name, token ids as little-endian int64, then
+    the digests of the images whose tokens it holds, each tagged): an image's tokens are
+    the same placeholder ids whatever the image, so the pixels must be in the name."""
+    images = b"".join(b"image=" + bytes.fromhex(d) for d in image_digests)
+    return hashlib.sha256(parent + np.asarray(token_ids, dtype="<i8").tobytes() + images).digest()

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rawpage.errors import UnsupportedModelError
+from rawpage.multimodal.vision_config import VisionConfig
 
 # rope_scaling recipes the rotary tables know (models/rotary.py); None is plain RoPE.
 ROPE_TYPES = (None, "default", "linear", "llama3", "yarn", "dynamic", "longrope")
@@ -26,6 +27,26 @@ SUPPORTED_ARCHITECTURES = {
     "Phi3ForCausalLM": "phi3",
     "MixtralForCausalLM": "mixtral",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+}
+# Vision-language checkpoints: the text part runs as this *ForCausalLM, the vision part
+# is config.vision (rawpage/multimodal/vision_config.py).
+VISION_ARCHITECTURES = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
+# Gemma3TextConfig's defaults: the Hub's Gemma 3 configs spell out only what differs.
+_GEMMA3_TEXT_DEFAULTS = {
+    "model_type": "gemma3_text",
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "tie_word_embeddings": True,
 }
 
 
@@ -62,6 +83,7 @@ class ModelConfig:
     moe_intermediate_size: int = 0  # MoE: each expert's FFN hidden size
     norm_topk_prob: bool = True  # MoE: renormalize the top-k router weights to sum to 1
     mlp_only_layers: list[int] = field(default_factory=list)  # Qwen3-MoE: dense layers among the sparse
+    vision: VisionConfig | None = None  # a vision-language checkpoint's tower and image recipe
 
     def layer_sliding_window(self, i: int) -> int | None:
         """The window of layer i, or None for full attention."""
@@ -84,9 +106,10 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any], name: str = "", overrides: dict[str, Any] | None = None) -> ModelConfig:
-        """A config.json, with --hf-overrides laid over it."""
+        """A config.json, with --hf-overrides laid over it (of a vision-language one, its text part)."""
         if overrides:
             cfg = apply_hf_overrides(cfg, overrides)
+        cfg = text_config(cfg)
         archs = cfg.get("architectures") or [cfg.get("model_type", "<missing>")]
         arch = SUPPORTED_ARCHITECTURES.get(archs[0])
         if arch is None:
@@ -153,6 +176,25 @@ class ModelConfig:
             raise UnsupportedModelError(
                 f"num_experts_per_tok={self.num_experts_per_tok} must be in 1..num_experts={self.num_experts}"
             )
+
+
+def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A vision-language config.json's text_config, as the *ForCausalLM config it is; any
+    other config.json as it is."""
+    arch = VISION_ARCHITECTURES.get((cfg.get("architectures") or [None])[0])
+    if arch is None:
+        return cfg
+    text = {**_GEMMA3_TEXT_DEFAULTS, **(cfg.get("text_config") or {}), "architectures": [arch]}
+    for key in ("eos_token_id", "bos_token_id", "torch_dtype", "dtype"):
+        text.setdefault(key, cfg.get(key))
+    return text
+
+
+def vision_config(cfg: dict[str, Any], preprocessor: dict[str, Any]) -> VisionConfig | None:
+    """The vision tower of a vision-language config.json (with its preprocessor_config.json); None for others."""
+    return (
+        VisionConfig.from_hf(cfg, preprocessor) if cfg.get("architectures", [None])[0] in VISION_ARCHITECTURES else None
+    )
 
 
 def _dense_layers(cfg: dict[str, Any]) -> list[int]:

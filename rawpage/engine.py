@@ -29,6 +29,8 @@ from rawpage.errors import InvalidRequestError, WorkerDiedError
 from rawpage.forking import Forker
 from rawpage.lora.manager import LoRARequest, resolve_lora
 from rawpage.model_runner import KVPool
+from rawpage.multimodal.image_input import ImageError, ImageInput
+from rawpage.multimodal.prompt_images import PromptImages
 from rawpage.output_processor import OutputProcessor
 from rawpage.outputs import RequestOutput
 from rawpage.rank_setup import backend_for
@@ -95,11 +97,11 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._aborted: list[Request] = []  # to report as finished at the end of the next step
         self.batch: list[tuple[Sequence, int]] | None = None  # this (or the last) step's; None until scheduled
-        self._consecutive_failures = 0
-        self._rng = np.random.default_rng(args.seed)
+        self._consecutive_failures, self._rng = 0, np.random.default_rng(args.seed)
         self.stats = EngineStats(args.log_stats_interval, spec=self.spec.stats if self.spec else None)
         self.startup_seconds = time.monotonic() - t0
         name = args.served_model_name or os.path.basename(ckpt.path)  # not a GGUF's general.name: any text
+        self.images = PromptImages(c.vision, self.tokenizer, name, args, self.backend.name)  # a prompt's images
         logger.info("loaded %s (%s) on %s in %.1f s", name, c.architecture, self.backend.name, self.startup_seconds)
         logger.info("%s", self.memory.describe())
 
@@ -112,6 +114,20 @@ class LLMEngine:
         if isinstance(prompt, str):
             return prompt, self.tokenizer.encode(prompt) if prompt else []
         return None, list(prompt)
+
+    def prompt_with_images(self, prompt: PromptType) -> tuple[str | None, list[int], tuple[ImageInput, ...]]:
+        """tokenize_prompt, for a prompt that may carry vLLM's multi_modal_data: its text's
+        (or ids') <start_of_image> placeholders expanded into each image's soft tokens."""
+        if not (isinstance(prompt, dict) and prompt.get("multi_modal_data") is not None):
+            return (*self.tokenize_prompt(prompt), ())
+        try:
+            images = tuple(self.images.from_multi_modal_data(prompt["multi_modal_data"]))
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), self.images.expand_ids(list(prompt["prompt_token_ids"])), images
+            text = self.images.expand_text(prompt.get("prompt", ""), len(images))
+        except ImageError as e:
+            raise InvalidRequestError(str(e), "multi_modal_data") from None
+        return prompt.get("prompt"), self.tokenizer.encode(text), images
 
     def add_request(
         self,
@@ -137,6 +153,7 @@ class LLMEngine:
         ids, params, priority, salt = checked.prompt_token_ids, checked.params, checked.priority, checked.cache_salt
         lora = resolve_lora(self.lora, lora_request)  # read from disk if new
         req = Request(request_id, text, ids, params, arrival_time or time.time(), priority, cache_salt=salt, lora=lora)
+        req.images = checked.images
         seed = params.seed if params.seed is not None else int(self._rng.integers(2**63))
         so, future = params.structured_outputs, checked.grammar  # compiling since check_prompt: not looked up again
         grammar = self.grammars.new_state(so, ids, req, future) if future is not None else None
@@ -162,7 +179,9 @@ class LLMEngine:
             return None
         return self.thinking.new_state(params.thinking_token_budget, params.reasoning_tags, ids)
 
-    def check_prompt(self, ids: list[int], params: SamplingParams, priority: int, salt: str | None) -> CheckedPrompt:
+    def check_prompt(
+        self, ids: list[int], params: SamplingParams, priority: int, salt: str | None, images: tuple = ()
+    ) -> CheckedPrompt:
         """Every check of a request, once, and its grammar's gate and compile started on the
         compiler's threads. A refusal is the CheckedPrompt's (InvalidRequestError naming the
         field), a refused grammar its future's error: the server tells the grammar's first.
@@ -172,19 +191,20 @@ class LLMEngine:
         try:
             salt = check_salt_and_priority(ids, salt, priority, self.args.scheduling_policy)
             check_request(ids, params, self.max_model_len, self.model_config.vocab_size, self.args)
+            images = self.images.place(ids, images)
         except InvalidRequestError as e:
             return CheckedPrompt(ids, params, priority, salt, grammar, e)
-        return CheckedPrompt(ids, params, priority, salt, grammar)
+        return CheckedPrompt(ids, params, priority, salt, grammar, images=images)
 
     def _check_unchecked(
         self, prompt: PromptType, params: SamplingParams, priority: int, cache_salt: str | None
     ) -> tuple[str | None, CheckedPrompt]:
         """The prompt's text and check_prompt's verdict, for a request nobody checked (LLMEngine used directly)."""
         salt = prompt.get("cache_salt") if isinstance(prompt, dict) and cache_salt is None else cache_salt
-        text, ids = self.tokenize_prompt(prompt)
+        text, ids, images = self.prompt_with_images(prompt)
         if params.structured_outputs is not None:  # over a grammar limit raises now, not at its compile
             self.grammars.check(params.structured_outputs)
-        return text, self.check_prompt(ids, params, priority, salt)
+        return text, self.check_prompt(ids, params, priority, salt, images)
 
     def abort_request(self, request_id: str | list[str]) -> None:
         """Stop requests now; their blocks are freed at once and a final output follows."""

@@ -92,6 +92,19 @@ def json_object(value: dict | str | None, name: str) -> dict | None:
     return value
 
 
+def _mm_limits(text: str) -> dict[str, int]:
+    """--limit-mm-per-prompt '{"image": N}' (vLLM's JSON form)."""
+    try:
+        limits = json.loads(text)
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(f"expected JSON such as '{{\"image\": 4}}', got {text!r}") from None
+    if not isinstance(limits, dict) or set(limits) - {"image"}:
+        raise argparse.ArgumentTypeError("rawpage takes images only: '{\"image\": N}'")
+    if not all(isinstance(n, int) and n >= 0 for n in limits.values()):
+        raise argparse.ArgumentTypeError("--limit-mm-per-prompt counts must be integers >= 0")
+    return limits
+
+
 @dataclass
 class EngineArgs:
     """Every engine setting. Each `flag(...)` field is also a CLI flag (rawpage/flags.py)."""
@@ -177,6 +190,21 @@ class EngineArgs:
         "in place, the small ops fused; built at first use with the system compiler); numpy = the float32 "
         "NumPy reference path; auto = native where it builds, else numpy (the log says which runs)",
         choices=CPU_KERNELS,
+    )
+    limit_mm_per_prompt: dict[str, int] | None = flag(
+        None,
+        "images one prompt may carry, as vLLM spells it: '{\"image\": N}' (a vision-language model)",
+        type=_mm_limits,
+        default_text='{"image": 8}',
+    )
+    allowed_local_media_path: str | None = flag(
+        None, "file:// image URLs in requests are read from under this folder only (off: no file:// URLs)"
+    )
+    allowed_media_domains: list[str] = flag(
+        help="http(s) image URLs are fetched from these domains (and their subdomains) only, never from a "
+        "non-public address (off: no http(s) URLs)",
+        nargs="+",
+        factory=list,
     )
     enable_lora: bool = flag(False, "serve LoRA adapters (PEFT format) on top of the model, many in one batch")
     max_loras: int = flag(1, "LoRA adapters resident on the device at once (slots); more wait their turn")

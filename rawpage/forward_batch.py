@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from rawpage.backends.base import Backend
+from rawpage.multimodal.mm_batch import MultimodalBatch
 from rawpage.ops.attention_metadata import AttentionMetadata
 
 
@@ -54,6 +55,7 @@ class ForwardBatch(BatchArrays):
     # batch), so the model skips gathering them: on the CPU a gather is NumPy work that a
     # recorded graph would not replay (backends/cpu.py capture_graph)
     samples_every_row: bool = field(kw_only=True, default=False)
+    mm: MultimodalBatch | None = field(kw_only=True, default=None)  # the step's image rows, on the host
     attn: AttentionMetadata = field(init=False)  # built once per step, read by every layer
 
     def __post_init__(self) -> None:
@@ -76,7 +78,9 @@ FIELDS = tuple(f.name for f in fields(BatchArrays))  # the packing order
 @dataclass
 class HostBatch(BatchArrays):
     """One step's metadata on the host, all int32 NumPy arrays (BatchArrays says what
-    each is); lora_slots None: no adapter at all."""
+    each is); lora_slots None: no adapter at all; mm: the step's image rows (None: none)."""
+
+    mm: MultimodalBatch | None = None
 
     def __post_init__(self) -> None:
         if self.lora_slots is None:
@@ -120,5 +124,5 @@ class BatchBuffer:
             start += a.size
         every_row = np.array_equal(hb.logits_indices, np.arange(len(hb.input_ids)))
         return ForwardBatch(
-            **views, host_query_lens=hb.query_lens, host_seq_lens=hb.seq_lens, samples_every_row=every_row
+            **views, host_query_lens=hb.query_lens, host_seq_lens=hb.seq_lens, samples_every_row=every_row, mm=hb.mm
         )

@@ -15,6 +15,7 @@ from typing import Any
 from rawpage.engine import PromptType
 from rawpage.engine_args import EngineArgs
 from rawpage.lora.adapter import LoRARequest
+from rawpage.multimodal.chat_images import load_images, take_images
 from rawpage.outputs import EmbeddingRequestOutput, RequestOutput
 from rawpage.pooling.pooling_engine import embed, new_engine
 from rawpage.request_checks import check_messages, check_params_type
@@ -91,14 +92,14 @@ class LLM:
         check_messages(convs)
         tok = self.engine.tokenizer
         template = chat_template or self.engine.chat_template  # Jinja text, or the engine's (--chat-template)
-        prompts = [
-            {
-                "prompt_token_ids": tok.encode(
-                    tok.apply_chat_template(c, add_generation_prompt, chat_template=template), add_special_tokens=False
-                )
-            }
-            for c in convs
-        ]
+        prompts = []
+        for c in convs:  # image parts (image_url, image_pil) become the model's placeholders and multi_modal_data
+            messages, sources = take_images(c)
+            text = tok.apply_chat_template(messages, add_generation_prompt, chat_template=template)
+            images = load_images(sources, self.engine.images) if sources else []
+            text = self.engine.images.expand_text(text, len(images))
+            prompt = {"prompt_token_ids": tok.encode(text, add_special_tokens=False)}
+            prompts.append({**prompt, "multi_modal_data": {"image": images}} if images else prompt)
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def embed(self, prompts: PromptType | list[PromptType], **kwargs: Any) -> list[EmbeddingRequestOutput]:

@@ -24,6 +24,7 @@ from rawpage.device_logits import DeviceLogits
 from rawpage.forward_batch import BatchBuffer, HostBatch
 from rawpage.lora.manager import LoRAManager
 from rawpage.models.weight_source import Model
+from rawpage.multimodal.mm_batch import EncoderCache, build_mm_batch
 from rawpage.sequence import Sequence
 
 logger = logging.getLogger("rawpage")
@@ -70,6 +71,8 @@ class ModelRunner:
         dtype = self.kv_caches[0][0].dtype
         self.cpu_caches = [(np.zeros(cpu_shape, dtype), np.zeros(cpu_shape, dtype)) for _ in range(c.num_layers)]
         self.buffer = BatchBuffer(backend)
+        # a vision-language model's image embeddings, by image content (rawpage/multimodal/mm_batch.py)
+        self.encoder_cache = EncoderCache(model.encode_image) if c.vision is not None else None
         self.graphs = None
         if graph_shapes:
             max_len = max_model_len or c.max_position_embeddings
@@ -120,7 +123,10 @@ class ModelRunner:
         block_tables[row_of_block, col_of_block] = flat
         slot_mapping = (block_tables[seq_of_token, positions // bs] * bs + positions % bs).astype(np.int32)
         logits_indices = np.concatenate([qsl[i] + r for i, r in enumerate(logits_rows)]).astype(np.int32)
-        return HostBatch(input_ids, positions, slot_mapping, starts + q_lens, qsl, logits_indices, block_tables)
+        hb = HostBatch(input_ids, positions, slot_mapping, starts + q_lens, qsl, logits_indices, block_tables)
+        if self.encoder_cache is not None and any(s.request.images for s in seqs):
+            hb.mm = build_mm_batch(scheduled, starts, qsl, self.encoder_cache)
+        return hb
 
     def execute(self, scheduled: list[tuple[Sequence, int]], logits_rows: list[np.ndarray]) -> DeviceLogits:
         """Run one forward pass; returns the logits (N, V) of the requested rows, in order."""
@@ -131,7 +137,8 @@ class ModelRunner:
 
     def run(self, hb: HostBatch) -> DeviceLogits:
         """The forward pass of a built batch (on a tensor-parallel worker, logits data None: rank 0 samples)."""
-        shape = self.graphs.pick(hb) if self.graphs is not None else None  # (batch size, query length)
+        # (batch size, query length); a step with image rows runs eagerly (a graph replays token embeddings)
+        shape = self.graphs.pick(hb) if self.graphs is not None and hb.mm is None else None
         if shape is not None:
             hidden = self.graphs.run(hb, shape)  # (N, dim), replayed from the padded batch's graph
         else:

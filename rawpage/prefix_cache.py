@@ -27,7 +27,10 @@ class PrefixCache:
         while len(hashes) < num_full_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else seq.request.root_digest
-            hashes.append(block_digest(parent, seq.token_ids[i * bs : (i + 1) * bs]))
+            images = [
+                im.digest for im in seq.request.images if im.offset < (i + 1) * bs and im.offset + im.length > i * bs
+            ]
+            hashes.append(block_digest(parent, seq.token_ids[i * bs : (i + 1) * bs], images))
         return hashes[:num_full_blocks]
 
     def match_prefix(self, seq: Sequence) -> list[int]:

@@ -23,6 +23,7 @@ class CheckedPrompt:
     cache_salt: str | None
     grammar: Future | None  # Future[CompiledGrammar], compiling since check_prompt
     refusal: InvalidRequestError | None = None  # why the request cannot run, if it cannot
+    images: tuple = ()  # its ImageInputs, placed on their soft tokens (rawpage/multimodal/prompt_images.py)
 
 
 def check_request(

@@ -74,6 +74,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_swap_outs = 0
         self.num_swap_ins = 0
+        self.encoder_budget = config.max_num_batched_tokens  # refilled each step (_image_chunk)
         self.num_waiting_deferred = 0  # waiting sequences let by in the last step: over --max-loras, grammar compiling
 
     def add(self, seq: Sequence) -> None:
@@ -172,6 +173,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        self.encoder_budget = self.config.max_num_batched_tokens  # image tokens whose encoder may run this step
         self.num_waiting_deferred = 0
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted:  # a step that had to preempt admits nobody
@@ -189,8 +191,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_uncomputed_tokens, budget)
-            if n == 0:  # a beam waiting for its siblings' logits
+            n = self._image_chunk(seq, seq.num_computed_tokens, min(seq.num_uncomputed_tokens, budget))
+            if n == 0:  # a beam waiting for its siblings' logits, or an image that needs more budget
                 i += 1
                 continue
             while not self.block_manager.append_slots(seq, n):
@@ -209,7 +211,9 @@ class Scheduler:
         bm = self.block_manager
         while self.swapped and budget > 0:
             seq = self.swapped[0]
-            n = min(seq.num_uncomputed_tokens, budget)
+            n = self._image_chunk(seq, seq.num_computed_tokens, min(seq.num_uncomputed_tokens, budget))
+            if n == 0:
+                break
             lora_ok = not self.config.max_loras or lora_fits(seq, self.running, self.config.max_loras)
             if len(self.running) >= self.config.max_num_seqs or not bm.can_swap_in(seq, n) or not lora_ok:
                 break
@@ -263,7 +267,22 @@ class Scheduler:
         bm = self.block_manager
         remaining = seq.num_tokens - len(cached) * bm.block_size
         free_slots = bm.num_allocatable_blocks(cached) * bm.block_size
-        return max(0, min(remaining, budget, free_slots))
+        return self._image_chunk(seq, len(cached) * bm.block_size, max(0, min(remaining, budget, free_slots)))
+
+    def _image_chunk(self, seq: Sequence, start: int, n: int) -> int:
+        """n, or fewer: a chunk from `start` never ends inside an image (its tokens attend to
+        each other both ways, Gemma 3, so the rest of an image is computed in one step), and
+        the images a step's chunks start, whose encoder runs then, fit its encoder budget
+        (vLLM's: --max-num-batched-tokens image tokens a step; PromptImages checks one fits)."""
+        for image in seq.request.images:  # in prompt order
+            if image.offset < start + n < image.offset + image.length:
+                n = max(0, image.offset - start)
+            if not start <= image.offset < start + n:
+                continue
+            if image.length > self.encoder_budget:
+                return image.offset - start
+            self.encoder_budget -= image.length
+        return n
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Swap mode: copy the sequence's blocks to CPU memory and park it; it resumes where

@@ -154,6 +154,7 @@ class Request:
     error: str | None = None  # why the engine failed this request, if it did
     cache_salt: str | None = None  # requests share cached KV blocks only within one salt
     lora: Any = None  # the LoRAAdapter it runs with (rawpage/lora), None = the base model
+    images: tuple = ()  # ImageInput of each image, placed in the prompt (rawpage/multimodal/image_input.py)
     root_digest: bytes = field(init=False, repr=False)  # parent name of its first KV block
 
     def __post_init__(self) -> None:

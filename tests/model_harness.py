@@ -17,8 +17,9 @@ class SingleSequence:
         self.table = np.random.default_rng(seed).permutation(num_blocks).astype(np.int32)
         self.length = 0
 
-    def feed(self, ids: list[int], all_logits: bool = False) -> np.ndarray:
-        """Run `ids` as the next chunk; return logits of the last token (V,) or of all (n, V)."""
+    def feed(self, ids: list[int], all_logits: bool = False, mm=None) -> np.ndarray:
+        """Run `ids` as the next chunk; return logits of the last token (V,) or of all (n, V).
+        mm: the chunk's image rows (a MultimodalBatch), for a vision-language model."""
         n, start = len(ids), self.length
         pos = np.arange(start, start + n, dtype=np.int32)
         slots = (self.table[pos // self.bs] * self.bs + pos % self.bs).astype(np.int32)
@@ -34,6 +35,7 @@ class SingleSequence:
             logits_indices=b.asarray(rows, np.int32),
             host_query_lens=np.array([n]),
             host_seq_lens=np.array([start + n]),
+            mm=mm,
         )
         self.length += n
         logits = self.model.compute_logits(self.model.forward(batch, self.kv))

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from rawpage.config import ModelConfig
+from rawpage.config import ModelConfig, vision_config
 from rawpage.errors import ModelLoadError
 from rawpage.loader.safetensors_file import SafetensorsFile, bf16_to_f32
 from rawpage.loader.tensors import TensorSource, is_linear_weight
@@ -52,7 +52,28 @@ def open_safetensors(folder: str) -> TensorSource:
         readers, bf16 = (
             {n if n.startswith("lm_head.") else "model." + n: r for n, r in d.items()} for d in (readers, bf16)
         )
+    if any(n.startswith(_VLM_PREFIXES) for n in readers):
+        readers, bf16 = ({_vlm_name(n): r for n, r in d.items()} for d in (readers, bf16))
     return TensorSource(readers, bf16)
+
+
+# A vision-language checkpoint keeps its text part one level down: language_model.model.*
+# on the Hub (Gemma 3), model.language_model.* as transformers 5 saves it. The decoder
+# reads model.*; the vision tower reads vision_tower.* and multi_modal_projector.*.
+_VLM_PREFIXES = ("language_model.", "model.language_model.", "model.vision_tower.", "model.multi_modal_projector.")
+
+
+def _vlm_name(name: str) -> str:
+    for old, new in (
+        ("language_model.model.", "model."),
+        ("language_model.lm_head.", "lm_head."),
+        ("model.language_model.", "model."),
+        ("model.vision_tower.", "vision_tower."),
+        ("model.multi_modal_projector.", "multi_modal_projector."),
+    ):
+        if name.startswith(old):
+            return new + name[len(old) :]
+    return name
 
 
 def _bf16_weight(st: SafetensorsFile, name: str) -> QuantizedWeight:
@@ -62,10 +83,8 @@ def _bf16_weight(st: SafetensorsFile, name: str) -> QuantizedWeight:
 
 
 def load_config(folder: str, overrides: dict | None = None) -> ModelConfig:
-    cfg = ModelConfig.from_hf(
-        read_json(os.path.join(folder, "config.json"), required=True),
-        name=os.path.basename(os.path.normpath(folder)),
-        overrides=overrides,
-    )
+    raw = read_json(os.path.join(folder, "config.json"), required=True)
+    cfg = ModelConfig.from_hf(raw, name=os.path.basename(os.path.normpath(folder)), overrides=overrides)
+    cfg.vision = vision_config(raw, read_json(os.path.join(folder, "preprocessor_config.json")))
     cfg.validate()
     return cfg

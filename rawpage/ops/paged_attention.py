@@ -60,10 +60,12 @@ def paged_attention_ref(
     meta: AttentionMetadata,
     opts: AttentionOptions,
     kv_scales: np.ndarray | None = None,
+    key_end: np.ndarray | None = None,
 ) -> np.ndarray:
-    """q: (T, H, D); caches: (NB, BS, Hkv, D); meta's arrays on the host.
-    Returns (T, H, D). Softmax in float32. With kv_scales ((2,) float32: k_scale,
-    v_scale) the caches are uint8 e4m3 codes, converted as each sequence's rows are read."""
+    """q: (T, H, D); caches: (NB, BS, Hkv, D); meta's arrays on the host. Returns (T, H, D),
+    softmax in float32. kv_scales ((2,) float32: k_scale, v_scale): the caches are uint8 e4m3
+    codes, converted as read. key_end (T,): a row at position p sees keys up to
+    max(p, key_end[row]) (image tokens see their whole image: image_attention below)."""
     block_tables, seq_lens, query_start_loc = meta.block_tables, meta.seq_lens, meta.query_start_loc
     scale, sliding_window, soft_cap = opts.scale, opts.sliding_window, opts.soft_cap
     T, H, D = q.shape
@@ -90,7 +92,8 @@ def paged_attention_ref(
             scores = soft_cap * np.tanh(scores / soft_cap)
         q_pos = np.arange(L - n, L)[:, None]  # (n, 1)
         key_pos = np.arange(first, L)[None, :]  # (1, L')
-        visible = key_pos <= q_pos  # (n, L')
+        last = q_pos if key_end is None else np.maximum(q_pos, key_end[s:e, None])  # (n, 1)
+        visible = key_pos <= last  # (n, L')
         if sliding_window:
             visible &= key_pos > q_pos - sliding_window
         scores = np.where(visible, scores, -np.inf)
@@ -100,6 +103,28 @@ def paged_attention_ref(
         o = np.matmul(p.reshape(Hkv, G * n, -1), v.transpose(1, 0, 2))  # (Hkv, G*n, D)
         out[s:e] = o.reshape(Hkv, G, n, D).transpose(2, 0, 1, 3).reshape(n, H, D).astype(q.dtype)
     return out
+
+
+def image_attention(
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    meta: AttentionMetadata,
+    opts: AttentionOptions,
+    spans: tuple[np.ndarray, np.ndarray],
+    kv_scales: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The rows (R,) of the batch's sequences `seqs` (B',) and their output (R, H, D) with
+    key_end (T,), spans being (seqs, key_end): the tokens of an image attend to each other both ways (Gemma 3, as
+    transformers' token_type_ids mask does), which a causal kernel cannot. The scheduler never
+    splits an image across steps, so its last token's K/V are in the cache when its first is computed."""
+    seqs, key_end = spans
+    qsl = np.asarray(meta.query_start_loc)
+    rows = np.concatenate([np.arange(qsl[i], qsl[i + 1]) for i in seqs])
+    sub_qsl = np.zeros(len(seqs) + 1, np.int32)
+    np.cumsum(qsl[seqs + 1] - qsl[seqs], out=sub_qsl[1:])
+    sub = AttentionMetadata.from_host(np.asarray(meta.block_tables)[seqs], np.asarray(meta.seq_lens)[seqs], sub_qsl)
+    return rows, paged_attention_ref(q[rows], k_cache, v_cache, sub, opts, kv_scales, key_end[rows])
 
 
 # --- launch (cuda/paged_attention_decode.cu, cuda/paged_attention_prefill{,_f32}.cu) ---

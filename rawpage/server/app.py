@@ -346,7 +346,7 @@ async def tokenize(request: Request, state: ServerState) -> Response:
     req = await state.parse(request, parse_tokenize, state.caller(request))
     tok = state.info.tokenizer
     if req.messages is not None:
-        ids = await state.render_chat(req.render, req.messages)
+        ids, _ = await state.render_chat_images(req.render, req.messages)
     else:
         (ids,) = await state.encode([req.prompt], add_special_tokens=req.add_special_tokens)
     out = {"count": len(ids), "max_model_len": state.info.max_model_len, "tokens": ids, "token_strs": None}

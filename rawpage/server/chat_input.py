@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rawpage.multimodal.chat_images import image_source
+from rawpage.multimodal.image_input import ImageError
 from rawpage.sampling_params import SamplingParams
 from rawpage.server.chat_reply import ReplyParser
 from rawpage.server.guided import structured_outputs_from
@@ -60,16 +62,8 @@ def parse_messages(body: Body) -> list[dict[str, Any]]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise APIError(f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]")
         content = m.get("content")
-        if isinstance(content, list):  # content parts: we take text
-            texts = []
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise APIError(
-                        f"messages[{i}]: only text content parts are supported",
-                        param=f"messages[{i}].content",
-                    )
-                texts.append(part["text"])
-            content = "".join(texts)
+        if isinstance(content, list):  # content parts: text and images
+            content = content_parts(content, f"messages[{i}].content")
         elif content is None:
             content = ""
         elif not isinstance(content, str):
@@ -80,6 +74,26 @@ def parse_messages(body: Body) -> list[dict[str, Any]]:
         out.append({**m, "content": content})
     prepare_tool_messages(out)
     return out
+
+
+def content_parts(parts: list[Any], where: str) -> str | list[dict[str, Any]]:
+    """A message's content parts: its text joined, or, with images, the text and image_url
+    parts in order (the chat template places each image: multimodal/chat_images.py)."""
+    out = []
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            out.append({"type": "text", "text": part["text"]})
+        elif kind == "image_url":
+            try:
+                out.append({"type": "image_url", "image_url": {"url": image_source(part, f"{where}[{j}]")}})
+            except ImageError as e:
+                raise APIError(str(e), param=f"{where}[{j}]") from None
+        else:
+            raise APIError(f"{where}[{j}]: content parts must be text or image_url", param=f"{where}[{j}]")
+    if any(p["type"] == "image_url" for p in out):
+        return out
+    return "".join(p["text"] for p in out)
 
 
 def parse_chat_completion(body: Body, state: ServerState, rid: str, caller: Caller) -> ChatCompletionRequest:
@@ -189,7 +203,10 @@ def role_and_echo(body: Body, messages: list[dict[str, Any]]) -> tuple[str, str]
             param="continue_final_message",
         )
     role = "assistant" if generation_prompt else messages[-1]["role"]
-    echo = messages[-1]["content"] if body.bool("echo", False) and messages[-1]["role"] == role else ""
+    content = messages[-1]["content"]
+    if isinstance(content, list):  # with images: echo its text
+        content = "".join(p["text"] for p in content if p["type"] == "text")
+    echo = content if body.bool("echo", False) and messages[-1]["role"] == role else ""
     return role, echo
 
 

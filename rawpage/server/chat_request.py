@@ -24,6 +24,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from rawpage.multimodal.image_input import ImageInput
 from rawpage.outputs import CompletionOutput, RequestOutput
 from rawpage.request_checks import CheckedPrompt
 from rawpage.server.async_engine import RequestStream
@@ -33,21 +34,22 @@ from rawpage.server.state import ServerState
 from rawpage.server.streaming import final_outputs, merge, unless_disconnected
 
 
-async def prompt_ids(state: ServerState, chat: ChatRequest) -> list[int]:
+async def prompt_ids(state: ServerState, chat: ChatRequest) -> tuple[list[int], tuple[ImageInput, ...]]:
     """The chat template over the messages (and the tools, unless tool_choice is "none"),
-    cut to truncate_prompt_tokens where the request asks (vLLM cuts the rendered prompt too)."""
+    cut to truncate_prompt_tokens where the request asks (vLLM cuts the rendered prompt too);
+    and the messages' images, whose soft tokens the ids hold."""
     tools = chat.tools.template_tools() if chat.tools else None
-    ids = await state.render_chat(chat.render, chat.messages, chat.param, tools)
-    return chat.truncation.apply(ids) if chat.truncation is not None else ids
+    ids, images = await state.render_chat_images(chat.render, chat.messages, chat.param, tools)
+    return (chat.truncation.apply(ids) if chat.truncation is not None else ids), images
 
 
 async def checked_prompt(state: ServerState, chat: ChatRequest) -> tuple[CheckedPrompt, ReplyParser]:
     """Render, then the engine's one check of the request, its grammar compiled (a bad one
     is a 400 before anything streams); and the reply parser for this prompt (a think block
     the prompt left open, or not)."""
-    ids = await prompt_ids(state, chat)
+    ids, images = await prompt_ids(state, chat)
     reply = chat.reply.for_prompt(state.info.tokenizer, ids)
-    return await state.check_prompt(ids, chat.params, chat.param, chat.priority, chat.cache_salt), reply
+    return await state.check_prompt(ids, chat.params, chat.param, chat.priority, chat.cache_salt, images), reply
 
 
 async def submit(request: Request, state: ServerState, chat: ChatRequest) -> tuple[RequestStream, ReplyParser]:

@@ -20,10 +20,10 @@ from rawpage.engine import LLMEngine
 from rawpage.lora import LoRAAdapter, LoRARequest
 from rawpage.lora.adapter import load_adapter
 from rawpage.lora.manager import LoRAManager
+from rawpage.multimodal.prompt_images import PromptImages
 from rawpage.pooling.pooler import PoolingParams
 from rawpage.pooling.pooling_engine import PoolingEngine
 from rawpage.request_checks import CheckedPrompt
-from rawpage.sampling_params import SamplingParams
 from rawpage.text.chat_template import ChatTemplate
 from rawpage.text.tokenizer import Tokenizer
 
@@ -64,7 +64,8 @@ class EngineInfo:
         # The engine's one check of a request (ids, params, priority, cache_salt): a CheckedPrompt whose
         # refusal (InvalidRequestError naming the field) says if it could not run to the end, and whose
         # grammar is compiling off the engine thread (grammar_compiler.py). AsyncEngine.generate queues it.
-        self.check_prompt: Callable[[list[int], SamplingParams, int, str | None], CheckedPrompt] = engine.check_prompt
+        self.check_prompt: Callable[..., CheckedPrompt] = engine.check_prompt  # (..., images: the placed ImageInputs)
+        self.images: PromptImages = engine.images  # a prompt's images: decoded, checked, placed
         # A pooling engine's check of one input: the ids it will pool (truncated where asked).
         pooling = isinstance(engine, PoolingEngine)
         self.check_input: Callable[[list[int], PoolingParams], list[int]] | None = (

@@ -41,4 +41,4 @@ async def create_message(request: Request, state: ServerState) -> Response:
 async def count_message_tokens(request: Request, state: ServerState) -> Response:
     """The prompt's length in tokens, rendered exactly as /v1/messages renders it."""
     chat = await state.parse(request, parse_count_tokens, state.caller(request))
-    return JSONResponse({"input_tokens": len(await prompt_ids(state, chat))})
+    return JSONResponse({"input_tokens": len((await prompt_ids(state, chat))[0])})

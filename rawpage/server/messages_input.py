@@ -123,11 +123,14 @@ def _text(b: Body) -> str:
 
 
 def _user(blocks: list[Body], calls: set[str]) -> list[dict[str, Any]]:
-    """A user turn: its tool results (chat's tool messages), then its text."""
-    out, texts = [], []
+    """A user turn: its tool results (chat's tool messages), then its text and images."""
+    out, parts = [], []
     for b in blocks:
-        if _block_type(b, ("text", "tool_result")) == "text":
-            texts.append(_text(b))
+        kind = _block_type(b, ("text", "image", "tool_result"))
+        if kind == "text":
+            parts.append({"type": "text", "text": _text(b)})
+        elif kind == "image":
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(b)}})
         else:
             use_id = b.required_str("tool_use_id")
             if use_id not in calls:
@@ -140,7 +143,24 @@ def _user(blocks: list[Body], calls: set[str]) -> list[dict[str, Any]]:
                 content = f"Error: {content}"  # the template has no error flag: say it in the text
             out.append({"role": "tool", "tool_call_id": use_id, "content": content})
         b.reject_unread()
-    return out + ([{"role": "user", "content": "".join(texts)}] if texts else [])
+    if any(p["type"] == "image_url" for p in parts):
+        return [*out, {"role": "user", "content": parts}]
+    return out + ([{"role": "user", "content": "".join(p["text"] for p in parts)}] if parts else [])
+
+
+def _image_url(b: Body) -> str:
+    """An image block's source as an image URL: base64 data as a data URL, or its url."""
+    source = Body(b.value("source") or {}, f"{b.path}source.")
+    kind = source.str("type")
+    if kind == "base64":
+        media_type, data = source.required_str("media_type"), source.required_str("data")
+        url = f"data:{media_type};base64,{data}"
+    elif kind == "url":
+        url = source.required_str("url")
+    else:
+        raise APIError(f"'{b.path}source.type' must be base64 or url", param=f"{b.path}source.type")
+    source.reject_unread()
+    return url
 
 
 def _assistant(blocks: list[Body], calls: set[str], seal: ReasoningSeal) -> list[dict[str, Any]]:

@@ -235,7 +235,7 @@ def _message(item: Body, out: list[dict[str, Any]], calls: set[str]) -> None:
     role = item.str("role")
     if role not in _ROLES:
         raise APIError(f"'{item.path}role' must be one of {sorted(_ROLES)}", param=f"{item.path}role")
-    text = _text(item, "content")
+    text = _text(item, "content", images=role == "user")
     item.reject_unread()
     last = out[-1] if out else None
     if (
@@ -250,26 +250,42 @@ def _message(item: Body, out: list[dict[str, Any]], calls: set[str]) -> None:
         out.append({"role": _ROLES[role], "content": text})
 
 
-def _text(item: Body, name: str) -> str:
-    """A string, or text parts (input_text / output_text) joined."""
+def _text(item: Body, name: str, images: bool = False) -> str | list[dict[str, Any]]:
+    """A string, or text parts (input_text / output_text) joined; with images (a user
+    message's input_image parts), chat's text and image_url parts in order."""
     value = item.value(name)
     if isinstance(value, str):
         return value
     where = f"{item.path}{name}"
     if not isinstance(value, list):
         raise APIError(f"'{where}' must be a string or a list of text parts", param=where)
-    texts = []
+    parts = []
     for j, part in enumerate(value):
         p = Body(part, f"{where}[{j}].")
-        if p.str("type") not in _TEXT_PARTS:
-            raise APIError(
-                f"'{where}[{j}].type' must be input_text or output_text; this server reads text only",
-                param=f"{where}[{j}].type",
-            )
-        texts.append(p.required_str("text"))
+        kind = p.str("type")
+        if images and kind == "input_image":
+            parts.append(_image_part(p))
+            continue
+        if kind not in _TEXT_PARTS:
+            allowed = "input_text, input_image or output_text" if images else "input_text or output_text"
+            raise APIError(f"'{where}[{j}].type' must be {allowed}", param=f"{where}[{j}].type")
+        parts.append({"type": "text", "text": p.required_str("text")})
         p.value("annotations"), p.value("logprobs")  # an earlier output, sent back: nothing to act on
         p.reject_unread()
-    return "".join(texts)
+    if any(p["type"] == "image_url" for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
+
+
+def _image_part(p: Body) -> dict[str, Any]:
+    """An input_image part (image_url: a data URL) as chat's image_url part."""
+    if p.value("file_id") is not None:
+        raise APIError("input_image file_id is not supported: send image_url as a data URL", param=f"{p.path}file_id")
+    url, detail = p.required_str("image_url"), p.str("detail", "auto")
+    if detail not in ("auto", "low", "high"):
+        raise APIError(f"'{p.path}detail' must be auto, low or high", param=f"{p.path}detail")
+    p.reject_unread()
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def _reasoning(item: Body, out: list[dict[str, Any]], seal: ReasoningSeal) -> None:

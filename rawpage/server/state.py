@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
+from rawpage.multimodal.chat_images import load_images, take_images
+from rawpage.multimodal.image_input import ImageInput
 from rawpage.request_checks import CheckedPrompt
 from rawpage.sampling_params import SamplingParams
 from rawpage.server.args import ServerConfig
@@ -199,28 +201,33 @@ class ServerState:
         encode = functools.partial(tok.encode, add_special_tokens=False)
         return fim_prompt(tok.fim, encode, prefix, suffix, bos=bos, **kwargs)
 
-    async def render_chat(
+    async def render_chat_images(
         self,
         render: RenderOptions,
         messages: list[dict[str, Any]],
         param: str = "messages",
         tools: list[dict[str, Any]] | None = None,
-    ) -> list[int]:
-        """Messages (and tools) -> chat template -> token ids, off the event loop."""
+    ) -> tuple[list[int], tuple[ImageInput, ...]]:
+        """Messages (and tools) -> chat template -> token ids, and the messages' images decoded
+        and preprocessed (their placeholders expanded into their soft tokens in the ids), all
+        off the event loop."""
         info = self.info
 
-        def work() -> list[int]:
+        def work() -> tuple[list[int], tuple[ImageInput, ...]]:
             chosen = ChatTemplate(render.chat_template) if render.chat_template is not None else info.chat_template
             extra = {}
             if tools:  # a template that ignores the tools would drop them silently
                 chosen, extra = template_for_tools(chosen or info.tokenizer.chat_template), {"tools": tools}
             kwargs = {**render.chat_template_kwargs, **extra}
+            msgs, sources = take_images(messages)
+            images = info.images.inputs(load_images(sources, info.images)) if sources else []
             text = info.tokenizer.apply_chat_template(
-                messages, render.add_generation_prompt, chat_template=chosen, **kwargs
+                msgs, render.add_generation_prompt, chat_template=chosen, **kwargs
             )
             text = open_final_message(text, messages[-1]) if render.continue_final_message else text
             self.check_text_length(text, param)
-            return info.tokenizer.encode(text, add_special_tokens=render.add_special_tokens)
+            text = info.images.expand_text(text, len(images))
+            return info.tokenizer.encode(text, add_special_tokens=render.add_special_tokens), tuple(images)
 
         try:
             return await self.off_loop(work)
@@ -228,7 +235,13 @@ class ServerState:
             raise APIError(str(e), param="chat_template" if render.chat_template is not None else param) from None
 
     async def check_prompt(
-        self, ids: list[int], params: SamplingParams, param: str, priority: int = 0, cache_salt: str | None = None
+        self,
+        ids: list[int],
+        params: SamplingParams,
+        param: str,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        images: tuple[ImageInput, ...] = (),
     ) -> CheckedPrompt:
         """The engine's one check of a request (EngineInfo.check_prompt), its grammar's compile
         awaited: a bad grammar, then a prompt that does not fit (blamed on `param`), is a 400
@@ -238,9 +251,9 @@ class ServerState:
         AsyncEngine.generate queues the CheckedPrompt, which the engine does not check again."""
         check = self.info.check_prompt
         if len(ids) <= INLINE_PROMPT_IDS:
-            checked = check(ids, params, priority, cache_salt)
+            checked = check(ids, params, priority, cache_salt, images)
         else:
-            checked = await self.off_loop(check, ids, params, priority, cache_salt)
+            checked = await self.off_loop(check, ids, params, priority, cache_salt, images)
         if checked.grammar is not None:
             try:
                 await asyncio.wrap_future(checked.grammar)
@@ -259,7 +272,10 @@ def open_final_message(text: str, last: dict[str, Any]) -> str:
     """vLLM's continue_final_message (as transformers does it): cut the rendered prompt right
     after the last message's content, so the template's end-of-turn is gone and the model
     continues that message."""
-    content = (last.get("content") or "").strip()
+    content = last.get("content") or ""
+    if isinstance(content, list):  # with images: the text after them
+        content = content[-1].get("text", "") if content else ""
+    content = content.strip()
     at = text.rfind(content) if content else -1
     if at < 0:
         raise APIError(

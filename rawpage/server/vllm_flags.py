@@ -95,8 +95,7 @@ NO_EFFECT: dict[str, VllmFlag] = {
     "guided-decoding-backend": VllmFlag("structured outputs always compile with llguidance"),
     "structured-outputs-config": VllmFlag("structured outputs always compile with llguidance"),
     "enable-reasoning": VllmFlag("--reasoning-parser alone turns reasoning output on", switch=True),
-    "limit-mm-per-prompt": VllmFlag("rawpage serves text-only models"),
-    "mm-processor-kwargs": VllmFlag("rawpage serves text-only models"),
+    "mm-processor-kwargs": VllmFlag("images are processed as the model's preprocessor_config.json says"),
     "hf-token": VllmFlag("hub downloads read $HF_TOKEN (or `huggingface-cli login`'s token); set that instead"),
     "code-revision": VllmFlag("rawpage never runs code from a model repository"),
     "use-tqdm-on-load": VllmFlag("loading logs its own progress", switch=True),
@@ -167,8 +166,9 @@ NO_EFFECT.update(
         "+disable-cascade-attn +use-fp64-gumbel +kv-sharing-fast-prefill profiler-config",
     )
     | _group(
-        "rawpage serves text-only models",
-        "allowed-local-media-path allowed-media-domains* media-io-kwargs mm-encoder-attn-backend mm-encoder-attn-dtype "
+        "rawpage's image input (Gemma 3 on the CPU) has none of these multimodal settings; an image's tokens "
+        "are never split across prefill chunks",
+        "media-io-kwargs mm-encoder-attn-backend mm-encoder-attn-dtype "
         "mm-encoder-fp8-scale-path mm-encoder-fp8-scale-save-margin mm-encoder-fp8-scale-save-path +mm-encoder-only "
         "mm-encoder-tp-mode mm-ipc-gpu-memory-gb mm-processor-cache-gb mm-processor-cache-type "
         "mm-shm-cache-max-object-size-mb mm-tensor-ipc +interleave-mm-strings +enable-mm-embeds +language-model-only "

@@ -38,8 +38,9 @@ MSGS = [{"role": "user", "content": "hi"}]
         (
             CHAT,
             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-            "messages[0].content",
+            "messages[0].content[0]",  # an image part without its url
         ),
+        (CHAT, {"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}, "messages[0].content[0]"),
         ("/v1/completions", {"prompt": 7}, "prompt"),
         ("/v1/completions", {"prompt": ""}, "prompt"),
         ("/v1/completions", {"prompt": "hi", "logprobs": 50}, "logprobs"),

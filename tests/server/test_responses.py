@@ -175,8 +175,15 @@ def test_every_request_field_is_used_or_refused_by_name(server):
         ({"input": []}, 400, "input"),
         ({}, 400, "input"),
         ({"input": [{"type": "web_search_call"}]}, 400, "input[0].type"),
+        # an image to a text model: refused naming the model (tests/server/test_images.py)
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400, "input"),
         (
-            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "x"}]}]},
+            400,
+            "input[0].content[0].type",
+        ),
+        (
+            {"input": [{"role": "assistant", "content": [{"type": "input_image", "image_url": "x"}]}]},
             400,
             "input[0].content[0].type",
         ),

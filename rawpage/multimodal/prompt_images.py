@@ -1,0 +1,85 @@
+"""The engine's one handling of a prompt's images, for every entry point (LLM.generate's
+multi_modal_data, LLM.chat's and the servers' image parts): images become ImageInputs,
+the prompt's placeholders are expanded, and each image is placed on its soft tokens
+and checked against the model and the limits, or refused with InvalidRequestError.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rawpage.errors import InvalidRequestError
+from rawpage.multimodal.image_input import ImageError, ImageInput, MediaPolicy, image_input
+from rawpage.multimodal.placeholders import expand_image_ids, expand_image_text, place_images
+from rawpage.multimodal.vision_config import VisionConfig
+from rawpage.text.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from rawpage.engine_args import EngineArgs
+
+DEFAULT_IMAGES_PER_PROMPT = 8  # --limit-mm-per-prompt's default for images
+
+
+class PromptImages:
+    def __init__(
+        self, vision: VisionConfig | None, tok: Tokenizer, model_name: str, args: EngineArgs, device: str = "cpu"
+    ) -> None:
+        """args: --limit-mm-per-prompt ({"image": N}), --max-num-batched-tokens (an image's
+        tokens are computed in one step, so they must fit one); device: the backend's name
+        (images run on the CPU only so far)."""
+        self.vision, self.tok, self.model_name, self.device = vision, tok, model_name, device
+        self.max_chunk = args.batched_tokens(device)
+        self.max_images = (args.limit_mm_per_prompt or {}).get("image", DEFAULT_IMAGES_PER_PROMPT)
+        # where image URLs may point
+        self.policy = MediaPolicy(args.allowed_local_media_path, tuple(args.allowed_media_domains or ()))
+
+    def require_vision(self) -> VisionConfig:
+        if self.vision is None:
+            raise ImageError(f"model {self.model_name!r} does not take images (it has no vision tower); send text only")
+        if self.device != "cpu":
+            raise ImageError(f"images run on --device cpu only so far; this engine runs on {self.device}")
+        return self.vision
+
+    def check_count(self, n: int) -> None:
+        if n > self.max_images:
+            raise ImageError(
+                f"the prompt has {n} images; at most {self.max_images} are allowed (--limit-mm-per-prompt "
+                f"'{{\"image\": {self.max_images}}}')"
+            )
+
+    def inputs(self, images: list[Any]) -> list[ImageInput]:
+        """PIL images -> ImageInputs (not yet placed)."""
+        vc = self.require_vision()
+        self.check_count(len(images))
+        return [image_input(im, vc.processor) for im in images]
+
+    def from_multi_modal_data(self, data: Any) -> list[ImageInput]:
+        """vLLM's prompt["multi_modal_data"]: {"image": a PIL image or a list of them}."""
+        if not isinstance(data, dict) or set(data) - {"image"}:
+            raise ImageError('multi_modal_data must be {"image": image or [images]}; rawpage takes images only')
+        images = data.get("image")
+        return self.inputs(images if isinstance(images, list) else [images])
+
+    def expand_text(self, text: str, n: int) -> str:
+        return expand_image_text(text, n, self.require_vision(), self.tok) if n else text
+
+    def expand_ids(self, ids: list[int]) -> list[int]:
+        return expand_image_ids(ids, self.require_vision(), self.tok.encode("\n\n", add_special_tokens=False))
+
+    def place(self, ids: list[int], images: tuple[ImageInput, ...]) -> tuple[ImageInput, ...]:
+        """The images placed on their soft tokens; InvalidRequestError if they cannot be."""
+        if not images:
+            return ()
+        try:
+            vc = self.require_vision()
+            self.check_count(len(images))
+            placed = place_images(ids, images, vc)
+        except ImageError as e:
+            raise InvalidRequestError(str(e), "prompt") from None
+        if vc.tokens_per_image > self.max_chunk:
+            raise InvalidRequestError(
+                f"an image is {vc.tokens_per_image} tokens, more than --max-num-batched-tokens {self.max_chunk}: "
+                "an image's tokens are computed in one step",
+                "prompt",
+            )
+        return placed

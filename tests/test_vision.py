@@ -1,0 +1,293 @@
+"""Image input on the CPU: the tiny Gemma 3 vision-language model (tests/tiny_vlm.py)
+against transformers' outputs recorded by tools/make_golden_vlm.py, through the model
+alone and through the engine (chunked prefill around images, the prefix cache, the
+encoder cache), and every limit on what an image may be.
+"""
+
+import base64
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+
+from rawpage import LLM, SamplingParams
+from rawpage.backends import get_backend
+from rawpage.errors import InvalidRequestError
+from rawpage.loader import load_checkpoint
+from rawpage.models.registry import build_model
+from rawpage.multimodal.image_input import image_input
+from rawpage.multimodal.mm_batch import MultimodalBatch
+from tests.model_harness import SingleSequence
+from tests.tiny_families import weights_digest
+from tests.tiny_vlm import IMAGE, seeded_image, vlm_config, vlm_tensors, write_vlm
+
+PIL = pytest.importorskip("PIL")  # rawpage[vision]
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "data", "golden_gemma3_vlm.json")
+with open(GOLDEN) as f:
+    DATA = json.load(f)
+TOL = 1e-3  # the text families' tolerance (tests/test_families.py)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_vlm(str(tmp_path_factory.mktemp("vlm") / "gemma3-vlm"))
+
+
+@pytest.fixture(scope="module")
+def model(folder):
+    ckpt = load_checkpoint(folder)
+    return build_model(ckpt.config, get_backend("cpu"), ckpt.tensors)
+
+
+def images():
+    return [seeded_image(*spec) for spec in DATA["images"]]
+
+
+def check_logits(logits: np.ndarray) -> None:
+    top_ids, top = np.array(DATA["top_ids"]), np.array(DATA["top_logits"])
+    diff = np.abs(np.take_along_axis(logits, top_ids, axis=1) - top).max()
+    assert diff < TOL, f"max |logit difference| {diff:.2e} at transformers' top-10"
+    clear = top[:, 0] - top[:, 1] > 1e-2
+    np.testing.assert_array_equal(logits.argmax(1)[clear], top_ids[clear, 0])
+
+
+def test_weights_are_the_recorded_ones():
+    assert weights_digest(vlm_tensors(vlm_config())) == DATA["weights"]
+
+
+def test_preprocessing_and_encoder_match_transformers(model):
+    proc = model.config.vision.processor
+    for im, pixels, emb in zip(images(), DATA["pixel_values"], DATA["image_embeddings"]):
+        inp = image_input(im, proc)
+        np.testing.assert_allclose(inp.pixels.ravel(), pixels, atol=2e-5)  # recorded to 5 decimals
+        np.testing.assert_allclose(model.encode_image(inp.pixels).ravel(), emb, atol=1e-4)
+
+
+def test_logits_match_transformers_with_bidirectional_image_attention(model):
+    """The whole prompt in one chunk, through a scattered 4-token-block table: each image's
+    4 tokens attend to each other both ways, as transformers' token_type_ids mask has them."""
+    ids = DATA["ids"]
+    runs = [i for i in range(len(ids)) if ids[i] == IMAGE and ids[i - 1] != IMAGE]
+    proc = model.config.vision.processor
+    embeds = [model.encode_image(image_input(im, proc).pixels) for im in images()]
+    key_end = np.full(len(ids), -1, np.int32)
+    for r in runs:
+        key_end[r : r + 4] = r + 3
+    rows = np.concatenate([np.arange(r, r + 4) for r in runs])
+    mm = MultimodalBatch(rows, np.concatenate(embeds), np.array([0]), key_end)
+    check_logits(SingleSequence(model, block_size=4).feed(ids, all_logits=True, mm=mm))
+    # causal attention over the images (what a plain text kernel computes) is measurably off
+    causal = MultimodalBatch(rows, np.concatenate(embeds), np.array([0]), np.full(len(ids), -1, np.int32))
+    wrong = SingleSequence(model, block_size=4).feed(ids, all_logits=True, mm=causal)
+    top_ids = np.array(DATA["top_ids"])
+    assert np.abs(np.take_along_axis(wrong, top_ids, axis=1) - np.array(DATA["top_logits"])).max() > 10 * TOL
+
+
+@pytest.fixture(scope="module")
+def llm(folder):
+    # 8-token chunks: the scheduler must not end a chunk inside an image
+    return LLM(folder, block_size=8, max_num_batched_tokens=8, max_num_seqs=4, limit_mm_per_prompt={"image": 2})
+
+
+def generate(llm, prompt, n=8):
+    (out,) = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=n), use_tqdm=False)
+    return out
+
+
+def test_engine_greedy_matches_transformers_in_small_chunks(llm):
+    out = generate(llm, {"prompt_token_ids": DATA["ids"], "multi_modal_data": {"image": images()}})
+    assert list(out.outputs[0].token_ids) == DATA["greedy"]
+
+
+def test_prefix_cache_hits_same_image_and_misses_another(llm):
+    llm.reset_prefix_cache()
+    ims = images()
+    first = generate(llm, {"prompt_token_ids": DATA["ids"], "multi_modal_data": {"image": ims}})
+    cache = llm.engine.runner.encoder_cache
+    misses = cache.misses
+    again = generate(llm, {"prompt_token_ids": DATA["ids"], "multi_modal_data": {"image": ims}})
+    assert again.num_cached_tokens == 24 and again.outputs[0].token_ids == first.outputs[0].token_ids
+    # the same tokens with the images swapped: the first block already holds an image token
+    other = generate(llm, {"prompt_token_ids": DATA["ids"], "multi_modal_data": {"image": [ims[1], ims[0]]}})
+    assert other.num_cached_tokens == 0
+    assert cache.misses == misses  # both images' embeddings were cached by content: no encoder run
+    text_only = DATA["ids"][:6]  # a prefix without images shares its block with the image prompts
+    assert generate(llm, {"prompt_token_ids": text_only + [5, 6, 7]}, 1).num_cached_tokens == 0
+
+
+def test_text_prompt_placeholders_expand_like_the_processor(llm):
+    """A text prompt's <start_of_image> becomes \\n\\n, the image's tokens, \\n\\n (Gemma3Processor)."""
+    tok = llm.get_tokenizer()
+    out = generate(llm, {"prompt": "Look:<start_of_image>What?", "multi_modal_data": {"image": images()[0]}}, 1)
+    expected = tok.encode("Look:\n\n<start_of_image>" + "<image_soft_token>" * 4 + "<end_of_image>\n\nWhat?")
+    assert list(out.prompt_token_ids) == expected
+
+
+def test_chat_with_an_image_part(llm):
+    buf = io.BytesIO()
+    images()[0].save(buf, "PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    msg = [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Hi"}]}
+    ]
+    (out,) = llm.chat(msg, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    assert list(out.prompt_token_ids).count(IMAGE) == 4 and len(out.outputs[0].token_ids) == 4
+
+
+def test_image_limits_in_the_engine(llm, tmp_path):
+    ims = images()
+    with pytest.raises(InvalidRequestError, match="limit-mm-per-prompt"):
+        generate(llm, {"prompt": "<start_of_image>" * 3, "multi_modal_data": {"image": ims + ims[:1]}})
+    with pytest.raises(InvalidRequestError, match="placeholder"):
+        generate(llm, {"prompt": "no placeholder", "multi_modal_data": {"image": ims[0]}})
+    with pytest.raises(InvalidRequestError, match="PIL"):
+        generate(llm, {"prompt": "<start_of_image>", "multi_modal_data": {"image": b"not an image object"}})
+
+
+def test_text_only_requests_to_a_vision_model(llm):
+    out = generate(llm, "Hello there", 4)
+    assert len(out.outputs[0].token_ids) == 4 and IMAGE not in out.prompt_token_ids
+
+
+def test_a_chunk_never_ends_inside_an_image_and_images_fit_the_encoder_budget():
+    from types import SimpleNamespace
+
+    from rawpage.multimodal.image_input import ImageInput
+    from rawpage.scheduler import Scheduler
+
+    sched = Scheduler.__new__(Scheduler)  # _image_chunk reads the sequence and the encoder budget only
+    sched.encoder_budget = 100
+    image = ImageInput("00", np.zeros(1), offset=10, length=4)  # tokens 10..13
+    seq = SimpleNamespace(request=SimpleNamespace(images=(image,)))
+    assert sched._image_chunk(seq, 0, 8) == 8  # ends before the image
+    assert sched._image_chunk(seq, 0, 12) == 10  # would end inside: stops at its start
+    assert sched._image_chunk(seq, 0, 14) == 14  # the whole image
+    assert sched._image_chunk(seq, 10, 2) == 0  # its start, but not all of it: wait for budget
+    assert sched._image_chunk(seq, 12, 1) == 0  # a prefix hit inside it: the rest in one step
+    assert sched._image_chunk(seq, 12, 2) == 2  # (no encoder budget: the chunk does not start it)
+    assert sched.encoder_budget == 100 - 4  # one chunk started the image
+    sched.encoder_budget = 3  # the step's encoder budget is spent: the chunk stops before the image
+    assert sched._image_chunk(seq, 0, 14) == 10 and sched.encoder_budget == 3
+
+
+def test_block_names_carry_the_image_digest():
+    from rawpage.block_hash import block_digest
+
+    ids = [5, IMAGE, IMAGE, 6]
+    assert block_digest(b"p", ids, ["aa" * 32]) != block_digest(b"p", ids, ["bb" * 32])
+    assert block_digest(b"p", ids) != block_digest(b"p", ids, ["aa" * 32])
+    assert block_digest(b"p", ids, ()) == block_digest(b"p", ids)  # text-only names unchanged
+
+
+def png_bytes(im) -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def test_open_image_limits(monkeypatch):
+    from rawpage.multimodal import image_input as ii
+
+    im = seeded_image(1, 40, 30)
+    assert ii.open_image(png_bytes(im)).size == (40, 30)
+    monkeypatch.setattr(ii, "MAX_IMAGE_PIXELS", 40 * 30 - 1)
+    with pytest.raises(ii.ImageError, match="pixels"):
+        ii.open_image(png_bytes(im))
+    monkeypatch.setattr(ii, "MAX_IMAGE_BYTES", 100)
+    with pytest.raises(ii.ImageError, match="over the limit"):
+        ii.open_image(png_bytes(im))
+    monkeypatch.undo()
+    buf = io.BytesIO()
+    im.save(buf, "TIFF")
+    with pytest.raises(ii.ImageError, match="not a decodable"):
+        ii.open_image(buf.getvalue())
+    with pytest.raises(ii.ImageError, match="SVG"):
+        ii.open_image(b"  <svg xmlns='http://www.w3.org/2000/svg'></svg>")
+    with pytest.raises(ii.ImageError, match="decoded"):
+        ii.open_image(png_bytes(im)[:200])  # a valid header over a truncated body
+    from rawpage.multimodal.vision_config import ImageProcessorConfig
+
+    rgba = PIL.Image.new("RGBA", (8, 8), (0, 0, 0, 0))  # transparent: white, as transformers composites it
+    np.testing.assert_allclose(ii.preprocess(rgba, ImageProcessorConfig(4, 4)), 1.0)
+
+
+def test_limit_mm_per_prompt_flag_is_vllms_json():
+    import argparse
+
+    from rawpage.engine_args import _mm_limits
+
+    assert _mm_limits('{"image": 3}') == {"image": 3}
+    for bad in ("3", '{"video": 1}', '{"image": -1}', "{"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _mm_limits(bad)
+
+
+def test_images_need_a_vision_model_on_the_cpu(model):
+    from types import SimpleNamespace
+
+    from rawpage.multimodal.image_input import ImageError
+    from rawpage.multimodal.prompt_images import PromptImages
+
+    args = SimpleNamespace(
+        batched_tokens=lambda d: 64, limit_mm_per_prompt=None, allowed_local_media_path=None, allowed_media_domains=[]
+    )
+    with pytest.raises(ImageError, match="'tiny' does not take images"):
+        PromptImages(None, None, "tiny", args).require_vision()
+    with pytest.raises(ImageError, match="--device cpu only"):
+        PromptImages(model.config.vision, None, "vlm", args, device="cuda").require_vision()
+    assert PromptImages(model.config.vision, None, "vlm", args).require_vision() is model.config.vision
+
+
+@pytest.fixture
+def http_images():
+    """A local HTTP server: /cat.png, a redirect, and a body over the byte limit."""
+    import http.server
+    import threading
+
+    body = png_bytes(seeded_image(3, 20, 20))
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/moved":
+                self.send_response(302)
+                self.send_header("Location", "/cat.png")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body if self.path == "/cat.png" else b"\0" * 4096)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://localhost:{server.server_address[1]}", body
+    server.shutdown()
+
+
+def test_http_image_urls(http_images, monkeypatch):
+    from rawpage.multimodal import image_input as ii
+    from rawpage.multimodal import media_fetch
+
+    base, body = http_images
+    assert media_fetch.host_allowed("cdn.example.com", ("example.com",))
+    assert not media_fetch.host_allowed("evilexample.com", ("example.com",))
+    with pytest.raises(ii.ImageError, match="--allowed-media-domains"):
+        media_fetch.fetch_image(base + "/cat.png", ())
+    with pytest.raises(ii.ImageError, match="not in --allowed-media-domains"):
+        media_fetch.fetch_image(base + "/cat.png", ("example.com",))
+    # allowed by name, but localhost is not a public address: never fetched
+    with pytest.raises(ii.ImageError, match="non-public"):
+        media_fetch.fetch_image(base + "/cat.png", ("localhost",))
+    # the fetch itself, to the address that was checked (the check let through for this test)
+    monkeypatch.setattr(media_fetch, "public_address", lambda host, port: "127.0.0.1")
+    assert media_fetch.fetch_image(base + "/cat.png", ("localhost",)) == body
+    with pytest.raises(ii.ImageError, match="HTTP 302"):
+        media_fetch.fetch_image(base + "/moved", ("localhost",))
+    monkeypatch.setattr(media_fetch, "MAX_IMAGE_BYTES", 1000)
+    with pytest.raises(ii.ImageError, match="over 1000 bytes"):
+        media_fetch.fetch_image(base + "/big", ("localhost",))
