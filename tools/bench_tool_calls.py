@@ -4,14 +4,16 @@
 Samples `--tries` replies at temperature 1.0 to a prompt that offers two tools under
 tool_choice "auto", through the server's own pieces (the chat template with the tools,
 the --tool-call-parser, the lazy grammar), and counts the replies that start a call
-(the parser's tag appears) and of those the ones whose first call is invalid: malformed,
+(the parser's tag appears; for llama3_json and pythonic, whose call is the whole
+reply, the reply starts with "{" or "[") and of those the ones whose first call is invalid: malformed,
 not closed within --max-tokens, a tool that was not declared, or arguments that break
 the tool's schema. `--bias-tag` adds a
-logit bias to the tag's first token, so that a model that seldom calls tools (the tiny
-random test model never would) tries often.
+logit bias to the tag's first token (`--bias-all`: to each of its tokens), so that a
+model that seldom calls tools (the default model at this size, the tiny random test
+model never) tries often; inside a call the bias pulls toward junk, which is the test.
 
     python tools/bench_tool_calls.py                       # the default model, hermes
-    python tools/bench_tool_calls.py --model TINY_DIR --bias-tag 8
+    python tools/bench_tool_calls.py --model TINY_DIR --parser llama3_json --bias-tag 5
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ TOOLS = [
         },
     },
 ]
+CALL_STARTS = {"llama3_json": "{", "llama4_json": "{", "pythonic": "[", "llama4_pythonic": "["}
 MESSAGES = [{"role": "user", "content": "What will the weather be in Paris for the next 3 days? Use the tools."}]
 
 
@@ -100,14 +103,15 @@ def first_call_problem(text: str, request) -> str | None:
     return f"{call.name}: {errors[0]}" if errors else None
 
 
-def run(llm: LLM, parser: str, grammar: bool, tries: int, bias: float, max_tokens: int) -> dict:
+def run(llm: LLM, parser: str, grammar: bool, tries: int, bias: float, bias_all: bool, max_tokens: int) -> dict:
     tok = llm.get_tokenizer()
     config = ServerConfig(enable_auto_tool_choice=True, tool_call_parser=parser, tool_call_grammar=grammar)
     request = tool_request_from(Body({"tools": TOOLS}), config, None, SpecialTokens.of(tok))
     template = template_for_tools(llm.engine.chat_template or tok.chat_template)
     prompt = tok.apply_chat_template(MESSAGES, True, chat_template=template, tools=TOOLS)
-    tag = next(iter(TOOL_PARSERS[parser].template_marks), "<tool_call>")
-    bias_map = {tok.encode(tag, add_special_tokens=False)[0]: bias} if bias else None
+    tag = CALL_STARTS.get(parser) or TOOL_PARSERS[parser].template_marks[0]
+    tag_ids = tok.encode(tag, add_special_tokens=False)
+    bias_map = {t: bias for t in (tag_ids if bias_all else tag_ids[:1])} if bias else None
     params = [
         SamplingParams(
             temperature=1.0,
@@ -121,7 +125,10 @@ def run(llm: LLM, parser: str, grammar: bool, tries: int, bias: float, max_token
     ]
     start = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": tok.encode(prompt, add_special_tokens=False)}] * tries, params)
-    attempted = [o.outputs[0].text for o in outs if tag in o.outputs[0].text]
+    whole = parser in CALL_STARTS  # formats whose call is the whole reply: a reply that starts like one
+    attempted = [
+        t for o in outs if (t := o.outputs[0].text).lstrip(" \t\r\n").startswith(tag) or (not whole and tag in t)
+    ]
     reasons = [r for t in attempted if (r := first_call_problem(t, request))]
     return {
         "grammar": grammar,
@@ -140,10 +147,14 @@ def main() -> None:
     ap.add_argument("--tries", type=int, default=200)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--bias-tag", type=float, default=0.0, help="logit bias on the call tag's first token")
+    ap.add_argument("--bias-all", action="store_true", help="put --bias-tag on every token of the tag")
     args = ap.parse_args()
     llm = LLM(args.model) if args.model else LLM()
     for grammar in (False, True):
-        print(json.dumps(run(llm, args.parser, grammar, args.tries, args.bias_tag, args.max_tokens)), flush=True)
+        print(
+            json.dumps(run(llm, args.parser, grammar, args.tries, args.bias_tag, args.bias_all, args.max_tokens)),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

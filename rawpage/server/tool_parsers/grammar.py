@@ -22,6 +22,7 @@ import json
 from typing import Any
 
 from rawpage.server.json_schema import close_objects, rebase_refs
+from rawpage.structured_output.schema_rewrite import cap_numbers
 
 
 class SpecialTokens:
@@ -46,6 +47,17 @@ def lark_lit(text: str, tokens: SpecialTokens) -> str:
     """A tag in Lark: the special token by id when it is one, else its text."""
     tid = tokens.special_id(text)
     return f"<[{tid}]>" if tid is not None else json.dumps(text)
+
+
+# Inside a call: JSON spelled as models are taught it ({"a": 1, "b": 2}), with no free
+# whitespace (a small model offered any whitespace emits newlines until max_tokens).
+_JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def lark_json(schema: dict[str, Any]) -> str:
+    """A JSON schema as a Lark %json rule, in that style; unbounded numbers are capped at
+    16 digits, as for every schema (schema_rewrite.py)."""
+    return f"%json {json.dumps({**cap_numbers(schema), 'x-guidance': _JSON_STYLE})}"
 
 
 def arguments_schema(fn: dict[str, Any]) -> dict[str, Any]:

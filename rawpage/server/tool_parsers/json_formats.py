@@ -29,7 +29,7 @@ from rawpage.server.tool_parsers.base import (
     object_call,
     skip_ws,
 )
-from rawpage.server.tool_parsers.grammar import any_call_schema, arguments_schema, lark_lit, lazy_grammar
+from rawpage.server.tool_parsers.grammar import any_call_schema, arguments_schema, lark_json, lark_lit, lazy_grammar
 
 
 def expect(text: str, i: int, lit: str, final: bool) -> int | None:
@@ -122,7 +122,7 @@ class HermesToolParser(ToolParser):
         return expect(text, k, self.END, final)
 
     def grammar(self, functions: dict[str, dict[str, Any]], tokens: Any) -> str:
-        call = f'"\\n" %json {json.dumps(any_call_schema(functions, "arguments"))} "\\n" {lark_lit(self.END, tokens)}'
+        call = f'"\\n" {lark_json(any_call_schema(functions, "arguments"))} "\\n" {lark_lit(self.END, tokens)}'
         return lazy_grammar([(self.START, call)], tokens)
 
 
@@ -162,13 +162,13 @@ class Llama3JsonToolParser(ToolParser):
 
     def grammar(self, functions: dict[str, dict[str, Any]], tokens: Any) -> str:
         # The reply is either prose (not starting with '{') or calls: no trigger in the text, a choice at the start.
-        call = f"%json {json.dumps(any_call_schema(functions, 'parameters'))}"
+        call = f"{lark_json(any_call_schema(functions, 'parameters'))}"
         tag = lark_lit(self.TAG, tokens) if tokens.special_id(self.TAG) is not None else ""
         return (
             "%llguidance {}\n"
             f'start: PROSE | {tag + "? " if tag else ""}call ("; " call)*\n'
             f"call: {call}\n"
-            "PROSE: /([^{\\s<]|<[^|])(.|\\n)*/\n"
+            "PROSE: /[ \\t\\r\\n]*([^{ \\t\\r\\n<]|<[^|])(.|\\n)*/\n"
         )
 
 
@@ -224,11 +224,11 @@ class MistralToolParser(ToolParser):
         tag = self.TAG
         if tokens.special_id(self.ARGS) is not None:  # v11+: name[ARGS]{...}, one [TOOL_CALLS] each
             alts = " | ".join(
-                f"{json.dumps(name)} {lark_lit(self.ARGS, tokens)} %json {json.dumps(arguments_schema(fn))}"
+                f"{json.dumps(name)} {lark_lit(self.ARGS, tokens)} {lark_json(arguments_schema(fn))}"
                 for name, fn in functions.items()
             )
             return lazy_grammar([(tag, f"({alts})")], tokens)
-        call = f"%json {json.dumps(any_call_schema(functions, 'arguments'))}"
+        call = f"{lark_json(any_call_schema(functions, 'arguments'))}"
         return lazy_grammar([(tag, f'"[" {call} (", " {call})* "]"')], tokens)
 
 
@@ -286,8 +286,7 @@ class DeepSeekV3ToolParser(ToolParser):
 
     def grammar(self, functions: dict[str, dict[str, Any]], tokens: Any) -> str:
         alts = " | ".join(
-            f'{json.dumps(name)} "\\n```json\\n" %json {json.dumps(arguments_schema(fn))}'
-            for name, fn in functions.items()
+            f'{json.dumps(name)} "\\n```json\\n" {lark_json(arguments_schema(fn))}' for name, fn in functions.items()
         )
         call = f'{lark_lit(self.CALL, tokens)} "function" {lark_lit(self.SEP, tokens)} ({alts}) "\\n```" {lark_lit(self.CALL_END, tokens)}'
         return lazy_grammar([(self.BEGIN, f"({call})+ {lark_lit(self.END, tokens)}")], tokens)

@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 from rawpage.server.tool_parsers.base import CallDraft, Malformed, Scan, ToolParser, skip_ws
-from rawpage.server.tool_parsers.grammar import arguments_schema, lark_lit
+from rawpage.server.tool_parsers.grammar import arguments_schema, lark_json, lark_lit
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 _STR = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"", re.DOTALL)
@@ -86,7 +86,7 @@ class PythonicToolParser(ToolParser):
             "%llguidance {}\n"
             f'start: PROSE? | {start}"[" call (", " call)* "]"\n'
             f"call: {alts}\n"
-            "PROSE: /([^\\[\\s<]|<[^|])(.|\\n)*/\n"
+            "PROSE: /[ \\t\\r\\n]*([^\\[ \\t\\r\\n<]|<[^|])(.|\\n)*/\n"
         )
 
 
@@ -163,4 +163,4 @@ def _value(schema: dict[str, Any]) -> str:
         return '("True" | "False")'
     if kind == "null":
         return '"None"'
-    return f"%json {json.dumps(schema)}"
+    return f"{lark_json(schema)}"

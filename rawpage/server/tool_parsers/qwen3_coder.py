@@ -21,7 +21,7 @@ import json
 from typing import Any
 
 from rawpage.server.tool_parsers.base import CallDraft, Malformed, Scan, ToolParser, hold_prefix, skip_ws
-from rawpage.server.tool_parsers.grammar import arguments_schema, lazy_grammar
+from rawpage.server.tool_parsers.grammar import arguments_schema, lark_json, lazy_grammar
 from rawpage.server.tool_parsers.json_formats import expect, scan_tagged
 
 _TYPED = ("integer", "number", "boolean", "object", "array")
@@ -136,7 +136,7 @@ def _value_rule(schema: dict[str, Any], rule: str, rules: list[str]) -> str:
     """A parameter's value and its end tag in the grammar: JSON for typed values, one of
     the texts for a string enum, else any text up to the tag."""
     if schema.get("type") in _TYPED:
-        return f'%json {json.dumps(schema)} "\\n</parameter>"'
+        return f'{lark_json(schema)} "\\n</parameter>"'
     if isinstance(schema.get("enum"), list) and all(isinstance(v, str) for v in schema["enum"]):
         return f'({" | ".join(json.dumps(v) for v in schema["enum"])}) "\\n</parameter>"'
     rules.append(f'{rule}_text[lazy]: /(.|\\n)*/ "\\n</parameter>"')
