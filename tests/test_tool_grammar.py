@@ -4,6 +4,7 @@ the call to a declared tool with arguments valid for its schema. Random logits (
 junk a model at temperature 1.0 may write) make valid calls with the grammar and
 invalid ones without it."""
 
+import copy
 import json
 
 import numpy as np
@@ -16,22 +17,14 @@ from rawpage.server.protocol import Body
 from rawpage.server.tool_parsers.base import valid_call
 from rawpage.server.tool_parsers.grammar import SpecialTokens
 from rawpage.server.tools import tool_request_from
+from tests.test_tool_formats import WEATHER as FORMATS_WEATHER
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "enum": ["Paris", "Oslo"]},
-                "days": {"type": "integer", "minimum": 1, "maximum": 9},
-                "metric": {"type": "boolean"},
-            },
-            "required": ["city", "days"],
-        },
-    },
-}
+# test_tool_formats' get_weather, its values bounded: a random model ends every call
+WEATHER = copy.deepcopy(FORMATS_WEATHER)
+WEATHER["function"]["parameters"]["properties"].update(
+    city={"type": "string", "enum": ["Paris", "Oslo"]}, days={"type": "integer", "minimum": 1, "maximum": 9}
+)
+WEATHER["function"]["parameters"]["required"] = ["city", "days"]
 TIME = {
     "type": "function",
     "function": {
