@@ -120,10 +120,10 @@ def auto(parser: str, parallel: bool = True):
     return tool_request_from(body, ServerConfig(enable_auto_tool_choice=True, tool_call_parser=parser))
 
 
-def chat_stream(reply: ReplyParser, text: str, cuts: list[int]) -> list[dict]:
+def chat_stream(reply: ReplyParser, text: str, cuts: list[int], finish: str = "stop") -> list[dict]:
     s = reply.stream()
     deltas = [s.feed(text[a:b]) for a, b in zip([0, *cuts], [*cuts, len(text)])]
-    last, finish = s.finish("stop")
+    last, _ = s.finish(finish)
     return [*deltas, last]
 
 
@@ -270,3 +270,21 @@ def test_named_and_required_choices_stream_their_arguments():
         deltas = chat_stream(reply, text, list(range(1, len(text))))
         assert [c["function"] for c in merged_calls(deltas)] == [c["function"] for c in msg["tool_calls"]]
         assert sum(len(d.get("tool_calls", [])) for d in deltas) > len(msg["tool_calls"])  # in pieces
+
+
+def test_a_reply_cut_inside_a_call_keeps_the_calls_before_it():
+    """max_tokens ends a reply inside its second call: the first stays a call, as its stream
+    sent it; the stream had begun the second too (OpenAI's streams show such a call cut, with
+    finish_reason "length"), which the whole reply drops."""
+    first = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n'
+    reply = ReplyParser(auto("hermes"), None)
+    for text in [first + '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa', first[:-5]]:
+        msg, finish = reply.message(text, "length")
+        assert [c["function"] for c in msg["tool_calls"]] == [{"name": "get_time", "arguments": "{}"}]
+        assert finish == "length"
+        streamed = merged_calls(chat_stream(reply, text, list(range(1, len(text))), "length"))
+        assert streamed[0]["function"] == msg["tool_calls"][0]["function"]
+    assert [c["function"]["arguments"] for c in streamed] == ["{}"]
+    assert (
+        len(merged_calls(chat_stream(reply, first + '<tool_call>{"name": "get_weather", "arguments": {"ci', []))) == 2
+    )

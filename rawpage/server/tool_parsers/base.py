@@ -65,15 +65,28 @@ class ToolParser:
         raise NotImplementedError
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
-        """A whole reply -> (content, calls); (text, []) when it holds no well-formed calls."""
+        """A whole reply -> (content, calls); (text, []) when it holds no well-formed calls.
+        A reply that ends inside a call (max_tokens) keeps the calls it finished before,
+        as its stream sent them; the unfinished one is dropped."""
         try:
             scan = self.scan(text, final=True)
         except (Malformed, RecursionError):
-            return text, []
-        calls = [valid_call(c) for c in scan.calls]
+            scan = self._cut_short(text)
+        calls = [valid_call(c) for c in scan.calls] if scan else []
         if not calls or not all(calls):
             return text, []
         return scan.content, calls
+
+    def _cut_short(self, text: str) -> Scan | None:
+        """A reply that is the start of a well-formed one: its finished calls (None when
+        the text is malformed, not cut)."""
+        try:
+            scan = self.scan(text, final=False)
+        except (Malformed, RecursionError):
+            return None
+        if scan.calls and not scan.calls[-1].done:
+            scan.calls.pop()
+        return scan
 
     def grammar(self, functions: dict[str, dict[str, Any]], tokens: Any) -> str:
         """The lazy Lark grammar for tool_choice "auto" (tool_grammar.py)."""
