@@ -12,15 +12,20 @@ logit bias to the tag's first token (`--bias-all`: to each of its tokens), so th
 model that seldom calls tools (the default model at this size, the tiny random test
 model never) tries often; inside a call the bias pulls toward junk, which is the test.
 
-    python tools/bench_tool_calls.py                       # the default model, hermes
-    python tools/bench_tool_calls.py --model TINY_DIR --parser llama3_json --bias-tag 5
+    python tools/bench_tool_calls.py --bias-tag 6          # the default model, hermes
+    python tools/bench_tool_calls.py --tiny --parser llama3_json --bias-tag 6
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository, for --tiny
 
 from rawpage import LLM, SamplingParams
 from rawpage.server.args import ServerConfig
@@ -110,6 +115,7 @@ def run(llm: LLM, parser: str, grammar: bool, tries: int, bias: float, bias_all:
     template = template_for_tools(llm.engine.chat_template or tok.chat_template)
     prompt = tok.apply_chat_template(MESSAGES, True, chat_template=template, tools=TOOLS)
     tag = CALL_STARTS.get(parser) or TOOL_PARSERS[parser].template_marks[0]
+    end = getattr(TOOL_PARSERS[parser], "END", None) if parser not in CALL_STARTS else None
     tag_ids = tok.encode(tag, add_special_tokens=False)
     bias_map = {t: bias for t in (tag_ids if bias_all else tag_ids[:1])} if bias else None
     params = [
@@ -119,6 +125,8 @@ def run(llm: LLM, parser: str, grammar: bool, tries: int, bias: float, bias_all:
             seed=seed,
             logit_bias=bias_map,
             skip_special_tokens=not request.keeps_special_tokens(),
+            stop=[end] if end else None,  # only the first call is judged: stop once it has closed
+            include_stop_str_in_output=True,
             structured_outputs=request.constraint(),
         )
         for seed in range(tries)
@@ -140,16 +148,25 @@ def run(llm: LLM, parser: str, grammar: bool, tries: int, bias: float, bias_all:
     }
 
 
+def tiny_model(folder: str) -> str:
+    """The tests' tiny random Llama (tests/conftest.py's tiny_model_dir), written to `folder`."""
+    from tests.tiny_models import TINY_LLAMA, random_tensors, tiny_config, train_tokenizer, write_hf_folder
+
+    cfg = tiny_config(**TINY_LLAMA)
+    return write_hf_folder(os.path.join(folder, "hf"), cfg, random_tensors(cfg, seed=1), train_tokenizer())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="a model folder or GGUF (default: rawpage's default model)")
+    ap.add_argument("--tiny", action="store_true", help="the tests' tiny random model (tests/tiny_models.py)")
     ap.add_argument("--parser", default="hermes", choices=list(TOOL_PARSERS))
     ap.add_argument("--tries", type=int, default=200)
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--bias-tag", type=float, default=0.0, help="logit bias on the call tag's first token")
     ap.add_argument("--bias-all", action="store_true", help="put --bias-tag on every token of the tag")
     args = ap.parse_args()
-    llm = LLM(args.model) if args.model else LLM()
+    llm = LLM(tiny_model(tempfile.mkdtemp())) if args.tiny else LLM(args.model) if args.model else LLM()
     for grammar in (False, True):
         print(
             json.dumps(run(llm, args.parser, grammar, args.tries, args.bias_tag, args.bias_all, args.max_tokens)),

@@ -162,11 +162,11 @@ class Llama3JsonToolParser(ToolParser):
 
     def grammar(self, functions: dict[str, dict[str, Any]], tokens: Any) -> str:
         # The reply is either prose (not starting with '{') or calls: no trigger in the text, a choice at the start.
-        call = f"{lark_json(any_call_schema(functions, 'parameters'))}"
+        call = lark_json(any_call_schema(functions, "parameters"))
         tag = lark_lit(self.TAG, tokens) if tokens.special_id(self.TAG) is not None else ""
         return (
             "%llguidance {}\n"
-            f'start: PROSE | {tag + "? " if tag else ""}call ("; " call)*\n'
+            f'start: PROSE? | {tag + "? " if tag else ""}call ("; " call)*\n'
             f"call: {call}\n"
             "PROSE: /[ \\t\\r\\n]*([^{ \\t\\r\\n<]|<[^|])(.|\\n)*/\n"
         )

@@ -163,4 +163,4 @@ def _value(schema: dict[str, Any]) -> str:
         return '("True" | "False")'
     if kind == "null":
         return '"None"'
-    return f"{lark_json(schema)}"
+    return lark_json(schema)
