@@ -1,10 +1,11 @@
 """Tool calling in OpenAI's chat shape: the request's `tools`, `tool_choice` and
-`parallel_tool_calls`, the grammar that enforces a required or named call, and the
-conversation's earlier calls and results on their way to the chat template.
+`parallel_tool_calls`, the grammars that keep calls valid, and the conversation's
+earlier calls and results on their way to the chat template.
 
     tool_choice   how the reply is made                       how calls are read back
     "none"        free text; tools are not shown the model    never
-    "auto"        free text (needs --enable-auto-tool-choice) --tool-call-parser
+    "auto"        free text; from the call tag on, the        --tool-call-parser (or the
+                  parser's lazy grammar (--tool-call-grammar)  chat template's format)
     "required"    grammar: a JSON array of {"name", "arguments"}, one item per call
     named         grammar: that function's arguments object
 """
