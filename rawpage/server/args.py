@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from rawpage.engine_args import parse_bytes
 from rawpage.flags import add_flag, add_flags, flag, given_flags
+from rawpage.server.tool_parsers import TOOL_PARSERS
 
 
 def _list(text: str) -> list[str]:
@@ -154,10 +155,17 @@ class ServerConfig:
     web: bool = flag(True, "serve the built-in web page at / (chat playground and live KV-cache view)")
     tool_call_parser: str | None = flag(
         None,
-        "how tool calls are read from a reply under tool_choice 'auto': hermes = <tool_call>{...}</tool_call> "
-        "(Qwen2.5/3, ChatML models); llama3_json = Llama 3.x JSON",
-        choices=["hermes", "llama3_json"],
+        "how tool calls are read from a reply under tool_choice 'auto' (vLLM's names): hermes = "
+        "<tool_call>{...}</tool_call> (Qwen2.5/3, ChatML models); llama3_json, llama4_json = Llama JSON; mistral = "
+        "[TOOL_CALLS]; deepseek_v3; qwen3_coder = <function=...> XML; pythonic, llama4_pythonic = [f(a=1)] "
+        "(without it, read off the chat template where that is unambiguous)",
+        choices=list(TOOL_PARSERS),
         default_text="none",
+    )
+    tool_call_grammar: bool = flag(
+        True,
+        "under tool_choice 'auto', a grammar that starts at the parser's call tag holds each call to a declared "
+        "tool with arguments valid for its schema (free text stays free); --no-tool-call-grammar: parse only",
     )
     enable_auto_tool_choice: bool = flag(
         False,

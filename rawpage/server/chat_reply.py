@@ -16,6 +16,7 @@ from typing import Any
 
 from rawpage.server.reasoning import ReasoningParser
 from rawpage.server.tool_parsers import ToolCall
+from rawpage.server.tool_parsers.base import Malformed
 from rawpage.server.tools import ToolRequest
 
 
@@ -66,36 +67,81 @@ class ReplyParser:
 
 
 class ReplyStream:
+    """A reply's stream of chat deltas. Content goes out once it is certainly content; a
+    call goes out as it is written, OpenAI's way: a first `tool_calls` entry with the id,
+    type and name (and the arguments so far), then entries that add to its arguments. At
+    the end the whole text is parsed as `message` parses it, and what is left goes out, so
+    the stream adds up to the non-streamed reply. A call found malformed after its first
+    entry went out (no grammar, or cut off by max_tokens) cannot be taken back: the stream
+    stops adding to it, and at the end the reply's content follows as the non-streamed
+    reply has it (its whole text), with that reply's finish_reason."""
+
     def __init__(self, parser: ReplyParser) -> None:
         self.parser = parser
         self.split = parser.reasoning.streamer() if parser.reasoning else None
         self.content = ""  # the content part of the text so far
-        self.sent = 0  # characters of it already sent
+        self.sent = ""  # the reply's content sent so far
+        self.calls: list[ToolCall] = []  # calls begun in the stream; their arguments as sent so far
+        self.broken = False  # the text stopped parsing as calls: nothing more until the end
 
     def feed(self, delta: str) -> dict[str, Any]:
         """The delta to send for this much more text ({} when nothing is certain yet)."""
         reasoning, content = self.split.feed(delta) if self.split else ("", delta)
         self.content += content
+        out = self._delta(reasoning if self.parser.include_reasoning else "", "")
         tools = self.parser.tools
-        end = tools.hold_from(self.content) if tools else len(self.content)
-        return self._delta(reasoning if self.parser.include_reasoning else "", self._take(max(end, self.sent)))
+        if tools is None:
+            return self._delta(out.get("reasoning_content", ""), self._take(self.content))
+        if self.broken or not (content or reasoning):
+            return out
+        try:
+            scan = tools.scan(self.content)
+        except Malformed:
+            self.broken = True
+            return out
+        out = self._delta(out.get("reasoning_content", ""), self._take(scan.content))
+        drafts = scan.calls if tools.parallel else scan.calls[:1]
+        entries = self._grow([(d.name, d.arguments) for d in drafts if d.name])
+        if entries:
+            out["tool_calls"] = entries
+        return out
 
     def finish(self, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
-        """The last delta (everything held, and the calls) and the finish reason."""
+        """The last delta (everything held, and the rest of the calls) and the finish reason."""
         reasoning, content = self.split.feed("", final=True) if self.split else ("", "")
         self.content += content
         tools = self.parser.tools
         text, calls = tools.extract(self.content) if tools else (self.content, [])
-        rest = text[self.sent :] if text.startswith(self.content[: self.sent]) else ""
-        delta = self._delta(reasoning if self.parser.include_reasoning else "", rest)
-        if calls:
-            delta["tool_calls"] = [c.to_openai(i) for i, c in enumerate(calls)]
+        delta = self._delta(reasoning if self.parser.include_reasoning else "", self._take(text))
+        entries = self._grow([(c.name, c.arguments) for c in calls])
+        if entries:
+            delta["tool_calls"] = entries
         return delta, _finish(finish_reason, bool(calls))
 
-    def _take(self, end: int) -> str:
-        out = self.content[self.sent : end]
-        self.sent = end
+    def _take(self, content: str) -> str:
+        """The content not sent yet (content only grows; anything else sends nothing)."""
+        if len(content) <= len(self.sent) or not content.startswith(self.sent):
+            return ""
+        out, self.sent = content[len(self.sent) :], content
         return out
+
+    def _grow(self, drafts: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        """`tool_calls` entries that bring the sent calls up to these (name, arguments so far)."""
+        entries = []
+        for i, (name, args) in enumerate(drafts):
+            if i == len(self.calls):
+                self.calls.append(ToolCall(name, ""))
+                entries.append({**self.calls[i].to_openai(i)})
+            call = self.calls[i]
+            if call.name != name or not args.startswith(call.arguments):
+                break  # not the call that was begun: it was malformed
+            if len(args) > len(call.arguments):
+                more, call.arguments = args[len(call.arguments) :], args
+                if entries and entries[-1].get("index") == i and "id" in entries[-1]:
+                    entries[-1]["function"]["arguments"] += more
+                else:
+                    entries.append({"index": i, "function": {"arguments": more}})
+        return entries
 
     @staticmethod
     def _delta(reasoning: str, content: str) -> dict[str, Any]:
@@ -105,6 +151,18 @@ class ReplyStream:
         if content:
             delta["content"] = content
         return delta
+
+
+def delta_parts(delta: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A chat delta as ("reasoning" | "content", text) and ("call", tool_calls entry) parts,
+    in the order a block-by-block API (Anthropic's, Responses) writes them: reasoning, the
+    rest of a call already begun, the content, then new calls."""
+    entries = delta.get("tool_calls") or []
+    first_new = next((i for i, e in enumerate(entries) if "id" in e), len(entries))
+    parts: list[tuple[str, Any]] = [("reasoning", delta["reasoning_content"])] if delta.get("reasoning_content") else []
+    parts += [("call", e) for e in entries[:first_new]]
+    parts += [("content", delta["content"])] if delta.get("content") else []
+    return parts + [("call", e) for e in entries[first_new:]]
 
 
 def _finish(reason: str | None, has_calls: bool) -> str | None:

@@ -16,6 +16,7 @@ the stream's deltas) in its own shape.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -49,7 +50,10 @@ async def checked_prompt(state: ServerState, chat: ChatRequest) -> tuple[Checked
     the prompt left open, or not)."""
     ids, images = await prompt_ids(state, chat)
     reply = chat.reply.for_prompt(state.info.tokenizer, ids)
-    return await state.check_prompt(ids, chat.params, chat.param, chat.priority, chat.cache_salt, images), reply
+    params = chat.params
+    if chat.tools and chat.tools.keeps_special_tokens():  # the format's tags are special tokens
+        params = dataclasses.replace(params, skip_special_tokens=False)
+    return await state.check_prompt(ids, params, chat.param, chat.priority, chat.cache_salt, images), reply
 
 
 async def submit(request: Request, state: ServerState, chat: ChatRequest) -> tuple[RequestStream, ReplyParser]:
@@ -72,7 +76,7 @@ class ReplyStep:
     """What one engine output adds to one choice, already split by the ReplyStream."""
 
     o: CompletionOutput
-    delta: dict[str, Any]  # chat's delta shape: reasoning_content, content, tool_calls (at the end)
+    delta: dict[str, Any]  # chat's delta shape: reasoning_content, content, tool_calls (entries as they grow)
     first: bool  # the choice's first step: where an API opens its message
     finish: str | None  # the reply's finish reason, on the choice's last step
 
@@ -103,10 +107,10 @@ async def reply_steps(
 
 
 def _join(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """Two deltas as one: text fields concatenate."""
+    """Two deltas as one: text fields and tool_calls entries concatenate."""
     out = dict(a)
     for k, v in b.items():
-        out[k] = out[k] + v if k in out and isinstance(v, str) else v
+        out[k] = out[k] + v if k in out and isinstance(v, (str, list)) else v
     return out
 
 

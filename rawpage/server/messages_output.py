@@ -5,7 +5,7 @@ the same message block by block.
     ping
     content_block_start / _delta / _stop   per block: thinking (thinking_delta, then one
                                  signature_delta), text (text_delta), tool_use
-                                 (input_json_delta, whole, at the end)
+                                 (input_json_delta, as the arguments are written)
     message_delta                stop_reason, stop_sequence, usage.output_tokens
     message_stop
 
@@ -21,7 +21,7 @@ from typing import Any
 from starlette.responses import Response
 
 from rawpage.outputs import CompletionOutput, RequestOutput
-from rawpage.server.chat_reply import Reply, ReplyParser
+from rawpage.server.chat_reply import Reply, ReplyParser, delta_parts
 from rawpage.server.chat_request import TokenCounts, reply_steps, token_counts
 from rawpage.server.protocol import APIError
 from rawpage.server.request import MessagesRequest
@@ -48,13 +48,13 @@ def stop_reason(reply: Reply, o: CompletionOutput) -> tuple[str, str | None]:
 
 
 def tool_use(call: ToolCall) -> dict[str, Any]:
-    """A call as a tool_use block; its id keeps the call's, in Anthropic's toolu_ form."""
-    return {
-        "type": "tool_use",
-        "id": "toolu_" + call.id.removeprefix("call_"),
-        "name": call.name,
-        "input": json.loads(call.arguments),
-    }
+    """A call as a tool_use block."""
+    return {"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": json.loads(call.arguments)}
+
+
+def tool_use_id(call: ToolCall) -> str:
+    """The call's id in Anthropic's toolu_ form."""
+    return "toolu_" + call.id.removeprefix("call_")
 
 
 def content_blocks(reply: Reply, sign: Callable[[str], str], omit: bool = False) -> list[dict[str, Any]]:
@@ -126,6 +126,9 @@ async def _events(state: ServerState, parser: ReplyParser, ev: MessageEvents, ge
         yield e
 
 
+_BLOCKS = {"reasoning": "thinking", "content": "text"}  # a delta's text part -> the block (item) it goes into
+
+
 class MessageEvents:
     """The SSE events of one streamed message."""
 
@@ -133,7 +136,7 @@ class MessageEvents:
         self.rid, self.model, self.sign = rid, model, sign
         self.omit = omit  # thinking.display "omitted": no thinking_delta, the signature carries it
         self.index = -1  # the open (or last) content block's index
-        self.open: str | None = None  # "thinking" or "text": the block text is going into
+        self.open: str | None = None  # "thinking", "text" or "tool_use": the block being written
         self.reasoning, self.content = "", ""
         self.calls: list[ToolCall] = []
 
@@ -156,12 +159,8 @@ class MessageEvents:
 
     def feed(self, delta: dict[str, Any]) -> list[str]:
         events = []
-        if delta.get("reasoning_content"):
-            events += self._text("thinking", delta["reasoning_content"])
-        if delta.get("content"):
-            events += self._text("text", delta["content"])
-        for c in delta.get("tool_calls") or []:
-            events += self._call(ToolCall(c["function"]["name"], c["function"]["arguments"], c["id"]))
+        for kind, part in delta_parts(delta):
+            events += self._call(part) if kind == "call" else self._text(_BLOCKS[kind], part)
         return events
 
     def reply(self, finish_reason: str | None) -> Reply:
@@ -211,14 +210,21 @@ class MessageEvents:
         self.open = None
         return events + [self.event("content_block_stop", index=self.index)]
 
-    def _call(self, call: ToolCall) -> list[str]:
-        events = self._close()
-        self.calls.append(call)
-        self.index += 1
-        block = {**tool_use(call), "input": {}}
-        delta = {"type": "input_json_delta", "partial_json": call.arguments}
-        return events + [
-            self.event("content_block_start", index=self.index, content_block=block),
-            self.event("content_block_delta", index=self.index, delta=delta),
-            self.event("content_block_stop", index=self.index),
-        ]
+    def _call(self, entry: dict[str, Any]) -> list[str]:
+        """One chat `tool_calls` entry: the first of a call opens its tool_use block, and
+        each adds its piece of the arguments as an input_json_delta."""
+        events = []
+        if "id" in entry:
+            events = self._close()
+            call = ToolCall(entry["function"]["name"], "", entry["id"])
+            self.calls.append(call)
+            self.index += 1
+            self.open = "tool_use"
+            block = {"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": {}}
+            events.append(self.event("content_block_start", index=self.index, content_block=block))
+        more = entry["function"].get("arguments", "")
+        if more:
+            self.calls[entry["index"]].arguments += more
+            delta = {"type": "input_json_delta", "partial_json": more}
+            events.append(self.event("content_block_delta", index=self.index, delta=delta))
+        return events

@@ -33,6 +33,7 @@ from rawpage.server.chat_reply import ReplyParser
 from rawpage.server.protocol import APIError, Body, OutputOptions
 from rawpage.server.reasoning import PARSERS as REASONING_PARSERS
 from rawpage.server.state import Caller, RenderOptions, ServerState
+from rawpage.server.tool_parsers.grammar import SpecialTokens
 from rawpage.server.tools import ToolRequest, tool_request_from
 from rawpage.structured_output import StructuredOutputsParams
 
@@ -320,7 +321,7 @@ def priority(body: Body, state: ServerState) -> int:
 
 def tool_request(state: ServerState, body: Body) -> ToolRequest | None:
     """A body's tools, tool_choice and parallel_tool_calls in chat's shapes, checked against the model's template."""
-    return tool_request_from(body, state.config, state.info.template)
+    return tool_request_from(body, state.config, state.info.template, SpecialTokens.of(state.info.tokenizer))
 
 
 def reply_parser(state: ServerState, tools: ToolRequest | None, include_reasoning: bool = True) -> ReplyParser:
@@ -334,6 +335,8 @@ def constraint_for(
     """The request's grammar: the one it gave (`given_name` names that field), or the one a
     required or named tool_choice brings, never both; with a reasoning parser it applies outside <think>…</think>."""
     forced = reply.tools.constraint() if reply.tools else None
+    if given is not None and reply.tools and reply.tools.choice == "auto":
+        forced = None  # the request's own format decides its text; calls are then only parsed
     if given is not None and forced is not None:
         raise APIError(
             f'tool_choice "{reply.tools.choice}" already constrains the reply; drop {given_name}', param="tool_choice"

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from rawpage.server.chat_reply import Reply
+from rawpage.server.chat_reply import Reply, delta_parts
 from rawpage.server.protocol import APIError
 from rawpage.server.streaming import sse
 from rawpage.server.tool_parsers import ToolCall
@@ -44,6 +44,9 @@ def new_envelope(rid: str, model: str, fields: dict[str, Any]) -> dict[str, Any]
         "usage": None,
         **fields,
     }
+
+
+_BLOCKS = {"reasoning": "reasoning", "content": "message"}  # a delta's text part -> the block (item) it goes into
 
 
 class OutputItems:
@@ -125,7 +128,7 @@ class ResponseEvents:
         self.envelope, self.items = envelope, items
         self.seq = 0
         self.output: list[dict[str, Any]] = []  # items opened so far, in output_index order
-        self.open: str | None = None  # "reasoning" or "message": the item text is going into
+        self.open: str | None = None  # "reasoning", "message" or "function_call": the item being written
         self.reasoning, self.content = "", ""
         self.calls: list[ToolCall] = []
         # logprob items of tokens not yet sent (include ["message.output_text.logprobs"]):
@@ -146,14 +149,10 @@ class ResponseEvents:
         ]
 
     def feed(self, delta: dict[str, Any]) -> list[str]:
-        """One ReplyStep's delta: reasoning text, content text, and (at the end) the calls."""
+        """One ReplyStep's delta: reasoning text, content text, and the calls' entries as they grow."""
         events = []
-        if delta.get("reasoning_content"):
-            events += self._text("reasoning", delta["reasoning_content"])
-        if delta.get("content"):
-            events += self._text("message", delta["content"])
-        for c in delta.get("tool_calls") or []:
-            events += self._call(ToolCall(c["function"]["name"], c["function"]["arguments"], c["id"]))
+        for kind, part in delta_parts(delta):
+            events += self._call(part) if kind == "call" else self._text(_BLOCKS[kind], part)
         return events
 
     def reply(self, finish_reason: str | None) -> Reply:
@@ -206,12 +205,19 @@ class ResponseEvents:
         return events
 
     def _close(self) -> list[str]:
-        """Finish the open reasoning or message item."""
+        """Finish the open reasoning, message or function_call item."""
         if self.open is None:
             return []
         index, kind = len(self.output) - 1, self.open
         self.open = None
-        if kind == "reasoning":
+        if kind == "function_call":
+            call = self.calls[-1]
+            item = self.output[index] = self.items.function_call(call)
+            where = dict(item_id=item["id"], output_index=index)
+            done = [
+                self.event("response.function_call_arguments.done", **where, name=call.name, arguments=call.arguments)
+            ]
+        elif kind == "reasoning":
             item = self.output[index] = self.items.reasoning(self.reasoning)
             where = dict(item_id=item["id"], output_index=index, content_index=0)
             done = [self.event("response.reasoning_text.done", **where, text=self.reasoning)]
@@ -226,15 +232,21 @@ class ResponseEvents:
             ]
         return done + [self.event("response.output_item.done", output_index=index, item=item)]
 
-    def _call(self, call: ToolCall) -> list[str]:
-        events = self._close()
-        self.calls.append(call)
-        index, item = len(self.output), self.items.function_call(call, "in_progress")
-        self.output.append(self.items.function_call(call))
-        where = dict(item_id=item["id"], output_index=index)
-        return events + [
-            self.event("response.output_item.added", output_index=index, item=item),
-            self.event("response.function_call_arguments.delta", **where, delta=call.arguments),
-            self.event("response.function_call_arguments.done", **where, name=call.name, arguments=call.arguments),
-            self.event("response.output_item.done", output_index=index, item=self.output[index]),
-        ]
+    def _call(self, entry: dict[str, Any]) -> list[str]:
+        """One chat `tool_calls` entry: the first of a call adds its function_call item, and
+        each adds its piece of the arguments (response.function_call_arguments.delta)."""
+        events = []
+        if "id" in entry:
+            events = self._close()
+            call = ToolCall(entry["function"]["name"], "", entry["id"])
+            self.calls.append(call)
+            item = self.items.function_call(call, "in_progress")
+            self.output.append(item)
+            self.open = "function_call"
+            events.append(self.event("response.output_item.added", output_index=len(self.output) - 1, item=item))
+        more = entry["function"].get("arguments", "")
+        if more:
+            self.calls[entry["index"]].arguments += more
+            where = dict(item_id=self.output[-1]["id"], output_index=len(self.output) - 1)
+            events.append(self.event("response.function_call_arguments.delta", **where, delta=more))
+        return events

@@ -1,10 +1,11 @@
 """Tool calling in OpenAI's chat shape: the request's `tools`, `tool_choice` and
-`parallel_tool_calls`, the grammar that enforces a required or named call, and the
-conversation's earlier calls and results on their way to the chat template.
+`parallel_tool_calls`, the grammars that keep calls valid, and the conversation's
+earlier calls and results on their way to the chat template.
 
     tool_choice   how the reply is made                       how calls are read back
     "none"        free text; tools are not shown the model    never
-    "auto"        free text (needs --enable-auto-tool-choice) --tool-call-parser
+    "auto"        free text; from the call tag on, the        --tool-call-parser (or the
+                  parser's lazy grammar (--tool-call-grammar)  chat template's format)
     "required"    grammar: a JSON array of {"name", "arguments"}, one item per call
     named         grammar: that function's arguments object
 """
@@ -16,13 +17,15 @@ import json
 import logging
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rawpage.server.args import ServerConfig
-from rawpage.server.json_schema import close_objects, rebase_refs
 from rawpage.server.protocol import APIError, Body, loads_field
-from rawpage.server.tool_parsers import TOOL_PARSERS, ToolCall, call_from_json, model_json
+from rawpage.server.tool_parsers import TOOL_PARSERS, CallDraft, Scan, ToolCall, template_tool_format
+from rawpage.server.tool_parsers.base import Malformed, skip_ws, valid_call
+from rawpage.server.tool_parsers.grammar import SpecialTokens, any_call_schema, arguments_schema
+from rawpage.server.tool_parsers.json_formats import call_list
 from rawpage.structured_output import StructuredOutputsParams
 from rawpage.text.chat_template import ChatTemplate
 
@@ -38,6 +41,8 @@ class ToolRequest:
     named: str | None  # the function's name when choice == "named"
     parallel: bool
     parser: Any = None  # the --tool-call-parser, for "auto"
+    grammar: bool = True  # "auto" keeps calls valid with the parser's lazy grammar (--no-tool-call-grammar: off)
+    tokens: SpecialTokens = field(default_factory=lambda: SpecialTokens({}))  # the tokenizer's special tokens
 
     @property
     def functions(self) -> dict[str, dict[str, Any]]:
@@ -47,36 +52,38 @@ class ToolRequest:
         return self.tools if self.tools and self.choice != "none" else None
 
     def constraint(self) -> StructuredOutputsParams | None:
-        """The grammar for "required" and named choices (None otherwise). Each function's
-        parameters sit in the array's items; their local refs are rebased to that place."""
+        """The grammar: for "required" a JSON array of calls, for a named choice its arguments,
+        and for "auto" (unless --no-tool-call-grammar) the parser's lazy grammar, which leaves
+        text free until a call starts (tool_parsers/grammar.py)."""
         if self.choice == "named":
-            return StructuredOutputsParams(json=_parameters(self.functions[self.named]))
+            return StructuredOutputsParams(json=arguments_schema(self.functions[self.named]))
+        if self.choice == "auto" and self.grammar:
+            return StructuredOutputsParams(grammar=self.parser.grammar(self.functions, self.tokens))
         if self.choice != "required":
             return None
-        calls = [
-            {
-                "type": "object",
-                "properties": {
-                    "name": {"const": name},
-                    "arguments": rebase_refs(_parameters(fn), f"/items/anyOf/{i}/properties/arguments"),
-                },
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            for i, (name, fn) in enumerate(self.functions.items())
-        ]
-        schema = {"type": "array", "items": {"anyOf": calls}, "minItems": 1}
+        schema = {"type": "array", "items": any_call_schema(self.functions, "arguments", "/items"), "minItems": 1}
         if not self.parallel:
             schema["maxItems"] = 1
         return StructuredOutputsParams(json=schema)
 
-    def hold_from(self, text: str) -> int:
-        """Streaming: how much of this content is certainly not (part of) a call."""
-        if self.choice in ("named", "required"):
-            return 0
+    def keeps_special_tokens(self) -> bool:
+        """The reply must be decoded with special tokens kept: the format's tags are some
+        (Mistral's [TOOL_CALLS], DeepSeek's fences), as vLLM's mistral parser asks too."""
+        tags = self.parser.special_tags if self.choice == "auto" else ()
+        return any(self.tokens.special_id(t) is not None for t in tags)
+
+    def scan(self, text: str, final: bool = False) -> Scan:
+        """The reply so far: its certain content and its calls as far as they go (a stream
+        sends both as they grow). Under a forced choice the text is the grammar's JSON."""
+        if self.choice == "named":
+            args = text.strip() if final else text.lstrip().rstrip()  # trailing blanks may be inside the JSON
+            return Scan("", [CallDraft(self.named, args, final)])
+        if self.choice == "required":
+            i = skip_ws(text, 0)
+            return Scan("", [] if i == len(text) else call_list(text, i, final))
         if self.choice == "auto":
-            return self.parser.content_end(text)
-        return len(text)
+            return self.parser.scan(text, final)
+        return Scan(text)
 
     def extract(self, text: str) -> tuple[str, list[ToolCall]]:
         """A reply's content -> (content without the calls, calls). Unparsable: (text, []).
@@ -90,12 +97,11 @@ class ToolRequest:
     def _extract(self, text: str) -> tuple[str, list[ToolCall]]:
         # Under a forced choice the text is the grammar's JSON; cut short (max_tokens) it is
         # no call and no content either: vLLM answers content "" and finish_reason "length".
-        if self.choice == "named":
-            call = call_from_json({"name": self.named, "arguments": model_json(text)})
-            return "", [call] if call else []
-        if self.choice == "required":
-            items = model_json(text)
-            calls = [call_from_json(x) for x in items] if isinstance(items, list) else [None]
+        if self.choice in ("named", "required"):
+            try:
+                calls = [valid_call(c) for c in self.scan(text, final=True).calls]
+            except (Malformed, RecursionError):
+                calls = [None]
             return "", calls if calls and all(calls) else []
         if self.choice == "auto":
             content, calls = self.parser.parse(text)
@@ -103,15 +109,12 @@ class ToolRequest:
         return text, []
 
 
-def _parameters(fn: dict[str, Any]) -> dict[str, Any]:
-    """The arguments' schema, closed: no keys the tool did not declare (OpenAI's strict
-    mode, which vLLM enforces for tool calls)."""
-    return close_objects(fn.get("parameters") or {"type": "object", "properties": {}})
-
-
-def tool_request_from(body: Body, config: ServerConfig, template: ChatTemplate | None = None) -> ToolRequest | None:
+def tool_request_from(
+    body: Body, config: ServerConfig, template: ChatTemplate | None = None, tokens: SpecialTokens | None = None
+) -> ToolRequest | None:
     """The request's tool fields, checked; None when it offers no tools. `template` is the
-    model's chat template, which may tell the parser for "auto" (auto_tool_parser)."""
+    model's chat template, which may tell the parser for "auto" (auto_tool_parser); `tokens`
+    its tokenizer's special tokens, which some formats' tags are."""
     tools = body.value("tools")
     choice = body.value("tool_choice")
     parallel = body.bool("parallel_tool_calls", True)
@@ -138,8 +141,9 @@ def tool_request_from(body: Body, config: ServerConfig, template: ChatTemplate |
         choice = "named"
     elif choice not in ("none", "auto", "required"):
         raise APIError("'tool_choice' must be none, auto, required or a named function", param="tool_choice")
-    parser = TOOL_PARSERS[auto_tool_parser(config, template)]() if choice == "auto" else None
-    return ToolRequest(tools, choice, named, parallel, parser)
+    functions = {t["function"]["name"]: t["function"] for t in tools}
+    parser = TOOL_PARSERS[auto_tool_parser(config, template)](functions) if choice == "auto" else None
+    return ToolRequest(tools, choice, named, parallel, parser, config.tool_call_grammar, tokens or SpecialTokens({}))
 
 
 def auto_tool_parser(config: ServerConfig, template: ChatTemplate | None) -> str:
@@ -178,7 +182,7 @@ def _template_tool_format(template: ChatTemplate | None) -> str | None:
         source = template_for_tools(template).source
     except APIError:
         return None
-    return "hermes" if "<tool_call>" in source else None
+    return template_tool_format(source)
 
 
 def _check_tool(tool: Any, i: int) -> str:

@@ -153,9 +153,14 @@ def test_agent_round_trip_with_required_tool_choice(client):
     assert r.choices[0].finish_reason == "tool_calls" and msg.content is None
     (name, args), *_ = calls(msg.tool_calls)
     assert name in ("get_weather", "get_time") and msg.tool_calls[0].id.startswith("call_")
-    # streamed: the same calls, in delta.tool_calls chunks
+    # streamed: the same calls, their arguments in delta.tool_calls pieces as they are written
     chunks = list(client.chat.completions.create(messages=messages, stream=True, **kw))
-    streamed = [tc for ch in chunks for tc in ch.choices[0].delta.tool_calls or []]
+    entries = [tc for ch in chunks for tc in ch.choices[0].delta.tool_calls or []]
+    streamed = [e.model_copy(deep=True) for e in entries if e.id]
+    for e in entries:
+        if not e.id:
+            streamed[e.index].function.arguments += e.function.arguments
+    assert len(entries) > len(streamed)  # the arguments came in pieces
     assert calls(streamed) == calls(msg.tool_calls) and chunks[-1].choices[0].finish_reason == "tool_calls"
     # the tool's result goes back, and the model answers in prose
     messages += [
