@@ -159,7 +159,11 @@ def test_anthropic_and_responses_streams_add_up_to_the_unstreamed_calls(parser, 
             partial[d["index"]] = ""
         elif name == "content_block_delta" and d["delta"]["type"] == "input_json_delta":
             partial[d["index"]] += d["delta"]["partial_json"]
-    expected = [b for b in message_object("msg_1", "m", whole, o, counts, lambda text: "sig")["content"] if b["type"] == "tool_use"]
+    expected = [
+        b
+        for b in message_object("msg_1", "m", whole, o, counts, lambda text: "sig")["content"]
+        if b["type"] == "tool_use"
+    ]
     got = [{**u, "input": json.loads(p)} for u, p in zip(uses, partial.values())]
     assert [{**b, "id": None} for b in got] == [{**b, "id": None} for b in expected]  # ids are drawn per reply
     assert list(partial.values()) == [c.arguments for c in whole.calls]
