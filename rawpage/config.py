@@ -278,7 +278,8 @@ def _rope_scaling(params: dict[str, Any]) -> dict[str, Any] | None:
 
 
 # What --hf-overrides may change on a GGUF, whose config is not a config.json.
-GGUF_OVERRIDES = ("rope_scaling", "rope_theta", "max_position_embeddings")
+# query_pre_attn_scalar: a GGUF cannot say it (llama.cpp scales Gemma's scores by head_dim**-0.5)
+GGUF_OVERRIDES = ("rope_scaling", "rope_theta", "max_position_embeddings", "query_pre_attn_scalar")
 
 
 def apply_hf_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -300,7 +301,7 @@ def apply_hf_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[s
 
 
 def override_config(cfg: ModelConfig, overrides: dict[str, Any], where: str) -> None:
-    """--hf-overrides on a config made from GGUF metadata: RoPE and the context length only."""
+    """--hf-overrides on a config made from GGUF metadata: RoPE, the context length and Gemma's score scale only."""
     unknown = sorted(set(overrides) - set(GGUF_OVERRIDES))
     if unknown:
         raise UnsupportedModelError(
@@ -310,6 +311,10 @@ def override_config(cfg: ModelConfig, overrides: dict[str, Any], where: str) -> 
         cfg.rope_theta = float(overrides["rope_theta"])
     if "max_position_embeddings" in overrides:
         cfg.max_position_embeddings = int(overrides["max_position_embeddings"])
+    if "query_pre_attn_scalar" in overrides:
+        if cfg.query_pre_attn_scalar is None:
+            raise UnsupportedModelError(f"{where}: query_pre_attn_scalar is Gemma's; this is {cfg.architecture}")
+        cfg.query_pre_attn_scalar = float(overrides["query_pre_attn_scalar"])
     if "rope_scaling" in overrides:
         rs = _rope_scaling(dict(overrides["rope_scaling"] or {}))
         if rope_type(rs) == "longrope":

@@ -101,7 +101,7 @@ class LLMEngine:
         self.stats = EngineStats(args.log_stats_interval, spec=self.spec.stats if self.spec else None)
         self.startup_seconds = time.monotonic() - t0
         name = args.served_model_name or os.path.basename(ckpt.path)  # not a GGUF's general.name: any text
-        self.images = PromptImages(c.vision, self.tokenizer, name, args, self.backend.name)  # a prompt's images
+        self.images = PromptImages(c.vision, self.tokenizer, name, args, self.backend.name, ckpt.no_vision)
         logger.info("loaded %s (%s) on %s in %.1f s", name, c.architecture, self.backend.name, self.startup_seconds)
         logger.info("%s", self.memory.describe())
 

@@ -197,6 +197,12 @@ class EngineArgs:
         type=_mm_limits,
         default_text='{"image": 8}',
     )
+    mmproj: str | None = flag(
+        None,
+        "a GGUF model's vision tower and projector: llama.cpp's mmproj-*.gguf file, as llama-server's --mmproj "
+        "(Gemma 3); without it a GGUF model takes text only",
+        default_text="none",
+    )
     allowed_local_media_path: str | None = flag(
         None, "file:// image URLs in requests are read from under this folder only (off: no file:// URLs)"
     )
@@ -279,7 +285,7 @@ class EngineArgs:
     hf_overrides: dict | str | None = flag(
         None,
         'keys laid over the model\'s config.json, as JSON: {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}, '
-        '"max_position_embeddings": 131072}; on a GGUF only rope_scaling, rope_theta and max_position_embeddings',
+        '"max_position_embeddings": 131072}; on a GGUF only rope_scaling, rope_theta, max_position_embeddings and (Gemma) query_pre_attn_scalar',
         default_text="none",
     )
     rope_scaling: dict | str | None = flag(
@@ -393,7 +399,13 @@ class EngineArgs:
         from rawpage.loader import load_checkpoint
 
         return load_checkpoint(
-            self.model, self.load_format, self.seed, self.revision, self.download_dir, self.config_overrides()
+            self.model,
+            self.load_format,
+            self.seed,
+            self.revision,
+            self.download_dir,
+            self.config_overrides(),
+            mmproj=self.mmproj,
         )
 
     def sampling_defaults(self, ckpt: Checkpoint) -> dict[str, Any]:

@@ -56,6 +56,7 @@ ALLOWED = {
         "rawpage.backends.base",
         "rawpage.quantization",
         "rawpage.config",
+        "rawpage.multimodal.vision_config",  # part of the config: an mmproj file's tower (loader/mmproj.py)
         "rawpage.text.tokenizer",
         "rawpage.text.chat_template",
         "rawpage.dtypes",
@@ -100,8 +101,9 @@ CORE_FORBIDDEN = ["rawpage.server", "rawpage.cli"]
 # adapters, vLLM's load_inplace in LoRAManager.register, LoRANotFoundError so that a path's
 # answers are one), then by 780 for image input (issue 45): the prompt's images placed and checked
 # (multimodal/), the SigLIP encoder and Gemma 3's image rows (models/siglip.py, gemma.py), image
-# attention, the scheduler's whole-image chunks and its encoder budget.
-CORE_CLOSURE_LINE_BUDGET = 10016
+# attention, the scheduler's whole-image chunks and its encoder budget; then by 14 for --mmproj (issue 45:
+# the flag, its pass to the loader, a GGUF's query_pre_attn_scalar override, why a GGUF without it takes no images).
+CORE_CLOSURE_LINE_BUDGET = 10030
 # Files from `rawpage serve` to the attention kernel (tools/path_files.py), on each path:
 # issue 32's target was 20 on a tiny Llama decoding eagerly; issue 41 measures where users
 # are (the default model's replayed decode and eager prefill on the CPU kernels, the

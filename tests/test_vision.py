@@ -66,22 +66,26 @@ def test_preprocessing_and_encoder_match_transformers(model):
         np.testing.assert_allclose(model.encode_image(inp.pixels).ravel(), emb, atol=1e-4)
 
 
-def test_logits_match_transformers_with_bidirectional_image_attention(model):
-    """The whole prompt in one chunk, through a scattered 4-token-block table: each image's
-    4 tokens attend to each other both ways, as transformers' token_type_ids mask has them."""
+def feed_with_images(model, bidirectional: bool = True) -> np.ndarray:
+    """The golden prompt with its two images in one chunk, through a scattered 4-token-block
+    table: logits at every position. bidirectional: each image's 4 tokens attend to each
+    other both ways, as transformers' token_type_ids mask has them (else causally)."""
     ids = DATA["ids"]
     runs = [i for i in range(len(ids)) if ids[i] == IMAGE and ids[i - 1] != IMAGE]
     proc = model.config.vision.processor
     embeds = [model.encode_image(image_input(im, proc).pixels) for im in images()]
     key_end = np.full(len(ids), -1, np.int32)
-    for r in runs:
+    for r in runs if bidirectional else ():
         key_end[r : r + 4] = r + 3
     rows = np.concatenate([np.arange(r, r + 4) for r in runs])
     mm = MultimodalBatch(rows, np.concatenate(embeds), np.array([0]), key_end)
-    check_logits(SingleSequence(model, block_size=4).feed(ids, all_logits=True, mm=mm))
+    return SingleSequence(model, block_size=4).feed(ids, all_logits=True, mm=mm)
+
+
+def test_logits_match_transformers_with_bidirectional_image_attention(model):
+    check_logits(feed_with_images(model))
     # causal attention over the images (what a plain text kernel computes) is measurably off
-    causal = MultimodalBatch(rows, np.concatenate(embeds), np.array([0]), np.full(len(ids), -1, np.int32))
-    wrong = SingleSequence(model, block_size=4).feed(ids, all_logits=True, mm=causal)
+    wrong = feed_with_images(model, bidirectional=False)
     top_ids = np.array(DATA["top_ids"])
     assert np.abs(np.take_along_axis(wrong, top_ids, axis=1) - np.array(DATA["top_logits"])).max() > 10 * TOL
 

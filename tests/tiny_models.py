@@ -201,10 +201,13 @@ def write_gguf(
     rope_freqs: np.ndarray | None = None,
     raw: dict | None = None,
     extra_metadata: Callable[[Any], None] | None = None,
+    control: tuple[str, ...] = (),
+    chat_template: str = CHAT_TEMPLATE,
 ) -> str:
     """Write the model as llama.cpp would: permuted q/k (llama), matrices in `qtype`,
     each layer's experts stacked (Mixtral is `llama` with experts). extra_metadata(writer)
-    adds keys of its own (YaRN's, FIM token ids).
+    adds keys of its own (YaRN's, FIM token ids); control: more tokens typed as control
+    (special) ones, as Gemma 3's image tokens are.
 
     raw: {gguf tensor name: (uint8 blocks, ggml type name)} written as given instead."""
     import gguf
@@ -258,12 +261,12 @@ def write_gguf(
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt2")
     w.add_token_list(tokens)
-    w.add_token_types([3 if t in SPECIAL or t in FIM_SPECIAL else 1 for t in tokens])
+    w.add_token_types([3 if t in SPECIAL or t in FIM_SPECIAL or t in control else 1 for t in tokens])
     w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in merges])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_add_bos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
+    w.add_chat_template(chat_template)
     if extra_metadata is not None:
         extra_metadata(w)
     q_type = getattr(gguf.GGMLQuantizationType, qtype)

@@ -19,7 +19,7 @@ import zlib
 import numpy as np
 
 from tests.tiny_families import family_config, hub_tensors
-from tests.tiny_models import SPECIAL, train_tokenizer
+from tests.tiny_models import SPECIAL, train_tokenizer, write_gguf
 
 IMAGE_TOKENS = ["<start_of_image>", "<image_soft_token>", "<end_of_image>"]  # ids 397, 398, 399
 BOI, IMAGE, EOI = 397, 398, 399
@@ -120,6 +120,77 @@ def seeded_image(seed: int, width: int, height: int):
     return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "RGB")
 
 
+def vlm_tokenizer():
+    tok = train_tokenizer(397)
+    tok.add_special_tokens(IMAGE_TOKENS)
+    assert [tok.token_to_id(t) for t in IMAGE_TOKENS] == [BOI, IMAGE, EOI], "image token ids moved"
+    return tok
+
+
+def write_vlm_gguf(
+    folder: str, seed: int = 0, mmproj_type: str = "F32", projector: str = "gemma3", text_dim: int | None = None
+) -> tuple[str, str]:
+    """The tiny Gemma 3 VLM as llama.cpp's convert_hf_to_gguf.py writes it: a gemma3 text
+    GGUF (Gemma's norms as 1 + w, the image tokens as control tokens) and, with --mmproj,
+    a clip GGUF of the tower and projector, named by gguf's own tensor map (the projector's
+    RMSNorm as 1 + w; position and patch embeddings kept F32, other matrices in
+    mmproj_type, as its --outtype does). Returns (model.gguf, mmproj.gguf).
+    projector, text_dim: another clip.projector_type, or a projector made for a model of
+    another embedding length (the mismatches a loader must refuse)."""
+    import gguf
+
+    os.makedirs(folder, exist_ok=True)
+    cfg = vlm_config()
+    text, v = cfg["text_config"], cfg["vision_config"]
+    model = write_gguf(
+        os.path.join(folder, "model.gguf"),
+        text,
+        hub_tensors(text, seed),
+        vlm_tokenizer(),
+        control=tuple(IMAGE_TOKENS),
+        chat_template=CHAT_TEMPLATE,
+    )
+    path = os.path.join(folder, "mmproj.gguf")
+    w = gguf.GGUFWriter(path, "clip")
+    w.add_type(gguf.GGUFType.MMPROJ)
+    w.add_clip_has_vision_encoder(True)
+    w.add_clip_projector_type(projector)
+    text_dim = text_dim or text["hidden_size"]
+    pool = v["image_size"] // v["patch_size"] // round(cfg["mm_tokens_per_image"] ** 0.5)
+    for what, value in {  # clip.vision.*, by the writer's add_vision_<what>
+        "projection_dim": text_dim,
+        "image_size": v["image_size"],
+        "patch_size": v["patch_size"],
+        "embedding_length": v["hidden_size"],
+        "feed_forward_length": v["intermediate_size"],
+        "block_count": v["num_hidden_layers"],
+        "head_count": v["num_attention_heads"],
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "attention_layernorm_eps": v["layer_norm_eps"],
+        "use_gelu": True,
+        "projector_scale_factor": pool,  # written where not clip.cpp's default 4, as the converter does
+    }.items():
+        getattr(w, "add_vision_" + what)(value)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, v["num_hidden_layers"])
+    qtype = getattr(gguf.GGMLQuantizationType, mmproj_type)
+    for name, t in vision_tensors(cfg, seed).items():
+        gname = names.get_name(name.replace("_weight", ".weight"), try_suffixes=(".weight", ".bias"))
+        if "soft_emb_norm" in name:
+            t = t + 1.0
+        if "mm_input_projection" in name:  # (Dv, text dim)
+            t = np.resize(t, (t.shape[0], text_dim))
+        if t.ndim >= 2 and ".embeddings." not in name and mmproj_type != "F32":
+            w.add_tensor(gname, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(gname, t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return model, path
+
+
 def write_vlm(folder: str, seed: int = 0) -> str:
     """The tiny Gemma 3 VLM as a Hugging Face folder."""
     from safetensors.numpy import save_file
@@ -129,9 +200,7 @@ def write_vlm(folder: str, seed: int = 0) -> str:
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(cfg, f)
     save_file(vlm_tensors(cfg, seed), os.path.join(folder, "model.safetensors"))
-    tok = train_tokenizer(397)
-    tok.add_special_tokens(IMAGE_TOKENS)
-    assert [tok.token_to_id(t) for t in IMAGE_TOKENS] == [BOI, IMAGE, EOI], "image token ids moved"
+    tok = vlm_tokenizer()
     tok.save(os.path.join(folder, "tokenizer.json"))
     with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
         json.dump({"bos_token": SPECIAL[1], "eos_token": SPECIAL[2], "chat_template": CHAT_TEMPLATE}, f)

@@ -28,6 +28,7 @@ class Checkpoint:
     tensors: TensorSource | DummyWeights
     tokenizer: Tokenizer
     generation_config: dict[str, Any] = field(default_factory=dict)
+    no_vision: str = "it has no vision tower"  # why the model takes no images, where config.vision is None
 
 
 def resolve_model_path(model: str | None, revision: str | None = None, download_dir: str | None = None) -> str:
@@ -51,10 +52,14 @@ def load_checkpoint(
     revision: str | None = None,
     download_dir: str | None = None,
     overrides: dict[str, Any] | None = None,
+    mmproj: str | None = None,
 ) -> Checkpoint:
     """load_format "dummy": `model` is a config.json (or a folder with one); the weights
     are random, drawn from `seed` when the model is built. overrides: --hf-overrides
-    (with --rope-scaling and --rope-theta), laid over the model's config."""
+    (with --rope-scaling and --rope-theta), laid over the model's config. mmproj: the
+    vision tower of a GGUF model, as llama-server's --mmproj (loader/mmproj.py)."""
+    if mmproj is not None and load_format == "dummy":
+        raise ModelLoadError("--mmproj goes with a GGUF model, not --load-format dummy")
     if load_format == "dummy":
         return _load_dummy(model, seed, overrides)
     path = resolve_model_path(model, revision, download_dir)
@@ -67,7 +72,11 @@ def load_checkpoint(
         raise ModelLoadError(f"{path}: neither a model folder nor a GGUF file (magic bytes {magic!r})")
     if load_format not in ("auto", found):  # vLLM's --load-format safetensors / gguf: what the user expects to load
         raise ModelLoadError(f"--load-format {load_format}: {path} holds {found} weights; pass --load-format auto")
-    return _load_hf_folder(path, overrides) if found == "safetensors" else _load_gguf(path, overrides)
+    if mmproj is not None and found != "gguf":
+        raise ModelLoadError(
+            f"--mmproj goes with a GGUF model; {path} is a model folder, whose vision tower (if any) is in its own files"
+        )
+    return _load_hf_folder(path, overrides) if found == "safetensors" else _load_gguf(path, overrides, mmproj)
 
 
 def _load_hf_folder(folder: str, overrides: dict[str, Any] | None = None) -> Checkpoint:
@@ -92,7 +101,7 @@ def _load_hf_folder(folder: str, overrides: dict[str, Any] | None = None) -> Che
     return Checkpoint(folder, config, tensors, tokenizer, gen)
 
 
-def _load_gguf(path: str, overrides: dict[str, Any] | None = None) -> Checkpoint:
+def _load_gguf(path: str, overrides: dict[str, Any] | None = None, mmproj: str | None = None) -> Checkpoint:
     from rawpage.config import override_config
     from rawpage.loader.gguf_file import GGUFCheckpoint
 
@@ -102,7 +111,14 @@ def _load_gguf(path: str, overrides: dict[str, Any] | None = None) -> Checkpoint
         override_config(ckpt.config, overrides, path)
     tokenizer = Tokenizer.from_gguf(ckpt.meta)
     ckpt.config.eos_token_ids = tokenizer.eos_token_ids
-    return Checkpoint(path, ckpt.config, ckpt.tensor_source(), tokenizer, {})
+    from rawpage.loader.mmproj import PROJECTORS, load_mmproj
+
+    tensors, no_vision = ckpt.tensor_source(), Checkpoint.no_vision
+    if mmproj is not None:  # the vision tower and projector: config.vision and their tensors
+        tensors = tensors.merged(load_mmproj(os.path.expanduser(mmproj), ckpt.config, tokenizer, path))
+    elif ckpt.config.architecture in PROJECTORS.values():
+        no_vision = f"a {ckpt.arch} GGUF takes images only when started with --mmproj, its mmproj-*.gguf file"
+    return Checkpoint(path, ckpt.config, tensors, tokenizer, {}, no_vision)
 
 
 def _load_dummy(model: str | None, seed: int, overrides: dict[str, Any] | None = None) -> Checkpoint:

@@ -300,22 +300,30 @@ class GGUFCheckpoint:
 
     def _read(self, t: GGUFTensorInfo, expert: int | None = None) -> np.ndarray:
         """The tensor in float32; of a stacked (E, rows, cols) expert tensor, one expert's matrix."""
-        from gguf import GGMLQuantizationType
-        from gguf.quants import dequantize
-
-        qtype = GGMLQuantizationType(t.ggml_type).name
-        rows = int(np.prod(t.shape[:-1], dtype=np.int64))
-        raw = self._data[t.offset : t.offset + t.nbytes].reshape(rows, -1)  # (rows, bytes per row)
-        shape = t.shape
-        if expert is not None:
-            n = t.shape[1]
-            raw, shape = raw[expert * n : (expert + 1) * n], t.shape[1:]
-        if qtype in KEPT_QUANTIZED:  # our own reference dequantizer (held to gguf's in the tests)
-            w = gguf_dequantize_ref(raw, qtype, (raw.shape[0], shape[-1]))
-        else:  # F32, F16, BF16; a copy, never a view of the mapping (a norm that views it keeps
-            # the whole file mapped, and resident, while the model lives)
-            w = np.array(dequantize(raw, GGMLQuantizationType(t.ggml_type)), dtype=np.float32)
-        w = w.reshape(shape)
+        w = read_float32(self._data, t, expert)
         if self.family in ("gemma2", "gemma3") and t.name.endswith("norm.weight"):
             w = w - 1.0  # llama.cpp stores Gemma's norms as the 1 + w they scale by
         return self._unpermute(t.name, w)  # llama.cpp permutes Llama's (and Mixtral's) q and k rows
+
+
+def read_float32(data: np.ndarray, t: GGUFTensorInfo, expert: int | None = None) -> np.ndarray:
+    """A GGUF tensor (data: the file's data section) in float32, a copy; of a stacked
+    (E, rows, cols) expert tensor, one expert's matrix."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    qtype = GGMLQuantizationType(t.ggml_type).name
+    if qtype not in SUPPORTED_TENSOR_TYPES:
+        raise UnsupportedModelError(f"tensor {t.name!r} has GGUF type {qtype}, which rawpage does not read")
+    rows = int(np.prod(t.shape[:-1], dtype=np.int64))
+    raw = data[t.offset : t.offset + t.nbytes].reshape(rows, -1)  # (rows, bytes per row)
+    shape = t.shape
+    if expert is not None:
+        n = t.shape[1]
+        raw, shape = raw[expert * n : (expert + 1) * n], t.shape[1:]
+    if qtype in KEPT_QUANTIZED:  # our own reference dequantizer (held to gguf's in the tests)
+        w = gguf_dequantize_ref(raw, qtype, (raw.shape[0], shape[-1]))
+    else:  # F32, F16, BF16; a copy, never a view of the mapping (a norm that views it keeps
+        # the whole file mapped, and resident, while the model lives)
+        w = np.array(dequantize(raw, GGMLQuantizationType(t.ggml_type)), dtype=np.float32)
+    return w.reshape(shape)

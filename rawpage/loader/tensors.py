@@ -38,6 +38,13 @@ class TensorSource(Mapping[str, np.ndarray]):
         self._quantized = quantized or {}
         self._kinds = kinds
 
+    def merged(self, other: TensorSource) -> TensorSource:
+        """This source and another's tensors (names must not overlap): a GGUF and its mmproj."""
+        kinds = (
+            None if self._kinds is None and other._kinds is None else {**(self._kinds or {}), **(other._kinds or {})}
+        )
+        return TensorSource({**self._readers, **other._readers}, {**self._quantized, **other._quantized}, kinds)
+
     def quantized(self, name: str) -> QuantizedWeight | None:
         """The tensor as the checkpoint packs it, if it is a quantized Linear weight
         (a backend may keep it so: Backend.keeps_quantized); else None."""

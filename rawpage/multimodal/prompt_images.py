@@ -22,12 +22,19 @@ DEFAULT_IMAGES_PER_PROMPT = 8  # --limit-mm-per-prompt's default for images
 
 class PromptImages:
     def __init__(
-        self, vision: VisionConfig | None, tok: Tokenizer, model_name: str, args: EngineArgs, device: str = "cpu"
+        self,
+        vision: VisionConfig | None,
+        tok: Tokenizer,
+        model_name: str,
+        args: EngineArgs,
+        device: str = "cpu",
+        no_vision: str = "it has no vision tower",
     ) -> None:
         """args: --limit-mm-per-prompt ({"image": N}), --max-num-batched-tokens (an image's
         tokens are computed in one step, so they must fit one); device: the backend's name
-        (images run on the CPU only so far)."""
+        (images run on the CPU only so far); no_vision: why a model without vision has none."""
         self.vision, self.tok, self.model_name, self.device = vision, tok, model_name, device
+        self.no_vision = no_vision
         self.max_chunk = args.batched_tokens(device)
         self.max_images = (args.limit_mm_per_prompt or {}).get("image", DEFAULT_IMAGES_PER_PROMPT)
         # where image URLs may point
@@ -35,7 +42,7 @@ class PromptImages:
 
     def require_vision(self) -> VisionConfig:
         if self.vision is None:
-            raise ImageError(f"model {self.model_name!r} does not take images (it has no vision tower); send text only")
+            raise ImageError(f"model {self.model_name!r} does not take images ({self.no_vision}); send text only")
         if self.device != "cpu":
             raise ImageError(f"images run on --device cpu only so far; this engine runs on {self.device}")
         return self.vision

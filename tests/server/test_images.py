@@ -162,3 +162,32 @@ def test_echo_and_continue_final_message_with_an_image(vlm_server):
     r = httpx.post(vlm_server.url + "/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"].startswith("Once upon")
+
+
+def test_a_gguf_with_and_without_its_mmproj(tmp_path):
+    """`rawpage serve model.gguf --mmproj mmproj.gguf`, as llama-server takes them: images
+    work; the same GGUF served without it refuses an image with a 400 that says so."""
+    from tests.tiny_vlm import write_vlm_gguf
+
+    model, mmproj = write_vlm_gguf(str(tmp_path))
+    s = ServerProcess(model, "--mmproj", mmproj, "--served-model-name", "g3", "--block-size", "8")
+    try:
+        out = openai.OpenAI(base_url=s.url + "/v1", api_key="x").chat.completions.create(
+            model="g3", messages=ask(data_url(png())), max_tokens=3, temperature=0
+        )
+        assert out.usage.completion_tokens == 3 and out.usage.prompt_tokens > 10
+    finally:
+        assert s.stop() == 0, s.output()
+    s = ServerProcess(model, "--served-model-name", "g3")
+    try:
+        block = {
+            "type": "image",
+            "source": {"type": "base64", "media_type": "image/png", "data": base64.b64encode(png()).decode()},
+        }
+        body = {"model": "g3", "max_tokens": 2, "messages": [{"role": "user", "content": [block]}]}
+        r = httpx.post(s.url + "/v1/messages", json=body, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+        assert "'g3' does not take images (a gemma3 GGUF" in r.json()["error"]["message"]
+        assert "--mmproj" in r.json()["error"]["message"]
+    finally:
+        assert s.stop() == 0, s.output()

@@ -1,0 +1,149 @@
+"""llama.cpp's multimodal projector file (`--mmproj`, as llama-server takes it): a GGUF
+of general.architecture "clip" holding a vision tower and its projector, paired with
+a text GGUF. Gemma 3's (clip.projector_type "gemma3": SigLIP + average pool) today.
+
+Its metadata becomes the model's VisionConfig, and its tensors are offered under the
+Hub's names (vision_tower.vision_model.*, multi_modal_projector.*), so that
+models/siglip.py reads an mmproj as it reads a Gemma3ForConditionalGeneration folder.
+The image tokens are Gemma 3's own strings, found in the text GGUF's vocabulary.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from rawpage.config import ModelConfig
+from rawpage.errors import ModelLoadError, UnsupportedModelError
+from rawpage.loader.gguf_file import read_float32
+from rawpage.loader.gguf_reader import GGUFTensorInfo, read_gguf
+from rawpage.loader.tensors import TensorSource
+from rawpage.multimodal.vision_config import ImageProcessorConfig, VisionConfig
+from rawpage.text.tokenizer import Tokenizer
+
+# clip.projector_type -> the text GGUF architecture it pairs with
+PROJECTORS = {"gemma3": "gemma3"}
+GEMMA3_IMAGE_TOKENS = ("<start_of_image>", "<image_soft_token>", "<end_of_image>")
+DEFAULT_POOL = 4  # clip.cpp's Gemma 3 pooling (k x k patches a token) when clip.vision.projector.scale_factor is absent
+
+# mmproj tensor name -> Hub name; {i}: the layer
+_TOWER = "vision_tower.vision_model."
+_GLOBAL = {
+    "v.patch_embd.weight": _TOWER + "embeddings.patch_embedding.weight",
+    "v.patch_embd.bias": _TOWER + "embeddings.patch_embedding.bias",
+    "v.position_embd.weight": _TOWER + "embeddings.position_embedding.weight",
+    "v.post_ln.weight": _TOWER + "post_layernorm.weight",
+    "v.post_ln.bias": _TOWER + "post_layernorm.bias",
+    "mm.input_projection.weight": "multi_modal_projector.mm_input_projection_weight",
+    "mm.soft_emb_norm.weight": "multi_modal_projector.mm_soft_emb_norm.weight",
+}
+_LAYER = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_out": "self_attn.out_proj",
+    "ln1": "layer_norm1",
+    "ln2": "layer_norm2",
+    "ffn_up": "mlp.fc1",
+    "ffn_down": "mlp.fc2",
+}
+
+
+def hub_name(name: str) -> str | None:
+    """The Hub name of an mmproj tensor (None: one the Gemma 3 tower does not use)."""
+    if name in _GLOBAL:
+        return _GLOBAL[name]
+    parts = name.split(".")  # v.blk.{i}.{what}.{weight|bias}
+    if len(parts) == 5 and parts[:2] == ["v", "blk"] and parts[3] in _LAYER:
+        return f"{_TOWER}encoder.layers.{parts[2]}.{_LAYER[parts[3]]}.{parts[4]}"
+    return None
+
+
+def load_mmproj(path: str, config: ModelConfig, tokenizer: Tokenizer, model: str) -> TensorSource:
+    """Set config.vision from the mmproj at `path` and return its tensors under Hub names.
+    Refused at startup, naming both files: a file that is not a clip GGUF, a projector
+    rawpage does not run, one whose text model is another architecture or size."""
+    where = f"--mmproj {path}"
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"{where}: no such file (pass the mmproj GGUF that goes with {model})")
+    meta, infos, data = read_gguf(path)
+    if meta.get("general.architecture") != "clip" or not meta.get("clip.has_vision_encoder", True):
+        raise ModelLoadError(
+            f"{where}: not a multimodal projector (general.architecture {meta.get('general.architecture')!r}, "
+            "not 'clip' with a vision encoder); pass the mmproj-*.gguf file made for the model"
+        )
+    kind = meta.get("clip.vision.projector_type", meta.get("clip.projector_type"))
+    if kind not in PROJECTORS:
+        raise UnsupportedModelError(
+            f"{where}: projector type {kind!r} is not supported; rawpage runs {', '.join(sorted(PROJECTORS))}"
+        )
+    if config.architecture != PROJECTORS[kind]:
+        raise UnsupportedModelError(
+            f"{where}: a {kind} projector, but {model} is a {config.architecture} model without vision; "
+            f"pass the mmproj made for this model, or leave --mmproj out to serve text only"
+        )
+    vision = _vision_config(meta, where, tokenizer)
+    infos_by_name = {t.name: t for t in infos}
+    proj = infos_by_name.get("mm.input_projection.weight")
+    dim = int(meta.get("clip.vision.projection_dim", proj.shape[-1] if proj is not None else 0))
+    if dim != config.hidden_size or proj is None or proj.shape != (vision.hidden_size, dim):
+        raise ModelLoadError(
+            f"{where}: projects images to {dim} dimensions (mm.input_projection.weight "
+            f"{proj.shape if proj else 'missing'}), but {model} has embedding length {config.hidden_size}: "
+            "the mmproj belongs to another model size"
+        )
+    readers = {}
+    for t in infos:
+        name = hub_name(t.name)
+        if name is not None:
+            readers[name] = lambda t=t: _read(data, t)
+    config.vision = vision
+    return TensorSource(readers)
+
+
+def _read(data: np.ndarray, t: GGUFTensorInfo) -> np.ndarray:
+    w = read_float32(data, t)
+    # llama.cpp's converter stores the projector's RMSNorm as the 1 + w it scales by
+    # (the tower's LayerNorms are stored as they are)
+    return w - 1.0 if t.name == "mm.soft_emb_norm.weight" else w
+
+
+def _vision_config(meta: dict, where: str, tokenizer: Tokenizer) -> VisionConfig:
+    v = "clip.vision."
+    try:
+        image_size, patch = int(meta[v + "image_size"]), int(meta[v + "patch_size"])
+        hidden, heads = int(meta[v + "embedding_length"]), int(meta[v + "attention.head_count"])
+        side = image_size // patch
+        pool = int(meta.get(v + "projector.scale_factor", DEFAULT_POOL))
+        if pool <= 0 or side % pool:
+            raise UnsupportedModelError(f"{where}: a {side}x{side} patch grid does not pool {pool}x{pool}")
+        ids = [_token_id(tokenizer, t, where) for t in GEMMA3_IMAGE_TOKENS]
+        return VisionConfig(
+            hidden_size=hidden,
+            intermediate_size=int(meta[v + "feed_forward_length"]),
+            num_layers=int(meta[v + "block_count"]),
+            num_heads=heads,
+            image_size=image_size,
+            patch_size=patch,
+            layer_norm_eps=float(meta.get(v + "attention.layer_norm_epsilon", 1e-6)),
+            tokens_per_image=(side // pool) ** 2,
+            boi_token_id=ids[0],
+            image_token_id=ids[1],
+            eoi_token_id=ids[2],
+            processor=ImageProcessorConfig(  # Gemma3ImageProcessor's: bilinear to the tower's size, x / 255
+                height=image_size,
+                width=image_size,
+                image_mean=tuple(float(x) for x in meta.get(v + "image_mean", (0.5,) * 3)),
+                image_std=tuple(float(x) for x in meta.get(v + "image_std", (0.5,) * 3)),
+            ),
+        )
+    except KeyError as e:
+        raise ModelLoadError(f"{where}: mmproj metadata lacks {e.args[0]!r}") from None
+
+
+def _token_id(tokenizer: Tokenizer, token: str, where: str) -> int:
+    i = tokenizer.hf.token_to_id(token)
+    if i is None:
+        raise ModelLoadError(f"{where}: the model's vocabulary has no {token} token, which Gemma 3's images need")
+    return int(i)
