@@ -36,6 +36,12 @@ def check_request(
     n, limit, V = len(ids), max_model_len, vocab_size
     if n == 0:
         raise InvalidRequestError(f"the prompt is empty; give at least one token. {EMPTY_PROMPT}", "prompt")
+    for name, given in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias or ())):
+        if len(given) > V:  # bounded before any scan: a longer list must repeat ids or leave the vocabulary
+            raise InvalidRequestError(
+                f"{name} has {len(given)} entries, more than the vocabulary size ({V}); give each token id once",
+                name,
+            )
     for name, given in (
         ("prompt", ids),
         ("stop_token_ids", params.stop_token_ids),

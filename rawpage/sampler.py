@@ -41,18 +41,20 @@ class Sampler:
     ) -> None:
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
+        self.eos_ids = np.array(eos_token_ids, dtype=np.int64)
         self.masks = masks  # seq -> its grammar bitmask, computed during the forward pass (MaskPrefetcher.mask)
 
     def __call__(self, logits: np.ndarray, seqs: list[Sequence]) -> SamplerOutput:
         """logits: (N, V) float32, one row per sequence in `seqs`."""
         logits = logits[:, : self.vocab_size].astype(np.float32)
-        processed = self.apply_processors(logits.copy(), seqs)
-        tokens = np.empty(len(seqs), dtype=np.int64)
-        greedy = np.array([s.request.params.greedy for s in seqs], dtype=bool)
-        tokens[greedy] = processed[greedy].argmax(axis=-1)
-        if (~greedy).any():
-            rows = np.flatnonzero(~greedy)
-            tokens[rows] = self.sample(processed[rows], [seqs[i] for i in rows])
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # overflow is caught below
+            processed = self.apply_processors(logits.copy(), seqs)
+            tokens = np.empty(len(seqs), dtype=np.int64)
+            greedy = np.array([s.request.params.greedy for s in seqs], dtype=bool)
+            tokens[greedy] = greedy_tokens(processed[greedy], logits[greedy])
+            if (~greedy).any():
+                rows = np.flatnonzero(~greedy)
+                tokens[rows] = self.sample(processed[rows], [seqs[i] for i in rows], logits[rows])
         return self.report(logits, tokens, seqs)
 
     def report(self, logits: np.ndarray, tokens: np.ndarray, seqs: list[Sequence]) -> SamplerOutput:
@@ -100,13 +102,12 @@ class Sampler:
         allowed_only(logits, seqs)
         for i, s in enumerate(seqs):
             p = s.request.params
-            if p.logit_bias:
-                ids = np.fromiter(p.logit_bias.keys(), dtype=np.int64)
-                ok = (ids >= 0) & (ids < V)
-                logits[i, ids[ok]] += np.fromiter(p.logit_bias.values(), dtype=np.float32)[ok]
-            if s.num_output_tokens < p.min_tokens:
-                banned = p.stop_token_ids + ([] if p.ignore_eos else self.eos_token_ids)
-                logits[i, banned] = -np.inf
+            if p.logit_bias:  # a sparse vector built once per request (SamplingParams), ids < V (check_request)
+                logits[i, p.logit_bias_ids] += p.logit_bias_values
+            if s.num_output_tokens < p.min_tokens:  # no list is built per step: both id arrays are fixed
+                logits[i, p.stop_token_array] = -np.inf
+                if not p.ignore_eos:
+                    logits[i, self.eos_ids] = -np.inf
             if p.repetition_penalty != 1.0:  # over prompt and output tokens
                 seen = np.unique(s.token_ids)
                 seen = seen[seen < V]
@@ -121,19 +122,21 @@ class Sampler:
         force_end_tags(logits, seqs)  # a spent thinking budget: the end tag's next token, whatever else
         return logits
 
-    def sample(self, logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
-        """Sampled rows: (R, V) processed logits -> (R,) token ids."""
-        probs = self.probs(logits, seqs)
+    def sample(self, logits: np.ndarray, seqs: list[Sequence], raw: np.ndarray | None = None) -> np.ndarray:
+        """Sampled rows: (R, V) processed logits -> (R,) token ids; raw: the same rows unprocessed."""
+        probs = self.probs(logits, seqs, raw)
         # One uniform per sequence from its own generator; inverse CDF over the row.
         u = np.array([s.rng.random() for s in seqs], dtype=np.float64)
         cdf = np.cumsum(probs, axis=-1, dtype=np.float64)
         tokens = (cdf < (u * cdf[:, -1])[:, None]).sum(axis=-1)
         return np.minimum(tokens, probs.shape[1] - 1)
 
-    def probs(self, logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
+    def probs(self, logits: np.ndarray, seqs: list[Sequence], raw: np.ndarray | None = None) -> np.ndarray:
         """The distribution sampled rows draw from: (R, V) processed logits (edited in place)
         -> temperature, top_k, softmax, min_p, top_p -> (R, V) probabilities (unnormalized
-        after min_p/top_p: zeroed tokens are simply not drawn)."""
+        after min_p/top_p: zeroed tokens are simply not drawn). A row whose parameters
+        overflowed float32 (no finite, positive mass) gets all its mass on greedy_tokens'
+        choice, ties broken by `raw` (R, V), the unprocessed rows, where given."""
         temps = np.array([s.request.params.temperature for s in seqs], dtype=np.float32)
         logits /= temps[:, None]
         for i, s in enumerate(seqs):
@@ -149,6 +152,12 @@ class Sampler:
         for i, s in enumerate(seqs):
             if s.request.params.top_p < 1.0:
                 nucleus_mask(probs[i], s.request.params.top_p)
+        total = probs.sum(axis=-1)
+        undefined = np.flatnonzero(~(np.isfinite(total) & (total > 0)))
+        if undefined.size:
+            best = greedy_tokens(logits[undefined], (logits if raw is None else raw)[undefined])
+            probs[undefined] = 0.0
+            probs[undefined, best] = 1.0
         return probs
 
 
@@ -167,6 +176,21 @@ def ranks_of(row: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """The ranks (1 = best) of `ids` in one row of logprobs (V,): one sort, then a binary search per id."""
     ascending = np.sort(row)
     return len(row) - np.searchsorted(ascending, row[ids], side="right") + 1
+
+
+def greedy_tokens(edited: np.ndarray, raw: np.ndarray) -> np.ndarray:
+    """(R, V) processed logits -> (R,) argmax. Where extreme parameters overflowed float32
+    (repetition_penalty 1e-300 turns seen tokens' logits into +inf; temperature 1e-300 all of
+    them), the row's best value is not finite: then the choice is softmax's limit, among the
+    tokens tied at the row's maximum (NaN counts as -inf) the one the raw logits (R, V) rank
+    first, so such a request gets greedy text, never a NaN draw (issue 44)."""
+    best = edited.argmax(axis=-1)
+    odd = np.flatnonzero(~np.isfinite(edited[np.arange(len(best)), best]))
+    if odd.size:
+        e = np.where(np.isnan(edited[odd]), -np.inf, edited[odd])
+        tied = e == e.max(axis=-1, keepdims=True)  # a row all -inf: every token ties
+        best[odd] = np.where(tied, raw[odd], -np.inf).argmax(axis=-1)
+    return best
 
 
 def plain_greedy(s: Sequence) -> bool:

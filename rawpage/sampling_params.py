@@ -12,6 +12,8 @@ from rawpage.structured_output import StructuredOutputsParams
 
 # vLLM's cap on logprob_token_ids (MAX_LOGPROB_TOKEN_IDS): a request reports at most this many fixed ids per step
 MAX_LOGPROB_TOKEN_IDS = 128
+# A positive temperature below this runs at this (vLLM's _MAX_TEMP): logits / 1e-300 overflow.
+MIN_TEMPERATURE = 0.01
 
 
 @dataclass
@@ -54,6 +56,13 @@ class SamplingParams:
     stop_strings: list[str] = field(init=False, repr=False)
     # allowed_token_ids as a sorted, duplicate-free array, built once here for the sampler's mask
     allowed_ids: np.ndarray | None = field(init=False, repr=False, compare=False, default=None)
+    # Per-request lookups built once here, so that a step's cost never grows with a list's
+    # length (issue 44): a set for the stop check, sorted unique ids for min_tokens' mask, and
+    # logit_bias as a sparse vector (ids, values) added to the row in one vectorised op.
+    stop_token_set: frozenset[int] = field(init=False, repr=False, compare=False)
+    stop_token_array: np.ndarray = field(init=False, repr=False, compare=False)  # (S,) int64, sorted unique
+    logit_bias_ids: np.ndarray = field(init=False, repr=False, compare=False)  # (K,) int64
+    logit_bias_values: np.ndarray = field(init=False, repr=False, compare=False)  # (K,) float32
 
     def __post_init__(self) -> None:
         self.stop_strings = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -65,12 +74,19 @@ class SamplingParams:
             self.top_k = 0
         if self.thinking_token_budget == -1:
             self.thinking_token_budget = None  # llama-server's spelling of unlimited
+        if 0 < self.temperature < MIN_TEMPERATURE:  # vLLM's rule: 1e-300 would divide logits to inf and NaN
+            self.temperature = MIN_TEMPERATURE
         if self.logit_bias:
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
             if any(k < 0 for k in self.logit_bias) or not all(map(math.isfinite, self.logit_bias.values())):
                 raise ValueError("logit_bias must map non-negative token ids to finite numbers")
         self._validate()
         self._validate_thinking()
+        self.stop_token_set = frozenset(self.stop_token_ids)
+        self.stop_token_array = np.array(sorted(self.stop_token_set), dtype=np.int64)
+        bias = self.logit_bias or {}
+        self.logit_bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
+        self.logit_bias_values = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
 
     def _validate(self) -> None:
         def bad(name: str, why: str) -> None:
