@@ -102,10 +102,20 @@ class Sampler:
         allowed_only(logits, seqs)
         for i, s in enumerate(seqs):
             p = s.request.params
-            if p.logit_bias:  # a sparse vector built once per request (SamplingParams), ids < V (check_request)
-                logits[i, p.logit_bias_ids] += p.logit_bias_values
-            if s.num_output_tokens < p.min_tokens:  # no list is built per step: both id arrays are fixed
-                logits[i, p.stop_token_array] = -np.inf
+            # Lists are built into arrays once per request (SamplingParams), their ids < V (check_request),
+            # and applied in one vectorised op: a scatter to few ids, a dense row's add for many.
+            if p.logit_bias:
+                dense = p.dense_row("logit_bias", V)
+                if dense is None:
+                    logits[i, p.logit_bias_ids] += p.logit_bias_values
+                else:
+                    logits[i] += dense
+            if s.num_output_tokens < p.min_tokens:
+                dense = p.dense_row("stop", V)
+                if dense is None:
+                    logits[i, p.stop_token_array] = -np.inf
+                else:
+                    logits[i] += dense  # -inf at every stop id, 0 elsewhere
                 if not p.ignore_eos:
                     logits[i, self.eos_ids] = -np.inf
             if p.repetition_penalty != 1.0:  # over prompt and output tokens

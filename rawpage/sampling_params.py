@@ -14,6 +14,8 @@ from rawpage.structured_output import StructuredOutputsParams
 MAX_LOGPROB_TOKEN_IDS = 128
 # A positive temperature below this runs at this (vLLM's _MAX_TEMP): logits / 1e-300 overflow.
 MIN_TEMPERATURE = 0.01
+# An id list longer than 1/DENSE_FRACTION of the vocabulary is applied as a dense row (dense_row).
+DENSE_FRACTION = 8
 
 
 @dataclass
@@ -63,6 +65,7 @@ class SamplingParams:
     stop_token_array: np.ndarray = field(init=False, repr=False, compare=False)  # (S,) int64, sorted unique
     logit_bias_ids: np.ndarray = field(init=False, repr=False, compare=False)  # (K,) int64
     logit_bias_values: np.ndarray = field(init=False, repr=False, compare=False)  # (K,) float32
+    _dense: dict[str, np.ndarray] = field(init=False, repr=False, compare=False)  # dense_row's, by name
 
     def __post_init__(self) -> None:
         self.stop_strings = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -87,6 +90,7 @@ class SamplingParams:
         bias = self.logit_bias or {}
         self.logit_bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
         self.logit_bias_values = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
+        self._dense = {}
 
     def _validate(self) -> None:
         def bad(name: str, why: str) -> None:
@@ -168,6 +172,19 @@ class SamplingParams:
             raise ValueError(f"thinking_token_budget must be an integer >= 0, or -1 / None (unlimited), got {budget!r}")
         if budget is not None and self.use_beam_search:
             raise ValueError("thinking_token_budget does not combine with beam search")
+    def dense_row(self, name: str, vocab_size: int) -> np.ndarray | None:
+        """A long id list as one (V,) float32 row to add to the logits, built on first use:
+        "logit_bias" (the biases, 0 elsewhere) or "stop" (-inf at stop_token_ids, for
+        min_tokens). A scatter to tens of thousands of ids costs ~200x a dense add of the same
+        row (tests/test_step_cost_bounds.py). None while the list is short (a scatter is cheap)."""
+        ids = self.logit_bias_ids if name == "logit_bias" else self.stop_token_array
+        if len(ids) <= vocab_size // DENSE_FRACTION:
+            return None
+        row = self._dense.get(name)
+        if row is None or len(row) != vocab_size:
+            row = self._dense[name] = np.zeros(vocab_size, np.float32)
+            row[ids] = self.logit_bias_values if name == "logit_bias" else -np.inf
+        return row
 
     @property
     def greedy(self) -> bool:

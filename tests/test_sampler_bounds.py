@@ -97,3 +97,22 @@ def test_greedy_tokens_breaks_infinite_ties_by_the_raw_logits():
     edited = np.array([[np.inf, 1.0, np.inf, np.nan], [-np.inf] * 4, [0.0, 2.0, 1.0, -np.inf]], np.float32)
     raw = np.array([[0.1, 5.0, 0.3, 9.0], [0.0, 0.0, 4.0, 1.0], [9.0, 0.0, 0.0, 0.0]], np.float32)
     assert greedy_tokens(edited, raw).tolist() == [2, 2, 1]
+
+
+def test_long_lists_apply_as_a_dense_row_with_the_same_result():
+    """Past V / DENSE_FRACTION ids a list is one dense row added to the logits; same logits."""
+    ids = list(range(1, V, 2))  # 25 of 50 ids: dense
+    bias = {t: float(t % 7) - 3 for t in ids}
+    p = SamplingParams(logit_bias=bias, min_tokens=3, stop_token_ids=ids, ignore_eos=True, max_tokens=5)
+    assert p.dense_row("logit_bias", V) is not None and p.dense_row("stop", V) is not None
+    assert SamplingParams(logit_bias={1: 1.0}).dense_row("logit_bias", V) is None  # a scatter to 1 id
+    row = np.random.default_rng(2).standard_normal((1, V)).astype(np.float32)
+    out = Sampler(V, [EOS]).apply_processors(row.copy(), [seq_with(p)])
+    want = row.copy()
+    want[0, ids] = -np.inf
+    assert (out == want).all()
+    p.min_tokens = 0
+    out = Sampler(V, [EOS]).apply_processors(row.copy(), [seq_with(p)])
+    want = row.copy()
+    want[0, ids] += np.array([bias[t] for t in ids], np.float32)
+    np.testing.assert_array_equal(out, want)
