@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from rawpage.engine_args import EngineArgs
 from rawpage.errors import InvalidRequestError
+from rawpage.memory import size_text
 from rawpage.sampling_params import SamplingParams
 
 EMPTY_PROMPT = "Either prompt or prompt_embeds must be provided and non-empty."  # vLLM's words: clients match them
@@ -74,8 +75,44 @@ def check_request(
             f"more than --max-model-len {limit}; shorten the prompt or lower max_tokens",
             "prompt",
         )
+    check_output_memory(params, n, limit, args.max_request_output_memory)
     # Startup guaranteed that one --max-model-len sequence fits in the pool, so any
     # request that passes these checks can run to completion, if need be alone.
+
+
+# What a request's outputs hold in the server until its reply is sent, measured with
+# tools/measure_output_memory.py (SECURITY.md): per generated token per choice, and per
+# logprob entry reported (top_logprobs + 1 per token; prompt_logprobs + 1 per prompt token).
+OUTPUT_BYTES_PER_TOKEN = 1024
+LOGPROB_BYTES_PER_ENTRY = 1024
+
+
+def output_memory(params: SamplingParams, prompt_len: int, max_model_len: int) -> int:
+    """Bytes the request's outputs may reach: n choices of max_tokens tokens (up to the context
+    limit if none), each with its logprob entries, plus the prompt's logprob entries."""
+    tokens = params.n * (params.max_tokens or max(0, max_model_len - prompt_len))
+    entries = 0
+    if params.logprobs is not None:
+        entries = tokens * (len(params.logprob_token_ids or ()) or params.logprobs + 1)
+    if params.prompt_logprobs is not None:
+        entries += prompt_len * (params.prompt_logprobs + 1)
+    return tokens * OUTPUT_BYTES_PER_TOKEN + entries * LOGPROB_BYTES_PER_ENTRY
+
+
+def check_output_memory(params: SamplingParams, prompt_len: int, max_model_len: int, limit: int) -> None:
+    """Refuse a request whose outputs could outgrow --max-request-output-memory (issue 44)."""
+    need = output_memory(params, prompt_len, max_model_len)
+    if need <= limit:
+        return
+    lp = f", logprobs {params.logprobs}" if params.logprobs is not None else ""
+    lp += f", prompt_logprobs {params.prompt_logprobs}" if params.prompt_logprobs is not None else ""
+    param = "logprobs" if params.logprobs is not None else "prompt_logprobs" if lp else "max_tokens"
+    raise InvalidRequestError(
+        f"this request's outputs could take {size_text(need)} (n {params.n}, max_tokens "
+        f"{params.max_tokens or max_model_len - prompt_len}{lp}), more than --max-request-output-memory "
+        f"{size_text(limit)}; lower n, max_tokens or logprobs",
+        param,
+    )
 
 
 def check_salt_and_priority(prompt: object, cache_salt: str | None, priority: int, policy: str) -> str | None:

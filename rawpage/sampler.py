@@ -20,6 +20,7 @@ import numpy as np
 
 from rawpage.device_logits import DeviceLogits
 from rawpage.ops.sampling import log_softmax, nucleus_mask, top_k_ids
+from rawpage.sampling_params import SamplingParams
 from rawpage.sequence import Sequence
 from rawpage.structured_output import apply_masks
 from rawpage.thinking_budget import force_end_tags
@@ -102,22 +103,11 @@ class Sampler:
         allowed_only(logits, seqs)
         for i, s in enumerate(seqs):
             p = s.request.params
-            # Lists are built into arrays once per request (SamplingParams), their ids < V (check_request),
-            # and applied in one vectorised op: a scatter to few ids, a dense row's add for many.
             if p.logit_bias:
-                dense = p.dense_row("logit_bias", V)
-                if dense is None:
-                    logits[i, p.logit_bias_ids] += p.logit_bias_values
-                else:
-                    logits[i] += dense
+                add_id_list(logits[i], p, "logit_bias")
             if s.num_output_tokens < p.min_tokens:
-                dense = p.dense_row("stop", V)
-                if dense is None:
-                    logits[i, p.stop_token_array] = -np.inf
-                else:
-                    logits[i] += dense  # -inf at every stop id, 0 elsewhere
-                if not p.ignore_eos:
-                    logits[i, self.eos_ids] = -np.inf
+                add_id_list(logits[i], p, "stop")
+                logits[i, self.eos_ids[: 0 if p.ignore_eos else None]] = -np.inf  # EOS too, unless ignored
             if p.repetition_penalty != 1.0:  # over prompt and output tokens
                 seen = np.unique(s.token_ids)
                 seen = seen[seen < V]
@@ -186,6 +176,20 @@ def ranks_of(row: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """The ranks (1 = best) of `ids` in one row of logprobs (V,): one sort, then a binary search per id."""
     ascending = np.sort(row)
     return len(row) - np.searchsorted(ascending, row[ids], side="right") + 1
+
+
+def add_id_list(row: np.ndarray, p: SamplingParams, name: str) -> None:
+    """One row (V,) += a request's list, "logit_bias" (its biases) or "stop" (-inf at its stop
+    ids, for min_tokens). The lists became arrays once per request (SamplingParams), their ids
+    < V (check_request), and each is one vectorised op: a scatter to few ids, or the add of
+    the list's dense row for many."""
+    dense = p.dense_row(name, len(row))
+    if dense is not None:
+        row += dense
+    elif name == "logit_bias":
+        row[p.logit_bias_ids] += p.logit_bias_values
+    else:
+        row[p.stop_token_array] = -np.inf
 
 
 def greedy_tokens(edited: np.ndarray, raw: np.ndarray) -> np.ndarray:
