@@ -37,7 +37,8 @@ def check_request(
     n, limit, V = len(ids), max_model_len, vocab_size
     if n == 0:
         raise InvalidRequestError(f"the prompt is empty; give at least one token. {EMPTY_PROMPT}", "prompt")
-    for name, given in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias or ())):
+    lists = (params.stop_token_ids, params.logit_bias or (), params.allowed_token_ids or ())
+    for name, given in zip(("stop_token_ids", "logit_bias", "allowed_token_ids"), lists):
         if len(given) > V:  # bounded before any scan: a longer list must repeat ids or leave the vocabulary
             raise InvalidRequestError(
                 f"{name} has {len(given)} entries, more than the vocabulary size ({V}); give each token id once",
