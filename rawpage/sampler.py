@@ -134,9 +134,9 @@ class Sampler:
     def probs(self, logits: np.ndarray, seqs: list[Sequence], raw: np.ndarray | None = None) -> np.ndarray:
         """The distribution sampled rows draw from: (R, V) processed logits (edited in place)
         -> temperature, top_k, softmax, min_p, top_p -> (R, V) probabilities (unnormalized
-        after min_p/top_p: zeroed tokens are simply not drawn). A row whose parameters
-        overflowed float32 (no finite, positive mass) gets all its mass on greedy_tokens'
-        choice, ties broken by `raw` (R, V), the unprocessed rows, where given."""
+        after min_p/top_p: zeroed tokens are simply not drawn). A row with no finite maximum
+        (parameters that overflowed float32, or no token allowed) gets all its mass on
+        greedy_tokens' choice, ties broken by `raw` (R, V), the unprocessed rows, where given."""
         temps = np.array([s.request.params.temperature for s in seqs], dtype=np.float32)
         logits /= temps[:, None]
         for i, s in enumerate(seqs):
@@ -144,7 +144,13 @@ class Sampler:
             if 0 < k < logits.shape[1]:
                 kth = np.partition(logits[i], -k)[-k]
                 logits[i, logits[i] < kth] = -np.inf
-        probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        top = logits.max(axis=-1, keepdims=True)  # (R, 1)
+        undefined = np.flatnonzero(~np.isfinite(top[:, 0]))  # overflowed (+inf, NaN), or every token forbidden
+        if undefined.size:  # softmax's limit: all the row's mass on one token
+            best = greedy_tokens(logits[undefined], (logits if raw is None else raw)[undefined])
+            logits[undefined] = -np.inf
+            logits[undefined, best] = top[undefined, 0] = 0.0
+        probs = np.exp(logits - top)
         probs /= probs.sum(axis=-1, keepdims=True)
         min_p = np.array([s.request.params.min_p for s in seqs], dtype=np.float32)
         if min_p.any():
@@ -152,12 +158,6 @@ class Sampler:
         for i, s in enumerate(seqs):
             if s.request.params.top_p < 1.0:
                 nucleus_mask(probs[i], s.request.params.top_p)
-        total = probs.sum(axis=-1)
-        undefined = np.flatnonzero(~(np.isfinite(total) & (total > 0)))
-        if undefined.size:
-            best = greedy_tokens(logits[undefined], (logits if raw is None else raw)[undefined])
-            probs[undefined] = 0.0
-            probs[undefined, best] = 1.0
         return probs
 
 
@@ -201,8 +201,10 @@ def greedy_tokens(edited: np.ndarray, raw: np.ndarray) -> np.ndarray:
     best = edited.argmax(axis=-1)
     odd = np.flatnonzero(~np.isfinite(edited[np.arange(len(best)), best]))
     if odd.size:
-        e = np.where(np.isnan(edited[odd]), -np.inf, edited[odd])
-        tied = e == e.max(axis=-1, keepdims=True)  # a row all -inf: every token ties
+        e = edited[odd]
+        tied = e == np.inf  # overflowed: the tokens at +inf tie
+        none = ~tied.any(axis=-1)  # else every token forbidden (or NaN): the model's own choice
+        tied[none] = True
         best[odd] = np.where(tied, raw[odd], -np.inf).argmax(axis=-1)
     return best
 

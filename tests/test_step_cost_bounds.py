@@ -6,10 +6,9 @@ victim's steps, and so its latency, stay within 2x of its latency beside a benig
 that size. (The forward pass is the same for both and only dilutes the ratio.)
 
 Benchmark-style and robust on a busy machine: attacker and benign steps alternate and the
-medians are compared. SECURITY.md has the measured figures (python -m pytest -s shows them)."""
+fastest of each is compared (other jobs only ever add time). SECURITY.md has the measured figures (python -m pytest -s shows them)."""
 
 import itertools
-import statistics
 import time
 
 import numpy as np
@@ -67,6 +66,6 @@ def test_an_attackers_lists_cost_the_victim_at_most_2x(attack):
     for _ in range(ROUNDS):  # alternating, so that a busy machine slows both alike
         times["benign"].append(step(sampler, benign, logits))
         times["attacker"].append(step(sampler, attacker, logits))
-    b, a = statistics.median(times["benign"]), statistics.median(times["attacker"])
+    b, a = min(times["benign"]), min(times["attacker"])
     print(f"{attack}: a step of victim + n={N} costs {b * 1e3:.1f} ms benign, {a * 1e3:.1f} ms attacking, x{a / b:.2f}")
     assert a <= 2 * b, f"{attack}: {a * 1e3:.1f} ms against {b * 1e3:.1f} ms"

@@ -7,8 +7,9 @@ another client runs an n = 64 request, benign or with the longest lists the serv
 Each attacker is a streamed /v1/completions request (n = 64, 256 tokens, ignore_eos) that
 runs while the victim's chat (32 tokens, temperature 0, ignore_eos) is timed, and is closed
 after it; --repeats runs of each, median reported. The attacker variants add, one at a time:
-the whole vocabulary as stop_token_ids, as logit_bias, both with min_tokens (every stop id
-masked each step), and 2,000,000 stop ids (refused now: the time of its 400 is shown).
+every id but one as stop_token_ids (a bias of 100 on that one keeps the request running),
+the whole vocabulary as logit_bias, both with min_tokens (every stop id masked each step),
+and 2,000,000 stop ids (refused now: the time of its 400 is shown).
 """
 
 from __future__ import annotations
@@ -29,7 +30,11 @@ EVERY_ID = list(range(VOCAB - 1, -1, -1))
 ATTACKS = {
     "none (victim alone)": None,
     "benign n=64": {},
-    "stop_token_ids = vocabulary": {"stop_token_ids": EVERY_ID},
+    # every id but one stops, and a bias makes that one the choice: the request runs on, checking each token
+    "stop_token_ids = vocabulary - 1": {
+        "stop_token_ids": [t for t in EVERY_ID if t != 1000],
+        "logit_bias": {"1000": 100},
+    },
     "logit_bias = vocabulary": {"logit_bias": {str(t): 0.5 for t in EVERY_ID}},
     "min_tokens + stop ids + bias": {
         "min_tokens": 200,
@@ -75,6 +80,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default=None, help="a running server (default: start one with the default model)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--only", default="", help="run only the attackers whose name contains this")
     a = ap.parse_args()
     server = None
     url = a.url
@@ -95,11 +101,13 @@ def main() -> None:
     try:
         victim(url)  # warm-up
         for name, extra in ATTACKS.items():
+            if a.only not in name:
+                continue
             times = [measure(url, extra) for _ in range(a.repeats)]
             print(f"{name:>30}: victim {statistics.median(times):6.2f} s (runs {', '.join(f'{x:.2f}' for x in times)})")
         t = time.perf_counter()
         body = json.dumps({"prompt": "hi", "stop_token_ids": [1] * 2_000_000}, separators=(",", ":"))  # 4 MB
-        r = httpx.post(url + "/v1/completions", content=body, headers={"content-type": "application/json"})
+        r = httpx.post(url + "/v1/completions", content=body, headers={"content-type": "application/json"}, timeout=600)
         print(
             f"{'2,000,000 stop ids':>30}: {r.status_code} in {time.perf_counter() - t:.2f} s: {r.json()['error']['message'][:90]}"
         )
