@@ -81,23 +81,25 @@ def check_request(
     # request that passes these checks can run to completion, if need be alone.
 
 
-# What a request's outputs hold in the server until its reply is sent, measured with
-# tools/measure_output_memory.py (SECURITY.md): per generated token per choice, and per
-# logprob entry reported (top_logprobs + 1 per token; prompt_logprobs + 1 per prompt token).
-OUTPUT_BYTES_PER_TOKEN = 1024
-LOGPROB_BYTES_PER_ENTRY = 1024
+# What a request's outputs hold in the server until its reply is sent (the reply's JSON
+# included), measured with tools/measure_output_memory.py (SECURITY.md): per generated token
+# per choice; per token that reports logprobs (its entry's dict and the reply's item), and per
+# logprob entry (top_logprobs + 1 a token; prompt_logprobs + 1 a prompt token).
+OUTPUT_BYTES_PER_TOKEN = 256
+LOGPROB_BYTES_PER_TOKEN = 400
+LOGPROB_BYTES_PER_ENTRY = 640
 
 
 def output_memory(params: SamplingParams, prompt_len: int, max_model_len: int) -> int:
     """Bytes the request's outputs may reach: n choices of max_tokens tokens (up to the context
     limit if none), each with its logprob entries, plus the prompt's logprob entries."""
     tokens = params.n * (params.max_tokens or max(0, max_model_len - prompt_len))
-    entries = 0
+    reporting, entries = 0, 0  # tokens that report logprobs, and their entries
     if params.logprobs is not None:
-        entries = tokens * (len(params.logprob_token_ids or ()) or params.logprobs + 1)
+        reporting, entries = tokens, tokens * (len(params.logprob_token_ids or ()) or params.logprobs + 1)
     if params.prompt_logprobs is not None:
-        entries += prompt_len * (params.prompt_logprobs + 1)
-    return tokens * OUTPUT_BYTES_PER_TOKEN + entries * LOGPROB_BYTES_PER_ENTRY
+        reporting, entries = reporting + prompt_len, entries + prompt_len * (params.prompt_logprobs + 1)
+    return tokens * OUTPUT_BYTES_PER_TOKEN + reporting * LOGPROB_BYTES_PER_TOKEN + entries * LOGPROB_BYTES_PER_ENTRY
 
 
 def check_output_memory(params: SamplingParams, prompt_len: int, max_model_len: int, limit: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,13 +59,10 @@ class SamplingParams:
     stop_strings: list[str] = field(init=False, repr=False)
     # allowed_token_ids as a sorted, duplicate-free array, built once here for the sampler's mask
     allowed_ids: np.ndarray | None = field(init=False, repr=False, compare=False, default=None)
-    # Per-request lookups built once here, so that a step's cost never grows with a list's
-    # length (issue 44): a set for the stop check, sorted unique ids for min_tokens' mask, and
-    # logit_bias as a sparse vector (ids, values) added to the row in one vectorised op.
+    # Per-request lookups built once, so that a step's cost never grows with a list's length
+    # (issue 44): a set for the stop check here; the arrays below on first use (by then
+    # check_request has refused ids outside the vocabulary, which int64 may not hold).
     stop_token_set: frozenset[int] = field(init=False, repr=False, compare=False)
-    stop_token_array: np.ndarray = field(init=False, repr=False, compare=False)  # (S,) int64, sorted unique
-    logit_bias_ids: np.ndarray = field(init=False, repr=False, compare=False)  # (K,) int64
-    logit_bias_values: np.ndarray = field(init=False, repr=False, compare=False)  # (K,) float32
     _dense: dict[str, np.ndarray] = field(init=False, repr=False, compare=False)  # dense_row's, by name
 
     def __post_init__(self) -> None:
@@ -86,11 +84,21 @@ class SamplingParams:
         self._validate()
         self._validate_thinking()
         self.stop_token_set = frozenset(self.stop_token_ids)
-        self.stop_token_array = np.array(sorted(self.stop_token_set), dtype=np.int64)
-        bias = self.logit_bias or {}
-        self.logit_bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
-        self.logit_bias_values = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
         self._dense = {}
+
+    @functools.cached_property
+    def stop_token_array(self) -> np.ndarray:
+        """(S,) int64: stop_token_ids sorted, each once (min_tokens' mask)."""
+        return np.array(sorted(self.stop_token_set), dtype=np.int64)
+
+    @functools.cached_property
+    def logit_bias_ids(self) -> np.ndarray:
+        """(K,) int64: logit_bias's token ids; logit_bias_values (K,) float32 are their biases."""
+        return np.fromiter((self.logit_bias or {}).keys(), dtype=np.int64, count=len(self.logit_bias or ()))
+
+    @functools.cached_property
+    def logit_bias_values(self) -> np.ndarray:
+        return np.fromiter((self.logit_bias or {}).values(), dtype=np.float32, count=len(self.logit_bias or ()))
 
     def _validate(self) -> None:
         def bad(name: str, why: str) -> None:

@@ -5,7 +5,13 @@ import pytest
 
 from rawpage.engine_args import EngineArgs, machine_memory
 from rawpage.errors import InvalidRequestError
-from rawpage.request_checks import LOGPROB_BYTES_PER_ENTRY, OUTPUT_BYTES_PER_TOKEN, check_request, output_memory
+from rawpage.request_checks import (
+    LOGPROB_BYTES_PER_ENTRY,
+    LOGPROB_BYTES_PER_TOKEN,
+    OUTPUT_BYTES_PER_TOKEN,
+    check_request,
+    output_memory,
+)
 from rawpage.sampling_params import SamplingParams
 
 V, MAX_LEN = 1000, 4096
@@ -14,9 +20,11 @@ V, MAX_LEN = 1000, 4096
 def test_the_estimate_counts_choices_tokens_and_logprob_entries():
     assert output_memory(SamplingParams(n=2, max_tokens=10), 5, MAX_LEN) == 20 * OUTPUT_BYTES_PER_TOKEN
     lp = SamplingParams(n=2, max_tokens=10, logprobs=20)
-    assert output_memory(lp, 5, MAX_LEN) == 20 * OUTPUT_BYTES_PER_TOKEN + 20 * 21 * LOGPROB_BYTES_PER_ENTRY
+    per_token = OUTPUT_BYTES_PER_TOKEN + LOGPROB_BYTES_PER_TOKEN
+    assert output_memory(lp, 5, MAX_LEN) == 20 * per_token + 20 * 21 * LOGPROB_BYTES_PER_ENTRY
     prompt = SamplingParams(max_tokens=1, prompt_logprobs=3)
-    assert output_memory(prompt, 100, MAX_LEN) == OUTPUT_BYTES_PER_TOKEN + 100 * 4 * LOGPROB_BYTES_PER_ENTRY
+    prompt_cost = 100 * (LOGPROB_BYTES_PER_TOKEN + 4 * LOGPROB_BYTES_PER_ENTRY)
+    assert output_memory(prompt, 100, MAX_LEN) == OUTPUT_BYTES_PER_TOKEN + prompt_cost
     unbounded = SamplingParams(max_tokens=None)  # up to the context limit
     assert output_memory(unbounded, 96, MAX_LEN) == 4000 * OUTPUT_BYTES_PER_TOKEN
 

@@ -1,8 +1,13 @@
 """What one request's outputs cost in server memory: the figures behind rawpage's
-admission estimate (request_checks.OUTPUT_BYTES_PER_TOKEN, LOGPROB_BYTES_PER_ENTRY) and
---max-request-output-memory (issue 44).
+admission estimate (request_checks.OUTPUT_BYTES_PER_TOKEN, LOGPROB_BYTES_PER_TOKEN,
+LOGPROB_BYTES_PER_ENTRY) and --max-request-output-memory (issue 44).
 
     python tools/measure_output_memory.py --n 8 --max-tokens 100 --logprobs 20
+    python tools/measure_output_memory.py --n 64 --max-tokens 400 --logprobs 0
+
+A token's logprobs cost a part per token and a part per entry, solved from the two runs'
+"a logprob entry" lines e(0) and e(20) (each a token's logprobs cost over its entries):
+per entry = (21 e(20) - e(0)) / 20, per token = e(0) - per entry.
 
 Runs the server in this process (Starlette's TestClient around build_app, the default
 model unless --model) and traces every allocation (tracemalloc, which NumPy reports to as

@@ -37,3 +37,9 @@ def test_parameters_that_overflow_float32_give_text_not_an_empty_completion(serv
     assert text and r.json()["usage"]["completion_tokens"] == 6
     if "top_p" in extreme:  # temperature 0.01 and a nucleus of one token: the greedy text
         assert text == complete(server, ignore_eos=True, temperature=0).json()["choices"][0]["text"]
+
+
+def test_ids_too_large_for_int64_are_400s_not_500s(server):
+    huge = 10**23
+    assert_error(complete(server, logit_bias={str(huge): 5}), 400, "logit_bias", "out of vocabulary")
+    assert_error(complete(server, stop_token_ids=[huge]), 400, "stop_token_ids", "out of vocabulary")
