@@ -57,8 +57,6 @@ class SamplingParams:
     # and applies thinking_token_budget to it; None: <think>, </think> where a budget is given
     reasoning_tags: tuple[str, str] | None = None
     stop_strings: list[str] = field(init=False, repr=False)
-    # allowed_token_ids as a sorted, duplicate-free array, built once here for the sampler's mask
-    allowed_ids: np.ndarray | None = field(init=False, repr=False, compare=False, default=None)
     # Per-request lookups built once, so that a step's cost never grows with a list's length
     # (issue 44): a set for the stop check here; the arrays below on first use (by then
     # check_request has refused ids outside the vocabulary, which int64 may not hold).
@@ -85,6 +83,11 @@ class SamplingParams:
         self._validate_thinking()
         self.stop_token_set = frozenset(self.stop_token_ids)
         self._dense = {}
+
+    @functools.cached_property
+    def allowed_ids(self) -> np.ndarray | None:
+        """allowed_token_ids as a sorted, duplicate-free array, for the sampler's mask."""
+        return None if self.allowed_token_ids is None else np.array(sorted(self.allowed_token_ids), dtype=np.int64)
 
     @functools.cached_property
     def stop_token_array(self) -> np.ndarray:
@@ -171,8 +174,6 @@ class SamplingParams:
             raise ValueError("logprob_token_ids is not supported with beam search")
         if n and self.logprobs is None:
             self.logprobs = 0  # vLLM's num_logprobs: the ids alone ask for logprobs
-        if self.allowed_token_ids is not None:
-            self.allowed_ids = np.array(sorted(self.allowed_token_ids), dtype=np.int64)
 
     def _validate_thinking(self) -> None:
         budget = self.thinking_token_budget

@@ -43,3 +43,5 @@ def test_ids_too_large_for_int64_are_400s_not_500s(server):
     huge = 10**23
     assert_error(complete(server, logit_bias={str(huge): 5}), 400, "logit_bias", "out of vocabulary")
     assert_error(complete(server, stop_token_ids=[huge]), 400, "stop_token_ids", "out of vocabulary")
+    r = complete(server, allowed_token_ids=[huge])
+    assert_error(r, 400, "allowed_token_ids", "out of vocabulary")
