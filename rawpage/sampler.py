@@ -193,11 +193,11 @@ def add_id_list(row: np.ndarray, p: SamplingParams, name: str) -> None:
 
 
 def greedy_tokens(edited: np.ndarray, raw: np.ndarray) -> np.ndarray:
-    """(R, V) processed logits -> (R,) argmax. Where extreme parameters overflowed float32
-    (repetition_penalty 1e-300 turns seen tokens' logits into +inf; temperature 1e-300 all of
-    them), the row's best value is not finite: then the choice is softmax's limit, among the
-    tokens tied at the row's maximum (NaN counts as -inf) the one the raw logits (R, V) rank
-    first, so such a request gets greedy text, never a NaN draw (issue 44)."""
+    """(R, V) processed logits -> (R,) argmax. Where the row's best value is not finite, the
+    choice is softmax's limit: among the tokens at +inf (repetition_penalty 1e-300 overflows
+    seen tokens' positive logits to it), or else among all (every token forbidden, or NaN),
+    the one the raw logits (R, V) rank first. Such a request gets greedy text, never a
+    draw from NaN (issue 44)."""
     best = edited.argmax(axis=-1)
     odd = np.flatnonzero(~np.isfinite(edited[np.arange(len(best)), best]))
     if odd.size:
