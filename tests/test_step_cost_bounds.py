@@ -22,7 +22,7 @@ from rawpage.stop_checker import check_stop_token
 V = 49152  # the default model's vocabulary
 EOS = 2
 N = 64
-ROUNDS = 5
+ROUNDS = 3
 _ids = itertools.count()
 
 ATTACKS = {
