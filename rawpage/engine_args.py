@@ -80,6 +80,11 @@ def machine_memory() -> int:
         return total
 
 
+def output_memory_bound(given: str | int | None) -> int:
+    """--max-request-output-memory in bytes: as given, else sized to the machine (issue 44)."""
+    return machine_memory() // 8 if given is None else parse_bytes(given)
+
+
 def parse_bytes(text: str | int | float) -> int:
     """'2GiB', '512MiB', '1.5GB' or a plain number of bytes -> bytes."""
     if isinstance(text, (int, float)):
@@ -333,9 +338,7 @@ class EngineArgs:
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_bytes(self.kv_cache_memory)
         self.max_grammar_bytes = parse_bytes(self.max_grammar_bytes)
-        if self.max_request_output_memory is None:  # issue 44: sized to the machine, as the KV pool is
-            self.max_request_output_memory = machine_memory() // 8
-        self.max_request_output_memory = parse_bytes(self.max_request_output_memory)
+        self.max_request_output_memory = output_memory_bound(self.max_request_output_memory)
         if self.disable_log_stats:
             self.log_stats_interval = 0
         self._check_vllm_flags()

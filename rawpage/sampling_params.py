@@ -181,6 +181,7 @@ class SamplingParams:
             raise ValueError(f"thinking_token_budget must be an integer >= 0, or -1 / None (unlimited), got {budget!r}")
         if budget is not None and self.use_beam_search:
             raise ValueError("thinking_token_budget does not combine with beam search")
+
     def dense_row(self, name: str, vocab_size: int) -> np.ndarray | None:
         """A long id list as one (V,) float32 row to add to the logits, built on first use:
         "logit_bias" (the biases, 0 elsewhere) or "stop" (-inf at stop_token_ids, for
