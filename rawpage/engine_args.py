@@ -70,6 +70,21 @@ def parse_kv_cache_scales(text: str) -> np.ndarray | None:
     return np.array(values * (3 - len(values)), np.float32)[:2]
 
 
+def machine_memory() -> int:
+    """Bytes of memory this process may use: the machine's, or its cgroup's limit if lower."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            return min(total, int(f.read()))
+    except (OSError, ValueError):  # no cgroup v2 limit ("max")
+        return total
+
+
+def output_memory_bound(given: str | int | None) -> int:
+    """--max-request-output-memory in bytes: as given, else sized to the machine (issue 44)."""
+    return machine_memory() // 8 if given is None else parse_bytes(given)
+
+
 def parse_bytes(text: str | int | float) -> int:
     """'2GiB', '512MiB', '1.5GB' or a plain number of bytes -> bytes."""
     if isinstance(text, (int, float)):
@@ -173,6 +188,14 @@ class EngineArgs:
     )
     chat_template: str | None = flag(None, "Jinja chat template, or a file holding one", default_text="the model's")
     max_logprobs: int = flag(20, "most logprobs (and prompt logprobs) one request may ask for")
+    max_request_output_memory: int | str | None = flag(
+        None,
+        "most memory one request's outputs may hold until its reply is sent (text, token ids, logprobs), "
+        "estimated at admission from n, max_tokens, logprobs and prompt_logprobs; a request over it is "
+        "refused with a 400, e.g. 2GiB",
+        type=parse_bytes,
+        default_text="1/8 of this machine's memory",
+    )
     scheduling_policy: str = flag(
         "fcfs",
         "fcfs: first come, first served; priority: a request's 'priority' field orders the queue (lower first)",
@@ -321,6 +344,7 @@ class EngineArgs:
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_bytes(self.kv_cache_memory)
         self.max_grammar_bytes = parse_bytes(self.max_grammar_bytes)
+        self.max_request_output_memory = output_memory_bound(self.max_request_output_memory)
         if self.disable_log_stats:
             self.log_stats_interval = 0
         self._check_vllm_flags()

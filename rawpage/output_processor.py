@@ -52,6 +52,7 @@ class OutputProcessor:
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.texts: dict[int, SequenceText] = {}  # seq_id -> its text, until its request's last output
+        self.token_texts: dict[int, str] = {}  # token id -> its text, for logprobs (at most the vocabulary)
 
     def record_prompt_logprobs(self, req: Request, start: int, logits: np.ndarray) -> None:
         """logits row j (position start + j) predicts prompt token start + j + 1."""
@@ -142,7 +143,10 @@ class OutputProcessor:
 
     def _logprob(self, token_id: int, logprob: float, rank: int) -> Logprob:
         """A Logprob with the token's own text, as vLLM fills decoded_token."""
-        return Logprob(logprob, rank, self.tokenizer.decode([token_id], skip_special_tokens=False))
+        text = self.token_texts.get(token_id)
+        if text is None:  # decoded once: every entry naming this token shares the string
+            text = self.token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return Logprob(logprob, rank, text)
 
     def _text(self, seq: Sequence) -> SequenceText:
         st = self.texts.get(seq.seq_id)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from rawpage.engine_args import EngineArgs
 from rawpage.errors import InvalidRequestError
+from rawpage.memory import size_text
 from rawpage.sampling_params import SamplingParams
 
 EMPTY_PROMPT = "Either prompt or prompt_embeds must be provided and non-empty."  # vLLM's words: clients match them
@@ -36,6 +37,13 @@ def check_request(
     n, limit, V = len(ids), max_model_len, vocab_size
     if n == 0:
         raise InvalidRequestError(f"the prompt is empty; give at least one token. {EMPTY_PROMPT}", "prompt")
+    lists = (params.stop_token_ids, params.logit_bias or (), params.allowed_token_ids or ())
+    for name, given in zip(("stop_token_ids", "logit_bias", "allowed_token_ids"), lists):
+        if len(given) > V:  # bounded before any scan: a longer list must repeat ids or leave the vocabulary
+            raise InvalidRequestError(
+                f"{name} has {len(given)} entries, more than the vocabulary size ({V}); give each token id once",
+                name,
+            )
     for name, given in (
         ("prompt", ids),
         ("stop_token_ids", params.stop_token_ids),
@@ -68,8 +76,46 @@ def check_request(
             f"more than --max-model-len {limit}; shorten the prompt or lower max_tokens",
             "prompt",
         )
+    check_output_memory(params, n, limit, args.max_request_output_memory)
     # Startup guaranteed that one --max-model-len sequence fits in the pool, so any
     # request that passes these checks can run to completion, if need be alone.
+
+
+# What a request's outputs hold in the server until its reply is sent (the reply's JSON
+# included), measured with tools/measure_output_memory.py (SECURITY.md): per generated token
+# per choice; per token that reports logprobs (its entry's dict and the reply's item), and per
+# logprob entry (top_logprobs + 1 a token; prompt_logprobs + 1 a prompt token).
+OUTPUT_BYTES_PER_TOKEN = 256
+LOGPROB_BYTES_PER_TOKEN = 400
+LOGPROB_BYTES_PER_ENTRY = 640
+
+
+def output_memory(params: SamplingParams, prompt_len: int, max_model_len: int) -> int:
+    """Bytes the request's outputs may reach: n choices of max_tokens tokens (up to the context
+    limit if none), each with its logprob entries, plus the prompt's logprob entries."""
+    tokens = params.n * (params.max_tokens or max(0, max_model_len - prompt_len))
+    reporting, entries = 0, 0  # tokens that report logprobs, and their entries
+    if params.logprobs is not None:
+        reporting, entries = tokens, tokens * (len(params.logprob_token_ids or ()) or params.logprobs + 1)
+    if params.prompt_logprobs is not None:
+        reporting, entries = reporting + prompt_len, entries + prompt_len * (params.prompt_logprobs + 1)
+    return tokens * OUTPUT_BYTES_PER_TOKEN + reporting * LOGPROB_BYTES_PER_TOKEN + entries * LOGPROB_BYTES_PER_ENTRY
+
+
+def check_output_memory(params: SamplingParams, prompt_len: int, max_model_len: int, limit: int) -> None:
+    """Refuse a request whose outputs could outgrow --max-request-output-memory (issue 44)."""
+    need = output_memory(params, prompt_len, max_model_len)
+    if need <= limit:
+        return
+    lp = f", logprobs {params.logprobs}" if params.logprobs is not None else ""
+    lp += f", prompt_logprobs {params.prompt_logprobs}" if params.prompt_logprobs is not None else ""
+    param = "logprobs" if params.logprobs is not None else "prompt_logprobs" if lp else "max_tokens"
+    raise InvalidRequestError(
+        f"this request's outputs could take {size_text(need)} (n {params.n}, max_tokens "
+        f"{params.max_tokens or max_model_len - prompt_len}{lp}), more than --max-request-output-memory "
+        f"{size_text(limit)}; lower n, max_tokens or logprobs",
+        param,
+    )
 
 
 def check_salt_and_priority(prompt: object, cache_salt: str | None, priority: int, policy: str) -> str | None:

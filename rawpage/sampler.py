@@ -20,6 +20,7 @@ import numpy as np
 
 from rawpage.device_logits import DeviceLogits
 from rawpage.ops.sampling import log_softmax, nucleus_mask, top_k_ids
+from rawpage.sampling_params import SamplingParams
 from rawpage.sequence import Sequence
 from rawpage.structured_output import apply_masks
 from rawpage.thinking_budget import force_end_tags
@@ -41,18 +42,20 @@ class Sampler:
     ) -> None:
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
+        self.eos_ids = np.array(eos_token_ids, dtype=np.int64)
         self.masks = masks  # seq -> its grammar bitmask, computed during the forward pass (MaskPrefetcher.mask)
 
     def __call__(self, logits: np.ndarray, seqs: list[Sequence]) -> SamplerOutput:
         """logits: (N, V) float32, one row per sequence in `seqs`."""
         logits = logits[:, : self.vocab_size].astype(np.float32)
-        processed = self.apply_processors(logits.copy(), seqs)
-        tokens = np.empty(len(seqs), dtype=np.int64)
-        greedy = np.array([s.request.params.greedy for s in seqs], dtype=bool)
-        tokens[greedy] = processed[greedy].argmax(axis=-1)
-        if (~greedy).any():
-            rows = np.flatnonzero(~greedy)
-            tokens[rows] = self.sample(processed[rows], [seqs[i] for i in rows])
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # overflow is caught below
+            processed = self.apply_processors(logits.copy(), seqs)
+            tokens = np.empty(len(seqs), dtype=np.int64)
+            greedy = np.array([s.request.params.greedy for s in seqs], dtype=bool)
+            tokens[greedy] = greedy_tokens(processed[greedy], logits[greedy])
+            if (~greedy).any():
+                rows = np.flatnonzero(~greedy)
+                tokens[rows] = self.sample(processed[rows], [seqs[i] for i in rows], logits[rows])
         return self.report(logits, tokens, seqs)
 
     def report(self, logits: np.ndarray, tokens: np.ndarray, seqs: list[Sequence]) -> SamplerOutput:
@@ -101,12 +104,10 @@ class Sampler:
         for i, s in enumerate(seqs):
             p = s.request.params
             if p.logit_bias:
-                ids = np.fromiter(p.logit_bias.keys(), dtype=np.int64)
-                ok = (ids >= 0) & (ids < V)
-                logits[i, ids[ok]] += np.fromiter(p.logit_bias.values(), dtype=np.float32)[ok]
+                add_id_list(logits[i], p, "logit_bias")
             if s.num_output_tokens < p.min_tokens:
-                banned = p.stop_token_ids + ([] if p.ignore_eos else self.eos_token_ids)
-                logits[i, banned] = -np.inf
+                add_id_list(logits[i], p, "stop")
+                logits[i, self.eos_ids[: 0 if p.ignore_eos else None]] = -np.inf  # EOS too, unless ignored
             if p.repetition_penalty != 1.0:  # over prompt and output tokens
                 seen = np.unique(s.token_ids)
                 seen = seen[seen < V]
@@ -121,19 +122,21 @@ class Sampler:
         force_end_tags(logits, seqs)  # a spent thinking budget: the end tag's next token, whatever else
         return logits
 
-    def sample(self, logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
-        """Sampled rows: (R, V) processed logits -> (R,) token ids."""
-        probs = self.probs(logits, seqs)
+    def sample(self, logits: np.ndarray, seqs: list[Sequence], raw: np.ndarray | None = None) -> np.ndarray:
+        """Sampled rows: (R, V) processed logits -> (R,) token ids; raw: the same rows unprocessed."""
+        probs = self.probs(logits, seqs, raw)
         # One uniform per sequence from its own generator; inverse CDF over the row.
         u = np.array([s.rng.random() for s in seqs], dtype=np.float64)
         cdf = np.cumsum(probs, axis=-1, dtype=np.float64)
         tokens = (cdf < (u * cdf[:, -1])[:, None]).sum(axis=-1)
         return np.minimum(tokens, probs.shape[1] - 1)
 
-    def probs(self, logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
+    def probs(self, logits: np.ndarray, seqs: list[Sequence], raw: np.ndarray | None = None) -> np.ndarray:
         """The distribution sampled rows draw from: (R, V) processed logits (edited in place)
         -> temperature, top_k, softmax, min_p, top_p -> (R, V) probabilities (unnormalized
-        after min_p/top_p: zeroed tokens are simply not drawn)."""
+        after min_p/top_p: zeroed tokens are simply not drawn). A row with no finite maximum
+        (parameters that overflowed float32, or no token allowed) gets all its mass on
+        greedy_tokens' choice, ties broken by `raw` (R, V), the unprocessed rows, where given."""
         temps = np.array([s.request.params.temperature for s in seqs], dtype=np.float32)
         logits /= temps[:, None]
         for i, s in enumerate(seqs):
@@ -141,7 +144,13 @@ class Sampler:
             if 0 < k < logits.shape[1]:
                 kth = np.partition(logits[i], -k)[-k]
                 logits[i, logits[i] < kth] = -np.inf
-        probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        top = logits.max(axis=-1, keepdims=True)  # (R, 1)
+        undefined = np.flatnonzero(~np.isfinite(top[:, 0]))  # overflowed (+inf, NaN), or every token forbidden
+        if undefined.size:  # softmax's limit: all the row's mass on one token
+            best = greedy_tokens(logits[undefined], (logits if raw is None else raw)[undefined])
+            logits[undefined] = -np.inf
+            logits[undefined, best] = top[undefined, 0] = 0.0
+        probs = np.exp(logits - top)
         probs /= probs.sum(axis=-1, keepdims=True)
         min_p = np.array([s.request.params.min_p for s in seqs], dtype=np.float32)
         if min_p.any():
@@ -167,6 +176,37 @@ def ranks_of(row: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """The ranks (1 = best) of `ids` in one row of logprobs (V,): one sort, then a binary search per id."""
     ascending = np.sort(row)
     return len(row) - np.searchsorted(ascending, row[ids], side="right") + 1
+
+
+def add_id_list(row: np.ndarray, p: SamplingParams, name: str) -> None:
+    """One row (V,) += a request's list, "logit_bias" (its biases) or "stop" (-inf at its stop
+    ids, for min_tokens). The lists became arrays once per request (SamplingParams), their ids
+    < V (check_request), and each is one vectorised op: a scatter to few ids, or the add of
+    the list's dense row for many."""
+    dense = p.dense_row(name, len(row))
+    if dense is not None:
+        row += dense
+    elif name == "logit_bias":
+        row[p.logit_bias_ids] += p.logit_bias_values
+    else:
+        row[p.stop_token_array] = -np.inf
+
+
+def greedy_tokens(edited: np.ndarray, raw: np.ndarray) -> np.ndarray:
+    """(R, V) processed logits -> (R,) argmax. Where the row's best value is not finite, the
+    choice is softmax's limit: among the tokens at +inf (repetition_penalty 1e-300 overflows
+    seen tokens' positive logits to it), or else among all (every token forbidden, or NaN),
+    the one the raw logits (R, V) rank first. Such a request gets greedy text, never a
+    draw from NaN (issue 44)."""
+    best = edited.argmax(axis=-1)
+    odd = np.flatnonzero(~np.isfinite(edited[np.arange(len(best)), best]))
+    if odd.size:
+        e = edited[odd]
+        tied = e == np.inf  # overflowed: the tokens at +inf tie
+        none = ~tied.any(axis=-1)  # else every token forbidden (or NaN): the model's own choice
+        tied[none] = True
+        best[odd] = np.where(tied, raw[odd], -np.inf).argmax(axis=-1)
+    return best
 
 
 def plain_greedy(s: Sequence) -> bool:

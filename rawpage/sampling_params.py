@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +13,10 @@ from rawpage.structured_output import StructuredOutputsParams
 
 # vLLM's cap on logprob_token_ids (MAX_LOGPROB_TOKEN_IDS): a request reports at most this many fixed ids per step
 MAX_LOGPROB_TOKEN_IDS = 128
+# A positive temperature below this runs at this (vLLM's _MAX_TEMP): logits / 1e-300 overflow.
+MIN_TEMPERATURE = 0.01
+# An id list longer than 1/DENSE_FRACTION of the vocabulary is applied as a dense row (dense_row).
+DENSE_FRACTION = 8
 
 
 @dataclass
@@ -52,8 +57,11 @@ class SamplingParams:
     # and applies thinking_token_budget to it; None: <think>, </think> where a budget is given
     reasoning_tags: tuple[str, str] | None = None
     stop_strings: list[str] = field(init=False, repr=False)
-    # allowed_token_ids as a sorted, duplicate-free array, built once here for the sampler's mask
-    allowed_ids: np.ndarray | None = field(init=False, repr=False, compare=False, default=None)
+    # Per-request lookups built once, so that a step's cost never grows with a list's length
+    # (issue 44): a set for the stop check here; the arrays below on first use (by then
+    # check_request has refused ids outside the vocabulary, which int64 may not hold).
+    stop_token_set: frozenset[int] = field(init=False, repr=False, compare=False)
+    _dense: dict[str, np.ndarray] = field(init=False, repr=False, compare=False)  # dense_row's, by name
 
     def __post_init__(self) -> None:
         self.stop_strings = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -65,12 +73,35 @@ class SamplingParams:
             self.top_k = 0
         if self.thinking_token_budget == -1:
             self.thinking_token_budget = None  # llama-server's spelling of unlimited
+        if 0 < self.temperature < MIN_TEMPERATURE:  # vLLM's rule: 1e-300 would divide logits to inf and NaN
+            self.temperature = MIN_TEMPERATURE
         if self.logit_bias:
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
             if any(k < 0 for k in self.logit_bias) or not all(map(math.isfinite, self.logit_bias.values())):
                 raise ValueError("logit_bias must map non-negative token ids to finite numbers")
         self._validate()
         self._validate_thinking()
+        self.stop_token_set = frozenset(self.stop_token_ids)
+        self._dense = {}
+
+    @functools.cached_property
+    def allowed_ids(self) -> np.ndarray | None:
+        """allowed_token_ids as a sorted, duplicate-free array, for the sampler's mask."""
+        return None if self.allowed_token_ids is None else np.array(sorted(self.allowed_token_ids), dtype=np.int64)
+
+    @functools.cached_property
+    def stop_token_array(self) -> np.ndarray:
+        """(S,) int64: stop_token_ids sorted, each once (min_tokens' mask)."""
+        return np.array(sorted(self.stop_token_set), dtype=np.int64)
+
+    @functools.cached_property
+    def logit_bias_ids(self) -> np.ndarray:
+        """(K,) int64: logit_bias's token ids; logit_bias_values (K,) float32 are their biases."""
+        return np.fromiter((self.logit_bias or {}).keys(), dtype=np.int64, count=len(self.logit_bias or ()))
+
+    @functools.cached_property
+    def logit_bias_values(self) -> np.ndarray:
+        return np.fromiter((self.logit_bias or {}).values(), dtype=np.float32, count=len(self.logit_bias or ()))
 
     def _validate(self) -> None:
         def bad(name: str, why: str) -> None:
@@ -143,8 +174,6 @@ class SamplingParams:
             raise ValueError("logprob_token_ids is not supported with beam search")
         if n and self.logprobs is None:
             self.logprobs = 0  # vLLM's num_logprobs: the ids alone ask for logprobs
-        if self.allowed_token_ids is not None:
-            self.allowed_ids = np.array(sorted(self.allowed_token_ids), dtype=np.int64)
 
     def _validate_thinking(self) -> None:
         budget = self.thinking_token_budget
@@ -152,6 +181,20 @@ class SamplingParams:
             raise ValueError(f"thinking_token_budget must be an integer >= 0, or -1 / None (unlimited), got {budget!r}")
         if budget is not None and self.use_beam_search:
             raise ValueError("thinking_token_budget does not combine with beam search")
+
+    def dense_row(self, name: str, vocab_size: int) -> np.ndarray | None:
+        """A long id list as one (V,) float32 row to add to the logits, built on first use:
+        "logit_bias" (the biases, 0 elsewhere) or "stop" (-inf at stop_token_ids, for
+        min_tokens). A scatter to tens of thousands of ids costs ~200x a dense add of the same
+        row (tests/test_step_cost_bounds.py). None while the list is short (a scatter is cheap)."""
+        ids = self.logit_bias_ids if name == "logit_bias" else self.stop_token_array
+        if len(ids) <= vocab_size // DENSE_FRACTION:
+            return None
+        row = self._dense.get(name)
+        if row is None or len(row) != vocab_size:
+            row = self._dense[name] = np.zeros(vocab_size, np.float32)
+            row[ids] = self.logit_bias_values if name == "logit_bias" else -np.inf
+        return row
 
     @property
     def greedy(self) -> bool:

@@ -35,7 +35,7 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(slots=True)  # one per reported token per step: no per-object __dict__ (issue 44)
 class Logprob:
     logprob: float
     rank: int | None = None  # 1 = most likely

@@ -38,7 +38,7 @@ def check_stop_token(seq: Sequence, eos_token_ids: list[int]) -> Stop | None:
     token = seq.token_ids[-1]
     if seq.num_output_tokens < p.min_tokens:
         return None
-    if token in p.stop_token_ids:
+    if token in p.stop_token_set:  # O(1) whatever the list's length
         return "stop", token
     if not p.ignore_eos and token in eos_token_ids:
         return "stop", None

@@ -1,16 +1,21 @@
 """POST /v1/embeddings: text (or token ids) in, one vector per input out, in OpenAI's shape.
 
 Needs a pooling engine (`rawpage serve MODEL --runner pooling`). Each input becomes one
-engine request, all queued at once, so that the scheduler batches them like prompts.
+engine request, which the scheduler batches like prompts. A request keeps at most two
+steps' worth of its inputs' tokens (2 x --max-num-batched-tokens) queued at a time and
+queues the next as one finishes, so another client's inputs, queued meanwhile, run
+within a couple of steps instead of behind all of a large request (issue 44).
 A generating server answers with a 400 that says how to start one that embeds, and
 a pooling server answers chat and completions with a 400 that says what it is.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Any
 
 import numpy as np
@@ -21,7 +26,7 @@ from rawpage.outputs import EmbeddingRequestOutput
 from rawpage.server.prompt_input import parse_embedding
 from rawpage.server.protocol import APIError
 from rawpage.server.state import ServerState
-from rawpage.server.streaming import final_outputs, unless_disconnected
+from rawpage.server.streaming import unless_disconnected
 
 Handler = Callable[[Request, ServerState], Awaitable[Response]]
 
@@ -52,14 +57,49 @@ async def create_embedding(request: Request, state: ServerState) -> Response:
     rid, tag = state.request_id(request, "embd"), uuid.uuid4().hex[:8]
     state.engine.check_capacity(len(inputs))
     owner = state.owner(request)
-    streams = [
-        state.engine.encode(f"{rid}#{i}#{tag}", {"prompt_token_ids": ids}, req.params, req.priority, owner)
-        for i, ids in enumerate(inputs)
-    ]
-    finals = await unless_disconnected(request, final_outputs(streams))
-    if len(finals) != len(inputs) or any(not f.finished or not f.outputs.embedding for f in finals):
+
+    def submit(i: int) -> AsyncIterator[EmbeddingRequestOutput]:
+        return state.engine.encode(f"{rid}#{i}#{tag}", {"prompt_token_ids": inputs[i]}, req.params, req.priority, owner)
+
+    window = 2 * state.info.max_num_batched_tokens
+    finals = await unless_disconnected(request, windowed(submit, [len(ids) for ids in inputs], window))
+    if any(f is None or not f.finished or not f.outputs.embedding for f in finals):
         raise APIError("the server ended this request early (shutting down, or --request-timeout)", 503)
     return JSONResponse(_response(state.model_name, finals, req.encoding_format), headers={"X-Request-Id": rid})
+
+
+async def windowed(
+    submit: Callable[[int], AsyncIterator[EmbeddingRequestOutput]], sizes: list[int], window: int
+) -> list[EmbeddingRequestOutput | None]:
+    """Each input's last output, in input order. submit(i) queues input i (sizes[i] tokens);
+    inputs are queued in order while this request has at most `window` tokens queued or
+    running (always at least one input). Cancelled, it aborts every input still queued."""
+    finals: list[EmbeddingRequestOutput | None] = [None] * len(sizes)
+    pending: dict[asyncio.Future, int] = {}  # an input's last output, being awaited -> its index
+    queued, nxt = 0, 0
+    try:
+        while nxt < len(sizes) or pending:
+            while nxt < len(sizes) and (not pending or queued + sizes[nxt] <= window):
+                pending[asyncio.ensure_future(_last(submit(nxt)))] = nxt
+                queued, nxt = queued + sizes[nxt], nxt + 1
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                i = pending.pop(task)
+                queued -= sizes[i]
+                finals[i] = task.result()
+    finally:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    return finals
+
+
+async def _last(stream: AsyncIterator[EmbeddingRequestOutput]) -> EmbeddingRequestOutput | None:
+    last = None
+    async with aclosing(stream) as outputs:
+        async for out in outputs:
+            last = out
+    return last
 
 
 def _response(model: str, finals: list[EmbeddingRequestOutput], encoding: str) -> dict[str, Any]:

@@ -58,6 +58,7 @@ class EngineInfo:
         self.max_logprobs: int = engine.args.max_logprobs  # --max-logprobs
         # --generation-config: SamplingParams keywords for the fields a request leaves out
         self.sampling_defaults: dict[str, Any] = engine.sampling_defaults
+        self.max_num_batched_tokens: int = engine.scheduler.config.max_num_batched_tokens  # a step's tokens
         self.scheduling_policy: str = engine.args.scheduling_policy  # --scheduling-policy: "fcfs" or "priority"
         self.runner: str = engine.args.runner  # --runner: "generate" (chat, completions) or "pooling" (embeddings)
         self.lora: LoRAInfo | None = LoRAInfo.of(engine.lora) if engine.lora is not None else None  # --enable-lora

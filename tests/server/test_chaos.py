@@ -1,7 +1,9 @@
 """Chaos (issue 15): 64 clients for a bounded time against one server on the loopback,
 mixing streaming and not, n > 1, beam search, logprobs, random disconnects, slow
 readers, bad bodies, grammars (schemas, choices, beam search under a choice, bad
-grammars) and engine-event subscribers that come and go (issue 29); once with runtime
+grammars), engine-event subscribers that come and go (issue 29), and issue 44's attackers
+(NaN-prone sampling parameters, logprobs near and over --max-request-output-memory;
+the long-list attackers are in test_request_bounds.py and test_step_cost_bounds.py); once with runtime
 LoRA loads (every step eager), once with decode steps replayed from recordings. Afterwards nothing has leaked, the server is healthy, its
 event loop never stalled for a second, and every greedy request that completed got
 exactly the text it gets alone.
@@ -75,6 +77,7 @@ async def read_stream(r: httpx.Response, slow: float = 0.0, stop_after: int | No
 
 
 ACTIONS = ["greedy", "greedy_stream", "n", "beam", "logprobs", "disconnect", "slow", "bad", "grammar", "events"]
+ACTIONS += ["extreme_sampling", "big_outputs"]  # issue 44's attackers
 
 
 class Chaos:
@@ -172,6 +175,23 @@ class Chaos:
         if rnd.random() < 0.3:
             await c.post(self.url + "/v1/unload_lora_adapter", json={"lora_name": name})
 
+    async def extreme_sampling(self, c, rnd):
+        """Issue 44: parameters that overflow float32 sample greedily, never from NaN."""
+        extreme = rnd.choice([{"repetition_penalty": 1e-300}, {"temperature": 1e-300, "top_p": 1e-300}])
+        body = {"prompt": rnd.choice(QUESTIONS), "max_tokens": 4, "ignore_eos": True, **extreme}
+        r = await c.post(self.url + CMPL, json=body)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"], r.text
+
+    async def big_outputs(self, c, rnd):
+        """Issue 44: logprobs within --max-request-output-memory run; beyond it, a 400 naming it."""
+        body = {"prompt": rnd.choice(QUESTIONS), "n": 2, "max_tokens": 4, "logprobs": 20, "ignore_eos": True}
+        if rnd.random() < 0.5:
+            r = await c.post(self.url + CMPL, json={**body, "n": 32, "max_tokens": 900})
+            assert r.status_code == 400 and "--max-request-output-memory" in r.text, r.text
+            return
+        r = await c.post(self.url + CMPL, json=body)
+        assert r.status_code == 200 and len(r.json()["choices"][0]["logprobs"]["top_logprobs"]) == 4, r.text
+
     async def bad(self, c, rnd):
         body = rnd.choice(BAD_BODIES)
         r = await c.post(
@@ -204,7 +224,7 @@ def test_chaos(tmp_path, engine):
         flags = ["--enable-lora", "--max-loras", "2", "--max-lora-rank", "4", "--max-cpu-loras", "3"]
         flags += ["--allow-runtime-lora-updating", "--lora-dir", str(tmp_path)]
         actions, seconds, clients = ACTIONS + ["lora"], SECONDS, CLIENTS
-    s = ServerProcess("--max-num-seqs", "32", "--max-model-len", "1024", *flags)
+    s = ServerProcess("--max-num-seqs", "32", "--max-model-len", "1024", "--max-request-output-memory", "64MiB", *flags)
     try:
         expected = {}
         for q in QUESTIONS:  # each question alone first: the reference every later answer must match
@@ -233,6 +253,7 @@ def test_chaos(tmp_path, engine):
         assert lag < 1.0
         assert chaos.counts["disconnect"] > 0 and chaos.counts["bad"] > 0 and chaos.counts["greedy"] > 0
         assert chaos.counts["grammar"] > 0 and chaos.counts["events"] > 0
+        assert chaos.counts["extreme_sampling"] > 0
         if engine == "lora":
             assert chaos.counts["lora"] > 0 and "decode steps run eagerly" in s.output()
         else:

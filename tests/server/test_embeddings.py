@@ -3,6 +3,8 @@
 dimensions, batching, and bad input as 4xx in OpenAI's shape while the server serves on."""
 
 import base64
+import threading
+import time
 
 import httpx
 import numpy as np
@@ -171,3 +173,39 @@ def test_the_benchmark_runs(server):
     texts = make_texts(server.url, headers, 4, 16)
     result = measure(server.url, headers, texts, 1)
     assert result["inputs_per_s"] > 0 and 4 * 12 <= result["prompt_tokens"] <= 4 * 20, result
+
+
+def test_a_small_request_runs_while_a_large_one_is_in_progress(folder):
+    """Issue 44: a request keeps at most 2 x --max-num-batched-tokens of its inputs queued, so
+    a small request sent meanwhile runs within a few steps, not behind every large input.
+    Here a step takes one 64-token input: three large requests need 384 steps, and the small
+    one, sent once they are under way, must finish before them and within 128 steps (the
+    three windows hold 6 inputs; the rest is the HTTP round trip on a busy machine, where a
+    step of this tiny model takes a few milliseconds). It took 46 steps; with every input
+    queued at once, 316."""
+    s = ServerProcess(folder, "--runner", "pooling", "--max-model-len", str(MAX_LEN), "--max-num-batched-tokens", "64")
+    try:
+        ids = [[3 + (i + j) % 300 for j in range(MAX_LEN)] for i in range(128)]
+        large_done: list[float] = []
+
+        def large():
+            r = httpx.post(s.url + "/v1/embeddings", json={"input": ids})
+            assert r.status_code == 200 and len(r.json()["data"]) == 128, r.text
+            large_done.append(time.monotonic())
+
+        threads = [threading.Thread(target=large) for _ in range(3)]
+        for t in threads:
+            t.start()
+        start = s.metric("rawpage:engine_steps_total")
+        while s.metric("rawpage:engine_steps_total") < start + 8:
+            time.sleep(0.01)
+        before = s.metric("rawpage:engine_steps_total")
+        r = httpx.post(s.url + "/v1/embeddings", json={"input": [5, 6, 7]})
+        steps, small_done = s.metric("rawpage:engine_steps_total") - before, time.monotonic()
+        assert r.status_code == 200 and len(r.json()["data"]) == 1
+        for t in threads:
+            t.join()
+        assert steps <= 128, f"the small request waited {steps:.0f} steps"
+        assert len(large_done) == 3 and small_done < min(large_done)
+    finally:
+        assert s.stop() == 0, s.output()
