@@ -85,7 +85,7 @@ class LLMEngine:
         pool = KVPool(args.block_size, num_blocks, num_cpu_blocks)
         self.runner = make_runner(self.workers, self.model, self.backend, pool, shapes, self.max_model_len, self.lora)
         self.grammars = GrammarCompiler.from_args(self.tokenizer.hf, c.vocab_size, c.eos_token_ids, args)
-        self.masks = MaskPrefetcher()
+        self.masks = MaskPrefetcher(self.max_model_len)
         self.sampler = Sampler(c.vocab_size, c.eos_token_ids, self.masks.mask)
         self._seq_ids = itertools.count()
         self.forker = Forker(self.scheduler, self._seq_ids)

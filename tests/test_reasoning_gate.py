@@ -75,6 +75,7 @@ class FakeCompiled:
 
 class FakeCompiler:
     eos_token_ids = [ID["<eos>"]]
+    closer = None  # no length look-ahead: these masks are asked without a budget
     words = WORDS
 
 

@@ -308,3 +308,33 @@ def test_a_choice_grammar_keeps_temperature_and_seed(llm):
         return set(texts(llm.generate([PROMPTS[0]] * 16, p, use_tqdm=False)))
 
     assert len(picks(0.0)) == 1 and len(picks(2.0)) > 1
+
+
+OPEN_SCHEMA = {  # strings and arrays without maxLength / maxItems: a random model runs on in them
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "jobs": {
+            "type": "array",
+            "items": {"type": "object", "properties": {"company": {"type": "string"}}, "required": ["company"]},
+        },
+    },
+    "required": ["name", "tags", "jobs"],
+    "additionalProperties": False,
+}
+
+
+def test_unbounded_strings_close_before_max_tokens(llm):
+    """Issue 42: a reply near max_tokens is made to write the grammar's shortest ending, so
+    every reply parses; one that ends well before the limit is left alone."""
+    for max_tokens in (40, 70, 100):
+        params = [sampled(seed=s, max_tokens=max_tokens, structured_outputs={"json": OPEN_SCHEMA}) for s in range(6)]
+        outs = llm.generate([PROMPTS[s % 6] for s in range(6)], params, use_tqdm=False)
+        for o in outs:
+            c = o.outputs[0]
+            assert json.loads(c.text).keys() == {"name", "tags", "jobs"}, c.text
+            assert c.finish_reason == "stop" and len(c.token_ids) <= max_tokens
+    free = llm.generate(PROMPTS[0], sampled(seed=1, structured_outputs={"json": SCHEMA}), use_tqdm=False)[0]
+    assert free.outputs[0].finish_reason == "stop" and len(free.outputs[0].token_ids) < 100
+    assert_no_leaks(llm.engine)

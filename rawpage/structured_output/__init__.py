@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from rawpage.errors import InvalidRequestError
+from rawpage.structured_output.closing import Ending
 from rawpage.structured_output.reasoning_gate import MAYBE, OPEN, THINKING, ReasoningGate
 from rawpage.structured_output.schema_rewrite import cap_numbers
 
@@ -94,6 +95,7 @@ class GrammarState:
     def __init__(self, compiler: Any, compiled: Future, gate: ReasoningGate | None = None) -> None:
         self.compiler, self.compiled, self.gate = compiler, compiled, gate
         self._matcher: Any = None
+        self.ending = Ending(compiler.closer)  # the look-ahead that closes it before the length limit
         self.error: str | None = None  # why the matcher reached its error state mid-output, if it did
 
     @property
@@ -116,20 +118,24 @@ class GrammarState:
         gate = self.gate
         if gate is None or gate.phase == OPEN or (gate.phase == MAYBE and not gate.opens_block(token_id)):
             self.matcher.consume_token(token_id)  # a refused token leaves it in its error state: only EOS
+            self.ending.accept(token_id)
         if gate is not None and gate.phase != OPEN:
             gate.accept(token_id)
             if gate.phase == THINKING:
                 self._matcher = None  # the answer starts from a fresh copy once the block closes
+                self.ending = Ending(self.compiler.closer)
 
     def fork(self) -> GrammarState:
         child = GrammarState(self.compiler, self.compiled, self.gate.fork() if self.gate else None)
         child.error = self.error
+        child.ending = self.ending.fork()
         child._matcher = self._matcher.deep_copy() if self._matcher is not None else None
         return child
 
-    def mask(self) -> np.ndarray | None:
+    def mask(self, budget: int | None = None) -> np.ndarray | None:
         """The allowed-token bitmask, (W,) int32 with bit t = token t; None when the sequence
-        is unconstrained this step."""
+        is unconstrained this step. `budget`: the tokens it may still write, this one
+        included (None: no limit); near it, only the grammar's shortest ending (closing.py)."""
         if self.matcher is None:
             return None
         out = np.zeros(self.compiler.words, dtype=np.int32)
@@ -142,9 +148,16 @@ class GrammarState:
             # the sequence end there (never sample NaN); `error` makes that end "length",
             # not a valid-looking "stop" (output_processor.py).
             self.error = self.error or (self.matcher.get_error() or "the grammar allows no next token").splitlines()[0]
-            for t in self.compiler.eos_token_ids:
-                out.view(np.uint8)[t >> 3] |= 1 << (t & 7)  # bit t of the little-endian row
+            _set_bits(out, self.compiler.eos_token_ids)
+        elif (forced := self.ending.forced(self.matcher, budget)) is not None:
+            out[:] = 0
+            _set_bits(out, forced)
         return out
+
+
+def _set_bits(row: np.ndarray, tokens: list[int]) -> None:
+    for t in tokens:
+        row.view(np.uint8)[t >> 3] |= 1 << (t & 7)  # bit t of the little-endian row
 
 
 def apply_masks(logits: np.ndarray, seqs: list, mask_of: Callable[[Any], np.ndarray | None] | None = None) -> None:

@@ -32,6 +32,7 @@ import numpy as np
 
 from rawpage.errors import InvalidRequestError
 from rawpage.structured_output import GrammarState, StructuredOutputsParams
+from rawpage.structured_output.closing import Closer
 from rawpage.structured_output.grammar_limits import GrammarLimits, check_grammar_limits
 from rawpage.structured_output.grammar_validator import COMPILE_STACK_BYTES, GrammarTooComplexError, GrammarValidator
 from rawpage.structured_output.reasoning_gate import OPEN, ReasoningGate, TokenTexts, prompt_phase
@@ -125,6 +126,7 @@ class GrammarCompiler:
         self.threads = CompileThreads(COMPILE_THREADS)
         self.num_compiles = 0  # matchers built (cache misses that passed validation)
         self._ll = None
+        self._closer: Closer | None = None
         self._lock = threading.Lock()
         self._validators: queue.SimpleQueue | None = None
         self.pending: list[tuple[Future, Any]] = []  # (future, owner) of states still compiling; engine thread only
@@ -136,6 +138,15 @@ class GrammarCompiler:
     def decode_each(self, ids: list[int]) -> list[str]:
         """Each token's own text (special tokens kept), in one call."""
         return self.hf.decode_batch([[t] for t in ids], skip_special_tokens=False)
+
+    @property
+    def closer(self) -> Closer:
+        """What every sequence's look-ahead shares: the single-character tokens (closing.py)."""
+        with self._lock:
+            if self._closer is None:
+                encode = lambda text: self.hf.encode(text, add_special_tokens=False).ids  # noqa: E731
+                self._closer = Closer(encode, self.decode, self.eos_token_ids, self.vocab_size)
+            return self._closer
 
     @property
     def ll_tokenizer(self):
@@ -295,7 +306,8 @@ class MaskPrefetcher:
     A mask is keyed by (seq_id, tokens so far), so a stale or missing one is simply
     computed again at sampling time."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_model_len: int | None = None) -> None:
+        self.max_model_len = max_model_len
         self._pool: ThreadPoolExecutor | None = None
         self._job: Future | None = None
         self._masks: dict[tuple[int, int], np.ndarray | None] = {}
@@ -315,11 +327,17 @@ class MaskPrefetcher:
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="rawpage-grammar")
-        jobs = [(s.seq_id, s.num_tokens, s.grammar) for s in seqs]
+        jobs = [(s.seq_id, s.num_tokens, s.grammar, self.budget(s)) for s in seqs]
         self._job = self._pool.submit(self._compute, jobs)
 
     def _compute(self, jobs: list) -> dict:
-        return {(seq_id, n): g.mask() for seq_id, n, g in jobs}
+        return {(seq_id, n): g.mask(budget) for seq_id, n, g, budget in jobs}
+
+    def budget(self, seq) -> int | None:
+        """The tokens `seq` may still write, the next one included (max_tokens, the context)."""
+        limits = [seq.request.params.max_tokens, self.max_model_len]
+        left = [n - used for n, used in zip(limits, (seq.num_output_tokens, seq.num_tokens)) if n is not None]
+        return min(left) if left else None
 
     def wait(self) -> None:
         """Join the worker: matchers must not be touched (forked, advanced) while it runs."""
@@ -330,5 +348,5 @@ class MaskPrefetcher:
     def mask(self, seq) -> np.ndarray | None:
         key = (seq.seq_id, seq.num_tokens)
         if key not in self._masks:
-            self._masks[key] = seq.grammar.mask()
+            self._masks[key] = seq.grammar.mask(self.budget(seq))
         return self._masks[key]
