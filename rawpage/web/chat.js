@@ -99,7 +99,10 @@ async function send() {
     content = await streamReply(reply, controller.signal);
   } catch (e) {
     if (e.name === "AbortError") reply.append(stoppedNote());
-    else reply.append(errorNote(e.message));
+    else reply.append(errorNote(e.refused ? `${e.message} (not kept in the conversation)` : e.message));
+    // A message the server refused (too long, too many images...) would be refused again with
+    // every later one: the conversation goes on without it.
+    if (e.refused) conversation.pop();
   } finally {
     content = content || reply.dataset.text || "";
     if (content) conversation.push({ role: "assistant", content });
@@ -132,7 +135,7 @@ async function streamReply(node, signal) {
   });
   if (!response.ok) {
     const err = await response.json().catch(() => ({}));
-    throw new Error(err?.error?.message || `HTTP ${response.status}`);
+    throw Object.assign(new Error(err?.error?.message || `HTTP ${response.status}`), { refused: response.status === 400 });
   }
   let text = "";
   let firstToken = null;
