@@ -4,6 +4,7 @@ step by step, through sharing, copy-on-write, prefix caching and swapping."""
 import json
 
 import numpy as np
+import pytest
 
 from rawpage import LLM, SamplingParams
 from rawpage.server.engine_view import CACHED, FREE, SHARED, USED, EngineView, run_lengths
@@ -28,6 +29,16 @@ def check_snapshot(engine, snap: dict) -> None:
         assert refs[b] == r
         holders = [s.seq_id for s in sc.running if b in s.block_table]
         assert owner[b] == (min(holders) if holders else -1)
+    image = expand(snap["image"])
+    assert len(image) == bm.num_blocks
+    spans = {  # each running sequence's blocks that hold a position of one of its images
+        b
+        for s in sc.running
+        for im in s.request.images
+        for p in range(im.offset, im.offset + im.length)
+        if p // bm.block_size < len(s.block_table) and (b := s.block_table[p // bm.block_size]) >= 0
+    }
+    assert {b for b in range(bm.num_blocks) if image[b]} == spans
     cpu_owner = expand(snap["cpu_owner"])
     assert len(cpu_owner) == bm.num_cpu_blocks
     for c in range(bm.num_cpu_blocks):
@@ -179,3 +190,43 @@ def test_a_tenant_sees_only_its_own_sequences(tiny_model_dir):
         assert len(expand(a["state"])) == len(expand(full["state"]))  # the occupancy itself is all there
     assert seen_other
     assert json.loads(view.latest.for_tenant("nobody"))["queues"] == {"running": [], "waiting": [], "swapped": []}
+
+
+def test_blocks_holding_image_tokens_are_marked(tmp_path):
+    """Issue 45, item 5: `image` marks each block that holds a running sequence's image
+    tokens (checked against the block tables in check_snapshot, step by step), whatever the
+    block's state; and a tenant sees image marks on its own blocks only."""
+    pytest.importorskip("PIL")
+    from tests.tiny_vlm import seeded_image, write_vlm
+
+    folder = write_vlm(str(tmp_path / "gemma3-vlm"))
+    # 8-token blocks; the image's tokens cross a block boundary (asserted below), and a
+    # text-only request runs alongside
+    llm = LLM(folder, block_size=8, num_gpu_blocks_override=64, max_num_batched_tokens=16)
+    picture = {
+        "prompt": "Look at this: <start_of_image> What is it?",
+        "multi_modal_data": {"image": seeded_image(3, 40, 30)},
+    }
+    text = {"prompt": "Just some words, no picture at all, for the other sequence."}
+    engine, view = llm.engine, EngineView(min_interval=0, max_overhead=float("inf"), owner_of=lambda rid: rid)
+    view.watchers = 1
+    engine.add_request("pic", picture, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    engine.add_request("txt", text, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    (im,) = engine.scheduler.waiting[0].request.images
+    marked = []
+    while engine.has_unfinished_requests():
+        view.on_step(engine, engine.step())
+        full = json.loads(view.latest.data)
+        check_snapshot(engine, full)
+        image, owner = np.array(expand(full["image"])), np.array(expand(full["owner"]))
+        pic = {s.seq_id for s in engine.scheduler.running if s.request.request_id == "pic"}
+        assert set(owner[image == 1]) <= pic  # the text sequence's blocks are never marked
+        if pic:
+            (seq,) = [s for s in engine.scheduler.running if s.request.request_id == "pic"]
+            held = seq.block_table[im.offset // 8 : (im.offset + im.length - 1) // 8 + 1]
+            assert sorted(np.flatnonzero(image)) == sorted(held)
+            assert expand(json.loads(view.latest.for_tenant("pic"))["image"]) == list(image)
+            assert set(expand(json.loads(view.latest.for_tenant("txt"))["image"])) == {0}
+        marked.append(int(image.sum()))
+    assert max(marked) == 2  # its 4 soft tokens, at 15..18, cross the boundary at 16
+    assert marked[-1] == 0  # drained: nothing held, nothing marked

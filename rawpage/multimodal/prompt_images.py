@@ -40,6 +40,11 @@ class PromptImages:
         # where image URLs may point
         self.policy = MediaPolicy(args.allowed_local_media_path, tuple(args.allowed_media_domains or ()))
 
+    @property
+    def accepted(self) -> bool:
+        """Whether prompts may hold images here (what require_vision lets through)."""
+        return self.vision is not None and self.device == "cpu"
+
     def require_vision(self) -> VisionConfig:
         if self.vision is None:
             raise ImageError(f"model {self.model_name!r} does not take images ({self.no_vision}); send text only")

@@ -297,6 +297,7 @@ def _models(state: ServerState, request: Request) -> list[dict[str, Any]]:
         "root": state.model_name,
         "max_model_len": info.max_model_len,
         "runner": info.runner,  # rawpage's: "generate" (chat, completions) or "pooling" (embeddings)
+        "vision": info.images.accepted,  # rawpage's: chat takes image_url parts (the web page reads it)
         "parent": None,  # an adapter's is the base model
     }
     models = [model, *adapter_models(state, state.caller(request), state.created, info.max_model_len)]

@@ -105,6 +105,22 @@ def block_owners(num_blocks: int, seqs: list[Sequence], cpu: bool = False) -> np
     return owners
 
 
+def expand_runs(runs: list[int]) -> np.ndarray:
+    """The inverse of run_lengths: (N,) ints."""
+    return np.repeat(runs[::2], runs[1::2]) if runs else np.zeros(0, np.int64)
+
+
+def image_blocks(num_blocks: int, block_size: int, seqs: list[Sequence]) -> np.ndarray:
+    """(NB,) 1 where a block of these sequences holds one of their prompt's image tokens, else 0.
+    Prompt position p sits in block_table[p // block_size]; only blocks allocated so far count."""
+    marks = np.zeros(num_blocks, dtype=np.int64)
+    for seq in seqs:
+        for im in seq.request.images:
+            span = seq.block_table[im.offset // block_size : (im.offset + im.length - 1) // block_size + 1]
+            marks[[b for b in span if b >= 0]] = 1
+    return marks
+
+
 def describe_seq(seq: Sequence, queue: str) -> dict[str, Any]:
     state = queue if queue != "running" else ("prefill" if seq.is_prefill else "decode")
     blocks = len(seq.cpu_block_table) if queue == "swapped" else len(seq.block_table)
@@ -147,6 +163,7 @@ def take_snapshot(
         "owner": run_lengths(owner),
         "refs": run_lengths(refs),
         "cpu_owner": run_lengths(cpu_owner),
+        "image": run_lengths(image_blocks(bm.num_blocks, bm.block_size, sc.running)),
         "counts": {name: len(q) for name, q in queues.items()},
         "queues": {name: [describe_seq(s, name) for s in q[:MAX_QUEUE_ENTRIES]] for name, q in queues.items()},
         "steps": [[n, [c for c, _ in chunks], len(decodes)] for n, chunks, decodes in steps],
@@ -185,12 +202,14 @@ def tenant_view(full: dict[str, Any], own: Ownership, key_id: str | None) -> dic
     def anonymous(owner: np.ndarray) -> list[int]:
         return run_lengths(np.where((owner < 0) | np.isin(owner, ids), owner, OTHER_TENANT))
 
-    states = np.repeat(full["state"][::2], full["state"][1::2]) if full["state"] else np.zeros(0, np.int64)
+    states, images = expand_runs(full["state"]), expand_runs(full["image"])
     return {
         **{k: full[k] for k in ("v", "id", "time", "pool", "cost_ms")},
         "state": run_lengths(np.where(states == SHARED, USED, states)),
         "owner": anonymous(own.block_owner),
         "cpu_owner": anonymous(own.cpu_owner),
+        # image blocks of its own sequences only: what another key sent stays its own
+        "image": run_lengths(np.where(np.isin(own.block_owner, ids), images, 0)),
         "counts": {name: sum(1 for sid, _ in entries if sid in mine) for name, entries in own.queue_owners.items()},
         "queues": {name: [e for e in entries if e["id"] in mine] for name, entries in full["queues"].items()},
         "steps": [

@@ -29,6 +29,7 @@ PAGE_FILES = {
     "chat.js": "text/javascript",
     "engine.js": "text/javascript",
     "markdown.js": "text/javascript",
+    "images.js": "text/javascript",
 }
 # Model output is rendered by our own DOM-building code; this policy is the second line of
 # defence: no inline script, no script or style from anywhere but this server.

@@ -10,10 +10,12 @@ initChat(); // before any await: a message sent during start-up waits for the mo
 async function main() {
   const info = await (await fetch("/web/info")).json();
   if (info.api_key_required && !api.key) await askForKey();
+  let vision = false; // whether the model takes images
   for (;;) {
     try {
       const models = await api.json("/v1/models");
       document.getElementById("model").textContent = models.data[0].id;
+      vision = models.data[0].vision === true;
       break;
     } catch (e) {
       if (e.status === 503) {
@@ -28,7 +30,7 @@ async function main() {
     }
   }
   status.textContent = "";
-  chatReady(document.getElementById("model").textContent);
+  chatReady(document.getElementById("model").textContent, vision);
   startEngineView();
 }
 

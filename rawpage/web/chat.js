@@ -1,6 +1,7 @@
 // The chat: a conversation kept in localStorage, streamed replies from
 // /v1/chat/completions, a Stop button, and time to first token and tokens/s per reply.
 import { api, readEvents } from "/web/api.js";
+import { imagesReady, initImages, takeImages, thumbnails } from "/web/images.js";
 import { renderMarkdown } from "/web/markdown.js";
 
 const STORE = "rawpage.conversation";
@@ -9,7 +10,7 @@ const $ = (id) => document.getElementById(id);
 let model = "";
 let modelKnown; // resolves the promise below, once the page knows the model's name
 const ready = new Promise((resolve) => (modelKnown = resolve));
-let conversation = []; // [{role, content}], as the API takes it
+let conversation = []; // [{role, content}], as the API takes it (content: text, or image and text parts)
 let controller = null; // aborts the reply in flight
 
 // Called before the page's start-up fetches, so that Send works from the first moment: a
@@ -18,6 +19,7 @@ let controller = null; // aborts the reply in flight
 export function initChat() {
   conversation = JSON.parse(localStorage.getItem(STORE) || "[]");
   for (const m of conversation) addMessage(m.role, m.content);
+  initImages();
   $("chat-form").addEventListener("submit", (event) => {
     event.preventDefault();
     send();
@@ -39,14 +41,25 @@ export function initChat() {
   $("send").disabled = false;
 }
 
-// The model's name, from /v1/models: replies can be asked for.
-export function chatReady(modelName) {
+// The model's name, and whether it takes images, from /v1/models: replies can be asked for.
+export function chatReady(modelName, takesImages) {
   model = modelName;
+  imagesReady(modelName, takesImages);
   modelKnown();
 }
 
+// Images make a conversation big: past the browser's storage quota (about 5 MB) it is kept
+// with each image replaced by a note, so a reload shows, and goes on from, the text alone.
 function save() {
-  localStorage.setItem(STORE, JSON.stringify(conversation));
+  try {
+    localStorage.setItem(STORE, JSON.stringify(conversation));
+  } catch {
+    const note = { type: "text", text: "[an image, not kept: too big for the browser's storage]" };
+    const textOnly = conversation.map((m) =>
+      Array.isArray(m.content) ? { ...m, content: m.content.map((p) => (p.type === "image_url" ? note : p)) } : m,
+    );
+    localStorage.setItem(STORE, JSON.stringify(textOnly));
+  }
 }
 
 function addMessage(role, content) {
@@ -55,6 +68,9 @@ function addMessage(role, content) {
   if (role === "assistant") {
     node.dataset.testid = "reply";
     renderMarkdown(content, node);
+  } else if (Array.isArray(content)) {
+    const urls = content.filter((p) => p.type === "image_url").map((p) => p.image_url.url);
+    node.append(thumbnails(urls), content.filter((p) => p.type === "text").map((p) => p.text).join("\n"));
   } else {
     node.textContent = content;
   }
@@ -65,11 +81,13 @@ function addMessage(role, content) {
 
 async function send() {
   const text = $("prompt").value.trim();
-  if (!text || controller) return;
+  if (controller || !(text || $("attachments").childElementCount)) return;
   $("prompt").value = "";
-  conversation.push({ role: "user", content: text });
+  const images = takeImages().map((url) => ({ type: "image_url", image_url: { url } }));
+  const message = images.length ? [...images, ...(text ? [{ type: "text", text }] : [])] : text;
+  conversation.push({ role: "user", content: message });
   save();
-  addMessage("user", text);
+  addMessage("user", message);
   const reply = addMessage("assistant", "");
   reply.classList.add("streaming");
   controller = new AbortController();
@@ -81,7 +99,10 @@ async function send() {
     content = await streamReply(reply, controller.signal);
   } catch (e) {
     if (e.name === "AbortError") reply.append(stoppedNote());
-    else reply.append(errorNote(e.message));
+    else reply.append(errorNote(e.refused ? `${e.message} (not kept in the conversation)` : e.message));
+    // A message the server refused (too long, too many images...) would be refused again with
+    // every later one: the conversation goes on without it.
+    if (e.refused) conversation.pop();
   } finally {
     content = content || reply.dataset.text || "";
     if (content) conversation.push({ role: "assistant", content });
@@ -114,7 +135,7 @@ async function streamReply(node, signal) {
   });
   if (!response.ok) {
     const err = await response.json().catch(() => ({}));
-    throw new Error(err?.error?.message || `HTTP ${response.status}`);
+    throw Object.assign(new Error(err?.error?.message || `HTTP ${response.status}`), { refused: response.status === 400 });
   }
   let text = "";
   let firstToken = null;

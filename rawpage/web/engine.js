@@ -59,8 +59,9 @@ function render(snap) {
   // A tenant's view (a key that is not the admin's) has no reference counts and never says
   // "shared": each block it shows in use has one holder, as far as that key may know.
   const refs = snap.refs ? expand(snap.refs) : state.map((s) => (s === 1 ? 1 : 0));
+  const image = snap.image ? expand(snap.image) : []; // 1: the block holds image tokens
   const gpu = cellsFor($("block-grid"), grids.gpu, pool.num_blocks, "gpu");
-  for (let b = 0; b < pool.num_blocks; b++) paintCell(gpu[b], b, STATES[state[b]], owner[b], refs[b]);
+  for (let b = 0; b < pool.num_blocks; b++) paintCell(gpu[b], b, STATES[state[b]], owner[b], refs[b], image[b] === 1);
   const cpuOwner = expand(snap.cpu_owner);
   const cpu = cellsFor($("cpu-grid"), grids.cpu, pool.num_cpu_blocks, "cpu");
   for (let b = 0; b < pool.num_cpu_blocks; b++) {
@@ -68,7 +69,7 @@ function render(snap) {
   }
   $("cpu-info").textContent = pool.num_cpu_blocks ? `${pool.num_cpu_blocks} blocks` : "(off: --preemption-mode recompute)";
   $("pool-info").textContent = `${pool.num_blocks} blocks × ${pool.block_size} tokens`;
-  showPoolStats(snap, state);
+  showPoolStats(snap, state, image);
   for (const name of ["running", "waiting", "swapped"]) showQueue(name, snap.queues[name], snap.counts[name]);
   history.steps.push(...snap.steps);
   history.steps.splice(0, history.steps.length - STEPS_SHOWN);
@@ -113,22 +114,28 @@ function cellsFor(grid, cells, count, pool) {
   return cells;
 }
 
-function paintCell(cell, block, state, owner, refs) {
-  const key = `${state}/${owner}/${refs}`;
+// An image block is drawn in the image colour (style.css), ringed in its sequence's colour.
+function paintCell(cell, block, state, owner, refs, image = false) {
+  const key = `${state}/${owner}/${refs}/${image}`;
   if (cell.dataset.key === key) return; // most cells do not change between snapshots
   cell.dataset.key = key;
   cell.dataset.state = state;
-  cell.style.backgroundColor = owner >= 0 ? seqColour(owner) : "";
+  if (image) cell.dataset.image = "1";
+  else delete cell.dataset.image;
+  const colour = owner >= 0 ? seqColour(owner) : "";
+  cell.style.backgroundColor = image ? "" : colour;
+  cell.style.boxShadow = image && colour ? `inset 0 0 0 2px ${colour}` : "";
   cell.textContent = state === "shared" ? (refs < 10 ? String(refs) : "+") : "";
   const who = owner >= 0 ? `, sequence ${owner}` : "";
-  cell.title = `block ${block}: ${state}${who}${refs > 1 ? `, ${refs} references` : ""}`;
+  cell.title = `block ${block}: ${state}${who}${refs > 1 ? `, ${refs} references` : ""}${image ? ", image tokens" : ""}`;
 }
 
-function showPoolStats(snap, state) {
+function showPoolStats(snap, state, image) {
   const count = [0, 0, 0, 0];
   for (const s of state) count[s]++;
+  const images = image.reduce((n, i) => n + i, 0);
   const t = snap.totals;
-  const blocks = `in use ${count[1]} · shared ${count[2]} · cached ${count[3]} · free ${count[0]} · `;
+  const blocks = `in use ${count[1]} (images ${images}) · shared ${count[2]} · cached ${count[3]} · free ${count[0]} · `;
   if (t.prefix_queries === undefined) {
     // A tenant's view: the engine-wide counters would tell one key about another's prompts.
     $("pool-stats").textContent = `${blocks}snapshot ${snap.cost_ms} ms (your requests; other keys' blocks unnamed)`;

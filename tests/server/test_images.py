@@ -147,9 +147,12 @@ def test_bad_image_is_a_400_in_anthropic_shape(vlm_server):
     assert r.json()["error"]["type"] == "invalid_request_error" and "pixels" in r.json()["error"]["message"]
 
 
-def test_a_text_model_refuses_images_naming_itself(plain_server):
+def test_a_text_model_refuses_images_naming_itself(plain_server, vlm_server):
     body = {"model": "x", "messages": ask(data_url(png())), "max_tokens": 2}
     models = httpx.get(plain_server.url + "/v1/models").json()["data"]
+    # the model card's `vision` (the web page shows its Image button by it)
+    assert models[0]["vision"] is False
+    assert httpx.get(vlm_server.url + "/v1/models").json()["data"][0]["vision"] is True
     body["model"] = models[0]["id"]
     r = httpx.post(plain_server.url + "/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 400 and "does not take images" in r.json()["error"]["message"], r.text

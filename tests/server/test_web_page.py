@@ -44,6 +44,16 @@ TALLEST_DECODE_BAR = """() => {
     return tallest;
 }"""
 
+# Dispatches a paste of one file (name, type, base64 bytes) into the message box, as a
+# clipboard holding a copied image delivers it.
+PASTE = """([name, type, b64]) => {
+    const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+    const data = new DataTransfer();
+    data.items.add(new File([bytes], name, { type }));
+    const event = new ClipboardEvent('paste', { clipboardData: data, bubbles: true, cancelable: true });
+    document.getElementById('prompt').dispatchEvent(event);
+}"""
+
 
 def chromium_path() -> str:
     path = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -179,6 +189,18 @@ def test_send_during_start_up_sends_the_message_without_a_reload(browser, web_se
     finally:
         context.close()
     assert errors == []
+
+
+def test_a_text_model_takes_no_images(page):
+    """Issue 45, item 5: the Image button is hidden, and a pasted image is refused with a
+    note naming the model, not put in the message (tests/server/test_web_images.py: a model
+    that takes them)."""
+    assert page.page.get_by_test_id("send").is_enabled()
+    assert not page.page.get_by_test_id("attach").is_visible()
+    page.page.evaluate(PASTE, ["shot.png", "image/png", "iVBORw0KGgo="])
+    page.page.wait_for_function("document.getElementById('image-note').textContent !== ''")
+    assert "does not take images" in page.page.get_by_test_id("image-note").inner_text()
+    assert page.page.locator("[data-testid=attachments] img").count() == 0
 
 
 def test_model_output_is_shown_as_text(page):
