@@ -18,6 +18,7 @@ from rawpage.server.messages_input import parse_messages_request
 from rawpage.server.prompt_input import parse_completion
 from rawpage.server.protocol import Body
 from rawpage.server.responses_input import parse_responses
+from rawpage.server.state import Caller
 from tests.server.harness import in_process_app
 
 MSGS = [{"role": "user", "content": "hi"}]
@@ -71,12 +72,15 @@ def state(tiny_model_dir):
         yield state
 
 
+USER = Caller(None, admin=True)  # a server without keys: its one user
+
+
 def _params(state, extra):
     return [
-        parse_chat_completion(Body({"messages": MSGS, **extra}), state, "c").chat.params,
-        parse_completion(Body({"prompt": "a", **extra}), state, "p").params,
-        parse_responses(Body({"input": "hi", **extra}), state, None).chat.params,
-        parse_messages_request(Body({"messages": MSGS, "max_tokens": 7, **extra}), state).chat.params,
+        parse_chat_completion(Body({"messages": MSGS, **extra}), state, "c", USER).chat.params,
+        parse_completion(Body({"prompt": "a", **extra}), state, "p", USER).params,
+        parse_responses(Body({"input": "hi", **extra}), state, USER).chat.params,
+        parse_messages_request(Body({"messages": MSGS, "max_tokens": 7, **extra}), state, USER).chat.params,
     ]
 
 
