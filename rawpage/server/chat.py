@@ -58,7 +58,8 @@ async def _stream(fmt: ChatFormatter, gen: AsyncIterator[RequestOutput], reply: 
                 for chunk in fmt.opening(o.index, out):
                     yield sse(chunk)
             lp = fmt.logprobs(o.delta_token_ids, o.delta_logprobs) if o.delta_logprobs else None
-            if step.delta or lp or o.finish_reason:  # text held back (a tag, a call) sends nothing yet
+            ids = fmt.out.return_token_ids and o.delta_token_ids  # as vLLM: every token's id goes out
+            if step.delta or lp or ids or o.finish_reason:  # text held back (a tag, a call) sends nothing yet
                 yield sse(fmt.chunk(o.index, step.delta or {"content": ""}, lp, out, o, step.finish))
         final = out
     if fmt.out.include_usage and final is not None:

@@ -58,6 +58,21 @@ def test_prompt_logprobs_and_token_ids_and_the_keys_vllm_always_sends(client):
     assert c.choices[0].prompt_token_ids is None and len(c.choices[0].prompt_logprobs) == 1
 
 
+def test_streamed_token_ids_include_tokens_that_end_no_text(client):
+    """The default model answers this with an emoji spelled in three byte tokens, two of which
+    end no character: their ids go out on chunks of their own, as vLLM's, so the stream's ids
+    are the reply's ids (vLLM's test_chat_completion_with_emoji_and_token_ids)."""
+    cats = [
+        {"role": "system", "content": "You like to use emojis in your responses."},
+        {"role": "user", "content": "Repeat after me: I love cats \U0001f431"},
+    ]
+    ids = {"return_token_ids": True}
+    whole = chat(client, messages=cats, max_tokens=20, extra_body=ids).choices[0]
+    streamed = [c.choices[0] for c in chat(client, messages=cats, max_tokens=20, stream=True, extra_body=ids)]
+    assert [i for c in streamed for i in c.token_ids] == whole.token_ids
+    assert "".join(c.delta.content or "" for c in streamed) == whole.message.content
+
+
 def test_return_tokens_as_token_ids_and_logprob_token_ids(client):
     r = chat(client, max_tokens=2, logprobs=True, top_logprobs=2, extra_body={"return_tokens_as_token_ids": True})
     item = r.choices[0].logprobs.content[0]
