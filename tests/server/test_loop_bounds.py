@@ -228,12 +228,17 @@ def test_running_out_of_file_descriptors_is_logged_once_a_second_and_recovered_f
     this file: it leaves the server short of descriptors for a few seconds.)"""
     before = bounded.output()
     socks = [socket.create_connection(("127.0.0.1", bounded.port)) for _ in range(200)]  # the backlog holds them
+    line = "cannot accept connections: Too many open files (ulimit -n is 128)"
+    t0 = time.monotonic()
     time.sleep(2.5)
+    while line not in bounded.output()[len(before) :] and time.monotonic() - t0 < 15:  # a busy machine: later
+        time.sleep(0.5)
+    held = time.monotonic() - t0
     for s in socks:
         s.close()
     log = bounded.output()[len(before) :]
-    warned = log.count("cannot accept connections: Too many open files (ulimit -n is 128)")
-    assert 1 <= warned <= 4, log[-3000:]
+    warned = log.count(line)
+    assert 1 <= warned <= held + 2, log[-3000:]  # once a second at most, where asyncio logged thousands
     assert "out of system resource" not in log and "Traceback" not in log
     t0 = time.monotonic()
     while time.monotonic() - t0 < 10:  # accepting again once a retry finds descriptors free
