@@ -5,8 +5,6 @@ stop_token_ids, min_tokens and logit_bias are turned into fixed lookups once per
 temperature 1e-300 with top_p 1e-300 overflow float32, and such rows are decided greedily
 (softmax's limit) instead of drawing token 0 from a NaN distribution."""
 
-import itertools
-
 import numpy as np
 import pytest
 
@@ -15,19 +13,8 @@ from rawpage.errors import InvalidRequestError
 from rawpage.request_checks import check_request
 from rawpage.sampler import Sampler, greedy_tokens
 from rawpage.sampling_params import MIN_TEMPERATURE, SamplingParams
-from rawpage.sequence import Request, Sequence
 from rawpage.stop_checker import check_stop_token
-
-V = 50
-EOS = 0
-_ids = itertools.count()
-
-
-def seq_with(params, seed=0, prompt=(1, 2, 3), output=()):
-    req = Request(f"r{next(_ids)}", None, list(prompt), params)
-    s = Sequence(next(_ids), req, list(prompt) + list(output), 0, seed)
-    req.seqs.append(s)
-    return s
+from tests.test_sampler import EOS, V, seq_with
 
 
 def test_stop_token_ids_become_a_set_and_a_sorted_array_once():
