@@ -244,10 +244,13 @@ class DecoderModel:
         return x  # (N, dim)
 
     def input_embeddings(self, batch: ForwardBatch) -> Array:
-        """(T, dim): each token's embedding (Gemma: times sqrt(dim)). A vision-language
-        model puts its images' soft tokens in their rows (models/gemma.py)."""
+        """(T, dim): each token's embedding (Gemma: times sqrt(dim)); the rows of a step's
+        images (batch.mm, a vision-language model's) take their soft tokens instead, unscaled."""
         h = self.embed_tokens(batch.input_ids)  # (T, dim)
-        return self.affine(h, self.config.hidden_size**0.5) if self.scale_embedding else h
+        h = self.affine(h, self.config.hidden_size**0.5) if self.scale_embedding else h
+        if batch.mm is not None:
+            h[batch.mm.rows] = self.backend.asarray(batch.mm.embeds)
+        return h
 
     def attention(self, layer: DecoderLayer, x: Array, batch: ForwardBatch, kv_cache: tuple[Array, Array]) -> Array:
         """x (T, dim) -> o_proj(paged attention over the cache after writing this step's K/V): (T, dim)."""
@@ -261,7 +264,7 @@ class DecoderModel:
         if layer.q_norm is not None:  # per head, before the rotation
             q = b.rms_norm(q.reshape(T * H, D), layer.q_norm, eps).reshape(T, H, D)
             k = b.rms_norm(k.reshape(T * Hkv, D), layer.k_norm, eps).reshape(T, Hkv, D)
-        b.rope(batch.positions, q, k, self.cos_sin[layer.rope], True)
+        self.rotate(q, k, batch, layer)
         b.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         o = b.paged_attention(q, k_cache, v_cache, batch.attn, layer.attn_opts)  # (T, H, D)
         if batch.mm is not None and batch.mm.seqs.size:  # image tokens see their whole image
@@ -270,6 +273,10 @@ class DecoderModel:
             o[rows] = o_rows
         h = self.project_out(o.reshape(T, H * D), layer.o_proj)  # (T, dim)
         return h if layer.post_attn_norm is None else b.rms_norm(h, layer.post_attn_norm, eps)
+
+    def rotate(self, q: Array, k: Array, batch: ForwardBatch, layer: DecoderLayer) -> None:
+        """RoPE on q (T, H, D) and k (T, Hkv, D) in place, at batch.positions (Qwen2.5-VL's M-RoPE: models/qwen2_vl.py)."""
+        self.backend.rope(batch.positions, q, k, self.cos_sin[layer.rope], True)
 
     def feed_forward(self, i: int, layer: DecoderLayer, x: Array) -> Array:
         """x (T, dim) -> down(act(gate(x)) * up(x)), or the routed experts' sum: (T, dim)."""

@@ -20,9 +20,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from rawpage.backends.base import Array, Backend
+from rawpage.backends.base import Backend
 from rawpage.config import ModelConfig
-from rawpage.forward_batch import ForwardBatch
 from rawpage.models.decoder import DecoderModel
 from rawpage.models.siglip import Gemma3VisionEncoder
 from rawpage.models.weight_source import WeightSource
@@ -45,15 +44,10 @@ class Gemma3VisionModel(Gemma3Model):
         super().__init__(config, backend, tensors)
         self.vision = Gemma3VisionEncoder(config.vision, config.hidden_size, backend, tensors)
 
-    def encode_image(self, pixels: np.ndarray) -> np.ndarray:
-        """pixels (3, S, S) -> soft tokens (N, dim) float32, on the host."""
+    def encode_image(self, pixels: np.ndarray, grid: tuple[int, int, int] = (1, 1, 1)) -> np.ndarray:
+        """pixels (3, S, S) -> soft tokens (N, dim) float32, on the host. (Every Gemma 3 image
+        is one S x S square: the grid, which a Qwen2.5-VL image's size sets, is always (1, 1, 1).)"""
         return self.vision.encode(pixels)
-
-    def input_embeddings(self, batch: ForwardBatch) -> Array:
-        h = super().input_embeddings(batch)  # (T, dim)
-        if batch.mm is not None:
-            h[batch.mm.rows] = self.backend.asarray(batch.mm.embeds)
-        return h
 
     def num_bytes(self) -> int:
         return super().num_bytes() + self.vision.num_bytes()

@@ -16,6 +16,7 @@ from rawpage.models.llama import LlamaModel
 from rawpage.models.mistral import MistralModel
 from rawpage.models.mixtral import MixtralModel
 from rawpage.models.phi3 import Phi3Model
+from rawpage.models.qwen2_vl import Qwen25VLModel
 from rawpage.models.qwen3 import Qwen3Model
 from rawpage.models.qwen3_moe import Qwen3MoeModel
 from rawpage.models.sharding import TensorParallel, apply_tensor_parallel, check_shardable
@@ -34,7 +35,7 @@ MODEL_CLASSES: dict[str, type[DecoderModel]] = {
 }
 
 # A vision-language checkpoint's family (config.vision set) -> the class that adds its image encoder.
-VISION_MODEL_CLASSES: dict[str, type[DecoderModel]] = {"gemma3": Gemma3VisionModel}
+VISION_MODEL_CLASSES: dict[str, type[DecoderModel]] = {"gemma3": Gemma3VisionModel, "qwen2": Qwen25VLModel}
 
 
 def build_model(

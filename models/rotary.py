@@ -149,3 +149,15 @@ def _longrope_table(cfg: ModelConfig, rs: dict[str, Any]) -> np.ndarray:
     long = cos_sin_cache(base / np.asarray(rs["long_factor"], np.float64), cfg.max_position_embeddings)
     table = np.where(np.arange(cfg.max_position_embeddings)[:, None] < original, short, long)
     return (table * attention_factor).astype(np.float32)
+
+
+def mrope_cos_sin(table: np.ndarray, positions: np.ndarray, section: list[int]) -> np.ndarray:
+    """Qwen2-VL's M-RoPE as a per-token table: (T, D) [cos | sin] rows, where frequency pair
+    j turns by the t, h or w position (positions (3, T)) as mrope_section assigns it: the
+    first section[0] pairs by t, the next section[1] by h, the rest by w. Rotating token i
+    with row i of this table (positions 0 .. T-1) is transformers' apply_multimodal_rotary_pos_emb."""
+    half = table.shape[1] // 2
+    which = np.repeat(np.arange(3), section)  # (D/2,) the position each pair takes
+    rows = positions[which].T  # (T, D/2)
+    cols = np.arange(half)
+    return np.concatenate([table[rows, cols], table[rows, half + cols]], axis=1)

@@ -30,7 +30,10 @@ SUPPORTED_ARCHITECTURES = {
 }
 # Vision-language checkpoints: the text part runs as this *ForCausalLM, the vision part
 # is config.vision (rawpage/multimodal/vision_config.py).
-VISION_ARCHITECTURES = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
+VISION_ARCHITECTURES = {
+    "Gemma3ForConditionalGeneration": "Gemma3ForCausalLM",
+    "Qwen2_5_VLForConditionalGeneration": "Qwen2ForCausalLM",  # with M-RoPE (ModelConfig.mrope_section)
+}
 # Gemma3TextConfig's defaults: the Hub's Gemma 3 configs spell out only what differs.
 _GEMMA3_TEXT_DEFAULTS = {
     "model_type": "gemma3_text",
@@ -84,6 +87,9 @@ class ModelConfig:
     norm_topk_prob: bool = True  # MoE: renormalize the top-k router weights to sum to 1
     mlp_only_layers: list[int] = field(default_factory=list)  # Qwen3-MoE: dense layers among the sparse
     vision: VisionConfig | None = None  # a vision-language checkpoint's tower and image recipe
+    # Qwen2.5-VL's M-RoPE: rotary frequency pairs given to the t, h and w positions, in that
+    # order (sums to D/2); None: one position per token (rawpage/multimodal/mrope.py)
+    mrope_section: list[int] | None = None
 
     def layer_sliding_window(self, i: int) -> int | None:
         """The window of layer i, or None for full attention."""
@@ -118,8 +124,7 @@ class ModelConfig:
             )
         if cfg.get("partial_rotary_factor", 1.0) != 1.0:
             raise UnsupportedModelError(f"partial_rotary_factor={cfg['partial_rotary_factor']} is not supported")
-        heads = cfg["num_attention_heads"]
-        eos = cfg.get("eos_token_id")
+        heads, eos = cfg["num_attention_heads"], cfg.get("eos_token_id")
         rope = _rope_parameters(cfg, arch)
         rope_scaling, max_len = long_context(_rope_scaling(rope["global"]), cfg.get("max_position_embeddings", 4096))
         is_gemma = arch in ("gemma2", "gemma3")
@@ -154,6 +159,7 @@ class ModelConfig:
             moe_intermediate_size=cfg.get("moe_intermediate_size") or cfg["intermediate_size"],
             norm_topk_prob=cfg.get("norm_topk_prob", True),  # Mixtral always renormalizes
             mlp_only_layers=_dense_layers(cfg),
+            mrope_section=_mrope_section(rope["global"]),
         )
 
     def validate(self) -> None:
@@ -172,6 +178,10 @@ class ModelConfig:
             raise UnsupportedModelError(f"rope_scaling type {kind!r} needs a 'factor' > 0, got {self.rope_scaling}")
         if self.hidden_act not in ("silu", "gelu_pytorch_tanh"):
             raise UnsupportedModelError(f"unsupported activation {self.hidden_act!r} (silu, gelu_pytorch_tanh)")
+        if self.mrope_section and sum(self.mrope_section) != self.head_dim // 2:
+            raise UnsupportedModelError(
+                f"mrope_section {self.mrope_section} must sum to head_dim / 2 = {self.head_dim // 2}"
+            )
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise UnsupportedModelError(
                 f"num_experts_per_tok={self.num_experts_per_tok} must be in 1..num_experts={self.num_experts}"
@@ -184,6 +194,9 @@ def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     arch = VISION_ARCHITECTURES.get((cfg.get("architectures") or [None])[0])
     if arch is None:
         return cfg
+    if arch == "Qwen2ForCausalLM":  # the Hub's Qwen2.5-VL configs keep the text part at the top
+        top = {k: v for k, v in cfg.items() if k not in ("vision_config", "text_config")}
+        return {**top, **(cfg.get("text_config") or {}), "architectures": [arch], "model_type": "qwen2"}
     text = {**_GEMMA3_TEXT_DEFAULTS, **(cfg.get("text_config") or {}), "architectures": [arch]}
     for key in ("eos_token_id", "bos_token_id", "torch_dtype", "dtype"):
         text.setdefault(key, cfg.get(key))
@@ -251,6 +264,13 @@ def _rope_parameters(cfg: dict[str, Any], arch: str) -> dict[str, dict[str, Any]
     return out
 
 
+def _mrope_section(params: dict[str, Any]) -> list[int] | None:
+    """Qwen2.5-VL's {"type": "mrope", "mrope_section": [...]}: its sections (the recipe is
+    plain RoPE otherwise, as transformers reads it: _rope_scaling)."""
+    section = params.get("mrope_section")
+    return [int(x) for x in section] if section else None
+
+
 def rope_type(rope_scaling: dict[str, Any] | None) -> str | None:
     """The recipe's name, under either spelling ("rope_type", or the older "type")."""
     rs = rope_scaling or {}
@@ -273,8 +293,8 @@ def long_context(rope_scaling: dict[str, Any] | None, max_len: int) -> tuple[dic
 
 def _rope_scaling(params: dict[str, Any]) -> dict[str, Any] | None:
     """The scaling recipe without the base; None for plain RoPE."""
-    rs = {k: v for k, v in params.items() if k != "rope_theta"}
-    return None if rs.get("rope_type", rs.get("type", "default")) == "default" else rs
+    rs = {k: v for k, v in params.items() if k not in ("rope_theta", "mrope_section")}
+    return None if rs.get("rope_type", rs.get("type", "default")) in ("default", "mrope") else rs
 
 
 # What --hf-overrides may change on a GGUF, whose config is not a config.json.

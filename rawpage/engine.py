@@ -123,8 +123,8 @@ class LLMEngine:
         try:
             images = tuple(self.images.from_multi_modal_data(prompt["multi_modal_data"]))
             if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), self.images.expand_ids(list(prompt["prompt_token_ids"])), images
-            text = self.images.expand_text(prompt.get("prompt", ""), len(images))
+                return prompt.get("prompt"), self.images.expand_ids(list(prompt["prompt_token_ids"]), images), images
+            text = self.images.expand_text(prompt.get("prompt", ""), images)
         except ImageError as e:
             raise InvalidRequestError(str(e), "multi_modal_data") from None
         return prompt.get("prompt"), self.tokenizer.encode(text), images

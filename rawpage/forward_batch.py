@@ -35,7 +35,7 @@ class BatchArrays:
     """One step's int32 arrays, in the order BatchBuffer packs them."""
 
     input_ids: Any  # (T,)
-    positions: Any  # (T,) position of each token in its sequence
+    positions: Any  # (T,) rotary position of each token: its place in its sequence (M-RoPE: its t position)
     slot_mapping: Any  # (T,) KV cache slot (block * BS + offset) for each token, -1 = skip
     seq_lens: Any  # (B,) context length after this step
     query_start_loc: Any  # (B+1,) prefix sums of new tokens per sequence

@@ -96,8 +96,8 @@ class LLM:
         for c in convs:  # image parts (image_url, image_pil) become the model's placeholders and multi_modal_data
             messages, sources = take_images(c)
             text = tok.apply_chat_template(messages, add_generation_prompt, chat_template=template)
-            images = load_images(sources, self.engine.images) if sources else []
-            text = self.engine.images.expand_text(text, len(images))
+            images = self.engine.images.inputs(load_images(sources, self.engine.images)) if sources else []
+            text = self.engine.images.expand_text(text, images)  # each image's own number of soft tokens
             prompt = {"prompt_token_ids": tok.encode(text, add_special_tokens=False)}
             prompts.append({**prompt, "multi_modal_data": {"image": images}} if images else prompt)
         return self.generate(prompts, sampling_params, use_tqdm)

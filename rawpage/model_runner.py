@@ -25,6 +25,7 @@ from rawpage.forward_batch import BatchBuffer, HostBatch
 from rawpage.lora.manager import LoRAManager
 from rawpage.models.weight_source import Model
 from rawpage.multimodal.mm_batch import EncoderCache, build_mm_batch
+from rawpage.multimodal.mrope import batch_mrope_positions
 from rawpage.sequence import Sequence
 
 logger = logging.getLogger("rawpage")
@@ -73,6 +74,8 @@ class ModelRunner:
         self.buffer = BatchBuffer(backend)
         # a vision-language model's image embeddings, by image content (rawpage/multimodal/mm_batch.py)
         self.encoder_cache = EncoderCache(model.encode_image) if c.vision is not None else None
+        # Qwen2.5-VL: m, its merge size, for M-RoPE positions around images (rawpage/multimodal/mrope.py)
+        self.mrope_merge = c.vision.spatial_merge_size if c.vision is not None and c.mrope_section else 0
         self.graphs = None
         if graph_shapes:
             max_len = max_model_len or c.max_position_embeddings
@@ -123,9 +126,13 @@ class ModelRunner:
         block_tables[row_of_block, col_of_block] = flat
         slot_mapping = (block_tables[seq_of_token, positions // bs] * bs + positions % bs).astype(np.int32)
         logits_indices = np.concatenate([qsl[i] + r for i, r in enumerate(logits_rows)]).astype(np.int32)
-        hb = HostBatch(input_ids, positions, slot_mapping, starts + q_lens, qsl, logits_indices, block_tables)
+        # M-RoPE: (3, T) where a sequence has images; text rows (all a graph replays) keep t in positions
+        mrope = batch_mrope_positions(seqs, starts, qsl, positions, self.mrope_merge) if self.mrope_merge else None
+        rope_positions = positions if mrope is None else mrope[0]
+        hb = HostBatch(input_ids, rope_positions, slot_mapping, starts + q_lens, qsl, logits_indices, block_tables)
         if self.encoder_cache is not None and any(s.request.images for s in seqs):
-            hb.mm = build_mm_batch(scheduled, starts, qsl, self.encoder_cache)
+            bidirectional = self.model.config.vision.bidirectional
+            hb.mm = build_mm_batch(scheduled, starts, qsl, self.encoder_cache, bidirectional, mrope)
         return hb
 
     def execute(self, scheduled: list[tuple[Sequence, int]], logits_rows: list[np.ndarray]) -> DeviceLogits:

@@ -59,9 +59,9 @@ def test_weights_are_the_recorded_ones():
 
 
 def test_preprocessing_and_encoder_match_transformers(model):
-    proc = model.config.vision.processor
+    vc = model.config.vision
     for im, pixels, emb in zip(images(), DATA["pixel_values"], DATA["image_embeddings"]):
-        inp = image_input(im, proc)
+        inp = image_input(im, vc)
         np.testing.assert_allclose(inp.pixels.ravel(), pixels, atol=2e-5)  # recorded to 5 decimals
         np.testing.assert_allclose(model.encode_image(inp.pixels).ravel(), emb, atol=1e-4)
 
@@ -72,8 +72,8 @@ def feed_with_images(model, bidirectional: bool = True) -> np.ndarray:
     other both ways, as transformers' token_type_ids mask has them (else causally)."""
     ids = DATA["ids"]
     runs = [i for i in range(len(ids)) if ids[i] == IMAGE and ids[i - 1] != IMAGE]
-    proc = model.config.vision.processor
-    embeds = [model.encode_image(image_input(im, proc).pixels) for im in images()]
+    vc = model.config.vision
+    embeds = [model.encode_image(image_input(im, vc).pixels) for im in images()]
     key_end = np.full(len(ids), -1, np.int32)
     for r in runs if bidirectional else ():
         key_end[r : r + 4] = r + 3

@@ -53,9 +53,9 @@ def test_mmproj_metadata_gives_the_vision_config(files, tmp_path):
 
 
 def test_gguf_and_mmproj_logits_match_transformers(model):
-    proc = model.config.vision.processor
+    vc = model.config.vision
     for im, emb in zip(images(), DATA["image_embeddings"]):
-        np.testing.assert_allclose(model.encode_image(image_input(im, proc).pixels).ravel(), emb, atol=1e-4)
+        np.testing.assert_allclose(model.encode_image(image_input(im, vc).pixels).ravel(), emb, atol=1e-4)
     check_logits(feed_with_images(model))
 
 
@@ -64,7 +64,7 @@ def test_f16_mmproj_stays_close(tmp_path):
     m, p = write_vlm_gguf(str(tmp_path), mmproj_type="F16")
     ckpt = load_checkpoint(m, overrides=SCALE, mmproj=p)
     f16 = build_model(ckpt.config, get_backend("cpu"), ckpt.tensors)
-    emb = f16.encode_image(image_input(images()[0], ckpt.config.vision.processor).pixels).ravel()
+    emb = f16.encode_image(image_input(images()[0], ckpt.config.vision).pixels).ravel()
     err = np.abs(emb - DATA["image_embeddings"][0]).max()
     assert 1e-5 < err < 5e-3, err  # F16 weights really were read (measured 1.1e-3), and read right
 

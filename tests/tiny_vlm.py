@@ -191,19 +191,26 @@ def write_vlm_gguf(
     return model, path
 
 
-def write_vlm(folder: str, seed: int = 0) -> str:
-    """The tiny Gemma 3 VLM as a Hugging Face folder."""
+def write_vlm_folder(folder: str, cfg: dict, tensors: dict, tok, tokenizer_config: dict, pre: dict) -> str:
+    """A vision-language model as a Hugging Face folder: config, weights, tokenizer, preprocessor."""
     from safetensors.numpy import save_file
 
     os.makedirs(folder, exist_ok=True)
-    cfg = vlm_config()
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(cfg, f)
-    save_file(vlm_tensors(cfg, seed), os.path.join(folder, "model.safetensors"))
-    tok = vlm_tokenizer()
+    for name, obj in (
+        ("config.json", cfg),
+        ("tokenizer_config.json", tokenizer_config),
+        ("preprocessor_config.json", pre),
+    ):
+        with open(os.path.join(folder, name), "w") as f:
+            json.dump(obj, f)
+    save_file(tensors, os.path.join(folder, "model.safetensors"))
     tok.save(os.path.join(folder, "tokenizer.json"))
-    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
-        json.dump({"bos_token": SPECIAL[1], "eos_token": SPECIAL[2], "chat_template": CHAT_TEMPLATE}, f)
+    return folder
+
+
+def write_vlm(folder: str, seed: int = 0) -> str:
+    """The tiny Gemma 3 VLM as a Hugging Face folder."""
+    cfg = vlm_config()
     pre = {
         "image_processor_type": "Gemma3ImageProcessor",
         "processor_class": "Gemma3Processor",
@@ -218,6 +225,5 @@ def write_vlm(folder: str, seed: int = 0) -> str:
         "do_convert_rgb": None,
         "image_seq_length": cfg["mm_tokens_per_image"],
     }
-    with open(os.path.join(folder, "preprocessor_config.json"), "w") as f:
-        json.dump(pre, f)
-    return folder
+    tok_cfg = {"bos_token": SPECIAL[1], "eos_token": SPECIAL[2], "chat_template": CHAT_TEMPLATE}
+    return write_vlm_folder(folder, cfg, vlm_tensors(cfg, seed), vlm_tokenizer(), tok_cfg, pre)

@@ -59,8 +59,14 @@ def open_safetensors(folder: str) -> TensorSource:
 
 # A vision-language checkpoint keeps its text part one level down: language_model.model.*
 # on the Hub (Gemma 3), model.language_model.* as transformers 5 saves it. The decoder
-# reads model.*; the vision tower reads vision_tower.* and multi_modal_projector.*.
-_VLM_PREFIXES = ("language_model.", "model.language_model.", "model.vision_tower.", "model.multi_modal_projector.")
+# reads model.*; the vision tower reads vision_tower.* and multi_modal_projector.* (Qwen2.5-VL: visual.*).
+_VLM_PREFIXES = (
+    "language_model.",
+    "model.language_model.",
+    "model.vision_tower.",
+    "model.multi_modal_projector.",
+    "model.visual.",
+)
 
 
 def _vlm_name(name: str) -> str:
@@ -70,6 +76,7 @@ def _vlm_name(name: str) -> str:
         ("model.language_model.", "model."),
         ("model.vision_tower.", "vision_tower."),
         ("model.multi_modal_projector.", "multi_modal_projector."),
+        ("model.visual.", "visual."),  # Qwen2.5-VL as transformers 5 saves it (the Hub's: visual.*)
     ):
         if name.startswith(old):
             return new + name[len(old) :]

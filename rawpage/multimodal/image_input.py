@@ -6,10 +6,11 @@
          width x height at most MAX_IMAGE_PIXELS (a decompression bomb stops here,
          before a pixel is decoded) -> RGB (transparency over white)
       -> resize to the processor's size -> x * rescale -> (x - mean) / std -> (3, S, S)
+      -> Qwen2.5-VL: patches flattened as Qwen2VLImageProcessor lays them (patchify)
 
 as transformers' image processor does from preprocessor_config.json. Its digest
-(SHA-256 of those float32 pixels) names the image in the encoder cache and in the
-prefix cache's block names. Pillow is the optional extra `rawpage[vision]`.
+(SHA-256 of its grid and those float32 pixels) names the image in the encoder cache
+and in the prefix cache's block names. Pillow is the optional extra `rawpage[vision]`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from rawpage.multimodal.vision_config import ImageProcessorConfig
+from rawpage.multimodal.vision_config import ImageProcessorConfig, VisionConfig
 
 MAX_IMAGE_BYTES = 20 << 20  # an encoded image, as OpenAI's API allows
 MAX_IMAGE_PIXELS = 8192 * 8192  # width x height, read from the header before decoding
@@ -39,10 +40,11 @@ class ImageError(ValueError):
 class ImageInput:
     """One image of a prompt: its preprocessed pixels and where its soft tokens sit."""
 
-    digest: str  # SHA-256 of the pixels: the encoder cache's key, and part of the KV block names
-    pixels: np.ndarray = field(repr=False)  # (3, S, S) float32, normalized
+    digest: str  # SHA-256 of grid and pixels: the encoder cache's key, and part of the KV block names
+    pixels: np.ndarray = field(repr=False)  # (3, S, S) float32, normalized; Qwen: (t*h*w, 3 Tp P P) patches
     offset: int = 0  # prompt position of its first soft token
     length: int = 0  # N soft tokens
+    grid: tuple[int, int, int] = (1, 1, 1)  # Qwen: (t, h, w) patches, the processor's image_grid_thw
 
 
 @dataclass(frozen=True)
@@ -125,13 +127,34 @@ def preprocess(im: Any, proc: ImageProcessorConfig) -> np.ndarray:
     if "A" in im.getbands() or im.info.get("transparency") is not None:  # over white, as transformers does
         rgba = im.convert("RGBA")
         im = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
-    im = im.convert("RGB").resize((proc.width, proc.height), resample=Image.Resampling(proc.resample))
+    w, h = im.size
+    if max(w, h) > 200 * min(w, h) and proc.min_pixels:
+        raise ImageError(f"image is {w}x{h} pixels; its aspect ratio must be under 200 (Qwen2-VL's processor)")
+    im = im.convert("RGB").resize(proc.target_size(w, h), resample=Image.Resampling(proc.resample))
     x = np.asarray(im, dtype=np.float32) * np.float32(proc.rescale_factor)  # (H, W, 3)
     x = (x - np.asarray(proc.image_mean, np.float32)) / np.asarray(proc.image_std, np.float32)
     return np.ascontiguousarray(x.transpose(2, 0, 1))
 
 
-def image_input(im: Any, proc: ImageProcessorConfig) -> ImageInput:
-    """An ImageInput (not yet placed in a prompt) from a PIL image."""
-    pixels = preprocess(im, proc)
-    return ImageInput(hashlib.sha256(pixels.tobytes()).hexdigest(), pixels)
+def patchify(x: np.ndarray, vc: VisionConfig) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """Qwen2VLImageProcessor's patches: the image (3, H, W) repeated Tp times in time, cut
+    into P x P patches ordered by m x m merge group (row-major groups, row-major inside
+    one), each flattened as (3, Tp, P, P). Returns ((t*h*w, 3 Tp P P), grid (t, h, w))."""
+    P, m, Tp = vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size
+    C, H, W = x.shape
+    gh, gw = H // P, W // P
+    frames = np.broadcast_to(x, (Tp, C, H, W))  # one image: grid_t = 1
+    p = frames.reshape(1, Tp, C, gh // m, m, P, gw // m, m, P)
+    p = p.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)  # (t, h/m, w/m, m, m, C, Tp, P, P)
+    return np.ascontiguousarray(p.reshape(gh * gw, C * Tp * P * P)), (1, gh, gw)
+
+
+def image_input(im: Any, vc: VisionConfig) -> ImageInput:
+    """An ImageInput (not yet placed in a prompt) from a PIL image: its pixels as the
+    model's processor makes them, and its number of soft tokens."""
+    pixels, grid, n = preprocess(im, vc.processor), (1, 1, 1), vc.tokens_per_image
+    if vc.family == "qwen2_5_vl":
+        pixels, grid = patchify(pixels, vc)
+        n = grid[0] * grid[1] * grid[2] // vc.spatial_merge_size**2
+    digest = hashlib.sha256(np.asarray(grid, np.int64).tobytes() + pixels.tobytes()).hexdigest()
+    return ImageInput(digest, pixels, length=n, grid=grid)

@@ -4,7 +4,9 @@ an image's soft tokens instead of their token embeddings, and how far each row s
 An image of a prompt is ImageInput (rawpage/multimodal/image_input.py): its N soft
 tokens sit at prompt positions offset .. offset+N-1. A step computes tokens
 start .. start+n-1 of a sequence; the rows it shares with an image take that image's
-embeddings, which the EncoderCache computes once per image content.
+embeddings, which the EncoderCache computes once per image content. Gemma 3's image
+tokens see their whole image (key_end); Qwen2.5-VL's attend causally, and take the
+M-RoPE positions of rawpage/multimodal/mrope.py.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class MultimodalBatch:
     embeds: np.ndarray  # (M, dim) float32, their embeddings
     seqs: np.ndarray  # (B',) the batch's sequences with image rows this step
     key_end: np.ndarray  # (T,) last key position a row sees beyond its own: its image's last token, or -1
+    positions: np.ndarray | None = None  # (3, T) M-RoPE (t, h, w) positions of every row (Qwen2.5-VL)
 
     @property
     def spans(self) -> tuple[np.ndarray, np.ndarray]:
@@ -38,7 +41,10 @@ class EncoderCache:
     """Image embeddings by content digest, least recently used out past max_bytes: the
     encoder runs once per image, however many requests, chunks or recomputes show it."""
 
-    def __init__(self, encode: Callable[[np.ndarray], np.ndarray], max_bytes: int = 256 << 20) -> None:
+    def __init__(
+        self, encode: Callable[[np.ndarray, tuple[int, int, int]], np.ndarray], max_bytes: int = 256 << 20
+    ) -> None:
+        """encode(pixels, grid): the model's encode_image."""
         self.encode, self.max_bytes = encode, max_bytes
         self.entries: OrderedDict[str, np.ndarray] = OrderedDict()
         self.num_bytes = self.hits = self.misses = 0
@@ -51,7 +57,7 @@ class EncoderCache:
             self.entries.move_to_end(image.digest)
             return emb
         self.misses += 1
-        emb = self.encode(image.pixels)
+        emb = self.encode(image.pixels, image.grid)
         self.entries[image.digest] = emb
         self.num_bytes += emb.nbytes
         while self.num_bytes > self.max_bytes and len(self.entries) > 1:
@@ -60,10 +66,16 @@ class EncoderCache:
 
 
 def build_mm_batch(
-    scheduled: list[tuple[Sequence, int]], starts: np.ndarray, qsl: np.ndarray, cache: EncoderCache
+    scheduled: list[tuple[Sequence, int]],
+    starts: np.ndarray,
+    qsl: np.ndarray,
+    cache: EncoderCache,
+    bidirectional: bool = True,
+    positions: np.ndarray | None = None,
 ) -> MultimodalBatch | None:
     """The step's image rows: scheduled (sequence, n new tokens), starts (B,) the first new
-    token's position of each, qsl (B+1,) where each sequence's rows begin. None: no image."""
+    token's position of each, qsl (B+1,) where each sequence's rows begin. None: no image.
+    bidirectional: an image's rows see the whole image; positions: (3, T) M-RoPE ones, passed on."""
     rows, embeds, seqs = [], [], []
     key_end = np.full(int(qsl[-1]), -1, np.int32)  # (T,)
     for i, (seq, n) in enumerate(scheduled):
@@ -75,10 +87,11 @@ def build_mm_batch(
             first = int(qsl[i]) + lo - a  # the batch row of token lo
             rows.append(np.arange(first, first + hi - lo))
             embeds.append(cache.get(image)[lo - image.offset : hi - image.offset])
-            key_end[first : first + hi - lo] = image.offset + image.length - 1
-            touched = True
+            if bidirectional:
+                key_end[first : first + hi - lo] = image.offset + image.length - 1
+                touched = True
         if touched:
             seqs.append(i)
-    if not seqs:
+    if not rows:
         return None
-    return MultimodalBatch(np.concatenate(rows), np.concatenate(embeds), np.array(seqs), key_end)
+    return MultimodalBatch(np.concatenate(rows), np.concatenate(embeds), np.array(seqs, np.int64), key_end, positions)

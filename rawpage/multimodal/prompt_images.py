@@ -60,10 +60,13 @@ class PromptImages:
             )
 
     def inputs(self, images: list[Any]) -> list[ImageInput]:
-        """PIL images -> ImageInputs (not yet placed)."""
+        """PIL images -> ImageInputs (not yet placed); ImageInputs (LLM.chat's, already made) as they are."""
         vc = self.require_vision()
         self.check_count(len(images))
-        return [image_input(im, vc.processor) for im in images]
+        try:
+            return [im if isinstance(im, ImageInput) else image_input(im, vc) for im in images]
+        except ValueError as e:  # a size the processor refuses
+            raise ImageError(str(e)) from None
 
     def from_multi_modal_data(self, data: Any) -> list[ImageInput]:
         """vLLM's prompt["multi_modal_data"]: {"image": a PIL image or a list of them}."""
@@ -72,11 +75,12 @@ class PromptImages:
         images = data.get("image")
         return self.inputs(images if isinstance(images, list) else [images])
 
-    def expand_text(self, text: str, n: int) -> str:
-        return expand_image_text(text, n, self.require_vision(), self.tok) if n else text
+    def expand_text(self, text: str, images: list[ImageInput]) -> str:
+        return expand_image_text(text, images, self.require_vision(), self.tok) if images else text
 
-    def expand_ids(self, ids: list[int]) -> list[int]:
-        return expand_image_ids(ids, self.require_vision(), self.tok.encode("\n\n", add_special_tokens=False))
+    def expand_ids(self, ids: list[int], images: list[ImageInput]) -> list[int]:
+        newlines = self.tok.encode("\n\n", add_special_tokens=False)
+        return expand_image_ids(ids, images, self.require_vision(), newlines)
 
     def place(self, ids: list[int], images: tuple[ImageInput, ...]) -> tuple[ImageInput, ...]:
         """The images placed on their soft tokens; InvalidRequestError if they cannot be."""
@@ -88,9 +92,10 @@ class PromptImages:
             placed = place_images(ids, images, vc)
         except ImageError as e:
             raise InvalidRequestError(str(e), "prompt") from None
-        if vc.tokens_per_image > self.max_chunk:
+        longest = max(im.length for im in placed)
+        if longest > self.max_chunk:
             raise InvalidRequestError(
-                f"an image is {vc.tokens_per_image} tokens, more than --max-num-batched-tokens {self.max_chunk}: "
+                f"an image is {longest} tokens, more than --max-num-batched-tokens {self.max_chunk}: "
                 "an image's tokens are computed in one step",
                 "prompt",
             )

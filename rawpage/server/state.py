@@ -226,7 +226,7 @@ class ServerState:
             )
             text = open_final_message(text, messages[-1]) if render.continue_final_message else text
             self.check_text_length(text, param)
-            text = info.images.expand_text(text, len(images))
+            text = info.images.expand_text(text, images)
             return info.tokenizer.encode(text, add_special_tokens=render.add_special_tokens), tuple(images)
 
         try:

@@ -1,0 +1,195 @@
+"""Qwen2.5-VL on the CPU: the tiny model of tests/tiny_qwen_vl.py against transformers'
+outputs recorded by tools/make_golden_vlm.py --family qwen2_5_vl. Two images of
+different sizes (20 and 12 soft tokens), so that the processor's smart_resize, the
+ViT's windows and the language model's M-RoPE positions (and the shift they leave for
+the text after each image, and for decode) are all on the line, through the model
+alone and through the engine (chunked prefill, the prefix cache, the encoder cache).
+"""
+
+import base64
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+
+from rawpage import LLM, SamplingParams
+from rawpage.backends import get_backend
+from rawpage.errors import InvalidRequestError
+from rawpage.loader import load_checkpoint
+from rawpage.models.registry import build_model
+from rawpage.multimodal.image_input import image_input
+from rawpage.multimodal.mm_batch import MultimodalBatch
+from rawpage.multimodal.mrope import mrope_positions
+from tests.model_harness import SingleSequence
+from tests.tiny_families import weights_digest
+from tests.tiny_qwen_vl import IMAGE_PAD, VISION_END, VISION_START, qwen_vl_config, qwen_vl_tensors, write_qwen_vl
+from tests.tiny_vlm import seeded_image
+
+PIL = pytest.importorskip("PIL")  # rawpage[vision]
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "data", "golden_qwen25vl.json")
+with open(GOLDEN) as f:
+    DATA = json.load(f)
+TOL = 1e-3  # the text families' tolerance (tests/test_families.py)
+PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_qwen_vl(str(tmp_path_factory.mktemp("qvl") / "qwen25-vl"))
+
+
+@pytest.fixture(scope="module", params=["native", "numpy"])
+def model(folder, request):
+    ckpt = load_checkpoint(folder)
+    return build_model(ckpt.config, get_backend("cpu", cpu_kernels=request.param), ckpt.tensors)
+
+
+def images():
+    return [seeded_image(*spec) for spec in DATA["images"]]
+
+
+def placed_inputs(vc):
+    """The golden prompt's two images, placed on their runs of <|image_pad|>."""
+    from rawpage.multimodal.placeholders import place_images
+
+    return place_images(DATA["ids"], tuple(image_input(im, vc) for im in images()), vc)
+
+
+def test_weights_are_the_recorded_ones():
+    assert weights_digest(qwen_vl_tensors(qwen_vl_config())) == DATA["weights"]
+
+
+def test_preprocessing_and_encoder_match_transformers(model):
+    vc = model.config.vision
+    for im, grid, pixels, emb in zip(images(), DATA["grid_thw"], DATA["pixel_values"], DATA["image_embeddings"]):
+        inp = image_input(im, vc)
+        assert list(inp.grid) == grid and inp.length == grid[1] * grid[2] // 4
+        np.testing.assert_allclose(inp.pixels.ravel(), pixels, atol=2e-5)  # recorded to 5 decimals
+        np.testing.assert_allclose(model.encode_image(inp.pixels, inp.grid).ravel(), emb, atol=1e-4)
+
+
+def test_mrope_positions_are_get_rope_index(model):
+    placed = placed_inputs(model.config.vision)
+    n = len(DATA["ids"])
+    expected = np.array(DATA["rope_positions"])
+    np.testing.assert_array_equal(mrope_positions(0, n, placed, 2), expected)
+    # a chunk in the middle, and a decode token after the prompt: p + the images' shift
+    np.testing.assert_array_equal(mrope_positions(10, 25, placed, 2), expected[:, 10:35])
+    assert (mrope_positions(n + 3, 1, placed, 2) == n + 3 + DATA["rope_delta"]).all()
+
+
+def feed_with_images(model, mrope: bool = True) -> np.ndarray:
+    """The golden prompt and its two images in one chunk, through a scattered 4-token-block
+    table: logits at every position (mrope False: plain 1D positions, which is wrong)."""
+    ids, vc = DATA["ids"], model.config.vision
+    placed = placed_inputs(vc)
+    rows = np.concatenate([np.arange(im.offset, im.offset + im.length) for im in placed])
+    embeds = np.concatenate([model.encode_image(im.pixels, im.grid) for im in placed])
+    positions = mrope_positions(0, len(ids), placed, 2) if mrope else None
+    mm = MultimodalBatch(rows, embeds, np.zeros(0, np.int64), np.full(len(ids), -1, np.int32), positions)
+    return SingleSequence(model, block_size=4).feed(ids, all_logits=True, mm=mm)
+
+
+def test_logits_match_transformers_with_mrope(model):
+    top_ids, top = np.array(DATA["top_ids"]), np.array(DATA["top_logits"])
+    logits = feed_with_images(model)
+    diff = np.abs(np.take_along_axis(logits, top_ids, axis=1) - top).max()
+    assert diff < TOL, f"max |logit difference| {diff:.2e} at transformers' top-10"
+    clear = top[:, 0] - top[:, 1] > 1e-2
+    np.testing.assert_array_equal(logits.argmax(1)[clear], top_ids[clear, 0])
+    # 1D positions over the images (a text model's rotary) are measurably off
+    wrong = feed_with_images(model, mrope=False)
+    assert np.abs(np.take_along_axis(wrong, top_ids, axis=1) - top).max() > 10 * TOL
+
+
+@pytest.fixture(scope="module")
+def llm(folder):
+    # 24-token chunks: the 20-token image must start a chunk; 8-token blocks for the prefix cache
+    return LLM(folder, block_size=8, max_num_batched_tokens=24, max_num_seqs=4, limit_mm_per_prompt={"image": 2})
+
+
+def generate(llm, prompt, n=8, logprobs=None):
+    params = SamplingParams(temperature=0, max_tokens=n, logprobs=logprobs)
+    (out,) = llm.generate(prompt, params, use_tqdm=False)
+    return out
+
+
+def check_greedy(out) -> None:
+    """The greedy tokens and each step's top-5 log-probabilities, as transformers had them
+    (decode positions continue from the prompt's last M-RoPE position)."""
+    assert list(out.outputs[0].token_ids) == DATA["greedy"]
+    for step, (ids, lps) in zip(out.outputs[0].logprobs, DATA["greedy_logprobs"]):
+        got = [step[i].logprob for i in ids[:3] if i in step]
+        assert len(got) >= 1
+        np.testing.assert_allclose(got, lps[: len(got)], atol=2e-3)
+
+
+def test_engine_greedy_matches_transformers_in_chunks(llm):
+    out = generate(llm, {"prompt_token_ids": DATA["ids"], "multi_modal_data": {"image": images()}}, logprobs=5)
+    check_greedy(out)
+
+
+def test_prefix_cache_hits_same_images_and_misses_others(llm):
+    llm.reset_prefix_cache()
+    ims = images()
+    prompt = {"prompt_token_ids": DATA["ids"], "multi_modal_data": {"image": ims}}
+    generate(llm, prompt, 1)
+    misses = llm.engine.runner.encoder_cache.misses
+    again = generate(llm, prompt, logprobs=5)
+    assert again.num_cached_tokens == 40  # five full 8-token blocks of 48
+    check_greedy(again)  # K/V of the cached blocks and the positions after them are the same
+    assert llm.engine.runner.encoder_cache.misses == misses
+    # the first image's tokens start in block 0: another first image shares no block
+    other = [seeded_image(7, *DATA["images"][0][1:]), ims[1]]
+    assert (
+        generate(llm, {"prompt_token_ids": DATA["ids"], "multi_modal_data": {"image": other}}, 1).num_cached_tokens == 0
+    )
+
+
+def test_placeholders_expand_to_each_images_own_length(llm):
+    tok = llm.get_tokenizer()
+    text = f"Look:{PLACEHOLDER} and {PLACEHOLDER}?"
+    out = generate(llm, {"prompt": text, "multi_modal_data": {"image": images()}}, 1)
+    ids = list(out.prompt_token_ids)
+    collapsed = [t for i, t in enumerate(ids) if t != IMAGE_PAD or ids[i - 1] != IMAGE_PAD]
+    assert collapsed == tok.encode(text)  # the processor's expansion, on the text before tokenizing
+    starts = [i for i, t in enumerate(ids) if t == VISION_START]
+    assert [ids[s + 1 : s + 1 + ids[s:].index(VISION_END) - 1].count(IMAGE_PAD) for s in starts] == [20, 12]
+    # ids with one <|image_pad|> per image expand the same way
+    bare = generate(llm, {"prompt_token_ids": tok.encode(text), "multi_modal_data": {"image": images()}}, 1)
+    assert list(bare.prompt_token_ids) == ids
+
+
+def test_chat_with_image_parts_and_text_only(llm):
+    def url(im):
+        buf = io.BytesIO()
+        im.save(buf, "PNG")
+        return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+    parts = [{"type": "image_url", "image_url": {"url": url(im)}} for im in images()]
+    msg = [{"role": "user", "content": [*parts, {"type": "text", "text": "Hi"}]}]
+    (out,) = llm.chat(msg, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    assert list(out.prompt_token_ids).count(IMAGE_PAD) == 32 and len(out.outputs[0].token_ids) == 4
+    text = generate(llm, "Hello there", 4)
+    assert len(text.outputs[0].token_ids) == 4 and IMAGE_PAD not in text.prompt_token_ids
+
+
+def test_image_limits(llm):
+    ims = images()
+    with pytest.raises(InvalidRequestError, match="placeholder"):
+        generate(llm, {"prompt": "no placeholder", "multi_modal_data": {"image": ims[0]}})
+    with pytest.raises(InvalidRequestError, match="aspect ratio"):
+        generate(llm, {"prompt": PLACEHOLDER, "multi_modal_data": {"image": PIL.Image.new("RGB", (1000, 4))}})
+    with pytest.raises(InvalidRequestError, match="image token run"):  # ids whose run fits neither image
+        ids = [5, VISION_START, *[IMAGE_PAD] * 7, VISION_END]
+        generate(llm, {"prompt_token_ids": ids, "multi_modal_data": {"image": ims[0]}})
+
+
+def test_digest_tells_apart_transposed_sizes_of_one_colour(model):
+    vc = model.config.vision
+    wide, tall = (image_input(PIL.Image.new("RGB", size, (90, 20, 200)), vc) for size in ((64, 32), (32, 64)))
+    assert wide.pixels.tobytes() == tall.pixels.tobytes() and wide.grid != tall.grid
+    assert wide.digest != tall.digest
