@@ -117,7 +117,7 @@ class LLMEngine:
 
     def prompt_with_images(self, prompt: PromptType) -> tuple[str | None, list[int], tuple[ImageInput, ...]]:
         """tokenize_prompt, for a prompt that may carry vLLM's multi_modal_data: its text's
-        (or ids') <start_of_image> placeholders expanded into each image's soft tokens."""
+        (or ids') image placeholders expanded into each image's soft tokens."""
         if not (isinstance(prompt, dict) and prompt.get("multi_modal_data") is not None):
             return (*self.tokenize_prompt(prompt), ())
         try:

@@ -193,3 +193,16 @@ def test_digest_tells_apart_transposed_sizes_of_one_colour(model):
     wide, tall = (image_input(PIL.Image.new("RGB", size, (90, 20, 200)), vc) for size in ((64, 32), (32, 64)))
     assert wide.pixels.tobytes() == tall.pixels.tobytes() and wide.grid != tall.grid
     assert wide.digest != tall.digest
+
+
+def test_batch_with_images_and_text_matches_each_alone(llm):
+    """Sequences with and without images in one batch: each gets its own M-RoPE positions."""
+    params = SamplingParams(temperature=0, max_tokens=8, logprobs=5)
+    image_prompt = {"prompt_token_ids": DATA["ids"], "multi_modal_data": {"image": images()}}
+    text_prompt = {"prompt_token_ids": DATA["ids"][:5] + [9, 10, 11]}
+    alone = llm.generate([text_prompt], params, use_tqdm=False)[0]
+    llm.reset_prefix_cache()
+    both = llm.generate([text_prompt, image_prompt, text_prompt], params, use_tqdm=False)
+    check_greedy(both[1])
+    for out in (both[0], both[2]):
+        assert out.outputs[0].token_ids == alone.outputs[0].token_ids

@@ -1,0 +1,66 @@
+"""Images through a running `rawpage serve` of the tiny Qwen2.5-VL (tests/tiny_qwen_vl.py):
+the stock openai client's chat image_url parts (data URLs) of two sizes, whose soft-token
+counts differ, answered as transformers answers the same prompt (tests/data/golden_qwen25vl.json),
+and the prefix cache over an image."""
+
+import base64
+import io
+import json
+import os
+
+import pytest
+
+from tests.server.harness import ServerProcess
+from tests.tiny_qwen_vl import write_qwen_vl
+from tests.tiny_vlm import seeded_image
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("PIL")
+
+MODEL = "qwen25-vl"
+with open(os.path.join(os.path.dirname(__file__), "..", "data", "golden_qwen25vl.json")) as f:
+    DATA = json.load(f)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = write_qwen_vl(str(tmp_path_factory.mktemp("qvl") / MODEL))
+    s = ServerProcess("--model", folder, "--block-size", "8", "--enable-prompt-tokens-details")
+    yield s
+    assert s.stop() == 0, s.output()
+
+
+def data_url(spec) -> str:
+    buf = io.BytesIO()
+    seeded_image(*spec).save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def test_chat_with_two_images_of_different_sizes(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    parts = [{"type": "image_url", "image_url": {"url": data_url(spec)}} for spec in DATA["images"]]
+    messages = [{"role": "user", "content": [*parts, {"type": "text", "text": "Compare them."}]}]
+    kw = dict(model=MODEL, messages=messages, max_tokens=4, temperature=0, logprobs=True)
+    first = client.chat.completions.create(**kw)
+    text_only = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Compare them."}], max_tokens=1
+    )
+    # each image adds <|vision_start|>, its own 20 or 12 <|image_pad|>, <|vision_end|>
+    assert first.usage.prompt_tokens == text_only.usage.prompt_tokens + (20 + 2) + (12 + 2)
+    assert first.usage.completion_tokens == 4
+    again = client.chat.completions.create(**kw)
+    assert again.usage.prompt_tokens_details.cached_tokens >= 40
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert [t.logprob for t in again.choices[0].logprobs.content] == pytest.approx(
+        [t.logprob for t in first.choices[0].logprobs.content], abs=1e-4
+    )
+
+
+def test_a_bad_image_is_a_400(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    buf = io.BytesIO()
+    seeded_image(1, 1000, 4).save(buf, "PNG")  # an aspect ratio Qwen2-VL's processor refuses
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]
+    with pytest.raises(openai.BadRequestError, match="aspect ratio"):
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)
