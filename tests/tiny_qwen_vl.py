@@ -16,13 +16,14 @@ folder into tests/data/golden_qwen25vl.json.
 
 from __future__ import annotations
 
+import os
 import zlib
 
 import numpy as np
 
 from tests.tiny_families import hub_tensors
 from tests.tiny_models import SPECIAL, tiny_config, train_tokenizer
-from tests.tiny_vlm import write_vlm_folder
+from tests.tiny_vlm import close_mmproj, open_mmproj, write_vlm_folder
 
 IMAGE_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|video_pad|>", "<|image_pad|>"]  # ids 396 .. 399
 VISION_START, VISION_END, VIDEO_PAD, IMAGE_PAD = 396, 397, 398, 399
@@ -154,3 +155,67 @@ def write_qwen_vl(folder: str, seed: int = 0) -> str:
     cfg = qwen_vl_config()
     tok_cfg = {"bos_token": None, "eos_token": SPECIAL[2], "chat_template": CHAT_TEMPLATE}
     return write_vlm_folder(folder, cfg, qwen_vl_tensors(cfg, seed), qwen_vl_tokenizer(), tok_cfg, PREPROCESSOR)
+
+
+def write_qwen_vl_gguf(folder: str, seed: int = 0, mmproj_type: str = "F32") -> tuple[str, str]:
+    """The tiny Qwen2.5-VL as llama.cpp's convert_hf_to_gguf.py writes it: a qwen2vl text
+    GGUF (qwen2vl.rope.dimension_sections [2, 3, 3, 0], the vision tokens as control tokens)
+    and, with --mmproj, a clip GGUF of projector type qwen2.5vl_merger: q, k, v split out of
+    qkv, the Conv3d as two Conv2d time slices (v.patch_embd.weight, .weight.1), names from
+    gguf's own tensor map, matrices in mmproj_type. This tiny model's window (16 pixels) and
+    pixel limits, which clip.cpp would otherwise take as 112 and 8..4096 tokens, are written
+    in clip.vision.window_size and image_min/max_pixels. Returns (model.gguf, mmproj.gguf)."""
+    import gguf
+
+    from tests.tiny_models import write_gguf
+
+    os.makedirs(folder, exist_ok=True)
+    cfg = qwen_vl_config()
+    text = {**cfg, "model_type": "qwen2vl"}
+    model = write_gguf(
+        os.path.join(folder, "model.gguf"),
+        text,
+        text_tensors(cfg, seed),
+        qwen_vl_tokenizer(),
+        extra_metadata=lambda w: w.add_rope_dimension_sections([*cfg["rope_scaling"]["mrope_section"], 0]),
+        control=tuple(IMAGE_TOKENS),
+        chat_template=CHAT_TEMPLATE,
+    )
+    path = os.path.join(folder, "mmproj.gguf")
+    v = cfg["vision_config"]
+    vision_keys = {  # clip.vision.*, by the writer's add_vision_<what>
+        "projection_dim": cfg["hidden_size"],
+        "image_size": 560,  # the converter's default; Qwen2.5-VL's images take their own size
+        "patch_size": v["patch_size"],
+        "embedding_length": v["hidden_size"],
+        "feed_forward_length": v["intermediate_size"],
+        "block_count": v["depth"],
+        "head_count": v["num_heads"],
+        "image_mean": PREPROCESSOR["image_mean"],
+        "image_std": PREPROCESSOR["image_std"],
+        "attention_layernorm_eps": cfg["rms_norm_eps"],
+        "use_silu": True,
+        "n_wa_pattern": v["fullatt_block_indexes"][0] + 1,
+        "window_size": v["window_size"],
+        "min_pixels": PREPROCESSOR["min_pixels"],
+        "max_pixels": PREPROCESSOR["max_pixels"],
+    }
+    w = open_mmproj(path, gguf.VisionProjectorType.QWEN25VL, vision_keys)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, v["depth"])
+    qtype = getattr(gguf.GGMLQuantizationType, mmproj_type)
+    for name, t in vision_tensors(cfg, seed).items():
+        if name == "visual.patch_embed.proj.weight":  # (Dv, 3, 2, P, P) -> two (Dv, 3, P, P)
+            w.add_tensor("v.patch_embd.weight", np.ascontiguousarray(t[:, :, 0]))
+            w.add_tensor("v.patch_embd.weight.1", np.ascontiguousarray(t[:, :, 1]))
+            continue
+        parts = [(name, t)]
+        if ".qkv." in name:
+            parts = [(name.replace("qkv", x), c) for x, c in zip("qkv", np.split(t, 3))]
+        for n, x in parts:
+            gname = names.get_name(n, try_suffixes=(".weight", ".bias"))
+            if x.ndim == 2 and mmproj_type != "F32":
+                w.add_tensor(gname, gguf.quants.quantize(x, qtype), raw_dtype=qtype)
+            else:
+                w.add_tensor(gname, x)
+    close_mmproj(w)
+    return model, path

@@ -151,13 +151,9 @@ def write_vlm_gguf(
         chat_template=CHAT_TEMPLATE,
     )
     path = os.path.join(folder, "mmproj.gguf")
-    w = gguf.GGUFWriter(path, "clip")
-    w.add_type(gguf.GGUFType.MMPROJ)
-    w.add_clip_has_vision_encoder(True)
-    w.add_clip_projector_type(projector)
     text_dim = text_dim or text["hidden_size"]
     pool = v["image_size"] // v["patch_size"] // round(cfg["mm_tokens_per_image"] ** 0.5)
-    for what, value in {  # clip.vision.*, by the writer's add_vision_<what>
+    vision_keys = {
         "projection_dim": text_dim,
         "image_size": v["image_size"],
         "patch_size": v["patch_size"],
@@ -170,8 +166,8 @@ def write_vlm_gguf(
         "attention_layernorm_eps": v["layer_norm_eps"],
         "use_gelu": True,
         "projector_scale_factor": pool,  # written where not clip.cpp's default 4, as the converter does
-    }.items():
-        getattr(w, "add_vision_" + what)(value)
+    }
+    w = open_mmproj(path, projector, vision_keys)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, v["num_hidden_layers"])
     qtype = getattr(gguf.GGMLQuantizationType, mmproj_type)
     for name, t in vision_tensors(cfg, seed).items():
@@ -184,11 +180,30 @@ def write_vlm_gguf(
             w.add_tensor(gname, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(gname, t)
+    close_mmproj(w)
+    return model, path
+
+
+def open_mmproj(path: str, projector: str, vision_keys: dict):
+    """A gguf.GGUFWriter of a clip GGUF with a vision encoder of clip.projector_type
+    `projector`, each of vision_keys written by the writer's add_vision_<key> (clip.vision.*)."""
+    import gguf
+
+    w = gguf.GGUFWriter(path, "clip")
+    w.add_type(gguf.GGUFType.MMPROJ)
+    w.add_clip_has_vision_encoder(True)
+    w.add_clip_projector_type(projector)
+    for what, value in vision_keys.items():
+        getattr(w, "add_vision_" + what)(value)
+    return w
+
+
+def close_mmproj(w) -> None:
+    """Write the file open_mmproj began, once its tensors are added."""
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return model, path
 
 
 def write_vlm_folder(folder: str, cfg: dict, tensors: dict, tok, tokenizer_config: dict, pre: dict) -> str:

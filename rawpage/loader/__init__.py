@@ -111,12 +111,12 @@ def _load_gguf(path: str, overrides: dict[str, Any] | None = None, mmproj: str |
         override_config(ckpt.config, overrides, path)
     tokenizer = Tokenizer.from_gguf(ckpt.meta)
     ckpt.config.eos_token_ids = tokenizer.eos_token_ids
-    from rawpage.loader.mmproj import PROJECTORS, load_mmproj
+    from rawpage.loader.mmproj import load_mmproj
 
     tensors, no_vision = ckpt.tensor_source(), Checkpoint.no_vision
     if mmproj is not None:  # the vision tower and projector: config.vision and their tensors
         tensors = tensors.merged(load_mmproj(os.path.expanduser(mmproj), ckpt.config, tokenizer, path))
-    elif ckpt.config.architecture in PROJECTORS.values():
+    elif ckpt.arch in ("gemma3", "qwen2vl"):  # the text GGUFs of vision-language models
         no_vision = f"a {ckpt.arch} GGUF takes images only when started with --mmproj, its mmproj-*.gguf file"
     return Checkpoint(path, ckpt.config, tensors, tokenizer, {}, no_vision)
 

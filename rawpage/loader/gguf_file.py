@@ -24,7 +24,7 @@ KEPT_QUANTIZED = set(GGUF_BLOCKS)
 STORED_16_BIT = {"F16": "f16", "BF16": "bf16"}
 SUPPORTED_TENSOR_TYPES = KEPT_QUANTIZED | {"F32", "F16", "BF16"}
 # llama with experts is Mixtral
-SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"}
+SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "qwen2vl", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"}
 
 # GGUF tensor name -> Hugging Face name. `{i}` is the layer index.
 _GLOBAL_NAMES = {
@@ -112,7 +112,7 @@ class GGUFCheckpoint:
                 f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
             )
         self.arch = arch
-        self.family = {"qwen3moe": "qwen3_moe"}.get(arch, arch)
+        self.family = {"qwen3moe": "qwen3_moe", "qwen2vl": "qwen2"}.get(arch, arch)  # qwen2vl: Qwen2 with M-RoPE
         if arch == "llama" and self.meta.get("llama.expert_count"):
             self.family = "mixtral"
         self.config = self._config()
@@ -150,6 +150,8 @@ class GGUFCheckpoint:
                 mlp_only_layers=self._dense_layers(int(m[f"{a}.block_count"])) if experts else [],
             )
             self._rope_scaling(cfg)
+            if a == "qwen2vl":  # [t, h, w, 0]: the frequency pairs of each M-RoPE position
+                cfg.mrope_section = [int(x) for x in m[f"{a}.rope.dimension_sections"]][:3]
             if self.family in ("gemma2", "gemma3"):
                 self._gemma_config(cfg)
             if self.family == "phi3":
