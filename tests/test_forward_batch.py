@@ -48,7 +48,7 @@ def random_schedule(rng, B):
 def test_build_batch_equals_the_loop():
     rng = np.random.default_rng(0)
     runner = ModelRunner.__new__(ModelRunner)  # build_batch needs only the block size (and no images)
-    runner.encoder_cache = None
+    runner.encoder_cache, runner.mrope_merge = None, 0
     runner.block_size = BS
     for B in (1, 5, 64):
         scheduled, logits_rows = random_schedule(rng, B)
@@ -82,7 +82,7 @@ class CountingBackend:
 def test_upload_is_one_copy_into_views_of_one_buffer():
     rng = np.random.default_rng(1)
     runner = ModelRunner.__new__(ModelRunner)
-    runner.block_size, runner.encoder_cache = BS, None
+    runner.block_size, runner.encoder_cache, runner.mrope_merge = BS, None, 0
     hb = runner.build_batch(*random_schedule(rng, 7))
     backend = CountingBackend(get_backend("cpu"))
     buffer = BatchBuffer(backend, capacity=16)
