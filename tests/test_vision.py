@@ -18,8 +18,7 @@ from rawpage.errors import InvalidRequestError
 from rawpage.loader import load_checkpoint
 from rawpage.models.registry import build_model
 from rawpage.multimodal.image_input import image_input
-from rawpage.multimodal.mm_batch import MultimodalBatch
-from tests.model_harness import SingleSequence
+from tests.model_harness import SingleSequence, image_rows
 from tests.tiny_families import weights_digest
 from tests.tiny_vlm import IMAGE, seeded_image, vlm_config, vlm_tensors, write_vlm
 
@@ -70,16 +69,8 @@ def feed_with_images(model, bidirectional: bool = True) -> np.ndarray:
     """The golden prompt with its two images in one chunk, through a scattered 4-token-block
     table: logits at every position. bidirectional: each image's 4 tokens attend to each
     other both ways, as transformers' token_type_ids mask has them (else causally)."""
-    ids = DATA["ids"]
-    runs = [i for i in range(len(ids)) if ids[i] == IMAGE and ids[i - 1] != IMAGE]
-    proc = model.config.vision.processor
-    embeds = [model.encode_image(image_input(im, proc).pixels) for im in images()]
-    key_end = np.full(len(ids), -1, np.int32)
-    for r in runs if bidirectional else ():
-        key_end[r : r + 4] = r + 3
-    rows = np.concatenate([np.arange(r, r + 4) for r in runs])
-    mm = MultimodalBatch(rows, np.concatenate(embeds), np.array([0]), key_end)
-    return SingleSequence(model, block_size=4).feed(ids, all_logits=True, mm=mm)
+    mm = image_rows(model, DATA["ids"], images(), IMAGE, bidirectional)
+    return SingleSequence(model, block_size=4).feed(DATA["ids"], all_logits=True, mm=mm)
 
 
 def test_logits_match_transformers_with_bidirectional_image_attention(model):
@@ -104,6 +95,30 @@ def generate(llm, prompt, n=8):
 def test_engine_greedy_matches_transformers_in_small_chunks(llm):
     out = generate(llm, {"prompt_token_ids": DATA["ids"], "multi_modal_data": {"image": images()}})
     assert list(out.outputs[0].token_ids) == DATA["greedy"]
+
+
+@pytest.fixture(scope="module")
+def llm_tp2(folder):
+    """The `llm` engine's settings at --tensor-parallel-size 2 (one spawned worker)."""
+    llm = LLM(folder, block_size=8, max_num_batched_tokens=8, max_num_seqs=4, tensor_parallel_size=2)
+    yield llm
+    llm.engine.workers.close()
+
+
+@pytest.mark.timeout(120)
+def test_two_ranks_give_one_ranks_tokens_and_logprobs_with_images(llm, llm_tp2):
+    """Rank 0 encodes the images; their soft tokens reach the worker inside the step's
+    batch, so rank 1's embedding step (and its attention within each image) is rank 0's."""
+    p = SamplingParams(temperature=0, max_tokens=8, logprobs=5)
+    prompt = {"prompt_token_ids": DATA["ids"], "multi_modal_data": {"image": images()}}
+    llm.reset_prefix_cache()
+    (one,) = llm.generate(prompt, p, use_tqdm=False)
+    (two,) = llm_tp2.generate(prompt, p, use_tqdm=False)
+    assert list(two.outputs[0].token_ids) == list(one.outputs[0].token_ids) == DATA["greedy"]
+    for a, b in zip(one.outputs[0].logprobs, two.outputs[0].logprobs, strict=True):
+        assert a.keys() == b.keys()
+        np.testing.assert_allclose([b[t].logprob for t in a], [a[t].logprob for t in a], atol=1e-5, rtol=0)
+    assert llm_tp2.engine.runner.encoder_cache.misses == 2  # each image encoded once, on rank 0
 
 
 def test_prefix_cache_hits_same_image_and_misses_another(llm):
