@@ -137,6 +137,53 @@ def test_prefix_cache_hits_same_image_and_misses_another(llm):
     assert generate(llm, {"prompt_token_ids": text_only + [5, 6, 7]}, 1).num_cached_tokens == 0
 
 
+def assert_same_output(a, b) -> None:
+    """Greedy tokens equal; each step's top logprobs the same ids, their values within 1e-5
+    (a batch's other rows change the CPU's float sums in the last bits, with or without images)."""
+    assert list(a.token_ids) == list(b.token_ids)
+    for x, y in zip(a.logprobs, b.logprobs, strict=True):
+        assert x.keys() == y.keys()
+        np.testing.assert_allclose([y[t].logprob for t in x], [x[t].logprob for t in x], atol=1e-5, rtol=0)
+
+
+def test_batch_invariance_with_images_in_the_batch(llm, monkeypatch):
+    """Each request alone and in one batch with requests with and without images gives the
+    same tokens and logprobs, though the batch chunks its prefills elsewhere: 8-token steps
+    end a chunk where an image starts (whole images only), alone and in the batch."""
+    ims = [seeded_image(i, 30 + 7 * i, 28) for i in range(3)]
+    prompts = [
+        {"prompt": "Look:<start_of_image>What is it?", "multi_modal_data": {"image": ims[0]}},  # image at 8..11
+        "Numbers 1 2 3 and words",
+        {"prompt": "<start_of_image>and<start_of_image>compare", "multi_modal_data": {"image": ims[1:]}},
+        {"prompt": "A longer piece of text before it: <start_of_image>", "multi_modal_data": {"image": ims[2]}},
+    ]
+    chunks: dict[str, list[tuple[int, int]]] = {}  # request id -> its steps' (first token, tokens)
+    execute = llm.engine.runner.execute
+
+    def recorded(scheduled, logits_rows):
+        for seq, n in scheduled:
+            chunks.setdefault(seq.request.request_id, []).append((seq.num_computed_tokens, n))
+        return execute(scheduled, logits_rows)
+
+    def image_cuts(out) -> set[int]:  # where a chunk of the request ended at the start of one of its images
+        starts = {i for i, t in enumerate(out.prompt_token_ids) if t == IMAGE and out.prompt_token_ids[i - 1] != IMAGE}
+        return {a + n for a, n in chunks[out.request_id]} & starts
+
+    monkeypatch.setattr(llm.engine.runner, "execute", recorded)
+    p = SamplingParams(temperature=0, max_tokens=6, logprobs=5)
+    alone = []
+    for prompt in prompts:
+        llm.reset_prefix_cache()  # every prefill computed, none read from another run's blocks
+        alone += llm.generate(prompt, p, use_tqdm=False)
+    llm.reset_prefix_cache()
+    together = llm.generate(prompts, p, use_tqdm=False)
+    for a, b in zip(alone, together, strict=True):
+        assert_same_output(a.outputs[0], b.outputs[0])
+    assert image_cuts(alone[0]) == image_cuts(together[0]) == {8}
+    assert image_cuts(together[2]) - image_cuts(alone[2])  # the batch cut it before an image where alone it did not
+    assert sum(IMAGE in o.prompt_token_ids for o in together) == 3
+
+
 def test_text_prompt_placeholders_expand_like_the_processor(llm):
     """A text prompt's <start_of_image> becomes \\n\\n, the image's tokens, \\n\\n (Gemma3Processor)."""
     tok = llm.get_tokenizer()
