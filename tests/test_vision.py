@@ -8,6 +8,7 @@ import base64
 import io
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -190,6 +191,50 @@ def test_text_prompt_placeholders_expand_like_the_processor(llm):
     out = generate(llm, {"prompt": "Look:<start_of_image>What?", "multi_modal_data": {"image": images()[0]}}, 1)
     expected = tok.encode("Look:\n\n<start_of_image>" + "<image_soft_token>" * 4 + "<end_of_image>\n\nWhat?")
     assert list(out.prompt_token_ids) == expected
+
+
+def test_generate_with_several_pil_images_places_each_in_order(llm):
+    """vLLM's {"prompt": ..., "multi_modal_data": {"image": [img1, img2]}}: each <start_of_image>
+    takes the next image (PIL images of any mode and size: RGB, grayscale, RGBA), and gives
+    what the same ids with the same images give; the images swapped give another answer."""
+    gray = seeded_image(7, 50, 20).convert("L")
+    rgba = seeded_image(8, 16, 40).convert("RGBA")
+    ims = [gray, rgba]
+    p = SamplingParams(temperature=0, max_tokens=4, logprobs=3)
+
+    def run(prompt):
+        (out,) = llm.generate(prompt, p, use_tqdm=False)
+        return out
+
+    llm.reset_prefix_cache()
+    text = run({"prompt": "First:<start_of_image>then<start_of_image>which?", "multi_modal_data": {"image": ims}})
+    ids = list(text.prompt_token_ids)
+    runs = [i for i, t in enumerate(ids) if t == IMAGE and ids[i - 1] != IMAGE]
+    assert len(runs) == 2 and ids.count(IMAGE) == 8
+    llm.reset_prefix_cache()
+    assert_same_output(text.outputs[0], run({"prompt_token_ids": ids, "multi_modal_data": {"image": ims}}).outputs[0])
+    llm.reset_prefix_cache()
+    swapped = run({"prompt_token_ids": ids, "multi_modal_data": {"image": ims[::-1]}})
+    assert swapped.outputs[0].logprobs[0] != text.outputs[0].logprobs[0]
+
+
+@pytest.mark.parametrize(
+    "prompt,n,message",
+    [
+        ("<start_of_image>and<start_of_image>", 1, "the prompt has 2 <start_of_image> placeholder(s) for 1 image(s)"),
+        ("just <start_of_image>", 2, "the prompt has 1 <start_of_image> placeholder(s) for 2 image(s)"),
+        ([5, 397, 6, 397], 1, "the prompt has 2 image token run(s) for 1 image(s)"),  # ids with bare placeholders
+        ([5, 397, *[IMAGE] * 4, 399], 2, "the prompt has 1 image token run(s) for 2 image(s)"),  # ids expanded
+        ([5, 397, *[IMAGE] * 3, 399], 1, "each image is 4 image tokens"),  # a run cut short
+    ],
+)
+def test_placeholders_and_images_must_match_in_number(llm, prompt, n, message):
+    """As vLLM refuses a prompt whose placeholders do not match its images ("Expected there to
+    be N prompt updates corresponding to M image items"): a ValueError naming both counts."""
+    key = "prompt" if isinstance(prompt, str) else "prompt_token_ids"
+    with pytest.raises(ValueError, match=re.escape(message)) as e:  # InvalidRequestError: a 400 in the servers
+        generate(llm, {key: prompt, "multi_modal_data": {"image": images()[:1] * n}}, 1)
+    assert isinstance(e.value, InvalidRequestError) and not llm.engine.has_unfinished_requests()
 
 
 def test_chat_with_an_image_part(llm):
