@@ -244,10 +244,14 @@ class DecoderModel:
         return x  # (N, dim)
 
     def input_embeddings(self, batch: ForwardBatch) -> Array:
-        """(T, dim): each token's embedding (Gemma: times sqrt(dim)). A vision-language
-        model puts its images' soft tokens in their rows (models/gemma.py)."""
+        """(T, dim): each token's embedding (Gemma: times sqrt(dim)); a batch's image rows
+        take their images' soft tokens instead, unscaled (encoded where the batch was built:
+        models/gemma.py, rawpage/multimodal/mm_batch.py)."""
         h = self.embed_tokens(batch.input_ids)  # (T, dim)
-        return self.affine(h, self.config.hidden_size**0.5) if self.scale_embedding else h
+        h = self.affine(h, self.config.hidden_size**0.5) if self.scale_embedding else h
+        if batch.mm is not None:
+            h[batch.mm.rows] = self.backend.asarray(batch.mm.embeds)  # (M, dim)
+        return h
 
     def attention(self, layer: DecoderLayer, x: Array, batch: ForwardBatch, kv_cache: tuple[Array, Array]) -> Array:
         """x (T, dim) -> o_proj(paged attention over the cache after writing this step's K/V): (T, dim)."""

@@ -13,16 +13,17 @@
 Gemma3ForConditionalGeneration is the Gemma 3 decoder plus an image encoder
 (models/siglip.py): an image's N soft tokens replace the (scaled) embeddings of its
 <image_soft_token> rows, unscaled, and attend to each other both ways
-(models/decoder.py calls ops/paged_attention.image_attention for those rows).
+(models/decoder.py puts them in, and calls ops/paged_attention.image_attention for
+those rows). The encoder runs where the step's batch is built (the model runner's
+EncoderCache); under tensor parallelism that is rank 0 alone (models/registry.py).
 """
 
 from collections.abc import Mapping
 
 import numpy as np
 
-from rawpage.backends.base import Array, Backend
+from rawpage.backends.base import Backend
 from rawpage.config import ModelConfig
-from rawpage.forward_batch import ForwardBatch
 from rawpage.models.decoder import DecoderModel
 from rawpage.models.siglip import Gemma3VisionEncoder
 from rawpage.models.weight_source import WeightSource
@@ -48,12 +49,6 @@ class Gemma3VisionModel(Gemma3Model):
     def encode_image(self, pixels: np.ndarray) -> np.ndarray:
         """pixels (3, S, S) -> soft tokens (N, dim) float32, on the host."""
         return self.vision.encode(pixels)
-
-    def input_embeddings(self, batch: ForwardBatch) -> Array:
-        h = super().input_embeddings(batch)  # (T, dim)
-        if batch.mm is not None:
-            h[batch.mm.rows] = self.backend.asarray(batch.mm.embeds)
-        return h
 
     def num_bytes(self) -> int:
         return super().num_bytes() + self.vision.num_bytes()
