@@ -23,7 +23,7 @@ from rawpage.config import ModelConfig
 from rawpage.dtypes import from_float32, to_float32
 from rawpage.forward_batch import ForwardBatch
 from rawpage.models.moe import MoEWeights, moe_forward
-from rawpage.models.rotary import rope_table
+from rawpage.models.rotary import mrope_cos_sin, rope_table
 from rawpage.models.weight_source import CheckpointWeights, Part, WeightSource, progress
 from rawpage.ops.attention_metadata import AttentionOptions
 from rawpage.ops.paged_attention import image_attention
@@ -244,12 +244,13 @@ class DecoderModel:
         return x  # (N, dim)
 
     def input_embeddings(self, batch: ForwardBatch) -> Array:
-        """(T, dim): each token's embedding (Gemma: times sqrt(dim)); the rows of a step's
-        images (batch.mm, a vision-language model's) take their soft tokens instead, unscaled."""
+        """(T, dim): each token's embedding (Gemma: times sqrt(dim)); a batch's image rows
+        take their images' soft tokens instead, unscaled (encoded where the batch was built:
+        models/gemma.py, rawpage/multimodal/mm_batch.py)."""
         h = self.embed_tokens(batch.input_ids)  # (T, dim)
         h = self.affine(h, self.config.hidden_size**0.5) if self.scale_embedding else h
         if batch.mm is not None:
-            h[batch.mm.rows] = self.backend.asarray(batch.mm.embeds)
+            h[batch.mm.rows] = self.backend.asarray(batch.mm.embeds)  # (M, dim)
         return h
 
     def attention(self, layer: DecoderLayer, x: Array, batch: ForwardBatch, kv_cache: tuple[Array, Array]) -> Array:
@@ -275,8 +276,15 @@ class DecoderModel:
         return h if layer.post_attn_norm is None else b.rms_norm(h, layer.post_attn_norm, eps)
 
     def rotate(self, q: Array, k: Array, batch: ForwardBatch, layer: DecoderLayer) -> None:
-        """RoPE on q (T, H, D) and k (T, Hkv, D) in place, at batch.positions (Qwen2.5-VL's M-RoPE: models/qwen2_vl.py)."""
-        self.backend.rope(batch.positions, q, k, self.cos_sin[layer.rope], True)
+        """RoPE on q (T, H, D) and k (T, Hkv, D) in place, at batch.positions; Qwen2.5-VL's
+        M-RoPE in a step with image rows, at their (t, h, w) positions (batch.mm.positions,
+        rawpage/multimodal/mrope.py), each row with its own table row."""
+        b, mm = self.backend, batch.mm
+        if mm is None or mm.positions is None:
+            b.rope(batch.positions, q, k, self.cos_sin[layer.rope], True)
+            return
+        table = mrope_cos_sin(b.to_numpy(self.cos_sin[layer.rope]), mm.positions, self.config.mrope_section)  # (T, D)
+        b.rope(b.asarray(np.arange(len(table), dtype=np.int32), np.int32), q, k, b.asarray(table, np.float32), True)
 
     def feed_forward(self, i: int, layer: DecoderLayer, x: Array) -> Array:
         """x (T, dim) -> down(act(gate(x)) * up(x)), or the routed experts' sum: (T, dim)."""

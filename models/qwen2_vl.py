@@ -6,21 +6,20 @@ biases) plus the image encoder of models/qwen_vit.py. How it differs from Gemma 
 - its tokens attend causally, as text does;
 - M-RoPE: each token rotates by three positions (t, h, w), each over its section of the
   frequencies (rawpage/multimodal/mrope.py makes the positions, models/rotary.py the
-  per-token table). Text tokens have t = h = w, so a step without image rows rotates
-  with the plain table at batch.positions (already shifted past the images).
+  per-token table, DecoderModel.rotate applies it, so that a tensor-parallel worker's
+  plain Qwen2 model, which holds no encoder, rotates as rank 0 does). Text tokens have
+  t = h = w, so a step without image rows rotates with the plain table at
+  batch.positions (already shifted past the images).
 """
 
 from collections.abc import Mapping
 
 import numpy as np
 
-from rawpage.backends.base import Array, Backend
+from rawpage.backends.base import Backend
 from rawpage.config import ModelConfig
-from rawpage.forward_batch import ForwardBatch
-from rawpage.models.decoder import DecoderLayer
 from rawpage.models.llama import LlamaModel
 from rawpage.models.qwen_vit import Qwen25VisionEncoder
-from rawpage.models.rotary import mrope_cos_sin
 from rawpage.models.weight_source import WeightSource
 
 
@@ -34,15 +33,6 @@ class Qwen25VLModel(LlamaModel):
     def encode_image(self, pixels: np.ndarray, grid: tuple[int, int, int]) -> np.ndarray:
         """pixels (S, 3 Tp P P): the patches of an image of grid (1, h, w) -> soft tokens (N, dim) float32, on the host."""
         return self.vision.encode(pixels, grid)
-
-    def rotate(self, q: Array, k: Array, batch: ForwardBatch, layer: DecoderLayer) -> None:
-        mm = batch.mm
-        if mm is None or mm.positions is None:
-            return super().rotate(q, k, batch, layer)
-        b = self.backend
-        table = mrope_cos_sin(b.to_numpy(self.cos_sin[layer.rope]), mm.positions, self.config.mrope_section)  # (T, D)
-        b.rope(b.asarray(np.arange(len(table), dtype=np.int32), np.int32), q, k, b.asarray(table, np.float32), True)
-        return None
 
     def num_bytes(self) -> int:
         return super().num_bytes() + self.vision.num_bytes()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import numpy as np
@@ -53,10 +54,15 @@ def build_model(
         )
     if tp is None:
         return cls(config, backend, tensors)
-    if config.vision is not None:
-        raise UnsupportedModelError("tensor parallelism does not run vision-language models yet (issue 45)")
     check_shardable(config, tp.layout.size, tp.layout.exact)
-    model = cls(tp.layout.local_config(), backend, tp.weights(tensors))
+    local = tp.layout.local_config()
+    if config.vision is not None and tp.layout.rank > 0:
+        # The image encoder runs once, whole, on rank 0: the driver, whose runner builds each
+        # step's batch with its images' soft tokens (model_runner.build_batch) and sends it to
+        # every worker (distributed/executor.py). A small encoder split would cost collectives
+        # per layer for little; replicated, its weights would sit on P ranks for one use.
+        cls, local = MODEL_CLASSES[config.architecture], dataclasses.replace(local, vision=None)
+    model = cls(local, backend, tp.weights(tensors))
     apply_tensor_parallel(model, tp)
     return model
 

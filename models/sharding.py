@@ -14,8 +14,9 @@ With P ranks, rank r holds
     each expert     gate/up rows and down columns as a dense MLP's, of moe_intermediate_size
     embed/lm_head   vocabulary rows [r Vp, (r+1) Vp), Vp = ceil(V/P), zero-padded
 and every norm (Gemma's four, the per-head q/k norms), the MoE router and the rope factors
-whole. So attention and the MLP (or the experts, whose weighted sum is linear in their
-down projections) run on local heads and columns with no communication until the two
+whole, as is a vision-language model's image encoder, which rank 0 alone holds. So
+attention and the MLP (or the experts, whose weighted sum is linear in their down
+projections) run on local heads and columns with no communication until the two
 all-reduces per layer; the embedding is one masked lookup and one all-reduce; the
 logits are gathered on rank 0, the only rank that samples.
 
@@ -47,6 +48,9 @@ from rawpage.errors import UnsupportedModelError
 from rawpage.models.decoder import DecoderModel
 from rawpage.models.weight_source import CheckpointWeights, Part, WeightSource
 from rawpage.quantization.weight import QuantizedWeight, RowStack, concat_rows
+
+# A vision-language model's image encoder (its SigLIP tower's q/k/v_proj end as the decoder's do).
+IMAGE_ENCODER_PREFIXES = ("vision_tower.", "multi_modal_projector.", "visual.")  # Gemma 3's, Qwen2.5-VL's
 
 
 class Communicator(Protocol):
@@ -137,7 +141,9 @@ class ShardLayout:
 
     def gathered(self, name: str) -> bool:
         """Is `name` cut by output rows and gathered (exact layout: o_proj and a dense down)?"""
-        return self.exact and name.endswith(("o_proj.weight", "down_proj.weight")) and ".experts." not in name
+        if name.startswith(IMAGE_ENCODER_PREFIXES) or ".experts." in name:  # Qwen2.5-VL's ViT has a down_proj
+            return False
+        return self.exact and name.endswith(("o_proj.weight", "down_proj.weight"))
 
     def held_shape(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The shape this rank holds of the weight a model built from local_config asks for
@@ -149,6 +155,8 @@ class ShardLayout:
         its rows in those ranges, fused in order; ("columns", [(start, stop)]); ("vocab",
         [(start, stop)]), rows zero-padded past the vocabulary; or ("whole", [])."""
         c = self.config
+        if name.startswith(IMAGE_ENCODER_PREFIXES):  # rank 0's alone, whole (models/registry.py)
+            return "whole", []
         # Phi-3's fused tensors first: "qkv_proj" ends like "v_proj", "gate_up_proj" like "up_proj".
         if name.endswith("qkv_proj.weight"):  # [q | k | v] rows
             return "rows", [self._query(0), self._kv(c.q_size), self._kv(c.q_size + c.kv_size)]

@@ -52,6 +52,24 @@ class SingleSequence:
         return out
 
 
+def image_rows(model, ids: list[int], images: list, image_token: int, bidirectional: bool = True):
+    """The MultimodalBatch of a one-sequence prompt `ids` fed in one chunk: each run of
+    image_token takes the next PIL image's soft tokens (model.encode_image) and, if
+    bidirectional, sees its whole image (else attends causally, as text does)."""
+    from rawpage.multimodal.image_input import image_input
+    from rawpage.multimodal.mm_batch import MultimodalBatch
+
+    vc = model.config.vision
+    n = vc.tokens_per_image
+    runs = [i for i in range(len(ids)) if ids[i] == image_token and (i == 0 or ids[i - 1] != image_token)]
+    embeds = [model.encode_image(image_input(im, vc).pixels) for im in images]  # each (n, dim)
+    key_end = np.full(len(ids), -1, np.int32)
+    for r in runs if bidirectional else ():
+        key_end[r : r + n] = r + n - 1
+    rows = np.concatenate([np.arange(r, r + n) for r in runs])
+    return MultimodalBatch(rows, np.concatenate(embeds), np.array([0]), key_end)
+
+
 def assert_no_leaks(engine):
     """Every KV block is back in the free pool and nothing holds a reference."""
     bm = engine.block_manager

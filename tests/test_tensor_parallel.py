@@ -34,7 +34,7 @@ from rawpage.quantization.fp8 import quantize_fp8
 from rawpage.quantization.int4 import pack_nibbles
 from rawpage.quantization.weight import QuantizedWeight, dequantize
 from tests.kernels.test_gguf_model_sim import packed_weight, quantized_tiny_llama
-from tests.model_harness import SingleSequence
+from tests.model_harness import SingleSequence, image_rows
 from tests.test_families import DATA
 from tests.tiny_families import FAMILIES, write_family
 from tests.tiny_models import random_tensors, tiny_config, train_tokenizer, write_hf_folder
@@ -215,10 +215,10 @@ def test_packed_weights_cut_as_their_dense_weights_do():
     assert dataclasses.replace(int4, perm=np.arange(512, dtype=np.int32)).columns(0, 256) is None  # act-order
 
 
-def shard_logits(ckpt, size: int, prompt: list[int], steps: int, b=None) -> list[np.ndarray]:
+def shard_logits(ckpt, size: int, prompt: list[int], steps: int, b=None, mm=None) -> list[np.ndarray]:
     """Rank 0's logits (prefill, then greedy decode) of a model split over `size` ranks
     that run in threads of this process, joined by PipeCommunicator's pipes, on backend b
-    (the CPU's by default)."""
+    (the CPU's by default); mm: the prompt's image rows, which every rank's prefill takes."""
     pipes = [Pipe() for _ in range(size - 1)]
     comms = [PipeCommunicator(0, size, [a for a, _ in pipes])]
     comms += [PipeCommunicator(r, size, [pipes[r - 1][1]]) for r in range(1, size)]
@@ -233,12 +233,12 @@ def shard_logits(ckpt, size: int, prompt: list[int], steps: int, b=None) -> list
         for i in range(steps + 1):
             ids = tokens[i]
             if r == 0:
-                logits = seq.feed(ids, all_logits=True)
+                logits = seq.feed(ids, all_logits=True, mm=mm if i == 0 else None)
                 out.append(logits)
             else:
                 while tokens[i] is None:  # rank 0 picks the next token
                     threading.Event().wait(0.001)
-                seq.feed(tokens[i], all_logits=True)
+                seq.feed(tokens[i], all_logits=True, mm=mm if i == 0 else None)
                 continue
             if i < steps:
                 tokens[i + 1] = [int(logits[-1].argmax())]
@@ -252,9 +252,9 @@ def shard_logits(ckpt, size: int, prompt: list[int], steps: int, b=None) -> list
     return out
 
 
-def reference_logits(model, prompt: list[int], steps: int) -> list[np.ndarray]:
+def reference_logits(model, prompt: list[int], steps: int, mm=None) -> list[np.ndarray]:
     seq = SingleSequence(model)
-    out = [seq.feed(prompt, all_logits=True)]
+    out = [seq.feed(prompt, all_logits=True, mm=mm)]
     for _ in range(steps):
         out.append(seq.feed([int(out[-1][-1].argmax())], all_logits=True))
     return out
@@ -291,6 +291,29 @@ def test_every_family_sharded_matches_one_rank(family_folders, family, size):
     one_rank = build_model(ckpt.config, get_backend("cpu"), ckpt.tensors)
     for got, want in zip(shard_logits(ckpt, size, prompt, 4), reference_logits(one_rank, prompt, 4), strict=True):
         assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+
+def test_vision_model_sharded_matches_one_rank_with_images(tmp_path):
+    """Issue 45: a Gemma 3 vision-language model over 2 ranks. Rank 0 holds the image
+    encoder whole (its q/k/v_proj are not cut as the decoder's are) and encodes as one
+    rank does; rank 1 holds the text model only. With rank 0's soft tokens in every
+    rank's prefill the logits are one rank's."""
+    pytest.importorskip("PIL")
+    from tests.tiny_vlm import IMAGE, seeded_image, write_vlm
+
+    ckpt, b = load_checkpoint(write_vlm(str(tmp_path / "vlm"))), get_backend("cpu")
+    one = build_model(ckpt.config, b, ckpt.tensors)
+    rank0, rank1 = (
+        build_model(ckpt.config, b, ckpt.tensors, TensorParallel(ShardLayout.on("cpu", ckpt.config, r, 2), None))
+        for r in (0, 1)
+    )
+    assert rank1.config.vision is None and not hasattr(rank1, "vision")
+    ims = [seeded_image(1, 40, 30), seeded_image(2, 24, 24)]
+    prompt = [1, 5, 397, *[IMAGE] * 4, 399, 17, 33, 397, *[IMAGE] * 4, 399, 8]
+    mm = image_rows(rank0, prompt, ims, IMAGE)
+    np.testing.assert_array_equal(mm.embeds, image_rows(one, prompt, ims, IMAGE).embeds)  # rank 0 encodes as one rank
+    for got, want in zip(shard_logits(ckpt, 2, prompt, 3, b, mm), reference_logits(one, prompt, 3, mm), strict=True):
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
 
 
@@ -488,3 +511,23 @@ def test_a_script_without_a_main_guard_is_told_what_to_do(tmp_path, tiny_model_d
     assert out.returncode != 0
     assert 'put the code that creates LLM(...) under `if __name__ == "__main__":`' in out.stderr, out.stderr
     assert "bootstrapping phase" not in out.stderr, out.stderr
+
+
+def test_qwen_vl_sharded_matches_one_rank_with_images(tmp_path):
+    """Issue 45: Qwen2.5-VL over 2 ranks. Rank 0 holds the ViT whole; rank 1's plain Qwen2
+    rotates the images' rows by the M-RoPE positions that come with the batch."""
+    pytest.importorskip("PIL")
+    from rawpage.multimodal.mm_batch import MultimodalBatch
+    from rawpage.multimodal.mrope import mrope_positions
+    from tests.test_vision_qwen import DATA, placed_inputs
+    from tests.tiny_qwen_vl import write_qwen_vl
+
+    ckpt, b = load_checkpoint(write_qwen_vl(str(tmp_path / "qvl"))), get_backend("cpu")
+    one = build_model(ckpt.config, b, ckpt.tensors)
+    placed = placed_inputs(one.config.vision)
+    rows = np.concatenate([np.arange(im.offset, im.offset + im.length) for im in placed])
+    embeds = np.concatenate([one.encode_image(im.pixels, im.grid) for im in placed])
+    positions = mrope_positions(0, len(DATA["ids"]), placed, 2)
+    mm = MultimodalBatch(rows, embeds, np.zeros(0, np.int64), np.full(len(DATA["ids"]), -1, np.int32), positions)
+    (got,) = shard_logits(ckpt, 2, DATA["ids"], 0, b, mm)
+    np.testing.assert_allclose(got, reference_logits(one, DATA["ids"], 0, mm)[0], atol=1e-4, rtol=0)

@@ -8,6 +8,7 @@ import base64
 import io
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -18,8 +19,7 @@ from rawpage.errors import InvalidRequestError
 from rawpage.loader import load_checkpoint
 from rawpage.models.registry import build_model
 from rawpage.multimodal.image_input import image_input
-from rawpage.multimodal.mm_batch import MultimodalBatch
-from tests.model_harness import SingleSequence
+from tests.model_harness import SingleSequence, image_rows
 from tests.tiny_families import weights_digest
 from tests.tiny_vlm import IMAGE, seeded_image, vlm_config, vlm_tensors, write_vlm
 
@@ -70,16 +70,8 @@ def feed_with_images(model, bidirectional: bool = True) -> np.ndarray:
     """The golden prompt with its two images in one chunk, through a scattered 4-token-block
     table: logits at every position. bidirectional: each image's 4 tokens attend to each
     other both ways, as transformers' token_type_ids mask has them (else causally)."""
-    ids = DATA["ids"]
-    runs = [i for i in range(len(ids)) if ids[i] == IMAGE and ids[i - 1] != IMAGE]
-    vc = model.config.vision
-    embeds = [model.encode_image(image_input(im, vc).pixels) for im in images()]
-    key_end = np.full(len(ids), -1, np.int32)
-    for r in runs if bidirectional else ():
-        key_end[r : r + 4] = r + 3
-    rows = np.concatenate([np.arange(r, r + 4) for r in runs])
-    mm = MultimodalBatch(rows, np.concatenate(embeds), np.array([0]), key_end)
-    return SingleSequence(model, block_size=4).feed(ids, all_logits=True, mm=mm)
+    mm = image_rows(model, DATA["ids"], images(), IMAGE, bidirectional)
+    return SingleSequence(model, block_size=4).feed(DATA["ids"], all_logits=True, mm=mm)
 
 
 def test_logits_match_transformers_with_bidirectional_image_attention(model):
@@ -106,6 +98,30 @@ def test_engine_greedy_matches_transformers_in_small_chunks(llm):
     assert list(out.outputs[0].token_ids) == DATA["greedy"]
 
 
+@pytest.fixture(scope="module")
+def llm_tp2(folder):
+    """The `llm` engine's settings at --tensor-parallel-size 2 (one spawned worker)."""
+    llm = LLM(folder, block_size=8, max_num_batched_tokens=8, max_num_seqs=4, tensor_parallel_size=2)
+    yield llm
+    llm.engine.workers.close()
+
+
+@pytest.mark.timeout(120)
+def test_two_ranks_give_one_ranks_tokens_and_logprobs_with_images(llm, llm_tp2):
+    """Rank 0 encodes the images; their soft tokens reach the worker inside the step's
+    batch, so rank 1's embedding step (and its attention within each image) is rank 0's."""
+    p = SamplingParams(temperature=0, max_tokens=8, logprobs=5)
+    prompt = {"prompt_token_ids": DATA["ids"], "multi_modal_data": {"image": images()}}
+    llm.reset_prefix_cache()
+    (one,) = llm.generate(prompt, p, use_tqdm=False)
+    (two,) = llm_tp2.generate(prompt, p, use_tqdm=False)
+    assert list(two.outputs[0].token_ids) == list(one.outputs[0].token_ids) == DATA["greedy"]
+    for a, b in zip(one.outputs[0].logprobs, two.outputs[0].logprobs, strict=True):
+        assert a.keys() == b.keys()
+        np.testing.assert_allclose([b[t].logprob for t in a], [a[t].logprob for t in a], atol=1e-5, rtol=0)
+    assert llm_tp2.engine.runner.encoder_cache.misses == 2  # each image encoded once, on rank 0
+
+
 def test_prefix_cache_hits_same_image_and_misses_another(llm):
     llm.reset_prefix_cache()
     ims = images()
@@ -122,12 +138,103 @@ def test_prefix_cache_hits_same_image_and_misses_another(llm):
     assert generate(llm, {"prompt_token_ids": text_only + [5, 6, 7]}, 1).num_cached_tokens == 0
 
 
+def assert_same_output(a, b) -> None:
+    """Greedy tokens equal; each step's top logprobs the same ids, their values within 1e-5
+    (a batch's other rows change the CPU's float sums in the last bits, with or without images)."""
+    assert list(a.token_ids) == list(b.token_ids)
+    for x, y in zip(a.logprobs, b.logprobs, strict=True):
+        assert x.keys() == y.keys()
+        np.testing.assert_allclose([y[t].logprob for t in x], [x[t].logprob for t in x], atol=1e-5, rtol=0)
+
+
+def test_batch_invariance_with_images_in_the_batch(llm, monkeypatch):
+    """Each request alone and in one batch with requests with and without images gives the
+    same tokens and logprobs, though the batch chunks its prefills elsewhere: 8-token steps
+    end a chunk where an image starts (whole images only), alone and in the batch."""
+    ims = [seeded_image(i, 30 + 7 * i, 28) for i in range(3)]
+    prompts = [
+        {"prompt": "Look:<start_of_image>What is it?", "multi_modal_data": {"image": ims[0]}},  # image at 8..11
+        "Numbers 1 2 3 and words",
+        {"prompt": "<start_of_image>and<start_of_image>compare", "multi_modal_data": {"image": ims[1:]}},
+        {"prompt": "A longer piece of text before it: <start_of_image>", "multi_modal_data": {"image": ims[2]}},
+    ]
+    chunks: dict[str, list[tuple[int, int]]] = {}  # request id -> its steps' (first token, tokens)
+    execute = llm.engine.runner.execute
+
+    def recorded(scheduled, logits_rows):
+        for seq, n in scheduled:
+            chunks.setdefault(seq.request.request_id, []).append((seq.num_computed_tokens, n))
+        return execute(scheduled, logits_rows)
+
+    def image_cuts(out) -> set[int]:  # where a chunk of the request ended at the start of one of its images
+        starts = {i for i, t in enumerate(out.prompt_token_ids) if t == IMAGE and out.prompt_token_ids[i - 1] != IMAGE}
+        return {a + n for a, n in chunks[out.request_id]} & starts
+
+    monkeypatch.setattr(llm.engine.runner, "execute", recorded)
+    p = SamplingParams(temperature=0, max_tokens=6, logprobs=5)
+    alone = []
+    for prompt in prompts:
+        llm.reset_prefix_cache()  # every prefill computed, none read from another run's blocks
+        alone += llm.generate(prompt, p, use_tqdm=False)
+    llm.reset_prefix_cache()
+    together = llm.generate(prompts, p, use_tqdm=False)
+    for a, b in zip(alone, together, strict=True):
+        assert_same_output(a.outputs[0], b.outputs[0])
+    assert image_cuts(alone[0]) == image_cuts(together[0]) == {8}
+    assert image_cuts(together[2]) - image_cuts(alone[2])  # the batch cut it before an image where alone it did not
+    assert sum(IMAGE in o.prompt_token_ids for o in together) == 3
+
+
 def test_text_prompt_placeholders_expand_like_the_processor(llm):
     """A text prompt's <start_of_image> becomes \\n\\n, the image's tokens, \\n\\n (Gemma3Processor)."""
     tok = llm.get_tokenizer()
     out = generate(llm, {"prompt": "Look:<start_of_image>What?", "multi_modal_data": {"image": images()[0]}}, 1)
     expected = tok.encode("Look:\n\n<start_of_image>" + "<image_soft_token>" * 4 + "<end_of_image>\n\nWhat?")
     assert list(out.prompt_token_ids) == expected
+
+
+def test_generate_with_several_pil_images_places_each_in_order(llm):
+    """vLLM's {"prompt": ..., "multi_modal_data": {"image": [img1, img2]}}: each <start_of_image>
+    takes the next image (PIL images of any mode and size: RGB, grayscale, RGBA), and gives
+    what the same ids with the same images give; the images swapped give another answer."""
+    gray = seeded_image(7, 50, 20).convert("L")
+    rgba = seeded_image(8, 16, 40).convert("RGBA")
+    ims = [gray, rgba]
+    p = SamplingParams(temperature=0, max_tokens=4, logprobs=3)
+
+    def run(prompt):
+        (out,) = llm.generate(prompt, p, use_tqdm=False)
+        return out
+
+    llm.reset_prefix_cache()
+    text = run({"prompt": "First:<start_of_image>then<start_of_image>which?", "multi_modal_data": {"image": ims}})
+    ids = list(text.prompt_token_ids)
+    runs = [i for i, t in enumerate(ids) if t == IMAGE and ids[i - 1] != IMAGE]
+    assert len(runs) == 2 and ids.count(IMAGE) == 8
+    llm.reset_prefix_cache()
+    assert_same_output(text.outputs[0], run({"prompt_token_ids": ids, "multi_modal_data": {"image": ims}}).outputs[0])
+    llm.reset_prefix_cache()
+    swapped = run({"prompt_token_ids": ids, "multi_modal_data": {"image": ims[::-1]}})
+    assert swapped.outputs[0].logprobs[0] != text.outputs[0].logprobs[0]
+
+
+@pytest.mark.parametrize(
+    "prompt,n,message",
+    [
+        ("<start_of_image>and<start_of_image>", 1, "the prompt has 2 <start_of_image> placeholder(s) for 1 image(s)"),
+        ("just <start_of_image>", 2, "the prompt has 1 <start_of_image> placeholder(s) for 2 image(s)"),
+        ([5, 397, 6, 397], 1, "the prompt has 2 image token run(s) for 1 image(s)"),  # ids with bare placeholders
+        ([5, 397, *[IMAGE] * 4, 399], 2, "the prompt has 1 image token run(s) for 2 image(s)"),  # ids expanded
+        ([5, 397, *[IMAGE] * 3, 399], 1, "each image is 4 image tokens"),  # a run cut short
+    ],
+)
+def test_placeholders_and_images_must_match_in_number(llm, prompt, n, message):
+    """As vLLM refuses a prompt whose placeholders do not match its images ("Expected there to
+    be N prompt updates corresponding to M image items"): a ValueError naming both counts."""
+    key = "prompt" if isinstance(prompt, str) else "prompt_token_ids"
+    with pytest.raises(ValueError, match=re.escape(message)) as e:  # InvalidRequestError: a 400 in the servers
+        generate(llm, {key: prompt, "multi_modal_data": {"image": images()[:1] * n}}, 1)
+    assert isinstance(e.value, InvalidRequestError) and not llm.engine.has_unfinished_requests()
 
 
 def test_chat_with_an_image_part(llm):

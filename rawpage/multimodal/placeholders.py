@@ -86,10 +86,11 @@ def place_images(ids: list[int], images: tuple[ImageInput, ...], vc: VisionConfi
     pair up in order, and must match in number and length."""
     runs = _runs(ids, vc.image_token_id)
     if len(runs) != len(images) or any(n != im.length for (_, n), im in zip(runs, images)):
-        marker = "one <start_of_image>" if vc.family == "gemma3" else "one <|vision_start|><|image_pad|><|vision_end|>"
-        sizes = ", ".join(str(im.length) for im in images)
+        start = "<start_of_image>" if vc.family == "gemma3" else "<|vision_start|>"
+        lengths = [im.length for im in images]
+        each = f"each image is {lengths[0]}" if len(set(lengths)) == 1 else f"the images are {lengths}"
         raise ImageError(
-            f"the prompt has {len(runs)} image token run(s) ({', '.join(str(n) for _, n in runs) or 'none'}) "
-            f"for {len(images)} image(s) of {sizes} image tokens each; put {marker} where each image goes"
+            f"the prompt has {len(runs)} image token run(s) for {len(images)} image(s); "
+            f"{each} image tokens after one {start}"
         )
     return tuple(replace(im, offset=o) for im, (o, _) in zip(images, runs))

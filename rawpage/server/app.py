@@ -407,9 +407,7 @@ def run_server(args: argparse.Namespace) -> int:
         ssl_ca_certs=config.ssl_ca_certs,
         ssl_cert_reqs=config.ssl_cert_reqs,
         **uvicorn_limits(config),  # head deadline, keep-alive, head size (header_timeout.py)
-        # asyncio's loop even where uvloop is installed (Ray Serve brings it): uvloop accepts in
-        # libuv, past BackoffSocket.accept, so running out of descriptors would go unsaid (listener.py).
-        loop="asyncio",
+        loop="asyncio",  # even where uvloop is installed: it accepts past BackoffSocket (listener.py)
     )
     logging.getLogger("uvicorn.error").addFilter(_hide_startup_complete)  # said once the model is loaded
     server = _DrainingServer(uv, app.state.rawpage.engine, config.shutdown_timeout)

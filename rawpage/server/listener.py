@@ -9,7 +9,8 @@ another retry each time: a server at `ulimit -n 256` wrote 358,245 lines (159 MB
 (BlockingIOError, which ends asyncio's loop) until the second is up. The connections wait
 in the kernel's backlog meanwhile and are taken once descriptors are free again: the head
 and body deadlines (--request-header-timeout, --request-body-timeout) close the idle
-ones that hold them.
+ones that hold them. uvloop accepts inside libuv, past this class, so the server runs
+asyncio's own loop (app.py) even where uvloop is installed (Ray Serve's extra brings it).
 """
 
 from __future__ import annotations

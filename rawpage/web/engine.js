@@ -114,7 +114,9 @@ function cellsFor(grid, cells, count, pool) {
   return cells;
 }
 
-// An image block is drawn in the image colour (style.css), ringed in its sequence's colour.
+// A held block is drawn in its sequence's colour; one holding image tokens, or swapped out
+// to the CPU, in that kind's colour (style.css), ringed in its sequence's colour. A free
+// block still named in the prefix cache has no owner, and is drawn striped (style.css).
 function paintCell(cell, block, state, owner, refs, image = false) {
   const key = `${state}/${owner}/${refs}/${image}`;
   if (cell.dataset.key === key) return; // most cells do not change between snapshots
@@ -123,8 +125,9 @@ function paintCell(cell, block, state, owner, refs, image = false) {
   if (image) cell.dataset.image = "1";
   else delete cell.dataset.image;
   const colour = owner >= 0 ? seqColour(owner) : "";
-  cell.style.backgroundColor = image ? "" : colour;
-  cell.style.boxShadow = image && colour ? `inset 0 0 0 2px ${colour}` : "";
+  const ringed = image || state === "swapped";
+  cell.style.backgroundColor = ringed ? "" : colour;
+  cell.style.boxShadow = ringed && colour ? `inset 0 0 0 2px ${colour}` : "";
   cell.textContent = state === "shared" ? (refs < 10 ? String(refs) : "+") : "";
   const who = owner >= 0 ? `, sequence ${owner}` : "";
   cell.title = `block ${block}: ${state}${who}${refs > 1 ? `, ${refs} references` : ""}${image ? ", image tokens" : ""}`;

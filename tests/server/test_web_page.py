@@ -25,6 +25,7 @@ SYSTEM = (
     "You are a helpful assistant who answers in one short sentence. Never use lists. "
     "Always answer in English. Keep answers friendly, plain and to the point."
 )
+SWAPPED_COLOUR = "rgb(187, 85, 136)"  # style.css: .cell[data-state="swapped"]
 BLOCK_STATES = (
     "Array.from(document.querySelectorAll('[data-testid=block-grid] [data-testid=block]'), c => c.dataset.state)"
 )
@@ -227,8 +228,17 @@ def test_model_output_is_shown_as_text(page):
     assert page.page.evaluate("window.pwned") is None
 
 
+# Each block's computed [background colour, background image, box shadow] in a grid.
+CELL_LOOKS = """(grid) => Array.from(document.querySelectorAll(`[data-testid=${grid}] [data-testid=block]`), (c) => {
+    const s = getComputedStyle(c);
+    return [s.backgroundColor, s.backgroundImage, s.boxShadow];
+})"""
+
+
 def test_grid_draws_every_block_state(browser, web_server):
-    """A made-up snapshot with every state, the swap pool and the queues, as the page draws it."""
+    """A made-up snapshot with every state, the swap pool and the queues, as the page draws
+    it: blocks held in the prefix cache (free, cached) striped, unlike free ones; swapped
+    blocks in the swap colour, ringed in their sequence's colour, unlike its blocks in use."""
     seq = {"request": "r", "tokens": 40, "prompt": 30, "computed": 39, "blocks": 3}
     snap = {
         "v": 1,
@@ -285,6 +295,14 @@ def test_grid_draws_every_block_state(browser, web_server):
         assert p.page.get_by_test_id("queue-running").locator("li").count() == 1
         assert p.page.evaluate(TALLEST_DECODE_BAR) >= 6  # the one decode of a 64-token budget
         assert p.page.get_by_test_id("queue-swapped").locator("li").inner_text().startswith("#5 swapped")
+        gpu, cpu = p.page.evaluate(CELL_LOOKS, "block-grid"), p.page.evaluate(CELL_LOOKS, "cpu-block-grid")
+        free, used, cached = gpu[0], gpu[2], gpu[6]
+        assert "repeating-linear-gradient" in cached[1] and free[1] == "none" and used[1] == "none"
+        swatch = "(id) => getComputedStyle(document.querySelector(`li[data-seq='${id}'] .swatch`)).backgroundColor"
+        seq1, seq5 = p.page.evaluate(swatch, 1), p.page.evaluate(swatch, 5)
+        assert used[0] == seq1 and used[2] == "none"  # in use: its sequence's colour
+        assert cpu[0][0] == SWAPPED_COLOUR != seq5 and seq5 in cpu[0][2]  # swapped: ringed in sequence 5's
+        assert cpu[2][0] == free[0] and cpu[2][2] == "none"
     finally:
         p.close()
 
