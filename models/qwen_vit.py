@@ -31,6 +31,8 @@ from rawpage.backends.base import Backend
 from rawpage.models.weight_source import CheckpointWeights, WeightSource
 from rawpage.multimodal.vision_config import VisionConfig
 
+SCORES_PER_GROUP = 1 << 24  # float32 attention scores computed at once (64 MiB)
+
 
 @dataclass
 class ViTBlock:
@@ -153,12 +155,15 @@ class Qwen25VisionEncoder:
             q, k = (a * cos + np.concatenate([-a[..., Dh // 2 :], a[..., : Dh // 2]], axis=-1) * sin for a in (q, k))
             o = np.empty((S, Hv, Dh), np.float32)
             for a, b in zip(bounds[:-1], bounds[1:]):  # attention within [a, b), every way
-                qs, ks, vs = (z[a:b].transpose(1, 0, 2) for z in (q, k, v))  # (Hv, n, Dh)
-                scores = (qs @ ks.transpose(0, 2, 1)) * np.float32(Dh**-0.5)
-                scores -= scores.max(axis=-1, keepdims=True)
-                probs = np.exp(scores)
-                probs /= probs.sum(axis=-1, keepdims=True)
-                o[a:b] = (probs @ vs).transpose(1, 0, 2)
+                # heads a group at a time, so that a whole 896-pixel image's scores stay near 64 MiB
+                group = max(1, min(Hv, SCORES_PER_GROUP // (b - a) ** 2))
+                for h0 in range(0, Hv, group):
+                    qs, ks, vs = (z[a:b, h0 : h0 + group].transpose(1, 0, 2) for z in (q, k, v))  # (g, n, Dh)
+                    scores = (qs @ ks.transpose(0, 2, 1)) * np.float32(Dh**-0.5)  # (g, n, n)
+                    scores -= scores.max(axis=-1, keepdims=True)
+                    probs = np.exp(scores)
+                    probs /= probs.sum(axis=-1, keepdims=True)
+                    o[a:b, h0 : h0 + group] = (probs @ vs).transpose(1, 0, 2)
             x = x + o.reshape(S, Dv) @ blk.proj + blk.proj_bias
             h = rms_norm(x, blk.norm2, vc.layer_norm_eps) @ blk.gate_up + blk.gate_up_bias  # (S, 2 Iv)
             gate, up = np.split(h, 2, axis=-1)

@@ -71,6 +71,14 @@ def test_preprocessing_and_encoder_match_transformers(model):
         np.testing.assert_allclose(model.encode_image(inp.pixels, inp.grid).ravel(), emb, atol=1e-4)
 
 
+def test_attention_a_head_at_a_time_for_large_images(model, monkeypatch):
+    from rawpage.models import qwen_vit
+
+    monkeypatch.setattr(qwen_vit, "SCORES_PER_GROUP", 1)  # as a whole 896-pixel image's scores would be split
+    inp = image_input(images()[0], model.config.vision)
+    np.testing.assert_allclose(model.encode_image(inp.pixels, inp.grid).ravel(), DATA["image_embeddings"][0], atol=1e-4)
+
+
 def test_mrope_positions_are_get_rope_index(model):
     placed = placed_inputs(model.config.vision)
     n = len(DATA["ids"])
@@ -206,3 +214,38 @@ def test_batch_with_images_and_text_matches_each_alone(llm):
     check_greedy(both[1])
     for out in (both[0], both[2]):
         assert out.outputs[0].token_ids == alone.outputs[0].token_ids
+
+
+def test_transformers_5_layout_and_names(folder, tmp_path):
+    """A config saved by transformers 5 (text_config, rope_parameters) and weights under
+    model.language_model.* / model.visual.* load as the Hub's layout does."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from rawpage.config import ModelConfig
+
+    cfg = qwen_vl_config()
+    text = {k: v for k, v in cfg.items() if k not in ("vision_config", "rope_scaling", "architectures")}
+    text["rope_parameters"] = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
+    new = {k: cfg[k] for k in ("architectures", "model_type", "vision_config", "image_token_id")}
+    new.update(text_config=text, vision_start_token_id=VISION_START, vision_end_token_id=VISION_END)
+    c = ModelConfig.from_hf(new)
+    assert (c.architecture, c.mrope_section, c.rope_scaling, c.attention_bias) == ("qwen2", [2, 3, 3], None, True)
+    out = tmp_path / "t5"
+    shutil.copytree(folder, out)
+    with open(out / "config.json", "w") as f:
+        json.dump(new, f)
+    renamed = {
+        ("model.visual." + n[len("visual.") :])
+        if n.startswith("visual.")
+        else n.replace("model.", "model.language_model.", 1): t
+        for n, t in load_file(str(out / "model.safetensors")).items()
+    }
+    save_file(renamed, str(out / "model.safetensors"))
+    ckpt = load_checkpoint(str(out))
+    model = build_model(ckpt.config, get_backend("cpu"), ckpt.tensors)
+    inp = image_input(images()[1], model.config.vision)
+    np.testing.assert_allclose(model.encode_image(inp.pixels, inp.grid).ravel(), DATA["image_embeddings"][1], atol=1e-4)
+    top_ids, top = np.array(DATA["top_ids"]), np.array(DATA["top_logits"])
+    assert np.abs(np.take_along_axis(feed_with_images(model), top_ids, axis=1) - top).max() < TOL
