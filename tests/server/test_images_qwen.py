@@ -64,3 +64,26 @@ def test_a_bad_image_is_a_400(server):
     messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]
     with pytest.raises(openai.BadRequestError, match="aspect ratio"):
         client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)
+
+
+def test_responses_and_anthropic_images_take_their_own_token_counts(server):
+    """The first image (20 soft tokens) and the second (12) through Responses' input_image
+    and Anthropic's base64 image block: each prompt grows by its image's own count."""
+    anthropic = pytest.importorskip("anthropic")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    counts = []
+    for spec in DATA["images"]:
+        content = [{"type": "input_image", "image_url": data_url(spec)}, {"type": "input_text", "text": "Hi"}]
+        r = client.responses.create(model=MODEL, input=[{"role": "user", "content": content}], max_output_tokens=2)
+        counts.append(r.usage.input_tokens)
+    assert counts[0] - counts[1] == 20 - 12
+    c = anthropic.Anthropic(base_url=server.url, api_key="unused")
+    counts = []
+    for spec in DATA["images"]:
+        data = data_url(spec).split(",", 1)[1]
+        image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
+        m = c.messages.create(
+            model=MODEL, max_tokens=2, messages=[{"role": "user", "content": [image, {"type": "text", "text": "Hi"}]}]
+        )
+        counts.append(m.usage.input_tokens)
+    assert counts[0] - counts[1] == 20 - 12
