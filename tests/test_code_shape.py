@@ -110,9 +110,9 @@ CORE_FORBIDDEN = ["rawpage.server", "rawpage.cli"]
 # before max_tokens (19 more where the merged branches meet in engine_args and the sampler).
 CORE_CLOSURE_LINE_BUDGET = 10357  # +5: the blocks an image holds, for the KV view (issue 45)
 CORE_CLOSURE_LINE_BUDGET += 11  # tensor parallelism with images: rank 0 alone holds the encoder (issue 45)
-# +498 for Qwen2.5-VL (issue 45): its ViT (models/qwen_vit.py, attention a head group at a time),
+# +500 for Qwen2.5-VL (issue 45): its ViT (models/qwen_vit.py, attention a head group at a time),
 # M-RoPE positions (multimodal/mrope.py), smart_resize and per-image token counts.
-CORE_CLOSURE_LINE_BUDGET += 498
+CORE_CLOSURE_LINE_BUDGET += 500
 # Files from `rawpage serve` to the attention kernel (tools/path_files.py), on each path:
 # issue 32's target was 20 on a tiny Llama decoding eagerly; issue 41 measures where users
 # are (the default model's replayed decode and eager prefill on the CPU kernels, the

@@ -57,6 +57,8 @@ class ImageProcessorConfig:
     def from_qwen2_vl(cls, pre: dict[str, Any], patch_size: int, merge_size: int) -> ImageProcessorConfig:
         """Qwen2VLImageProcessor's preprocessor_config.json: min_pixels / max_pixels (or
         size.shortest_edge / longest_edge, which they override), bicubic, CLIP's mean and std."""
+        if pre.get("do_resize") is False:  # the ViT needs sides in multiples of patch_size * merge_size
+            raise UnsupportedModelError("preprocessor_config.json: do_resize false is not supported for Qwen2.5-VL")
         size = pre.get("size") or {}
         norm = pre.get("do_normalize", True)
         return cls(
@@ -123,8 +125,8 @@ class VisionConfig:
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any], pre: dict[str, Any]) -> VisionConfig:
-        """cfg: a Gemma3ForConditionalGeneration config.json; pre: its preprocessor_config.json."""
-        if cfg.get("model_type") in ("qwen2_5_vl",) or "Qwen2_5_VL" in str(cfg.get("architectures")):
+        """cfg: a Gemma3ForConditionalGeneration (or Qwen2_5_VL...) config.json; pre: its preprocessor_config.json."""
+        if (cfg.get("architectures") or [None])[0] == "Qwen2_5_VLForConditionalGeneration":
             return cls.from_qwen2_5_vl(cfg, pre)
         v = cfg.get("vision_config") or {}
         if v.get("model_type", "siglip_vision_model") != "siglip_vision_model" or v.get("vision_use_head"):
