@@ -26,7 +26,6 @@ from rawpage.models.moe import MoEWeights, moe_forward
 from rawpage.models.rotary import rope_table
 from rawpage.models.weight_source import CheckpointWeights, Part, WeightSource, progress
 from rawpage.ops.attention_metadata import AttentionOptions
-from rawpage.ops.paged_attention import image_attention
 from rawpage.quantization.weight import QuantizedWeight
 
 
@@ -263,11 +262,7 @@ class DecoderModel:
             k = b.rms_norm(k.reshape(T * Hkv, D), layer.k_norm, eps).reshape(T, Hkv, D)
         b.rope(batch.positions, q, k, self.cos_sin[layer.rope], True)
         b.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
-        o = b.paged_attention(q, k_cache, v_cache, batch.attn, layer.attn_opts)  # (T, H, D)
-        if batch.mm is not None and batch.mm.seqs.size:  # image tokens see their whole image
-            scales = b.fp8_scales() if k_cache.dtype == np.uint8 else None
-            rows, o_rows = image_attention(q, k_cache, v_cache, batch.attn, layer.attn_opts, batch.mm.spans, scales)
-            o[rows] = o_rows
+        o = b.paged_attention(q, k_cache, v_cache, batch.attn, layer.attn_opts)  # (T, H, D), images both ways
         h = self.project_out(o.reshape(T, H * D), layer.o_proj)  # (T, dim)
         return h if layer.post_attn_norm is None else b.rms_norm(h, layer.post_attn_norm, eps)
 

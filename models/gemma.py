@@ -13,7 +13,7 @@
 Gemma3ForConditionalGeneration is the Gemma 3 decoder plus an image encoder
 (models/siglip.py): an image's N soft tokens replace the (scaled) embeddings of its
 <image_soft_token> rows, unscaled, and attend to each other both ways
-(models/decoder.py calls ops/paged_attention.image_attention for those rows).
+(ForwardBatch.attn.key_end: every backend's paged attention takes it).
 """
 
 from collections.abc import Mapping
@@ -52,7 +52,7 @@ class Gemma3VisionModel(Gemma3Model):
     def input_embeddings(self, batch: ForwardBatch) -> Array:
         h = super().input_embeddings(batch)  # (T, dim)
         if batch.mm is not None:
-            h[batch.mm.rows] = self.backend.asarray(batch.mm.embeds)
+            h[self.backend.asarray(batch.mm.rows, np.int32)] = self.backend.asarray(batch.mm.embeds)
         return h
 
     def num_bytes(self) -> int:

@@ -36,6 +36,7 @@ class SingleSequence:
             host_query_lens=np.array([n]),
             host_seq_lens=np.array([start + n]),
             mm=mm,
+            key_end=None if mm is None else b.asarray(mm.key_end, np.int32),
         )
         self.length += n
         logits = self.model.compute_logits(self.model.forward(batch, self.kv))
