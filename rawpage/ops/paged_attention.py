@@ -18,6 +18,9 @@ both kernels:
     soft cap c:       S = c * tanh(S / c) before the mask
 and an FP8 (e4m3) cache, uint8 arrays with per-tensor kv_scales (see
 rawpage/ops/kv_cache_fp8.py): the kernels convert on load and compute in float32.
+A step with images adds meta.key_end (T,): an image's rows see up to its last
+token, both ways (Gemma 3), every other row (-1) stays causal; the prefill
+kernels take it, the cpu backend's causal C kernel leaves it to image_rows_ref.
 
 With GQA, query head h reads KV head h // (H / Hkv). Every implementation takes
 (q, k_cache, v_cache, meta, opts): the batch's block_tables, seq_lens and
