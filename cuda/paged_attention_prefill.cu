@@ -209,8 +209,9 @@ __device__ void paged_attention_prefill(
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = warp_row0 + g + 8 * r;
-      if (row < rows) row_last[r] = max(row_pos[r], key_end[q_begin + r0 + row]);
-      if (row < rows) warp_last_key = max(warp_last_key, row_last[r]);
+      if (row >= rows) continue;  // a padding row: never written, sees nothing more
+      row_last[r] = max(row_pos[r], key_end[q_begin + r0 + row]);
+      warp_last_key = max(warp_last_key, row_last[r]);
     }
     warp_last_key = warp_max(warp_last_key);
   }

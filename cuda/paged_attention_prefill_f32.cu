@@ -124,8 +124,10 @@ __device__ void paged_attention_prefill_f32(
   const bool warp_has_rows = warp * 16 < rows;
   int warp_last_key = pos0 + min(warp * 16 + 15, rows - 1);  // the last key any of the warp's rows sees
   if (key_end != nullptr) {
-    if (my_row < rows) my_last = max(my_pos, key_end[q_begin + r0 + my_row]);
-    if (my_row < rows) warp_last_key = max(warp_last_key, my_last);
+    if (my_row < rows) {  // padding rows are never written
+      my_last = max(my_pos, key_end[q_begin + r0 + my_row]);
+      warp_last_key = max(warp_last_key, my_last);
+    }
     warp_last_key = warp_max(warp_last_key);
   }
   // (At D = 256 a lane reads its row from q itself; rows past the chunk repeat the last.)
