@@ -128,6 +128,26 @@ __device__ __forceinline__ float block_sum(float x) {
   return total;
 }
 
+__device__ __forceinline__ int warp_max(int x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) x = max(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+
+// max(values[0 .. n-1]) (-1 if n is 0), read once by warp 0 and shared with the block;
+// every thread gets the result, so every thread must call it.
+__device__ __forceinline__ int block_max_of(const int* __restrict__ values, int n) {
+  __shared__ int result;
+  if (threadIdx.x < 32) {
+    int x = -1;
+    for (int i = threadIdx.x; i < n; i += 32) x = max(x, values[i]);
+    x = warp_max(x);
+    if (threadIdx.x == 0) result = x;
+  }
+  __syncthreads();  // result written before anyone reads it
+  return result;
+}
+
 }  // namespace rawpage
 
 // The launch's dynamic shared memory (shared_mem= bytes), viewed as T. At global

@@ -7,6 +7,12 @@
 // last n tokens of its L = seq_lens[b] tokens of context, so query row i sits at
 // position L - n + i and sees keys 0 .. L - n + i.
 //
+// Image rows (key_end, null = off): row r also sees the keys up to key_end[r]
+//   (Gemma 3: the tokens of an image attend to each other both ways, so an image
+//   token sees its whole image, later tokens included; key_end = -1 for other
+//   rows). The block's key range ends at the largest key any of its rows sees,
+//   clamped to the context (the scheduler computes an image in one step, so its
+//   last key is in the cache); a row's mask is key > max(p, key_end[r]).
 // Options (0 = off), as in paged_attention_decode.cu:
 //   sliding window W: row at position p sees keys p-W+1 .. p; key tiles wholly
 //     before the tile's first row's window are never visited, and keys before it
@@ -116,6 +122,7 @@ __device__ void paged_attention_prefill(
     int max_blocks, int num_kv_heads, int block_size, int q_stride, float scale,
     int smem_bytes,  // the launch's dynamic shared memory, checked against the layout
     int sliding_window, float soft_cap,
+    const int* __restrict__ key_end,        // [T] last key each row sees beyond its own, -1: none; null: causal
     const float* __restrict__ kv_scales) {  // [2] (k_scale, v_scale) for an FP8 cache, else null
   using namespace prefill;
   using L = PrefillSmem<T, D, Bc>;
@@ -133,13 +140,16 @@ __device__ void paged_attention_prefill(
   if (r0 >= n) return;  // this sequence's chunk has fewer tiles than the longest one
   const int rows = min(kBr, n - r0);      // real query rows in the tile
   const int pos0 = seq_lens[b] - n + r0;  // position of the tile's first row
-  const int kv_end = pos0 + rows;         // keys [0, kv_end) are visible to some row
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;  // accumulator rows g, g+8; columns 2t, 2t+1
+  // keys [0, kv_end) are visible to some row: causally up to the last row, and up to
+  // the furthest image key of any row
+  int kv_end = pos0 + rows;
+  if (key_end != nullptr) kv_end = min(max(kv_end, block_max_of(key_end + q_begin + r0, rows) + 1), seq_lens[b]);
   const int num_kv_tiles = ceil_div(kv_end, Bc);  // Tc: tiles past the diagonal are never visited
   const int kv_begin = sliding_window > 0 ? max(0, pos0 - sliding_window + 1) : 0;  // first key any row sees
   const int first_kv_tile = kv_begin / Bc;                                          // Tlo
   const int kv_head = h / (num_heads / num_kv_heads);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;  // accumulator rows g, g+8; columns 2t, 2t+1
 
   unsigned char* smem = dynamic_smem<unsigned char>();
   T* Qs = reinterpret_cast<T*>(smem + L::kQ);
@@ -186,12 +196,26 @@ __device__ void paged_attention_prefill(
   load_kv_tile(first_kv_tile, first_kv_tile % 2);
   cp_async_commit();
 
-  // The warp's rows: 16w + g and 16w + g + 8 of the tile, at positions row_pos[0..1].
+  // The warp's rows: 16w + g and 16w + g + 8 of the tile, at positions row_pos[0..1],
+  // seeing keys up to row_last[0..1] (beyond their own position in an image); the
+  // warp's rows see keys up to warp_last_key.
   const int warp_row0 = warp * 16;
   const bool warp_has_rows = warp_row0 < rows;
   const int warp_first_pos = pos0 + warp_row0;
-  const int warp_last_pos = pos0 + min(warp_row0 + 15, rows - 1);
+  int warp_last_key = pos0 + min(warp_row0 + 15, rows - 1);
   const int row_pos[2] = {warp_first_pos + g, warp_first_pos + g + 8};
+  int row_last[2] = {row_pos[0], row_pos[1]};
+  if (key_end != nullptr) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = warp_row0 + g + 8 * r;
+      if (row >= rows) continue;  // a padding row: never written, sees nothing more
+      row_last[r] = max(row_pos[r], key_end[q_begin + r0 + row]);
+      warp_last_key = max(warp_last_key, row_last[r]);
+    }
+    warp_last_key = warp_max(warp_last_key);
+  }
+  const int warp_last_pos = pos0 + min(warp_row0 + 15, rows - 1);
   const float k_scale = kv_scales ? kv_scales[0] : 1.0f, v_scale = kv_scales ? kv_scales[1] : 1.0f;
   const float scale_log2 = scale * kLog2e * k_scale;
   const float cap_log2 = soft_cap * kLog2e;  // the soft cap in log2 units
@@ -227,8 +251,8 @@ __device__ void paged_attention_prefill(
       for (int kk = 0; kk < kDk; ++kk) ldmatrix_x4(qf[kk], q_frag_row + 16 * kk);
     }
 
-    // Warp-uniform: a tile in all 16 rows' future, or before all their windows, is skipped.
-    if (warp_has_rows && kv0 <= warp_last_pos && kv0 + Bc - 1 >= warp_first_key) {
+    // Warp-uniform: a tile past every key the 16 rows see, or before all their windows, is skipped.
+    if (warp_has_rows && kv0 <= warp_last_key && kv0 + Bc - 1 >= warp_first_key) {
       const T* Ks = reinterpret_cast<const T*>(smem + L::kK + stage * L::kTile);
       const T* Vs = reinterpret_cast<const T*>(smem + L::kV + stage * L::kTile);
 
@@ -256,7 +280,7 @@ __device__ void paged_attention_prefill(
         }
       }
 
-      // Scale to log2 units and soft-cap; mask keys past each row's position (only
+      // Scale to log2 units and soft-cap; mask keys past each row's last key (only
       // tiles that reach past the warp's first row can hold such keys, zero-filled
       // ones included) and keys older than its window (only tiles that start
       // before the warp's last row's window).
@@ -267,7 +291,7 @@ __device__ void paged_attention_prefill(
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int key = kv0 + 8 * nt + 2 * t + (i & 1);
-          const bool hidden = (diagonal && key > row_pos[i / 2]) ||
+          const bool hidden = (diagonal && key > row_last[i / 2]) ||
                               (window_edge && key <= row_pos[i / 2] - sliding_window);
           float x = s[nt][i] * scale_log2;
           if (soft_cap > 0.0f) x = cap_log2 * tanhf(x / cap_log2);
@@ -361,11 +385,11 @@ __device__ void paged_attention_prefill(
           T* out, const T* q, const C* k_cache, const C* v_cache, const int* block_tables,    \
           const int* seq_lens, const int* query_start_loc, int max_blocks, int num_kv_heads,  \
           int block_size, int q_stride, float scale, int smem_bytes, int sliding_window,      \
-          float soft_cap SCALES_PARAM_##KIND) {                                                       \
+          float soft_cap, const int* key_end SCALES_PARAM_##KIND) {                            \
     paged_attention_prefill<T, C, D, Bc>(out, q, k_cache, v_cache, block_tables, seq_lens,    \
                                          query_start_loc, max_blocks, num_kv_heads,           \
                                          block_size, q_stride, scale, smem_bytes,             \
-                                         sliding_window, soft_cap, SCALES_ARG_##KIND);                   \
+                                         sliding_window, soft_cap, key_end, SCALES_ARG_##KIND); \
   }
 
 // KIND is NONE or FP8; pasted (never expanded as an argument), so that the

@@ -12,6 +12,9 @@
 //   l = l 2^(m - m_new) + rowsum(P_ij);  O_i = O_i 2^(m - m_new) + P_ij V_j;  m = m_new
 // and finally O_i / l.
 //
+// Image rows, as in paged_attention_prefill.cu: with key_end (not null) row r
+// also sees the keys up to key_end[r] (its whole image), so the keys visited run
+// to the furthest one any row of the tile sees and a row's mask is key > max(p, key_end[r]).
 // Options (0 = off), as in paged_attention_prefill.cu: a sliding window W (row p
 // sees keys p-W+1 .. p; tiles before the tile's first row's window are never
 // loaded, keys before it never read), a soft cap c (S = c tanh(S / c)), and an
@@ -74,6 +77,7 @@ __device__ void paged_attention_prefill_f32(
     const int* __restrict__ query_start_loc,  // [B+1]
     int max_blocks, int num_kv_heads, int block_size, int q_stride, float scale, int smem_bytes,
     int sliding_window, float soft_cap,
+    const int* __restrict__ key_end,        // [T] last key each row sees beyond its own, -1: none; null: causal
     const float* __restrict__ kv_scales) {  // [2] (k_scale, v_scale) for an FP8 cache, else null
   using namespace prefill_f32;
   using L = PrefillF32Smem<D>;
@@ -87,10 +91,13 @@ __device__ void paged_attention_prefill_f32(
   if (r0 >= n) return;  // this sequence's chunk has fewer tiles than the longest one
   const int rows = min(kBr, n - r0);      // real query rows in the tile
   const int pos0 = seq_lens[b] - n + r0;  // position of the tile's first row
-  const int kv_end = pos0 + rows;         // keys [kv_begin, kv_end) are visible to some row
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // keys [kv_begin, kv_end) are visible to some row: causally up to the last row, and
+  // up to the furthest image key of any row
+  int kv_end = pos0 + rows;
+  if (key_end != nullptr) kv_end = min(max(kv_end, block_max_of(key_end + q_begin + r0, rows) + 1), seq_lens[b]);
   const int kv_begin = sliding_window > 0 ? max(0, pos0 - sliding_window + 1) : 0;
   const int kv_head = h / (num_heads / num_kv_heads);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   unsigned char* smem = dynamic_smem<unsigned char>();
   float* Qs = reinterpret_cast<float*>(smem + L::kQ);  // [Br][LdT]
@@ -111,10 +118,18 @@ __device__ void paged_attention_prefill_f32(
 
   // Lanes 2r and 2r+1 own row r of the warp's 16, each half of the columns.
   const int my_row = warp * 16 + lane / 2, half = lane % 2;
-  const int my_pos = pos0 + my_row;  // this row sees keys 0 .. my_pos
+  const int my_pos = pos0 + my_row;  // this row sees keys 0 .. my_last
+  int my_last = my_pos;
   float m = neg_inf(), l = 0.0f;
   const bool warp_has_rows = warp * 16 < rows;
-  const int warp_last_pos = pos0 + min(warp * 16 + 15, rows - 1);
+  int warp_last_key = pos0 + min(warp * 16 + 15, rows - 1);  // the last key any of the warp's rows sees
+  if (key_end != nullptr) {
+    if (my_row < rows) {  // padding rows are never written
+      my_last = max(my_pos, key_end[q_begin + r0 + my_row]);
+      warp_last_key = max(warp_last_key, my_last);
+    }
+    warp_last_key = warp_max(warp_last_key);
+  }
   // (At D = 256 a lane reads its row from q itself; rows past the chunk repeat the last.)
   const float* Q_row = L::kQInSmem ? Qs + my_row * L::kLdT
                                    : q + i64(q_begin + r0 + min(my_row, rows - 1)) * q_stride + h * D;
@@ -143,13 +158,13 @@ __device__ void paged_attention_prefill_f32(
     }
     __syncthreads();  // K_j, V_j are complete before any warp reads them
 
-    // Warp-uniform: tiles in the warp's future, or before all its rows' windows, skip.
-    if (warp_has_rows && kv0 <= warp_last_pos && kv0 + kBc - 1 >= warp_first_key) {
+    // Warp-uniform: tiles past every key the warp's rows see, or before all their windows, skip.
+    if (warp_has_rows && kv0 <= warp_last_key && kv0 + kBc - 1 >= warp_first_key) {
       // S_ij = Q_i K_j^T * scale (log2 units), soft-capped, masked; m_new = max(m, rowmax S_ij)
       float row_max = neg_inf();
       for (int c = half * (kBc / 2); c < (half + 1) * (kBc / 2); ++c) {
         float s = neg_inf();
-        if (kv0 + c <= my_pos && kv0 + c >= my_first_key) {
+        if (kv0 + c <= my_last && kv0 + c >= my_first_key) {
           float acc = 0.0f;
           for (int d = 0; d < D; ++d) acc += Q_row[d] * Ks[c * L::kLdT + d];
           s = acc * scale_log2;
@@ -200,10 +215,11 @@ __device__ void paged_attention_prefill_f32(
           float* out, const float* q, const C* k_cache, const C* v_cache, const int* block_tables,   \
           const int* seq_lens, const int* query_start_loc, int max_blocks, int num_kv_heads,         \
           int block_size, int q_stride, float scale, int smem_bytes, int sliding_window,             \
-          float soft_cap SCALES_PARAM_##KIND) {                                                              \
+          float soft_cap, const int* key_end SCALES_PARAM_##KIND) {                                   \
     paged_attention_prefill_f32<D, C>(out, q, k_cache, v_cache, block_tables, seq_lens,             \
                                       query_start_loc, max_blocks, num_kv_heads, block_size,        \
-                                      q_stride, scale, smem_bytes, sliding_window, soft_cap, SCALES_ARG_##KIND); \
+                                      q_stride, scale, smem_bytes, sliding_window, soft_cap, key_end, \
+                                      SCALES_ARG_##KIND);                                           \
   }
 
 // KIND is NONE or FP8; pasted (never expanded as an argument), so that the

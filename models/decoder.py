@@ -26,7 +26,6 @@ from rawpage.models.moe import MoEWeights, moe_forward
 from rawpage.models.rotary import mrope_cos_sin, rope_table
 from rawpage.models.weight_source import CheckpointWeights, Part, WeightSource, progress
 from rawpage.ops.attention_metadata import AttentionOptions
-from rawpage.ops.paged_attention import image_attention
 from rawpage.quantization.weight import QuantizedWeight
 
 
@@ -250,7 +249,7 @@ class DecoderModel:
         h = self.embed_tokens(batch.input_ids)  # (T, dim)
         h = self.affine(h, self.config.hidden_size**0.5) if self.scale_embedding else h
         if batch.mm is not None:
-            h[batch.mm.rows] = self.backend.asarray(batch.mm.embeds)  # (M, dim)
+            h[self.backend.asarray(batch.mm.rows, np.int32)] = self.backend.asarray(batch.mm.embeds)  # (M, dim)
         return h
 
     def attention(self, layer: DecoderLayer, x: Array, batch: ForwardBatch, kv_cache: tuple[Array, Array]) -> Array:
@@ -267,11 +266,7 @@ class DecoderModel:
             k = b.rms_norm(k.reshape(T * Hkv, D), layer.k_norm, eps).reshape(T, Hkv, D)
         self.rotate(q, k, batch, layer)
         b.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
-        o = b.paged_attention(q, k_cache, v_cache, batch.attn, layer.attn_opts)  # (T, H, D)
-        if batch.mm is not None and batch.mm.seqs.size:  # image tokens see their whole image
-            scales = b.fp8_scales() if k_cache.dtype == np.uint8 else None
-            rows, o_rows = image_attention(q, k_cache, v_cache, batch.attn, layer.attn_opts, batch.mm.spans, scales)
-            o[rows] = o_rows
+        o = b.paged_attention(q, k_cache, v_cache, batch.attn, layer.attn_opts)  # (T, H, D), images both ways
         h = self.project_out(o.reshape(T, H * D), layer.o_proj)  # (T, dim)
         return h if layer.post_attn_norm is None else b.rms_norm(h, layer.post_attn_norm, eps)
 

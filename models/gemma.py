@@ -13,9 +13,10 @@
 Gemma3ForConditionalGeneration is the Gemma 3 decoder plus an image encoder
 (models/siglip.py): an image's N soft tokens replace the (scaled) embeddings of its
 <image_soft_token> rows, unscaled, and attend to each other both ways
-(models/decoder.py puts them in, and calls ops/paged_attention.image_attention for
-those rows). The encoder runs where the step's batch is built (the model runner's
-EncoderCache); under tensor parallelism that is rank 0 alone (models/registry.py).
+(models/decoder.py puts them in; ForwardBatch.attn.key_end, which every backend's paged
+attention takes, lets them see their whole image). The encoder runs where the step's batch
+is built (the model runner's EncoderCache); under tensor parallelism that is rank 0 alone
+(models/registry.py).
 """
 
 from collections.abc import Mapping

@@ -1,10 +1,15 @@
-"""Gemma 3's image encoder: a SigLIP vision tower and the average-pool projector, in
-NumPy on the host (one image at a time; its GEMMs are BLAS through np.matmul).
+"""Gemma 3's image encoder: a SigLIP vision tower and the average-pool projector, one
+image at a time, through the backend's ops like the decoder (cpu: NumPy and BLAS; cuda:
+our kernels and cuBLAS; sim: the same kernels on the CPU).
 
     pixels (3, S, S) -> P x P patches -> (G*G, Dv) + positions
       -> [LayerNorm -> attention (every patch sees every patch) -> + ;
           LayerNorm -> fc2(gelu(fc1)) -> +] x L -> LayerNorm           (SigLIP)
       -> (G, G, Dv) average-pooled k x k -> (N, Dv) -> RMSNorm(1 + w) -> @ W (Dv, dim)   (projector)
+
+As in the decoder, each LayerNorm adds the residual stream first (fused_add_layer_norm):
+the first adds the position embeddings to the patch embeddings, every later one the
+output of the attention or MLP block before it.
 
 The N = (G/k)^2 rows are the image's soft tokens: they replace the embeddings of its
 <image_soft_token> positions in the language model (models/gemma.py).
@@ -20,111 +25,104 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rawpage.backends.base import Backend
+from rawpage.backends.base import Array, Backend
+from rawpage.dtypes import from_float32, to_float32
 from rawpage.models.weight_source import CheckpointWeights, WeightSource
 from rawpage.multimodal.vision_config import VisionConfig
-from rawpage.ops.layer_ops import gelu_tanh_and_mul_ref
 
 
 @dataclass
 class VisionLayer:
-    norm1: tuple[np.ndarray, np.ndarray]  # LayerNorm (weight, bias), each (Dv,)
-    qkv: np.ndarray  # (Dv, 3 Dv)   [q | k | v], laid (in, out) for x @ w
-    qkv_bias: np.ndarray  # (3 Dv,)
-    out: np.ndarray  # (Dv, Dv)
-    out_bias: np.ndarray  # (Dv,)
-    norm2: tuple[np.ndarray, np.ndarray]
-    fc1: np.ndarray  # (Dv, Iv)
-    fc1_bias: np.ndarray  # (Iv,)
-    fc2: np.ndarray  # (Iv, Dv)
-    fc2_bias: np.ndarray  # (Dv,)
-
-
-def layer_norm(x: np.ndarray, wb: tuple[np.ndarray, np.ndarray], eps: float) -> np.ndarray:
-    """x (n, Dv): (x - mean) / sqrt(var + eps) * w + b over the last axis."""
-    mu = x.mean(axis=-1, keepdims=True)
-    var = np.square(x - mu).mean(axis=-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + np.float32(eps)) * wb[0] + wb[1]
-
-
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    """gelu with the tanh approximation: the decoder's gated one, with a gate of ones."""
-    return gelu_tanh_and_mul_ref(np.concatenate([x, np.ones_like(x)], axis=-1))
+    norm1: tuple[Array, Array]  # LayerNorm (weight, bias), each (Dv,)
+    qkv: Array  # (3 Dv, Dv)   [q | k | v] rows, a Linear weight (out, in)
+    qkv_bias: Array  # (3 Dv,)
+    out: Array  # (Dv, Dv)
+    out_bias: Array  # (Dv,)
+    norm2: tuple[Array, Array]
+    fc1: Array  # (Iv, Dv)
+    fc1_bias: Array  # (Iv,)
+    fc2: Array  # (Dv, Iv)
+    fc2_bias: Array  # (Dv,)
 
 
 class Gemma3VisionEncoder:
     """The SigLIP tower and Gemma 3's projector, weights read from a checkpoint under the
-    Hub's names (vision_tower.vision_model.*, multi_modal_projector.*)."""
+    Hub's names (vision_tower.vision_model.*, multi_modal_projector.*), held by the backend
+    in the model's dtype."""
 
     def __init__(self, vc: VisionConfig, text_dim: int, backend: Backend, tensors: Mapping | WeightSource) -> None:
-        self.vc, self.text_dim = vc, text_dim
+        self.vc, self.text_dim, self.backend = vc, text_dim, backend
         source = tensors if isinstance(tensors, WeightSource) else CheckpointWeights(tensors)
 
-        def get(name: str, *shape: int) -> np.ndarray:  # float32 on the host
+        def host(name: str, *shape: int) -> np.ndarray:  # float32, dequantized if stored quantized
             return np.asarray(backend.to_numpy(source.load(backend, [(name, shape)])), np.float32)
 
+        def vector(name: str, *shape: int) -> Array:
+            return backend.asarray(host(name, *shape))
+
+        def linear(w: np.ndarray) -> Array:  # (out, in), as Linear layers and backend.linear take it
+            return backend.prepare_linear(backend.asarray(w))
+
         Dv, Iv, P, p = vc.hidden_size, vc.intermediate_size, vc.patch_size, "vision_tower.vision_model."
-        # Conv2d(3, Dv, P, stride P) is one GEMM over flattened patches: (3 P P, Dv)
-        self.patch = get(p + "embeddings.patch_embedding.weight", Dv, 3, P, P).reshape(Dv, -1).T.copy()
-        self.patch_bias = get(p + "embeddings.patch_embedding.bias", Dv)
-        self.positions = get(p + "embeddings.position_embedding.weight", vc.patches_per_side**2, Dv)  # (G*G, Dv)
+        # Conv2d(3, Dv, P, stride P) is one GEMM over flattened patches: (Dv, 3 P P)
+        self.patch = linear(host(p + "embeddings.patch_embedding.weight", Dv, 3, P, P).reshape(Dv, -1))
+        self.patch_bias = vector(p + "embeddings.patch_embedding.bias", Dv)
+        self.positions = vector(p + "embeddings.position_embedding.weight", vc.patches_per_side**2, Dv)  # (G*G, Dv)
         self.layers = []
         for i in range(vc.num_layers):
             q = f"{p}encoder.layers.{i}."
 
-            def ln(name: str, q: str = q) -> tuple[np.ndarray, np.ndarray]:
-                return get(q + name + ".weight", Dv), get(q + name + ".bias", Dv)
+            def ln(name: str, q: str = q) -> tuple[Array, Array]:
+                return vector(q + name + ".weight", Dv), vector(q + name + ".bias", Dv)
 
-            attn = [get(q + f"self_attn.{n}_proj.weight", Dv, Dv) for n in "qkv"]
             self.layers.append(
                 VisionLayer(
                     norm1=ln("layer_norm1"),
-                    qkv=np.concatenate(attn).T.copy(),
-                    qkv_bias=np.concatenate([get(q + f"self_attn.{n}_proj.bias", Dv) for n in "qkv"]),
-                    out=get(q + "self_attn.out_proj.weight", Dv, Dv).T.copy(),
-                    out_bias=get(q + "self_attn.out_proj.bias", Dv),
+                    qkv=linear(np.concatenate([host(q + f"self_attn.{n}_proj.weight", Dv, Dv) for n in "qkv"])),
+                    qkv_bias=backend.asarray(np.concatenate([host(q + f"self_attn.{n}_proj.bias", Dv) for n in "qkv"])),
+                    out=linear(host(q + "self_attn.out_proj.weight", Dv, Dv)),
+                    out_bias=vector(q + "self_attn.out_proj.bias", Dv),
                     norm2=ln("layer_norm2"),
-                    fc1=get(q + "mlp.fc1.weight", Iv, Dv).T.copy(),
-                    fc1_bias=get(q + "mlp.fc1.bias", Iv),
-                    fc2=get(q + "mlp.fc2.weight", Dv, Iv).T.copy(),
-                    fc2_bias=get(q + "mlp.fc2.bias", Dv),
+                    fc1=linear(host(q + "mlp.fc1.weight", Iv, Dv)),
+                    fc1_bias=vector(q + "mlp.fc1.bias", Iv),
+                    fc2=linear(host(q + "mlp.fc2.weight", Dv, Iv)),
+                    fc2_bias=vector(q + "mlp.fc2.bias", Dv),
                 )
             )
-        self.post_norm = (get(p + "post_layernorm.weight", Dv), get(p + "post_layernorm.bias", Dv))
+        self.post_norm = (vector(p + "post_layernorm.weight", Dv), vector(p + "post_layernorm.bias", Dv))
         m = "multi_modal_projector."
-        self.soft_emb_norm = 1.0 + get(m + "mm_soft_emb_norm.weight", Dv)  # Gemma's RMSNorm scales by 1 + w
-        self.projection = get(m + "mm_input_projection_weight", Dv, text_dim)  # (Dv, dim), already (in, out)
+        self.soft_emb_norm = backend.asarray(1.0 + host(m + "mm_soft_emb_norm.weight", Dv))  # Gemma's RMSNorm: 1 + w
+        self.projection = linear(host(m + "mm_input_projection_weight", Dv, text_dim).T)  # stored (in, out): (dim, Dv)
 
     def num_bytes(self) -> int:
         arrays = [self.patch, self.positions, self.projection] + [
-            a for layer in self.layers for a in vars(layer).values() if isinstance(a, np.ndarray)
+            a for layer in self.layers for a in vars(layer).values() if hasattr(a, "nbytes")
         ]
-        return sum(a.nbytes for a in arrays)
+        return sum(int(a.nbytes) for a in arrays)
 
     def encode(self, pixels: np.ndarray) -> np.ndarray:
-        """pixels (3, S, S) float32, normalized -> the image's soft tokens (N, dim) float32."""
-        vc, eps = self.vc, self.vc.layer_norm_eps
+        """pixels (3, S, S) float32, normalized -> the image's soft tokens (N, dim) float32, on the host."""
+        b, vc, eps = self.backend, self.vc, self.vc.layer_norm_eps
         G, P, Dv, Hv = vc.patches_per_side, vc.patch_size, vc.hidden_size, vc.num_heads
-        Dh = Dv // Hv
-        patches = pixels.reshape(3, G, P, G, P).transpose(1, 3, 0, 2, 4).reshape(G * G, 3 * P * P)
-        x = patches @ self.patch + self.patch_bias + self.positions  # (G*G, Dv), patches row by row
+        GG, Dh = G * G, Dv // Hv
+        patches = pixels.reshape(3, G, P, G, P).transpose(1, 3, 0, 2, 4).reshape(GG, 3 * P * P)  # row by row
+        residual = b.linear(b.asarray(patches), self.patch, self.patch_bias)  # (G*G, Dv)
+        h = self.positions.copy()  # added to the residual stream by the first norm
         for layer in self.layers:
             # attention: every patch attends to every patch, scaled by Dh**-0.5
-            h = layer_norm(x, layer.norm1, eps) @ layer.qkv + layer.qkv_bias  # (G*G, 3 Dv)
-            q, k, v = (h[:, i * Dv : (i + 1) * Dv].reshape(-1, Hv, Dh).transpose(1, 0, 2) for i in range(3))
-            scores = (q @ k.transpose(0, 2, 1)) * np.float32(Dh**-0.5)  # (Hv, G*G, G*G)
-            scores -= scores.max(axis=-1, keepdims=True)
-            probs = np.exp(scores)
-            probs /= probs.sum(axis=-1, keepdims=True)
-            o = (probs @ v).transpose(1, 0, 2).reshape(-1, Dv)  # (G*G, Dv)
-            x = x + o @ layer.out + layer.out_bias
+            x, residual = b.fused_add_layer_norm(h, residual, *layer.norm1, eps)
+            qkv = b.linear(x, layer.qkv, layer.qkv_bias)  # (G*G, 3 Dv)
+            q, k, v = (qkv[:, i * Dv : (i + 1) * Dv].reshape(GG, Hv, Dh) for i in range(3))
+            o = b.encoder_attention(q, k, v, Dh**-0.5)  # (G*G, Hv, Dh)
+            h = b.linear(o.reshape(GG, Dv), layer.out, layer.out_bias)
             # MLP: fc2(gelu(fc1(x)))
-            h = gelu_tanh(layer_norm(x, layer.norm2, eps) @ layer.fc1 + layer.fc1_bias)  # (G*G, Iv)
-            x = x + h @ layer.fc2 + layer.fc2_bias
-        x = layer_norm(x, self.post_norm, eps)
-        # projector: average k x k neighbouring patches into one token, then RMSNorm and project
+            x, residual = b.fused_add_layer_norm(h, residual, *layer.norm2, eps)
+            h = b.linear(b.gelu_tanh(b.linear(x, layer.fc1, layer.fc1_bias)), layer.fc2, layer.fc2_bias)
+        x, _ = b.fused_add_layer_norm(h, residual, *self.post_norm, eps)  # (G*G, Dv)
+        # projector: average k x k neighbouring patches into one token (array arithmetic in
+        # float32: one pass over (G*G, Dv)), then RMSNorm(1 + w) and project
         n = round(vc.tokens_per_image**0.5)
         kp = G // n
-        pooled = x.reshape(n, kp, n, kp, Dv).mean(axis=(1, 3)).reshape(n * n, Dv)  # (N, Dv)
-        normed = pooled / np.sqrt(np.square(pooled).mean(axis=-1, keepdims=True) + np.float32(eps))
-        return ((normed * self.soft_emb_norm) @ self.projection).astype(np.float32)  # (N, dim)
+        pooled = to_float32(x).reshape(n, kp, n, kp, Dv).mean(axis=(1, 3)).reshape(n * n, Dv)  # (N, Dv)
+        normed = b.rms_norm(from_float32(pooled, x.dtype), self.soft_emb_norm, eps)
+        return np.asarray(b.to_numpy(b.linear(normed, self.projection)), np.float32)  # (N, dim)

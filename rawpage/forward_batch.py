@@ -56,6 +56,7 @@ class ForwardBatch(BatchArrays):
     # recorded graph would not replay (backends/cpu.py capture_graph)
     samples_every_row: bool = field(kw_only=True, default=False)
     mm: MultimodalBatch | None = field(kw_only=True, default=None)  # the step's image rows, on the host
+    key_end: Any = field(kw_only=True, default=None)  # (T,) mm.key_end on the device; None without images
     attn: AttentionMetadata = field(init=False)  # built once per step, read by every layer
 
     def __post_init__(self) -> None:
@@ -65,6 +66,7 @@ class ForwardBatch(BatchArrays):
             self.query_start_loc,
             max_query_len=int(self.host_query_lens.max(initial=0)),
             max_seq_len=int(self.host_seq_lens.max(initial=0)),
+            key_end=self.key_end,
         )
 
     @property
@@ -123,6 +125,13 @@ class BatchBuffer:
             views[f] = self.device[start : start + a.size].reshape(a.shape)
             start += a.size
         every_row = np.array_equal(hb.logits_indices, np.arange(len(hb.input_ids)))
+        # a step with images (never graphed) sends its image rows' key ends in a copy of their own
+        key_end = None if hb.mm is None or hb.mm.key_end is None else self.backend.asarray(hb.mm.key_end, np.int32)
         return ForwardBatch(
-            **views, host_query_lens=hb.query_lens, host_seq_lens=hb.seq_lens, samples_every_row=every_row, mm=hb.mm
+            **views,
+            host_query_lens=hb.query_lens,
+            host_seq_lens=hb.seq_lens,
+            samples_every_row=every_row,
+            mm=hb.mm,
+            key_end=key_end,
         )

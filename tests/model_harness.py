@@ -36,6 +36,7 @@ class SingleSequence:
             host_query_lens=np.array([n]),
             host_seq_lens=np.array([start + n]),
             mm=mm,
+            key_end=None if mm is None or mm.key_end is None else b.asarray(mm.key_end, np.int32),
         )
         self.length += n
         logits = self.model.compute_logits(self.model.forward(batch, self.kv))
@@ -67,7 +68,7 @@ def image_rows(model, ids: list[int], images: list, image_token: int, bidirectio
     for r in runs if bidirectional else ():
         key_end[r : r + n] = r + n - 1
     rows = np.concatenate([np.arange(r, r + n) for r in runs])
-    return MultimodalBatch(rows, np.concatenate(embeds), np.array([0]), key_end)
+    return MultimodalBatch(rows, np.concatenate(embeds), key_end if bidirectional else None)
 
 
 def assert_no_leaks(engine):

@@ -14,7 +14,19 @@ import pytest
 
 from tests.tiny_models import tiny_config
 
-STEPS = ["env", "deps", "parity", "families", "quant", "microbench", "throughput", "breakdown", "spec", "summary"]
+STEPS = [
+    "env",
+    "deps",
+    "parity",
+    "families",
+    "quant",
+    "microbench",
+    "throughput",
+    "breakdown",
+    "spec",
+    "vision",
+    "summary",
+]
 
 
 @pytest.mark.parametrize("script", ["tools/gpu_check.sh", "tools/gpu_wheels.sh"])
@@ -292,6 +304,7 @@ def test_a_record_always_has_every_key_even_when_nothing_ran():
         "breakdown_b256",
         "lora",
         "spec",
+        "vision",
     ):
         assert key in record
     assert record["decode_b1"] is None and record["throughput"] is None
@@ -557,3 +570,24 @@ def test_spec_step_raises_when_the_engine_fails_the_request(tiny_config_file):
     llm.engine.runner.execute = broken
     with pytest.raises(RuntimeError, match="request r failed in the engine: RuntimeError: injected"):
         spec.run_request(llm.engine, spec.NoTimer(), [1, 2, 3], 8, "r")
+
+
+def test_vision_step_runs_under_sim_and_reaches_the_table(tmp_path):
+    """tools/gpu_check/vision.py on --device sim (the cuda backend's kernels and launch code on
+    the CPU): the tiny VLM within the golden tolerances; the table's row and the check's verdict."""
+    pytest.importorskip("PIL")
+    from tools.gpu_check import vision
+    from tools.gpu_check.summary import failures, rows
+
+    out = tmp_path / "vision.json"
+    r = vision.main(["--device", "sim", "--result-file", str(out)])
+    assert r == json.loads(out.read_text())["vision"]
+    assert r["ok"] and r["greedy_matches"] and r["logits_max_diff"] < 1e-3 and r["encode_ms"] > 0
+    (row,) = [x for x in rows({"vision": r}, None, None) if x[0].startswith("tiny Gemma 3 VLM")]
+    assert row[3] == "ok" and "greedy identical" in row[1] and "(sim)" in row[0]
+    assert not [f for f in failures({"vision": r}) if f.startswith("vision")]
+    off = {**r, "ok": False, "greedy_matches": False}
+    (row,) = [x for x in rows({"vision": off}, None, None) if x[0].startswith("tiny Gemma 3 VLM")]
+    assert row[3] == "MISS" and [f for f in failures({"vision": off}) if "greedy DIFFERS" in f]
+    (row,) = [x for x in rows({}, None, None) if x[0].startswith("tiny Gemma 3 VLM")]
+    assert row[1] == "not measured"

@@ -1,7 +1,9 @@
-"""Image input on the CPU: the tiny Gemma 3 vision-language model (tests/tiny_vlm.py)
-against transformers' outputs recorded by tools/make_golden_vlm.py, through the model
-alone and through the engine (chunked prefill around images, the prefix cache, the
-encoder cache), and every limit on what an image may be.
+"""Image input: the tiny Gemma 3 vision-language model (tests/tiny_vlm.py) against
+transformers' outputs recorded by tools/make_golden_vlm.py, through the model alone (on
+the cpu and on sim, which runs the cuda backend's kernels and launch code: the encoder's
+and the image rows' attention) and through the engine (chunked prefill around images,
+the prefix cache, the encoder cache; the offline API on sim too), and every limit on
+what an image may be.
 """
 
 import base64
@@ -36,10 +38,10 @@ def folder(tmp_path_factory):
     return write_vlm(str(tmp_path_factory.mktemp("vlm") / "gemma3-vlm"))
 
 
-@pytest.fixture(scope="module")
-def model(folder):
+@pytest.fixture(scope="module", params=["cpu", "sim"])
+def model(folder, request):
     ckpt = load_checkpoint(folder)
-    return build_model(ckpt.config, get_backend("cpu"), ckpt.tensors)
+    return build_model(ckpt.config, get_backend(request.param), ckpt.tensors)
 
 
 def images():
@@ -80,6 +82,20 @@ def test_logits_match_transformers_with_bidirectional_image_attention(model):
     wrong = feed_with_images(model, bidirectional=False)
     top_ids = np.array(DATA["top_ids"])
     assert np.abs(np.take_along_axis(wrong, top_ids, axis=1) - np.array(DATA["top_logits"])).max() > 10 * TOL
+
+
+def test_bfloat16_on_sim_stays_near_transformers(folder):
+    """cuda's usual dtype: the encoder's and the language model's kernels in bfloat16 (8
+    significant bits: about 0.5% of each value), the float32 golden data loosely."""
+    ckpt = load_checkpoint(folder)
+    model = build_model(ckpt.config, get_backend("sim", "bfloat16"), ckpt.tensors)
+    vc = model.config.vision
+    for im, emb in zip(images(), DATA["image_embeddings"]):
+        np.testing.assert_allclose(model.encode_image(image_input(im, vc).pixels).ravel(), emb, atol=0.05)
+    logits, top_ids, top = feed_with_images(model), np.array(DATA["top_ids"]), np.array(DATA["top_logits"])
+    assert np.abs(np.take_along_axis(logits, top_ids, axis=1) - top).max() < 0.1
+    clear = top[:, 0] - top[:, 1] > 0.1
+    np.testing.assert_array_equal(logits.argmax(1)[clear], top_ids[clear, 0])
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +253,7 @@ def test_placeholders_and_images_must_match_in_number(llm, prompt, n, message):
     assert isinstance(e.value, InvalidRequestError) and not llm.engine.has_unfinished_requests()
 
 
-def test_chat_with_an_image_part(llm):
+def chat_with_an_image(llm):
     buf = io.BytesIO()
     images()[0].save(buf, "PNG")
     url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
@@ -246,6 +262,20 @@ def test_chat_with_an_image_part(llm):
     ]
     (out,) = llm.chat(msg, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
     assert list(out.prompt_token_ids).count(IMAGE) == 4 and len(out.outputs[0].token_ids) == 4
+    return list(out.outputs[0].token_ids)
+
+
+def test_chat_with_an_image_part(llm):
+    chat_with_an_image(llm)
+
+
+def test_offline_api_with_images_on_sim(folder, llm):
+    """--device sim: the cuda backend's encoder, image-row attention and launch code, on the
+    CPU. The golden greedy tokens in 8-token chunks, and the same chat reply as on the cpu."""
+    sim = LLM(folder, device="sim", block_size=8, max_num_batched_tokens=8, max_num_seqs=4)
+    out = generate(sim, {"prompt_token_ids": DATA["ids"], "multi_modal_data": {"image": images()}})
+    assert list(out.outputs[0].token_ids) == DATA["greedy"]
+    assert chat_with_an_image(sim) == chat_with_an_image(llm)
 
 
 def test_image_limits_in_the_engine(llm, tmp_path):
@@ -336,7 +366,7 @@ def test_limit_mm_per_prompt_flag_is_vllms_json():
             _mm_limits(bad)
 
 
-def test_images_need_a_vision_model_on_the_cpu(model):
+def test_images_need_a_vision_model(model):
     from types import SimpleNamespace
 
     from rawpage.multimodal.image_input import ImageError
@@ -347,9 +377,9 @@ def test_images_need_a_vision_model_on_the_cpu(model):
     )
     with pytest.raises(ImageError, match="'tiny' does not take images"):
         PromptImages(None, None, "tiny", args).require_vision()
-    with pytest.raises(ImageError, match="--device cpu only"):
-        PromptImages(model.config.vision, None, "vlm", args, device="cuda").require_vision()
-    assert PromptImages(model.config.vision, None, "vlm", args).require_vision() is model.config.vision
+    for device in ("cpu", "sim", "cuda"):
+        images = PromptImages(model.config.vision, None, "vlm", args, device=device)
+        assert images.accepted and images.require_vision() is model.config.vision
 
 
 @pytest.fixture

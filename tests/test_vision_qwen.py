@@ -97,7 +97,7 @@ def feed_with_images(model, mrope: bool = True) -> np.ndarray:
     rows = np.concatenate([np.arange(im.offset, im.offset + im.length) for im in placed])
     embeds = np.concatenate([model.encode_image(im.pixels, im.grid) for im in placed])
     positions = mrope_positions(0, len(ids), placed, 2) if mrope else None
-    mm = MultimodalBatch(rows, embeds, np.zeros(0, np.int64), np.full(len(ids), -1, np.int32), positions)
+    mm = MultimodalBatch(rows, embeds, None, positions)
     return SingleSequence(model, block_size=4).feed(ids, all_logits=True, mm=mm)
 
 
@@ -138,6 +138,13 @@ def check_greedy(out) -> None:
 def test_engine_greedy_matches_transformers_in_chunks(llm):
     out = generate(llm, {"prompt_token_ids": DATA["ids"], "multi_modal_data": {"image": images()}}, logprobs=5)
     check_greedy(out)
+
+
+def test_engine_on_sim_matches_transformers(folder):
+    """--device sim: the ViT on the host, the language model's M-RoPE rotation and attention
+    on the cuda backend's kernels (their sources run on the CPU)."""
+    sim = LLM(folder, device="sim", block_size=8, max_num_batched_tokens=24, max_num_seqs=4)
+    check_greedy(generate(sim, {"prompt_token_ids": DATA["ids"], "multi_modal_data": {"image": images()}}, logprobs=5))
 
 
 def test_prefix_cache_hits_same_images_and_misses_others(llm):

@@ -27,6 +27,8 @@
 #   microbench  decode/prefill attention and rms_norm against copy bandwidth and SDPA
 #   lora        multi-LoRA (issue 21): batch 64 mixing 8 rank-16 adapters against no LoRA,
 #               Llama-3-8B-shaped dummy model, decode tokens/s (tools/bench_lora.py)
+#   vision      images (issue 45): the tiny Gemma 3 VLM on cuda in float32 against transformers'
+#               recorded outputs (encoder embeddings, logits, greedy tokens; tools/gpu_check/vision.py)
 #   spec        n-gram speculative decoding (issue 19): batch 1, k = 4, Llama-3-8B-shaped dummy
 #               model, graphs on, a repetitive prompt; decode tokens/s against no speculation,
 #               acceptance rate, verification step cost against a decode step (tools/gpu_check/spec.py)
@@ -105,12 +107,14 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
 if step env 30 "$PY" -m tools.gpu_check.env --result-file "$PARTS/env.json"; then
   step kernels 110 env RAWPAGE_KERNEL_DEVICES=cuda RAWPAGE_REQUIRE_GPU=1 "$PY" -m pytest -q -ra -p no:cacheprovider \
     -m "not slow" tests/kernels/test_elementwise.py tests/kernels/test_paged_attention.py \
+    tests/kernels/test_image_attention.py tests/kernels/test_vision_kernels.py \
     tests/kernels/test_model_sim.py tests/test_cuda_backend.py tests/kernels/test_gguf_mmvq.py \
     tests/kernels/test_moe_grouped_gemm.py tests/test_cublaslt_fp8.py 2>&1 | tee "$OUT/kernel_tests.log"
   step parity 60 "$PY" -m tools.gpu_check.parity --config tools/configs/llama-3.2-1b/config.json \
     --device cuda --result-file "$PARTS/parity.json"
   step throughput 90 "$PY" -m tools.gpu_check.throughput --engine rawpage --decode-batches 1,256 \
     --config tools/configs/llama-3-8b/config.json --result-file "$PARTS/throughput_rawpage.json"
+  step vision 30 "$PY" -m tools.gpu_check.vision --device cuda --result-file "$PARTS/vision.json"
   step families 70 "$PY" -m tools.gpu_check.families --device cuda --result-file "$PARTS/families.json"
   step quant 50 "$PY" -m tools.gpu_check.quant --device cuda --result-file "$PARTS/quant.json"
   step breakdown 80 "$PY" -m tools.gpu_check.breakdown --batches 1,256 --timeout 70 \

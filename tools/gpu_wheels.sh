@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fill .gpu-wheels/ with the wheels tools/gpu_check.sh may need on a GPU image
-# that has torch, CuPy, numpy, tokenizers and safetensors but not pytest or
-# transformers. Run it here, where PyPI is reachable, before the device call,
+# that has torch, CuPy, numpy, tokenizers and safetensors but not pytest,
+# transformers or Pillow. Run it here, where PyPI is reachable, before the device call,
 # and pass the folder along:  run(command="bash tools/gpu_check.sh", carry=[".gpu-wheels"])
 #
 # The device machine cannot reach PyPI, and we do not know its Python version,
@@ -15,7 +15,7 @@ PY=${PYTHON:-python3}
 mkdir -p "$DEST"
 
 # Pure-Python wheels (and the dependency closure pip picks for them), one copy.
-$PY -m pip download -q -d "$DEST/tmp" "$TRANSFORMERS" pytest
+$PY -m pip download -q -d "$DEST/tmp" "$TRANSFORMERS" pytest pillow  # pillow: the vision step's images
 # The GPU image brings its own of these; they are large and must not be shadowed.
 rm -f "$DEST"/tmp/{numpy,torch,nvidia,triton,sympy,networkx,mpmath,setuptools}[-_]*.whl
 mv "$DEST"/tmp/*-none-any.whl "$DEST"/ 2>/dev/null || true

@@ -100,18 +100,21 @@ def attention_case(
     sm_count: int = 2,
     window: int | None = None,
     fp8: bool = False,
+    images: list[tuple[int, int, int]] = (),
 ) -> TrafficCase:
     """Minimum: q, the K and V of every visible context token (the last `window`
     of a decode's with a sliding window), the block-table entries that hold
     them, seq_lens and query_start_loc once, and the output once. sm_count sizes
     decode's split-K: the batches here fill 2 SMs without splitting. fp8: a
-    1-byte e4m3 cache, and its two scales once."""
+    1-byte e4m3 cache, and its two scales once. images: (sequence, first position,
+    length) of each image of a prefill, whose rows see the whole image; then the
+    rows' key_end once more."""
     itemsize, kv_itemsize = 2, 1 if fp8 else 2
     T = sum(q_lens)
     first = [max(0, L - window) if window else 0 for L in ctx]  # decode: the first visible key
     kv = sum(L - f for L, f in zip(ctx, first)) * Hkv * D * kv_itemsize * 2
     meta = 4 * (sum(-(-L // BS) - f // BS for L, f in zip(ctx, first)) + len(ctx) + len(ctx) + 1)
-    minimum = 2 * T * H * D * itemsize + kv + meta + (8 if fp8 else 0)
+    minimum = 2 * T * H * D * itemsize + kv + meta + (8 if fp8 else 0) + (4 * T if images else 0)
 
     def run(loader: SimKernelLoader) -> None:
         rng = np.random.default_rng(0)
@@ -120,11 +123,19 @@ def attention_case(
         if fp8:  # any codes will do for counting bytes; keep them finite
             k_cache, v_cache = (rng.integers(0, 0x7E, c.shape).astype(np.uint8) for c in (k_cache, v_cache))
             scales = np.array([0.01, 0.01], np.float32)
-        meta, opts = AttentionMetadata.from_host(*rest), AttentionOptions(D**-0.5, sliding_window=window)
+        key_end = None
+        if images:  # the rows of each image see up to its last position
+            key_end, qsl = np.full(T, -1, np.int32), np.cumsum([0, *q_lens])
+            for i, pos, n in images:
+                row = qsl[i] + pos - (ctx[i] - q_lens[i])
+                key_end[row : row + n] = pos + n - 1
+        meta = AttentionMetadata.from_host(*rest, key_end)
+        opts = AttentionOptions(D**-0.5, sliding_window=window)
         launch_paged_attention(np, loader, q, k_cache, v_cache, meta, opts, kv_scales=scales)
 
     what = f"H={H} Hkv={Hkv} D={D} BS={BS} ctx={ctx} q={q_lens} f16" + (f", {sm_count} SMs" if sm_count != 2 else "")
     what += (f", window {window}" if window else "") + (", fp8 KV" if fp8 else "")
+    what += "".join(f", image at {pos}..{pos + n - 1} of seq {i}" for i, pos, n in images)
     return TrafficCase(name, what, minimum, run, sm_count)
 
 
@@ -186,6 +197,9 @@ def cases() -> list[TrafficCase]:
         attention_case("decode GQA 4 window 100", 8, 2, decode_ctx, [1] * 4, window=100),
         attention_case("decode GQA 4 fp8", 8, 2, decode_ctx, [1] * 4, fp8=True),
         attention_case("prefill GQA 4", 8, 2, [256, 100], [256, 100]),
+        # Gemma 3's image rows: a 64-token image across query tiles 1 and 2 (rows 100..163),
+        # whose early rows read keys past their tile (bidirectional inside the image).
+        attention_case("prefill GQA 4 image", 8, 2, [256, 100], [256, 100], images=[(0, 100, 64)]),
         rms_norm_case(64, 2048, fused=False),
         rms_norm_case(64, 2048, fused=True),
         silu_and_mul_case(64, 1024),

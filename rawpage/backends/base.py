@@ -209,6 +209,22 @@ class Backend:
         """GeGLU's gate (Gemma): (T, 2I) holding [gate | up] -> gelu_tanh(gate) * up: (T, I)."""
         raise NotImplementedError
 
+    # --- the vision encoder's ops (models/siglip.py) ----------------------------
+    def fused_add_layer_norm(
+        self, x: Array, residual: Array, weight: Array, bias: Array, eps: float
+    ) -> tuple[Array, Array]:
+        """x, residual (T, dim) -> (layer_norm(x + residual) * weight + bias, x + residual).
+        May reuse x and residual's memory."""
+        raise NotImplementedError
+
+    def gelu_tanh(self, x: Array) -> Array:
+        """(T, I) -> gelu (tanh approximation) of each element: (T, I)."""
+        raise NotImplementedError
+
+    def encoder_attention(self, q: Array, k: Array, v: Array, scale: float) -> Array:
+        """q, k, v (N, H, D) of one image's patches, every row seeing every key -> (N, H, D)."""
+        raise NotImplementedError
+
     def swap_blocks(self, src: Array, dst: Array, block_mapping: np.ndarray) -> None:
         """Copy whole blocks between the device pool and the CPU swap pool (NumPy), either way:
         dst[m[:, 1]] = src[m[:, 0]]."""

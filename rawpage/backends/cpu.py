@@ -62,14 +62,16 @@ from rawpage.native.library import Arena, NativeLibrary, NotCapturable, capturin
 from rawpage.ops.cache_ops import copy_blocks_ref, swap_blocks_ref
 from rawpage.ops.kv_cache_fp8 import paged_attention_fp8_ref, write_kv_fp8_ref
 from rawpage.ops.layer_ops import (
+    fused_add_layer_norm_ref,
     fused_add_rms_norm_ref,
     gelu_tanh_and_mul_ref,
+    gelu_tanh_ref,
     rms_norm_ref,
     rope_ref,
     silu_and_mul_ref,
     write_kv_ref,
 )
-from rawpage.ops.paged_attention import paged_attention_ref
+from rawpage.ops.paged_attention import encoder_attention_ref, image_rows_ref, paged_attention_ref
 from rawpage.quantization.weight import QuantizedWeight, RowStack, dequantize
 
 logger = logging.getLogger("rawpage")
@@ -319,7 +321,21 @@ class CPUBackend(Backend):
             return paged_attention_fp8_ref(q, k_cache, v_cache, self.fp8_scales(), meta, opts)
         if self.lib is None:
             return paged_attention_ref(q, k_cache, v_cache, meta, opts)
-        return attention.paged_attention(self.lib, q, k_cache, v_cache, meta, opts, self.kernel_threads)
+        out = attention.paged_attention(self.lib, q, k_cache, v_cache, meta, opts, self.kernel_threads)
+        if meta.key_end is not None:  # the C kernel is causal: sequences with image rows again, in NumPy
+            self._host_work("attention over image rows")
+            image_rows_ref(out, q, k_cache, v_cache, meta, opts)
+        return out
+
+    # --- the vision encoder's: NumPy (its GEMMs are BLAS, through linear) ------------
+    def fused_add_layer_norm(self, x, residual, weight, bias, eps):
+        return fused_add_layer_norm_ref(x, residual, weight, bias, eps)
+
+    def gelu_tanh(self, x):
+        return gelu_tanh_ref(x)
+
+    def encoder_attention(self, q, k, v, scale):
+        return encoder_attention_ref(q, k, v, scale)
 
     def copy_blocks(self, k_caches, v_caches, block_mapping):
         copy_blocks_ref(k_caches, v_caches, block_mapping)

@@ -40,6 +40,8 @@ from rawpage.ops.int4_linear import launch_int4_linear
 from rawpage.ops.kv_cache_fp8 import launch_write_kv_fp8
 from rawpage.ops.launch import KernelLoader
 from rawpage.ops.layer_ops import (
+    launch_activation,
+    launch_fused_add_layer_norm,
     launch_fused_add_rms_norm,
     launch_rms_norm,
     launch_rope,
@@ -48,7 +50,7 @@ from rawpage.ops.layer_ops import (
 )
 from rawpage.ops.lora import LoRALinear, launch_lora_expand, launch_lora_shrink
 from rawpage.ops.moe_grouped_gemm import launch_grouped_gemm
-from rawpage.ops.paged_attention import launch_paged_attention
+from rawpage.ops.paged_attention import launch_encoder_attention, launch_paged_attention
 from rawpage.quantization.gguf import GGUF_BLOCKS
 from rawpage.quantization.weight import QuantizedWeight, RowStack, dequantize
 
@@ -175,12 +177,18 @@ class KernelBackend(Backend):
         return launch_silu_and_mul(self.xp, self.loader, x)
 
     def gelu_tanh_and_mul(self, x: Array) -> Array:
-        # Array-module arithmetic in float32, not one of our kernels yet (Gemma only).
-        xf = to_float32(x)
-        d = xf.shape[-1] // 2
-        g = xf[:, :d]
-        y = 0.5 * g * (1.0 + self.xp.tanh(np.float32(np.sqrt(2.0 / np.pi)) * (g + np.float32(0.044715) * g**3)))
-        return from_float32(y * xf[:, d:], self.dtype)
+        return launch_activation(self.xp, self.loader, x, "gelu_tanh_and_mul")
+
+    def gelu_tanh(self, x: Array) -> Array:
+        return launch_activation(self.xp, self.loader, x, "gelu_tanh")
+
+    def fused_add_layer_norm(
+        self, x: Array, residual: Array, weight: Array, bias: Array, eps: float
+    ) -> tuple[Array, Array]:
+        return launch_fused_add_layer_norm(self.xp, self.loader, x, residual, weight, bias, eps)
+
+    def encoder_attention(self, q: Array, k: Array, v: Array, scale: float) -> Array:
+        return launch_encoder_attention(self.xp, self.loader, q, k, v, scale)
 
     def copy_blocks(self, k_caches: list[Array], v_caches: list[Array], block_mapping: np.ndarray) -> None:
         launch_copy_blocks(self.xp, self.loader, k_caches, v_caches, block_mapping)

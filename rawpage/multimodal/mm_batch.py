@@ -27,14 +27,10 @@ if TYPE_CHECKING:
 class MultimodalBatch:
     rows: np.ndarray  # (M,) rows of the batch that take image embeddings
     embeds: np.ndarray  # (M, dim) float32, their embeddings
-    seqs: np.ndarray  # (B',) the batch's sequences with image rows this step
-    key_end: np.ndarray  # (T,) last key position a row sees beyond its own: its image's last token, or -1
+    # (T,) last key position a row sees beyond its own: its image's last token, or -1; None where
+    # images attend causally (AttentionMetadata.key_end: every backend's attention takes it)
+    key_end: np.ndarray | None
     positions: np.ndarray | None = None  # (3, T) M-RoPE (t, h, w) positions of every row (Qwen2.5-VL)
-
-    @property
-    def spans(self) -> tuple[np.ndarray, np.ndarray]:
-        """(seqs, key_end): what ops/paged_attention.image_attention redoes."""
-        return self.seqs, self.key_end
 
 
 class EncoderCache:
@@ -76,10 +72,10 @@ def build_mm_batch(
     """The step's image rows: scheduled (sequence, n new tokens), starts (B,) the first new
     token's position of each, qsl (B+1,) where each sequence's rows begin. None: no image.
     bidirectional: an image's rows see the whole image; positions: (3, T) M-RoPE ones, passed on."""
-    rows, embeds, seqs = [], [], []
+    rows, embeds = [], []
     key_end = np.full(int(qsl[-1]), -1, np.int32)  # (T,)
     for i, (seq, n) in enumerate(scheduled):
-        a, touched = int(starts[i]), False
+        a = int(starts[i])
         for image in seq.request.images:
             lo, hi = max(image.offset, a), min(image.offset + image.length, a + n)
             if lo >= hi:
@@ -87,11 +83,7 @@ def build_mm_batch(
             first = int(qsl[i]) + lo - a  # the batch row of token lo
             rows.append(np.arange(first, first + hi - lo))
             embeds.append(cache.get(image)[lo - image.offset : hi - image.offset])
-            if bidirectional:
-                key_end[first : first + hi - lo] = image.offset + image.length - 1
-                touched = True
-        if touched:
-            seqs.append(i)
+            key_end[first : first + hi - lo] = image.offset + image.length - 1
     if not rows:
         return None
-    return MultimodalBatch(np.concatenate(rows), np.concatenate(embeds), np.array(seqs, np.int64), key_end, positions)
+    return MultimodalBatch(np.concatenate(rows), np.concatenate(embeds), key_end if bidirectional else None, positions)

@@ -32,7 +32,7 @@ class PromptImages:
     ) -> None:
         """args: --limit-mm-per-prompt ({"image": N}), --max-num-batched-tokens (an image's
         tokens are computed in one step, so they must fit one); device: the backend's name
-        (images run on the CPU only so far); no_vision: why a model without vision has none."""
+        (for that flag's default); no_vision: why a model without vision has none."""
         self.vision, self.tok, self.model_name, self.device = vision, tok, model_name, device
         self.no_vision = no_vision
         self.max_chunk = args.batched_tokens(device)
@@ -43,13 +43,11 @@ class PromptImages:
     @property
     def accepted(self) -> bool:
         """Whether prompts may hold images here (what require_vision lets through)."""
-        return self.vision is not None and self.device == "cpu"
+        return self.vision is not None
 
     def require_vision(self) -> VisionConfig:
         if self.vision is None:
             raise ImageError(f"model {self.model_name!r} does not take images ({self.no_vision}); send text only")
-        if self.device != "cpu":
-            raise ImageError(f"images run on --device cpu only so far; this engine runs on {self.device}")
         return self.vision
 
     def check_count(self, n: int) -> None:

@@ -29,14 +29,22 @@ class AttentionMetadata:
     query_start_loc: Any  # (B+1,) int32, sequence i's query rows are [qsl[i], qsl[i+1])
     max_query_len: int  # the longest chunk: 1 means every sequence decodes
     max_seq_len: int  # the longest context
+    # (T,) int32, the last key each row sees beyond its own position: the last token of
+    # its image for an image's rows (they attend to each other both ways, Gemma 3), -1 for
+    # other rows; None: a step without image rows, causal throughout
+    key_end: Any = None
 
     @classmethod
     def from_host(
-        cls, block_tables: np.ndarray, seq_lens: np.ndarray, query_start_loc: np.ndarray
+        cls,
+        block_tables: np.ndarray,
+        seq_lens: np.ndarray,
+        query_start_loc: np.ndarray,
+        key_end: np.ndarray | None = None,
     ) -> AttentionMetadata:
         """From host (NumPy) arrays, with the two maxima read off them."""
         max_query_len = int(np.diff(query_start_loc).max(initial=0))
-        return cls(block_tables, seq_lens, query_start_loc, max_query_len, int(np.max(seq_lens, initial=0)))
+        return cls(block_tables, seq_lens, query_start_loc, max_query_len, int(np.max(seq_lens, initial=0)), key_end)
 
 
 @dataclass(frozen=True)

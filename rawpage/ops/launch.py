@@ -34,6 +34,12 @@ class KernelLoader(Protocol):
         ...
 
 
+# An optional pointer argument left out: an 8-byte zero, which CuPy passes by value, so the
+# kernel sees nullptr (CuPy's None would be a null address for the parameter itself); the
+# simulator takes the same value.
+NULL_POINTER = np.uint64(0)
+
+
 def cuda_source_dir() -> Path:
     """The kernel sources: cuda/ in a checkout, rawpage/cuda/ in an installed wheel.
 

@@ -1,4 +1,5 @@
-"""A decoder layer's small kernels: RMSNorm, RoPE, the gated activation and the KV write.
+"""A decoder layer's small kernels: RMSNorm, RoPE, the gated activation and the KV write;
+and the vision encoder's LayerNorm and GELU.
 
 Each section: the math, its NumPy reference, and the launch (grid, block, arguments) of
 its kernel in cuda/ (rms_norm.cu, rope.cu, activation.cu, write_kv.cu); the same ops in C
@@ -46,6 +47,23 @@ def fused_add_rms_norm_ref(
     return rms_norm_ref(residual, weight, eps), residual
 
 
+# LayerNorm (same file), fused with the residual add: the vision encoder's norms.
+#
+# fused_add_layer_norm   : residual = x + residual; x = (residual - mean) / sqrt(var + eps) * w + b
+
+
+def fused_add_layer_norm_ref(
+    x: np.ndarray, residual: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """x, residual: (T, dim); weight, bias: (dim,) -> (normed, new residual = x + residual)."""
+    residual = (x.astype(np.float32, copy=False) + residual.astype(np.float32, copy=False)).astype(x.dtype, copy=False)
+    r = residual.astype(np.float32, copy=False)
+    mu = r.mean(axis=-1, keepdims=True)  # (T, 1)
+    var = np.square(r - mu).mean(axis=-1, keepdims=True)
+    normed = (r - mu) / np.sqrt(var + np.float32(eps)) * weight.astype(np.float32) + bias.astype(np.float32)
+    return normed.astype(x.dtype, copy=False), residual
+
+
 # --- launch (cuda/rms_norm.cu) -------------------------------------------------------
 # Grid: min(T, resident blocks); each block walks rows T strided by the grid and
 # keeps its slice of the weight in registers. Block: one thread per 16-byte
@@ -55,22 +73,25 @@ def fused_add_rms_norm_ref(
 # its write, so each byte moves once.
 
 CHUNKS_PER_THREAD = {True: (1, 2), False: (1, 2, 4, 8)}  # as compiled, by vectorized
+LAYER_NORM_16BIT_VECTOR_CHUNKS = (1,)  # fused_add_layer_norm's (its bias in registers too)
 THREADS_PER_SM = 2048  # resident threads per SM on sm_80 and sm_90
 
 
 def norm_launch(loader: KernelLoader, kernel: str, x: Any, *arrays: Any) -> tuple[Any, tuple[int], tuple[int]]:
     """(kernel function, grid, block) for a norm over the rows of contiguous x (T, dim)
-    that also reads or writes `arrays` (the weight, the residual) in chunks."""
+    that also reads or writes `arrays` (the weight, the bias, the residual) in chunks."""
     T, dim = x.shape
     vec = 16 // x.itemsize
     if dim % vec or any(data_ptr(a) % 16 for a in (x, *arrays)):
         vec = 1  # rows not in 16-byte chunks: element by element
     chunks = dim // vec
     per_thread = CHUNKS_PER_THREAD[vec > 1]
+    if kernel == "fused_add_layer_norm" and vec > 1 and x.itemsize == 2:
+        per_thread = LAYER_NORM_16BIT_VECTOR_CHUNKS
     n = next((n for n in per_thread if chunks <= n * 1024), None)
     if n is None:
         longest = per_thread[-1] * 1024 * vec
-        raise ValueError(f"rms_norm supports rows of up to {longest} elements of {x.dtype}, got {dim}")
+        raise ValueError(f"{kernel} supports rows of up to {longest} elements of {x.dtype}, got {dim}")
     threads = threads_for(ceil_div(chunks, n))
     resident = int(getattr(loader, "sm_count", 132)) * max(1, THREADS_PER_SM // threads)
     fn = loader.get_function("rms_norm.cu", f"{kernel}_{dtype_suffix(x)}_v{vec}_n{n}")
@@ -100,6 +121,20 @@ def launch_fused_add_rms_norm(
     if T:
         kernel, grid, block = norm_launch(loader, "fused_add_rms_norm", x, residual, weight)
         kernel(grid, block, (x, residual, weight, np.float32(eps), np.int32(dim), np.int32(T)))
+    return x, residual
+
+
+def launch_fused_add_layer_norm(
+    xp: Any, loader: KernelLoader, x: Any, residual: Any, weight: Any, bias: Any, eps: float
+) -> tuple[Any, Any]:
+    """x, residual: (T, dim) -> (layer_norm(x + residual), x + residual), in x's and
+    residual's memory when they are contiguous. Launched as fused_add_rms_norm."""
+    same_dtype(x, residual, weight, bias)
+    x, residual = xp.ascontiguousarray(x), xp.ascontiguousarray(residual)
+    T, dim = x.shape
+    if T:
+        kernel, grid, block = norm_launch(loader, "fused_add_layer_norm", x, residual, weight, bias)
+        kernel(grid, block, (x, residual, weight, bias, np.float32(eps), np.int32(dim), np.int32(T)))
     return x, residual
 
 
@@ -204,9 +239,10 @@ def launch_rope(
 
 
 # ======================================================================================
-# Gated MLP activations on [gate | up] (cuda/activation.cu):
+# MLP activations (cuda/activation.cu); the gated ones on [gate | up]:
 # SwiGLU  silu_and_mul(x)      = silu(g) * u,  silu(g) = g * sigmoid(g)
-# GeGLU   gelu_tanh_and_mul(x) = gelu(g) * u,  gelu's tanh approximation (Gemma).
+# GeGLU   gelu_tanh_and_mul(x) = gelu(g) * u,  gelu's tanh approximation (Gemma)
+#         gelu_tanh(x)         = gelu(x)       (SigLIP's MLP, ungated)
 
 
 def silu_and_mul_ref(x: np.ndarray) -> np.ndarray:
@@ -225,13 +261,17 @@ def silu_and_mul_ref(x: np.ndarray) -> np.ndarray:
     return s.astype(x.dtype, copy=False)
 
 
-def gelu_tanh_and_mul_ref(x: np.ndarray) -> np.ndarray:
-    """x: (T, 2I) holding [gate | up] -> (T, I).
-    gelu(g) ~= g/2 * (1 + tanh(sqrt(2/pi) * (g + 0.044715 g^3)))"""
-    d = x.shape[-1] // 2
-    g = x[..., :d].astype(np.float32)
+def gelu_tanh_ref(x: np.ndarray) -> np.ndarray:
+    """x: (T, I) -> (T, I) in float32. gelu(g) ~= g/2 * (1 + tanh(sqrt(2/pi) * (g + 0.044715 g^3)))"""
+    g = x.astype(np.float32)
     inner = np.float32(np.sqrt(2.0 / np.pi)) * (g + np.float32(0.044715) * g * g * g)
-    return (0.5 * g * (1.0 + np.tanh(inner)) * x[..., d:]).astype(x.dtype, copy=False)
+    return 0.5 * g * (1.0 + np.tanh(inner))
+
+
+def gelu_tanh_and_mul_ref(x: np.ndarray) -> np.ndarray:
+    """x: (T, 2I) holding [gate | up] -> (T, I)."""
+    d = x.shape[-1] // 2
+    return (gelu_tanh_ref(x[..., :d]) * x[..., d:]).astype(x.dtype, copy=False)
 
 
 # --- launch (cuda/activation.cu) -----------------------------------------------------
@@ -242,19 +282,25 @@ SILU_THREADS = 256
 SILU_BLOCKS_PER_SM = 8  # 2048 resident threads per SM on sm_80 and sm_90
 
 
-def launch_silu_and_mul(xp: Any, loader: KernelLoader, x: Any) -> Any:
-    """x: (T, 2I) holding [gate | up] -> (T, I)."""
+def launch_activation(xp: Any, loader: KernelLoader, x: Any, name: str = "silu_and_mul") -> Any:
+    """name: silu_and_mul or gelu_tanh_and_mul, x (T, 2I) holding [gate | up] -> (T, I);
+    gelu_tanh, x (T, I) -> (T, I)."""
     x = xp.ascontiguousarray(x)
-    T, d = x.shape[0], x.shape[1] // 2
+    T, d = x.shape[0], x.shape[1] // 2 if name.endswith("_and_mul") else x.shape[1]
     out = xp.empty((T, d), dtype=x.dtype)
     if T:
         vec = 16 // x.itemsize
         if d % vec or data_ptr(x) % 16 or data_ptr(out) % 16:
             vec = 1
-        kernel = loader.get_function("activation.cu", f"silu_and_mul_{dtype_suffix(x)}_v{vec}")
+        kernel = loader.get_function("activation.cu", f"{name}_{dtype_suffix(x)}_v{vec}")
         blocks = min(ceil_div(T * d // vec, SILU_THREADS), int(getattr(loader, "sm_count", 132)) * SILU_BLOCKS_PER_SM)
         kernel((blocks,), (SILU_THREADS,), (out, x, np.int32(d), np.int32(T)))
     return out
+
+
+def launch_silu_and_mul(xp: Any, loader: KernelLoader, x: Any) -> Any:
+    """x: (T, 2I) holding [gate | up] -> (T, I)."""
+    return launch_activation(xp, loader, x, "silu_and_mul")
 
 
 # ======================================================================================

@@ -18,6 +18,9 @@ both kernels:
     soft cap c:       S = c * tanh(S / c) before the mask
 and an FP8 (e4m3) cache, uint8 arrays with per-tensor kv_scales (see
 rawpage/ops/kv_cache_fp8.py): the kernels convert on load and compute in float32.
+A step with images adds meta.key_end (T,): an image's rows see up to its last
+token, both ways (Gemma 3), every other row (-1) stays causal; the prefill
+kernels take it, the cpu backend's causal C kernel leaves it to image_rows_ref.
 
 With GQA, query head h reads KV head h // (H / Hkv). Every implementation takes
 (q, k_cache, v_cache, meta, opts): the batch's block_tables, seq_lens and
@@ -34,6 +37,7 @@ import numpy as np
 
 from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
 from rawpage.ops.launch import (
+    NULL_POINTER,
     KernelLoader,
     ceil_div,
     dtype_suffix,
@@ -60,13 +64,13 @@ def paged_attention_ref(
     meta: AttentionMetadata,
     opts: AttentionOptions,
     kv_scales: np.ndarray | None = None,
-    key_end: np.ndarray | None = None,
 ) -> np.ndarray:
     """q: (T, H, D); caches: (NB, BS, Hkv, D); meta's arrays on the host. Returns (T, H, D),
     softmax in float32. kv_scales ((2,) float32: k_scale, v_scale): the caches are uint8 e4m3
-    codes, converted as read. key_end (T,): a row at position p sees keys up to
-    max(p, key_end[row]) (image tokens see their whole image: image_attention below)."""
+    codes, converted as read. With meta.key_end (T,), a row at position p sees keys up to
+    max(p, key_end[row]): the tokens of an image see their whole image."""
     block_tables, seq_lens, query_start_loc = meta.block_tables, meta.seq_lens, meta.query_start_loc
+    key_end = meta.key_end
     scale, sliding_window, soft_cap = opts.scale, opts.sliding_window, opts.soft_cap
     T, H, D = q.shape
     Hkv = k_cache.shape[2]
@@ -105,26 +109,42 @@ def paged_attention_ref(
     return out
 
 
-def image_attention(
+def image_rows_ref(
+    out: np.ndarray,
     q: np.ndarray,
     k_cache: np.ndarray,
     v_cache: np.ndarray,
     meta: AttentionMetadata,
     opts: AttentionOptions,
-    spans: tuple[np.ndarray, np.ndarray],
     kv_scales: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The rows (R,) of the batch's sequences `seqs` (B',) and their output (R, H, D) with
-    key_end (T,), spans being (seqs, key_end): the tokens of an image attend to each other both ways (Gemma 3, as
-    transformers' token_type_ids mask does), which a causal kernel cannot. The scheduler never
-    splits an image across steps, so its last token's K/V are in the cache when its first is computed."""
-    seqs, key_end = spans
+) -> np.ndarray:
+    """out (T, H, D), computed causally by a kernel that has no image rows (the CPU's): the
+    sequences that hold image rows (meta.key_end >= 0) are redone by the reference, in place.
+    The scheduler never splits an image across steps, so its last token's K/V are in the
+    cache when its first is computed."""
     qsl = np.asarray(meta.query_start_loc)
+    seq_of_row = np.repeat(np.arange(len(qsl) - 1), np.diff(qsl))  # (T,)
+    seqs = np.unique(seq_of_row[np.asarray(meta.key_end) >= 0])  # (B',)
+    if seqs.size == 0:
+        return out
     rows = np.concatenate([np.arange(qsl[i], qsl[i + 1]) for i in seqs])
     sub_qsl = np.zeros(len(seqs) + 1, np.int32)
     np.cumsum(qsl[seqs + 1] - qsl[seqs], out=sub_qsl[1:])
-    sub = AttentionMetadata.from_host(np.asarray(meta.block_tables)[seqs], np.asarray(meta.seq_lens)[seqs], sub_qsl)
-    return rows, paged_attention_ref(q[rows], k_cache, v_cache, sub, opts, kv_scales, key_end[rows])
+    tables, lens = np.asarray(meta.block_tables)[seqs], np.asarray(meta.seq_lens)[seqs]
+    sub = AttentionMetadata.from_host(tables, lens, sub_qsl, np.asarray(meta.key_end)[rows])
+    out[rows] = paged_attention_ref(q[rows], k_cache, v_cache, sub, opts, kv_scales)
+    return out
+
+
+def encoder_attention_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
+    """A vision encoder's attention: q, k, v (N, H, D) of one sequence (an image's patches),
+    every row seeing every key -> (N, H, D), softmax in float32."""
+    qh, kh, vh = (a.astype(np.float32).transpose(1, 0, 2) for a in (q, k, v))  # (H, N, D)
+    scores = (qh @ kh.transpose(0, 2, 1)) * np.float32(scale)  # (H, N, N)
+    scores -= scores.max(axis=-1, keepdims=True)
+    p = np.exp(scores)
+    p /= p.sum(axis=-1, keepdims=True)
+    return (p @ vh).transpose(1, 0, 2).astype(q.dtype)  # (N, H, D)
 
 
 # --- launch (cuda/paged_attention_decode.cu, cuda/paged_attention_prefill{,_f32}.cu) ---
@@ -188,7 +208,8 @@ def launch_paged_attention(
     every sequence decodes (meta.max_query_len 1) goes to the decode kernel, split into
     `partitions` per sequence when given, else as decode_partitions() picks for
     `sm_count` SMs (default: the loader's), with partitions of at least `min_partition`
-    tokens (a multiple of 16); any other batch goes to the prefill kernel."""
+    tokens (a multiple of 16); any other batch, and any with image rows (meta.key_end),
+    goes to the prefill kernel."""
     _check_shapes(q, k_cache, v_cache, kv_scales)
     window, _ = _kernel_options(opts)
     (T, H, D), Hkv = q.shape, k_cache.shape[2]
@@ -203,8 +224,9 @@ def launch_paged_attention(
         block_tables=int32_array(xp, meta.block_tables),
         seq_lens=int32_array(xp, meta.seq_lens),
         query_start_loc=int32_array(xp, meta.query_start_loc),
+        key_end=None if meta.key_end is None else int32_array(xp, meta.key_end),
     )
-    if meta.max_query_len == 1:
+    if meta.max_query_len == 1 and meta.key_end is None:
         if k_cache.shape[1] & (k_cache.shape[1] - 1):
             raise ValueError(f"decode attention needs a power-of-two block size, got {k_cache.shape[1]}")
         if partitions is None:
@@ -341,5 +363,31 @@ def _launch_prefill(loader, out, q, k_cache, v_cache, meta, opts, kv_scales) -> 
         np.int32(smem),
         window,
         cap,
+        NULL_POINTER if meta.key_end is None else meta.key_end,
     ) + ((kv_scales,) if kv_scales is not None else ())
     kernel((ceil_div(meta.max_query_len, PREFILL_ROWS), H, B), (PREFILL_THREADS,), args, shared_mem=smem)
+
+
+def launch_encoder_attention(xp: Any, loader: KernelLoader, q: Any, k: Any, v: Any, scale: float) -> Any:
+    """encoder_attention_ref's contract on the prefill kernel: the patches' K and V are one
+    cache block of N slots, and all N rows are one image (key_end = N - 1), so every row
+    sees every key. A head size without a kernel (SigLIP's 72) is zero-padded to the next
+    compiled one: the zero columns add nothing to Q K^T, and their output is dropped."""
+    N, H, D = q.shape
+    padded_d = next((d for d in HEAD_SIZES if d >= D), None)
+    if padded_d is None:
+        raise ValueError(f"head size {D} is over the largest attention kernel's {HEAD_SIZES[-1]}")
+
+    def padded(a: Any) -> Any:  # (N, H, D) -> contiguous (N, H, padded_d)
+        if padded_d == D:
+            return xp.ascontiguousarray(a)
+        out = xp.zeros((N, H, padded_d), dtype=a.dtype)
+        out[:, :, :D] = a
+        return out
+
+    one_block = AttentionMetadata.from_host(
+        np.zeros((1, 1), np.int32), np.array([N], np.int32), np.array([0, N], np.int32), np.full(N, N - 1, np.int32)
+    )
+    k_cache, v_cache = padded(k).reshape(1, N, H, padded_d), padded(v).reshape(1, N, H, padded_d)
+    out = launch_paged_attention(xp, loader, padded(q), k_cache, v_cache, one_block, AttentionOptions(scale))
+    return out if padded_d == D else xp.ascontiguousarray(out[:, :, :D])  # (N, H, D)

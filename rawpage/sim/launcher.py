@@ -109,7 +109,7 @@ class SimFunction:
             return self._scalar(i, a, kind, size)
         if isinstance(a, np.ndarray):
             return ctypes.c_void_p(a.ctypes.data)
-        if a is None:
+        if a is None or (isinstance(a, np.uint64) and a == 0):  # ops/launch.py NULL_POINTER
             return ctypes.c_void_p(0)
         raise TypeError(f"argument {i} of {self.name} is a pointer: pass a NumPy array, not {type(a).__name__}")
 
@@ -135,7 +135,11 @@ class SimFunction:
         counter = TrafficCounter(self.module.runtime) if self.module.traffic else None
         if counter:
             counter.begin(
-                {i: (a, cells[i].value or 0) for i, a in enumerate(args) if self.param_kinds[i] == 0 and a is not None}
+                {
+                    i: (a, cells[i].value or 0)
+                    for i, a in enumerate(args)
+                    if self.param_kinds[i] == 0 and isinstance(a, np.ndarray)
+                }
             )
         err = ctypes.create_string_buffer(2048)
         fault = ctypes.c_size_t(0)

@@ -42,7 +42,9 @@ def test_kernels_do_not_spill(ptxas_stats):
 MAX_THREADS = {
     "rms_norm": 1024,
     "fused_add_rms_norm": 1024,
+    "fused_add_layer_norm": 1024,
     "silu_and_mul": 256,
+    "gelu_tanh": 256,  # gelu_tanh and gelu_tanh_and_mul
     "rope": 128,
     "paged_attention_decode": 128,
 }

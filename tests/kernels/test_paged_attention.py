@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
+from rawpage.ops.launch import NULL_POINTER
 from rawpage.ops.paged_attention import (
     PREFILL_ROWS,
     decode_group,
@@ -245,7 +246,7 @@ def test_prefill_smem_formula_is_exactly_what_the_kernel_needs(device, dtype, su
     q, kc, vc, tables, seq_lens, qsl = dev
     args = (out, q, kc, vc, tables, seq_lens, qsl, np.int32(tables.shape[1]), np.int32(2))
     args += (np.int32(16), np.int32(2 * D), np.float32(0.1), np.int32(smem))  # q_stride: H * D
-    args += (np.int32(0), np.float32(0.0))  # no sliding window, no soft cap
+    args += (np.int32(0), np.float32(0.0), NULL_POINTER)  # no sliding window, no soft cap, no image rows
     with pytest.raises(SimLaunchError, match="__trap"):
         kernel((1, 2, 1), (128,), args, shared_mem=smem)
     assert PREFILL_ROWS == 64

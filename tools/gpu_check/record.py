@@ -63,6 +63,7 @@ def build_record(merged: dict, date: str, gpu: str, commit: str, table_md: str) 
         "throughput": throughput,
         "lora": merged.get("lora"),
         "spec": merged.get("spec"),  # n-gram speculation at batch 1 (spec.py)
+        "vision": merged.get("vision"),  # the tiny Gemma 3 VLM against transformers (vision.py)
     }
     for batch in (1, 256):
         record[f"decode_b{batch}"] = _decode((ours or {}).get(f"decode_b{batch}"))

@@ -17,7 +17,7 @@ import os
 import re
 from collections.abc import Callable
 
-from tools.gpu_check import families, quant
+from tools.gpu_check import families, quant, vision
 from tools.gpu_check import spec as spec_step
 
 # Skips that are right on a GPU; any other skip in the kernel step is a failure.
@@ -200,7 +200,7 @@ def rows(r: dict, kernel: dict | None, memcheck: str | None) -> list[tuple[str, 
         )
         check = f"multi-LoRA B={lora['batch']}, {lora['adapters']} adapters of rank {lora['rank']}, 8B shape"
         out.append((check, fig, ">= 0.8x no-LoRA decode", verdict(lora["decode_ratio"] >= 0.8)))
-    out += spec_step.summary_rows(r.get("spec"))
+    out += spec_step.summary_rows(r.get("spec")) + vision.summary_rows(r.get("vision"))
     out += families.summary_rows(r.get("families")) + quant.summary_rows(r.get("quant"))
     for key in sorted((k for k in r if k.startswith("breakdown_b")), key=lambda k: int(k[11:])):
         b = r[key]
@@ -229,6 +229,7 @@ def failures(r: dict) -> list[str]:
         if isinstance(p, dict) and not p.get("ok", True):
             out.append(f"parity {dtype}: over tolerance")
     out += families.failed(r.get("families")) + quant.failed(r.get("quant")) + spec_step.failed(r.get("spec"))
+    out += vision.failed(r.get("vision"))
     m = r.get("memcheck") or ""
     if re.match(r"[1-9]\d* errors", m):
         out.append(f"memcheck: {m}")
