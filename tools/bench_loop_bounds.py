@@ -8,6 +8,15 @@
 2. How long a 4 MB text takes to be refused for length.
 3. Key k3's small /tokenize and chat, alone, then while k1 and k2 flood /tokenize with
    80,000-digit texts (8 connections each), beside the flooders' own latency.
+
+With --body-stalls MIB [MIB ...] it measures instead how long json.loads of one body
+holds the event loop (it holds Python's lock wherever it runs): /health's worst latency,
+polled every 10 ms, while one body at a time is posted, of each size and each of the
+shapes that cost the most per byte, then the server's rawpage:event_loop_lag_max_seconds.
+Start that server with --max-request-bytes at least the largest size:
+
+    rawpage serve --api-key k1,k2,k3 --max-model-len 1024 --max-request-bytes 16MiB --port 8000 &
+    python tools/bench_loop_bounds.py --url http://127.0.0.1:8000 --body-stalls 1 4 16
 """
 
 from __future__ import annotations
@@ -56,12 +65,56 @@ def timed(fn) -> float:
     return time.monotonic() - t0
 
 
+# Per byte, the bodies json.loads takes longest over: many small values (each a Python object).
+BODY_SHAPES = {"token ids": b"1,", "empty lists": b"[],", "floats": b"1.5,"}
+
+
+def body_stalls(url: str, sizes_mib: list[float], repeats: int = 3) -> None:
+    """/health's worst latency while one body of each shape and size is posted (the worst of `repeats`)."""
+    for mib in sizes_mib:
+        for shape, item in BODY_SHAPES.items():
+            count = (int(mib * (1 << 20)) - len(b'{"prompt": []}')) // len(item)
+            body = b'{"prompt": [' + item * count + b"]}"
+            body = body.replace(b",]}", b"]}")  # the last item's comma
+            worst = [worst_health_during(url, body) for _ in range(repeats)]
+            print(f"{mib:g} MiB of {shape}: /health's worst latency {max(worst):.3f} s (runs {worst})")
+    metrics = httpx.get(url + "/metrics", headers={"Authorization": "Bearer k1"}).text
+    print(next(line for line in metrics.splitlines() if line.startswith("rawpage:event_loop_lag_max_seconds")))
+
+
+def worst_health_during(url: str, body: bytes) -> float:
+    """/health's worst latency, polled every 10 ms, while `body` is posted to /v1/completions."""
+    done, polls, statuses = threading.Event(), [], []
+
+    def post() -> None:
+        headers = {"Authorization": "Bearer k1", "Content-Type": "application/json"}
+        try:
+            statuses.append(httpx.post(url + "/v1/completions", content=body, headers=headers, timeout=300))
+        finally:
+            done.set()
+
+    poster = threading.Thread(target=post)
+    poster.start()
+    with httpx.Client(timeout=300) as client:
+        while not done.is_set():
+            polls.append(timed(lambda: client.get(url + "/health")))
+            time.sleep(0.01)
+    poster.join()
+    r = statuses[0]
+    assert r.status_code == 400, r.text[:300]  # longer than --max-model-len, or not token ids
+    return round(max(polls), 3)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="http://127.0.0.1:8000")
     ap.add_argument("--seconds", type=float, default=8.0, help="how long each flood runs")
+    ap.add_argument("--body-stalls", type=float, nargs="+", metavar="MIB", help="measure one body's stall instead")
     args = ap.parse_args()
     url, seconds = args.url, args.seconds
+    if args.body_stalls:
+        body_stalls(url, args.body_stalls)
+        return
     k3 = {"Authorization": "Bearer k3"}
 
     ids = b'{"prompt": [' + b"1," * 1_999_999 + b'1], "max_tokens": 1}'

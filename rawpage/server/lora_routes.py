@@ -112,7 +112,7 @@ def _check_may_change(adapter: LoRAAdapter, caller: Caller) -> None:
 async def load_lora_adapter(request: Request, state: ServerState) -> Response:
     _check_runtime_updating(state)
     caller, config = state.caller(request), state.config
-    req = parse_lora_adapter(await state.read_body(request), state, load=True)
+    req = await state.parse(request, parse_lora_adapter, True)  # load
     lora = state.info.lora
     known = lora.adapters.get(req.name)
     if known is not None:
@@ -149,7 +149,7 @@ async def load_lora_adapter(request: Request, state: ServerState) -> Response:
 async def unload_lora_adapter(request: Request, state: ServerState) -> Response:
     _check_runtime_updating(state)
     caller = state.caller(request)
-    req = parse_lora_adapter(await state.read_body(request), state, load=False)
+    req = await state.parse(request, parse_lora_adapter, False)  # unload
     visible = visible_adapters(state, caller)
     known = visible.get(req.name)
     try:

@@ -8,12 +8,20 @@ prompt list takes a second of CPU, which on the loop would stall every client an
 /health. A smaller body is decoded in place, where that is cheaper than the hand-over to
 a thread. json.loads itself holds the interpreter lock wherever it runs, so a body's
 decode still pauses the loop for its own length (SECURITY.md gives the measurement).
+Python's garbage collector is paused meanwhile (gc_paused): a body of a million empty
+lists, each a new container, set off collections that walked every object of the server
+and took that decode from 0.19 s to 1 s; after the pause, one young collection walks
+the body's objects once (0.06 s).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import json
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from starlette.requests import Request
@@ -57,12 +65,37 @@ async def _read(request: Request, limit: int) -> bytes:
 
 def decode(raw: bytes) -> Any:
     """The body's JSON, refused with a 400 if it is not JSON or holds what nothing
-    downstream can use (check_json)."""
+    downstream can use (check_json). A large body is decoded with the collector paused."""
     try:
-        data = json.loads(raw)
+        with gc_paused() if len(raw) > INLINE_BYTES else contextlib.nullcontext():
+            data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise APIError(f"the request body is not valid JSON: {e}") from None
     except RecursionError:
         raise APIError("the request body nests too deeply") from None
     check_json(data)
     return data
+
+
+_pauses, _pauses_lock, _was_enabled = 0, threading.Lock(), True
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while the block runs, on every thread (it is
+    one switch): JSON's containers are trees, whose memory reference counts free, so
+    nothing waits on a collection meanwhile. Nested and concurrent pauses count: the last
+    to end restores the collector as the first found it."""
+    global _pauses, _was_enabled
+    with _pauses_lock:
+        if _pauses == 0:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+        _pauses += 1
+    try:
+        yield
+    finally:
+        with _pauses_lock:
+            _pauses -= 1
+            if _pauses == 0 and _was_enabled:
+                gc.enable()

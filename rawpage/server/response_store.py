@@ -14,11 +14,16 @@ cannot evict another's. Where the operator gives quotas that add up to more than
 whole and the whole is full, a new response is returned but not stored. It lives in memory only:
 a restart empties it, and a `previous_response_id` from before the restart is a 404,
 as is one that was evicted.
+
+A large body's `previous_response_id` is looked up while it is parsed on the preprocessing
+threads (ServerState.parse), while the event loop stores and deletes: a lock keeps the
+store whole.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +62,7 @@ class ResponseStore:
         self.max_bytes_per_key = min(max_bytes, max_bytes if max_bytes_per_key is None else max_bytes_per_key)
         self._shelves: dict[str | None, _Shelf] = {}
         self.count, self.nbytes = 0, 0  # the whole store's
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return self.count
@@ -65,9 +71,13 @@ class ResponseStore:
         """Store (or replace) a response, evicting the owner's own least recently used ones
         until its quota and the store's limits hold. False if it is not stored: it is larger
         than the owner's byte quota, or the store is full of other keys' responses."""
-        rid = response["id"]
+        item = StoredResponse(owner, response, history, _size(response, history))  # sized outside the lock
+        with self._lock:
+            return self._put(owner, item)
+
+    def _put(self, owner: str | None, item: StoredResponse) -> bool:
+        rid = item.response["id"]
         self._drop(owner, rid)
-        item = StoredResponse(owner, response, history, _size(response, history))
         if item.nbytes > self.max_bytes_per_key or self.max_items_per_key < 1:
             return False
         shelf = self._shelves.setdefault(owner, _Shelf(OrderedDict()))
@@ -91,15 +101,16 @@ class ResponseStore:
 
     def get(self, rid: str, owner: str | None) -> StoredResponse | None:
         """The response if it is stored and `owner` made it; a use, for the LRU order."""
-        shelf = self._shelves.get(owner)
-        item = shelf.items.get(rid) if shelf is not None else None
-        if item is None:
-            return None
-        shelf.items.move_to_end(rid)
-        return item
+        with self._lock:
+            shelf = self._shelves.get(owner)
+            item = shelf.items.get(rid) if shelf is not None else None
+            if item is not None:
+                shelf.items.move_to_end(rid)
+            return item
 
     def delete(self, rid: str, owner: str | None) -> bool:
-        return self._drop(owner, rid)
+        with self._lock:
+            return self._drop(owner, rid)
 
     def _drop(self, owner: str | None, rid: str) -> bool:
         shelf = self._shelves.get(owner)

@@ -31,7 +31,7 @@ from rawpage.server.streaming import sse_response
 
 
 async def create_response(request: Request, state: ServerState) -> Response:
-    req = parse_responses(await state.read_body(request), state, state.caller(request))
+    req = await state.parse(request, parse_responses, state.caller(request))
     rid = req.chat.request_id
     envelope = new_envelope(rid, req.model, req.fields)
     items = OutputItems(state.seal.seal if req.encrypted_reasoning else None)

@@ -34,7 +34,7 @@ from rawpage.text.chat_template import ChatTemplate, ChatTemplateError
 from rawpage.text.fim import fim_prompt
 
 T = TypeVar("T")
-INLINE_PROMPT_IDS = 4096  # longer prompts are checked (a pass over every id) off the event loop
+INLINE_PROMPT_IDS = 4096  # longer prompts (with their id lists) are checked (a pass over every id) off the event loop
 
 # Whose preprocessing the running request's is, for its turn on the threads
 # (fair_executor.py): its API key, or its client's address. Set by app.py's endpoint wrapper.
@@ -250,7 +250,8 @@ class ServerState:
         on the event loop nor on the template and tokenization threads.
         AsyncEngine.generate queues the CheckedPrompt, which the engine does not check again."""
         check = self.info.check_prompt
-        if len(ids) <= INLINE_PROMPT_IDS:
+        lists = (params.stop_token_ids, params.logit_bias, params.allowed_token_ids)  # each id checked too
+        if len(ids) + sum(len(x or ()) for x in lists) <= INLINE_PROMPT_IDS:
             checked = check(ids, params, priority, cache_salt, images)
         else:
             checked = await self.off_loop(check, ids, params, priority, cache_salt, images)
