@@ -424,6 +424,11 @@ __device__ void paged_attention_decode_reduce(
   DECODE_ENTRY(T, C, suffix, D, 4, KIND)     \
   DECODE_ENTRY(T, C, suffix, D, 8, KIND)
 
+// RP_ONE_HEAD_SIZE=D instantiates head size D alone: for the simulator's traffic-counting
+// build (tests/kernels/test_traffic.py), which instrumented takes minutes for all seven.
+#ifdef RP_ONE_HEAD_SIZE
+#define DECODE_HEAD_SIZES(T, C, suffix, KIND) DECODE_GROUPS(T, C, suffix, RP_ONE_HEAD_SIZE, KIND)
+#else
 #define DECODE_HEAD_SIZES(T, C, suffix, KIND) \
   DECODE_GROUPS(T, C, suffix, 16, KIND)       \
   DECODE_GROUPS(T, C, suffix, 32, KIND)       \
@@ -432,6 +437,7 @@ __device__ void paged_attention_decode_reduce(
   DECODE_GROUPS(T, C, suffix, 96, KIND)       \
   DECODE_GROUPS(T, C, suffix, 128, KIND)      \
   DECODE_GROUPS(T, C, suffix, 256, KIND)
+#endif
 
 #define DECODE_ENTRIES(T, suffix)                                                              \
   DECODE_HEAD_SIZES(T, T, suffix, NONE)                                    \

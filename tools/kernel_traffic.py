@@ -66,6 +66,15 @@ class TrafficResult:
         return v / n if n else 0.0
 
 
+# Every attention case runs this head size, and the counting build instantiates it alone
+# (RP_ONE_HEAD_SIZE in cuda/paged_attention_decode.cu): all seven, instrumented, take minutes.
+HEAD_SIZE = 128
+
+
+def traffic_loader(workers: int | None = None) -> SimKernelLoader:
+    return SimKernelLoader(workers=workers, traffic=True, defines=(f"RP_ONE_HEAD_SIZE={HEAD_SIZE}",))
+
+
 def measure(case: TrafficCase, loader: SimKernelLoader) -> TrafficResult:
     first = len(loader.traffic_log)
     loader.sm_count = case.sm_count
@@ -95,7 +104,7 @@ def attention_case(
     Hkv: int,
     ctx: list[int],
     q_lens: list[int],
-    D: int = 128,
+    D: int = HEAD_SIZE,
     BS: int = 16,
     sm_count: int = 2,
     window: int | None = None,
@@ -226,5 +235,5 @@ def format_results(results: list[TrafficResult]) -> str:
 
 
 def report() -> list[TrafficResult]:
-    loader = SimKernelLoader(traffic=True)
+    loader = traffic_loader()
     return [measure(c, loader) for c in cases()]

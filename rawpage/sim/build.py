@@ -172,6 +172,27 @@ def _wrapper(source: Path, kernels: list[str], shared: list[tuple[str, str]]) ->
     return "\n".join(lines) + "\n"
 
 
+def _module_key(
+    source: Path, include_dirs: tuple[Path, ...], defines: tuple[str, ...], traffic: bool, cxx: str, runtime: Path
+) -> str:
+    """No path is in the key: the include directories' headers are in it by name and
+    content, so a second checkout (a fresh clone, a worktree) reuses the builds."""
+    neighbours = [
+        p
+        for d in (source.parent, *include_dirs)
+        for p in Path(d).iterdir()
+        if p.suffix in (".cuh", ".h") and p.is_file()
+    ]
+    return digest(
+        files_digest([source, *neighbours, *_sim_headers()])
+        + [
+            runtime.name.encode(),
+            " ".join(cxxflags() + [f"-D{d}" for d in defines] + (TRAFFIC_FLAGS if traffic else [])).encode(),
+            compiler_version(cxx).encode(),
+        ]
+    )
+
+
 def build_module(
     source: Path, include_dirs: tuple[Path, ...] = (), defines: tuple[str, ...] = (), traffic: bool = False
 ) -> BuiltModule:
@@ -182,20 +203,7 @@ def build_module(
     runtime = build_runtime()
     flags = [f"-I{INCLUDE_DIR}", f"-I{source.parent}", *(f"-I{d}" for d in include_dirs)]
     flags += [f"-D{d}" for d in defines]
-    neighbours = [
-        p
-        for d in (source.parent, *include_dirs)
-        for p in Path(d).iterdir()
-        if p.suffix in (".cuh", ".h") and p.is_file()
-    ]
-    key = digest(
-        files_digest([source, *neighbours, *_sim_headers()])
-        + [
-            runtime.name.encode(),
-            " ".join(cxxflags() + flags + (TRAFFIC_FLAGS if traffic else [])).encode(),
-            compiler_version(cxx).encode(),
-        ]
-    )
+    key = _module_key(source, include_dirs, defines, traffic, cxx, runtime)
     out = cache_dir() / f"{source.stem}{'-traffic' if traffic else ''}-{key}.so"
     meta = out.with_suffix(".json")
     if out.exists() and meta.exists():

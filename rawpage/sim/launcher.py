@@ -186,12 +186,14 @@ class SimModule:
         include_dirs: tuple[Path, ...] = (),
         traffic: bool = False,
         traffic_log: list[LaunchTraffic] | None = None,
+        defines: tuple[str, ...] = (),
     ) -> None:
         """traffic=True: count every launch's global-memory traffic (a slower,
-        instrumented build), appending a LaunchTraffic to traffic_log per launch."""
+        instrumented build), appending a LaunchTraffic to traffic_log per launch.
+        defines: NAME=VALUE macros for the build (see RP_ONE_HEAD_SIZE in cuda/)."""
         self.source = Path(source)
         self.runtime = ctypes.CDLL(str(build_runtime()))
-        built = build_module(self.source, include_dirs, traffic=traffic)
+        built = build_module(self.source, include_dirs, defines, traffic=traffic)
         self.traffic = traffic
         self.traffic_log = traffic_log if traffic_log is not None else []
         self.lib = ctypes.CDLL(str(built.path))
@@ -217,7 +219,7 @@ DEFAULT_SM_COUNT = 16
 class SimKernelLoader:
     """The `sim` backend's KernelLoader: one SimModule per file in cuda/, built on first use.
     traffic=True counts every launch's global-memory traffic into traffic_log
-    (rawpage/sim/traffic.py)."""
+    (rawpage/sim/traffic.py); defines go to every module's build."""
 
     def __init__(
         self,
@@ -226,10 +228,11 @@ class SimKernelLoader:
         source_dir: Path | None = None,
         traffic: bool = False,
         sm_count: int | None = None,
+        defines: tuple[str, ...] = (),
     ) -> None:
         from rawpage.ops.launch import cuda_source_dir
 
-        self.debug, self.workers, self.traffic = debug, workers, traffic
+        self.debug, self.workers, self.traffic, self.defines = debug, workers, traffic, defines
         self.sm_count = sm_count or int(os.environ.get("RAWPAGE_SIM_SMS", DEFAULT_SM_COUNT))
         self.source_dir = Path(source_dir) if source_dir else cuda_source_dir()
         self._modules: dict[str, SimModule] = {}
@@ -238,7 +241,12 @@ class SimKernelLoader:
     def module(self, name: str) -> SimModule:
         if name not in self._modules:
             self._modules[name] = SimModule(
-                self.source_dir / name, self.debug, self.workers, traffic=self.traffic, traffic_log=self.traffic_log
+                self.source_dir / name,
+                self.debug,
+                self.workers,
+                traffic=self.traffic,
+                traffic_log=self.traffic_log,
+                defines=self.defines,
             )
         return self._modules[name]
 

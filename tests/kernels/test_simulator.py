@@ -1,6 +1,7 @@
 """The simulator's CUDA semantics, and the mistakes it must catch, on small
 purpose-built kernels (sim_cases/*.cu). These run only under the simulator."""
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -256,6 +257,8 @@ def test_builds_are_cached_by_content(tmp_path):
     src.write_text('extern "C" __global__ void k(float* o) { o[threadIdx.x] = 1.0f; }\n')
     first = build_module(src)
     assert build_module(src).path == first.path
+    (tmp_path / "clone").mkdir()  # the same source in another checkout: the same build
+    assert build_module(Path(shutil.copy(src, tmp_path / "clone"))).path == first.path
     src.write_text('extern "C" __global__ void k(float* o) { o[threadIdx.x] = 2.0f; }\n')
     second = build_module(src)
     assert second.path != first.path and second.kernels == ("k",)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rawpage.dtypes import storage_dtype
-from rawpage.sim import SimKernelLoader, SimModule
+from rawpage.sim import SimModule
 from tools import kernel_traffic
 
 CASES = Path(__file__).parent / "sim_cases"
@@ -102,7 +102,7 @@ UNIQUE_BOUNDS = {"decode GQA 4 split-K": 1.15}
 
 @pytest.fixture(scope="module")
 def traffic_loader():
-    return SimKernelLoader(traffic=True, workers=2)
+    return kernel_traffic.traffic_loader(workers=2)
 
 
 @pytest.mark.parametrize("case", kernel_traffic.cases(), ids=lambda c: c.name.replace(" ", "_"))
