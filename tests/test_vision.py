@@ -402,3 +402,25 @@ def test_http_image_urls(http_images, monkeypatch):
     monkeypatch.setattr(media_fetch, "MAX_IMAGE_BYTES", 1000)
     with pytest.raises(ii.ImageError, match="over 1000 bytes"):
         media_fetch.fetch_image(base + "/big", ("localhost",))
+
+
+def test_gemma_refuses_mm_processor_kwargs_it_does_not_take(llm):
+    """Gemma 3's processor has no min/max_pixels: such kwargs are refused, naming them, never
+    accepted and ignored; do_pan_and_scan false is what rawpage does, so it is taken."""
+    prompt = {"prompt": "<start_of_image>Hi", "multi_modal_data": {"image": images()[0]}}
+    for kwargs, message in (
+        ({"max_pixels": 1024, "min_pixels": 4}, "max_pixels, min_pixels not supported for Gemma 3"),
+        ({"do_pan_and_scan": True}, "do_pan_and_scan is not supported"),
+    ):
+        with pytest.raises(InvalidRequestError, match=message):
+            generate(llm, {**prompt, "mm_processor_kwargs": kwargs}, 1)
+    plain = generate(llm, prompt, 2)
+    same = generate(llm, {**prompt, "mm_processor_kwargs": {"do_pan_and_scan": False}}, 2)
+    assert same.outputs[0].token_ids == plain.outputs[0].token_ids
+
+
+def test_an_empty_image_list_with_a_placeholder_is_refused(llm):
+    with pytest.raises(InvalidRequestError, match=re.escape("1 <start_of_image> placeholder(s) for 0 image(s)")):
+        generate(llm, {"prompt": "<start_of_image>Hi", "multi_modal_data": {"image": []}}, 1)
+    with pytest.raises(InvalidRequestError, match=re.escape("1 image token run(s) for 0 image(s)")):
+        generate(llm, {"prompt_token_ids": [5, 397, 6], "multi_modal_data": {"image": []}}, 1)
