@@ -19,7 +19,7 @@ from rawpage.errors import InvalidRequestError
 from rawpage.loader import load_checkpoint
 from rawpage.models.registry import build_model
 from rawpage.multimodal.image_input import image_input
-from tests.model_harness import SingleSequence, image_rows
+from tests.model_harness import SingleSequence, check_two_ranks_match_one, image_rows, two_rank_llm
 from tests.tiny_families import weights_digest
 from tests.tiny_vlm import IMAGE, seeded_image, vlm_config, vlm_tensors, write_vlm
 
@@ -101,25 +101,15 @@ def test_engine_greedy_matches_transformers_in_small_chunks(llm):
 @pytest.fixture(scope="module")
 def llm_tp2(folder):
     """The `llm` engine's settings at --tensor-parallel-size 2 (one spawned worker)."""
-    llm = LLM(folder, block_size=8, max_num_batched_tokens=8, max_num_seqs=4, tensor_parallel_size=2)
-    yield llm
-    llm.engine.workers.close()
+    yield from two_rank_llm(folder, block_size=8, max_num_batched_tokens=8, max_num_seqs=4)
 
 
 @pytest.mark.timeout(120)
 def test_two_ranks_give_one_ranks_tokens_and_logprobs_with_images(llm, llm_tp2):
     """Rank 0 encodes the images; their soft tokens reach the worker inside the step's
     batch, so rank 1's embedding step (and its attention within each image) is rank 0's."""
-    p = SamplingParams(temperature=0, max_tokens=8, logprobs=5)
     prompt = {"prompt_token_ids": DATA["ids"], "multi_modal_data": {"image": images()}}
-    llm.reset_prefix_cache()
-    (one,) = llm.generate(prompt, p, use_tqdm=False)
-    (two,) = llm_tp2.generate(prompt, p, use_tqdm=False)
-    assert list(two.outputs[0].token_ids) == list(one.outputs[0].token_ids) == DATA["greedy"]
-    for a, b in zip(one.outputs[0].logprobs, two.outputs[0].logprobs, strict=True):
-        assert a.keys() == b.keys()
-        np.testing.assert_allclose([b[t].logprob for t in a], [a[t].logprob for t in a], atol=1e-5, rtol=0)
-    assert llm_tp2.engine.runner.encoder_cache.misses == 2  # each image encoded once, on rank 0
+    check_two_ranks_match_one(llm, llm_tp2, prompt, DATA["greedy"])
 
 
 def test_prefix_cache_hits_same_image_and_misses_another(llm):

@@ -22,7 +22,7 @@ from rawpage.models.registry import build_model
 from rawpage.multimodal.image_input import image_input
 from rawpage.multimodal.mm_batch import MultimodalBatch
 from rawpage.multimodal.mrope import mrope_positions
-from tests.model_harness import SingleSequence
+from tests.model_harness import SingleSequence, check_two_ranks_match_one, two_rank_llm
 from tests.tiny_families import weights_digest
 from tests.tiny_qwen_vl import IMAGE_PAD, VISION_END, VISION_START, qwen_vl_config, qwen_vl_tensors, write_qwen_vl
 from tests.tiny_vlm import seeded_image
@@ -143,9 +143,7 @@ def test_engine_greedy_matches_transformers_in_chunks(llm):
 @pytest.fixture(scope="module")
 def llm_tp2(folder):
     """The `llm` engine's settings at --tensor-parallel-size 2 (one spawned worker)."""
-    llm = LLM(folder, block_size=8, max_num_batched_tokens=24, max_num_seqs=4, tensor_parallel_size=2)
-    yield llm
-    llm.engine.workers.close()
+    yield from two_rank_llm(folder, block_size=8, max_num_batched_tokens=24, max_num_seqs=4)
 
 
 @pytest.mark.timeout(120)
@@ -153,17 +151,8 @@ def test_two_ranks_decode_as_one_rank_with_images(llm, llm_tp2):
     """Rank 0 encodes the images and computes the M-RoPE positions; both ride in each step's
     batch, so the worker's prefill chunks and its decode steps (each at its place plus the
     images' shift) are rank 0's: one rank's greedy tokens and log-probabilities."""
-    p = SamplingParams(temperature=0, max_tokens=8, logprobs=5)
     prompt = {"prompt_token_ids": DATA["ids"], "multi_modal_data": {"image": images()}}
-    llm.reset_prefix_cache()
-    (one,) = llm.generate(prompt, p, use_tqdm=False)
-    (two,) = llm_tp2.generate(prompt, p, use_tqdm=False)
-    assert len(llm_tp2.engine.workers.procs) == 1
-    assert list(two.outputs[0].token_ids) == list(one.outputs[0].token_ids) == DATA["greedy"]
-    for a, b in zip(one.outputs[0].logprobs, two.outputs[0].logprobs, strict=True):
-        assert a.keys() == b.keys()
-        np.testing.assert_allclose([b[t].logprob for t in a], [a[t].logprob for t in a], atol=1e-5, rtol=0)
-    assert llm_tp2.engine.runner.encoder_cache.misses == 2  # each image encoded once, on rank 0
+    check_two_ranks_match_one(llm, llm_tp2, prompt, DATA["greedy"])
 
 
 def test_prefix_cache_hits_same_images_and_misses_others(llm):
