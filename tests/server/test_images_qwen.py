@@ -8,6 +8,7 @@ import io
 import json
 import os
 
+import httpx
 import pytest
 
 from tests.server.harness import ServerProcess
@@ -98,5 +99,10 @@ def test_request_mm_processor_kwargs_resize_its_images(server):
     plain = client.chat.completions.create(**kw)
     small = client.chat.completions.create(**kw, extra_body={"mm_processor_kwargs": {"max_pixels": 1024}})
     assert plain.usage.prompt_tokens - small.usage.prompt_tokens == 20 - 12
+    counts = []
+    for extra in ({}, {"mm_processor_kwargs": {"max_pixels": 1024}}):  # vLLM's /tokenize takes them too
+        r = httpx.post(server.url + "/tokenize", json={"model": MODEL, "messages": kw["messages"], **extra}, timeout=60)
+        counts.append(r.json()["count"])
+    assert counts[0] - counts[1] == 20 - 12
     with pytest.raises(openai.BadRequestError, match="video_fps not supported for Qwen2.5-VL"):
         client.chat.completions.create(**kw, extra_body={"mm_processor_kwargs": {"video_fps": 1}})
