@@ -116,15 +116,17 @@ class LLMEngine:
         return None, list(prompt)
 
     def prompt_with_images(self, prompt: PromptType) -> tuple[str | None, list[int], tuple[ImageInput, ...]]:
-        """tokenize_prompt, for a prompt that may carry vLLM's multi_modal_data: its text's
-        (or ids') image placeholders expanded into each image's soft tokens."""
+        """tokenize_prompt, for a prompt that may carry vLLM's multi_modal_data (and
+        mm_processor_kwargs): its text's (or ids') image placeholders expanded into each
+        image's soft tokens, as many placeholders as images."""
         if not (isinstance(prompt, dict) and prompt.get("multi_modal_data") is not None):
             return (*self.tokenize_prompt(prompt), ())
         try:
-            images = tuple(self.images.from_multi_modal_data(prompt["multi_modal_data"]))
+            data, kwargs = prompt["multi_modal_data"], prompt.get("mm_processor_kwargs")
+            images = tuple(self.images.from_multi_modal_data(data, kwargs))
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), self.images.expand_ids(list(prompt["prompt_token_ids"]), images), images
-            text = self.images.expand_text(prompt.get("prompt", ""), images)
+            text = self.images.expand_text(prompt.get("prompt", ""), images, always=True)
         except ImageError as e:
             raise InvalidRequestError(str(e), "multi_modal_data") from None
         return prompt.get("prompt"), self.tokenizer.encode(text), images

@@ -220,6 +220,13 @@ class EngineArgs:
         type=_mm_limits,
         default_text='{"image": 8}',
     )
+    mm_processor_kwargs: dict | str | None = flag(
+        None,
+        "the image processor's values over the model's, as vLLM spells it: Qwen2.5-VL takes "
+        '\'{"min_pixels": N, "max_pixels": M}\' (the area each image is resized within, so its tokens); '
+        "any key the model's processor does not take is refused",
+        default_text="none",
+    )
     mmproj: str | None = flag(
         None,
         "a GGUF model's vision tower and projector: llama.cpp's mmproj-*.gguf file, as llama-server's --mmproj "
@@ -352,6 +359,7 @@ class EngineArgs:
         parse_kv_cache_scales(self.kv_cache_scales)  # a bad value fails here, before anything loads
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         self.hf_overrides = json_object(self.hf_overrides, "hf_overrides")
+        self.mm_processor_kwargs = json_object(self.mm_processor_kwargs, "mm_processor_kwargs")
         self.rope_scaling = json_object(self.rope_scaling, "rope_scaling")
         self.override_generation_config = json_object(self.override_generation_config, "override_generation_config")
         for f in dataclasses.fields(self):

@@ -86,8 +86,10 @@ class LLM:
         use_tqdm: bool = True,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
+        mm_processor_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Apply the chat template to each conversation, then generate."""
+        """Apply the chat template to each conversation, then generate. mm_processor_kwargs:
+        the image processor's values for these images, over --mm-processor-kwargs (vLLM's)."""
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         check_messages(convs)
         tok = self.engine.tokenizer
@@ -96,7 +98,8 @@ class LLM:
         for c in convs:  # image parts (image_url, image_pil) become the model's placeholders and multi_modal_data
             messages, sources = take_images(c)
             text = tok.apply_chat_template(messages, add_generation_prompt, chat_template=template)
-            images = self.engine.images.inputs(load_images(sources, self.engine.images)) if sources else []
+            images = load_images(sources, self.engine.images) if sources else []
+            images = self.engine.images.inputs(images, mm_processor_kwargs) if images else []
             text = self.engine.images.expand_text(text, images)  # each image's own number of soft tokens
             prompt = {"prompt_token_ids": tok.encode(text, add_special_tokens=False)}
             prompts.append({**prompt, "multi_modal_data": {"image": images}} if images else prompt)

@@ -77,3 +77,30 @@ def assert_no_leaks(engine):
     assert not engine.has_unfinished_requests()
     assert bm.num_free_blocks == bm.num_blocks, f"{bm.num_blocks - bm.num_free_blocks} blocks leaked"
     assert not any(bm.ref_counts)
+
+
+def two_rank_llm(folder: str, **kwargs):
+    """For a module fixture: an LLM at --tensor-parallel-size 2 (one spawned worker),
+    yielded, then its worker closed."""
+    from rawpage import LLM
+
+    llm = LLM(folder, tensor_parallel_size=2, **kwargs)
+    yield llm
+    llm.engine.workers.close()
+
+
+def check_two_ranks_match_one(llm, llm_tp2, prompt: dict, greedy: list[int]) -> None:
+    """One rank's and two ranks' greedy tokens (the recorded ones) and top-5 log-probabilities
+    (within 1e-5) for an image prompt, the prompt's images encoded once, on rank 0."""
+    from rawpage import SamplingParams
+
+    p = SamplingParams(temperature=0, max_tokens=len(greedy), logprobs=5)
+    llm.reset_prefix_cache()
+    (one,) = llm.generate(prompt, p, use_tqdm=False)
+    (two,) = llm_tp2.generate(prompt, p, use_tqdm=False)
+    assert len(llm_tp2.engine.workers.procs) == 1
+    assert list(two.outputs[0].token_ids) == list(one.outputs[0].token_ids) == greedy
+    for a, b in zip(one.outputs[0].logprobs, two.outputs[0].logprobs, strict=True):
+        assert a.keys() == b.keys()
+        np.testing.assert_allclose([b[t].logprob for t in a], [a[t].logprob for t in a], atol=1e-5, rtol=0)
+    assert llm_tp2.engine.runner.encoder_cache.misses == len(prompt["multi_modal_data"]["image"])

@@ -21,7 +21,7 @@ from rawpage.errors import InvalidRequestError
 from rawpage.loader import load_checkpoint
 from rawpage.models.registry import build_model
 from rawpage.multimodal.image_input import image_input
-from tests.model_harness import SingleSequence, image_rows
+from tests.model_harness import SingleSequence, check_two_ranks_match_one, image_rows, two_rank_llm
 from tests.tiny_families import weights_digest
 from tests.tiny_vlm import IMAGE, seeded_image, vlm_config, vlm_tensors, write_vlm
 
@@ -117,25 +117,15 @@ def test_engine_greedy_matches_transformers_in_small_chunks(llm):
 @pytest.fixture(scope="module")
 def llm_tp2(folder):
     """The `llm` engine's settings at --tensor-parallel-size 2 (one spawned worker)."""
-    llm = LLM(folder, block_size=8, max_num_batched_tokens=8, max_num_seqs=4, tensor_parallel_size=2)
-    yield llm
-    llm.engine.workers.close()
+    yield from two_rank_llm(folder, block_size=8, max_num_batched_tokens=8, max_num_seqs=4)
 
 
 @pytest.mark.timeout(120)
 def test_two_ranks_give_one_ranks_tokens_and_logprobs_with_images(llm, llm_tp2):
     """Rank 0 encodes the images; their soft tokens reach the worker inside the step's
     batch, so rank 1's embedding step (and its attention within each image) is rank 0's."""
-    p = SamplingParams(temperature=0, max_tokens=8, logprobs=5)
     prompt = {"prompt_token_ids": DATA["ids"], "multi_modal_data": {"image": images()}}
-    llm.reset_prefix_cache()
-    (one,) = llm.generate(prompt, p, use_tqdm=False)
-    (two,) = llm_tp2.generate(prompt, p, use_tqdm=False)
-    assert list(two.outputs[0].token_ids) == list(one.outputs[0].token_ids) == DATA["greedy"]
-    for a, b in zip(one.outputs[0].logprobs, two.outputs[0].logprobs, strict=True):
-        assert a.keys() == b.keys()
-        np.testing.assert_allclose([b[t].logprob for t in a], [a[t].logprob for t in a], atol=1e-5, rtol=0)
-    assert llm_tp2.engine.runner.encoder_cache.misses == 2  # each image encoded once, on rank 0
+    check_two_ranks_match_one(llm, llm_tp2, prompt, DATA["greedy"])
 
 
 def test_prefix_cache_hits_same_image_and_misses_another(llm):
@@ -432,3 +422,25 @@ def test_http_image_urls(http_images, monkeypatch):
     monkeypatch.setattr(media_fetch, "MAX_IMAGE_BYTES", 1000)
     with pytest.raises(ii.ImageError, match="over 1000 bytes"):
         media_fetch.fetch_image(base + "/big", ("localhost",))
+
+
+def test_gemma_refuses_mm_processor_kwargs_it_does_not_take(llm):
+    """Gemma 3's processor has no min/max_pixels: such kwargs are refused, naming them, never
+    accepted and ignored; do_pan_and_scan false is what rawpage does, so it is taken."""
+    prompt = {"prompt": "<start_of_image>Hi", "multi_modal_data": {"image": images()[0]}}
+    for kwargs, message in (
+        ({"max_pixels": 1024, "min_pixels": 4}, "max_pixels, min_pixels not supported for Gemma 3"),
+        ({"do_pan_and_scan": True}, "do_pan_and_scan is not supported"),
+    ):
+        with pytest.raises(InvalidRequestError, match=message):
+            generate(llm, {**prompt, "mm_processor_kwargs": kwargs}, 1)
+    plain = generate(llm, prompt, 2)
+    same = generate(llm, {**prompt, "mm_processor_kwargs": {"do_pan_and_scan": False}}, 2)
+    assert same.outputs[0].token_ids == plain.outputs[0].token_ids
+
+
+def test_an_empty_image_list_with_a_placeholder_is_refused(llm):
+    with pytest.raises(InvalidRequestError, match=re.escape("1 <start_of_image> placeholder(s) for 0 image(s)")):
+        generate(llm, {"prompt": "<start_of_image>Hi", "multi_modal_data": {"image": []}}, 1)
+    with pytest.raises(InvalidRequestError, match=re.escape("1 image token run(s) for 0 image(s)")):
+        generate(llm, {"prompt_token_ids": [5, 397, 6], "multi_modal_data": {"image": []}}, 1)

@@ -22,7 +22,7 @@ from rawpage.models.registry import build_model
 from rawpage.multimodal.image_input import image_input
 from rawpage.multimodal.mm_batch import MultimodalBatch
 from rawpage.multimodal.mrope import mrope_positions
-from tests.model_harness import SingleSequence
+from tests.model_harness import SingleSequence, check_two_ranks_match_one, two_rank_llm
 from tests.tiny_families import weights_digest
 from tests.tiny_qwen_vl import IMAGE_PAD, VISION_END, VISION_START, qwen_vl_config, qwen_vl_tensors, write_qwen_vl
 from tests.tiny_vlm import seeded_image
@@ -147,6 +147,21 @@ def test_engine_on_sim_matches_transformers(folder):
     check_greedy(generate(sim, {"prompt_token_ids": DATA["ids"], "multi_modal_data": {"image": images()}}, logprobs=5))
 
 
+@pytest.fixture(scope="module")
+def llm_tp2(folder):
+    """The `llm` engine's settings at --tensor-parallel-size 2 (one spawned worker)."""
+    yield from two_rank_llm(folder, block_size=8, max_num_batched_tokens=24, max_num_seqs=4)
+
+
+@pytest.mark.timeout(120)
+def test_two_ranks_decode_as_one_rank_with_images(llm, llm_tp2):
+    """Rank 0 encodes the images and computes the M-RoPE positions; both ride in each step's
+    batch, so the worker's prefill chunks and its decode steps (each at its place plus the
+    images' shift) are rank 0's: one rank's greedy tokens and log-probabilities."""
+    prompt = {"prompt_token_ids": DATA["ids"], "multi_modal_data": {"image": images()}}
+    check_two_ranks_match_one(llm, llm_tp2, prompt, DATA["greedy"])
+
+
 def test_prefix_cache_hits_same_images_and_misses_others(llm):
     llm.reset_prefix_cache()
     ims = images()
@@ -256,3 +271,98 @@ def test_transformers_5_layout_and_names(folder, tmp_path):
     np.testing.assert_allclose(model.encode_image(inp.pixels, inp.grid).ravel(), DATA["image_embeddings"][1], atol=1e-4)
     top_ids, top = np.array(DATA["top_ids"]), np.array(DATA["top_logits"])
     assert np.abs(np.take_along_axis(feed_with_images(model), top_ids, axis=1) - top).max() < TOL
+
+
+def pads(out) -> int:
+    return list(out.prompt_token_ids).count(IMAGE_PAD)
+
+
+def test_mm_processor_kwargs_change_the_resize_and_the_prefix_cache_keys(llm):
+    """vLLM's mm_processor_kwargs: min_pixels / max_pixels over preprocessor_config.json's,
+    per prompt dict and per LLM.chat; another resize is other pixels and tokens, never a cache hit."""
+    llm.reset_prefix_cache()
+    im = images()[0]  # 45 x 37: 20 tokens within the folder's max_pixels 1600
+    prompt = {"prompt": f"{PLACEHOLDER}Hi", "multi_modal_data": {"image": im}}
+    assert pads(generate(llm, prompt, 1)) == 20
+    small = {**prompt, "mm_processor_kwargs": {"max_pixels": 1024}}  # smart_resize: 32 x 24, a 6 x 8 patch grid
+    out = generate(llm, small, 1)
+    assert pads(out) == 12 and out.num_cached_tokens == 0
+    assert generate(llm, small, 1).num_cached_tokens == 8  # the same resize again hits
+    same = {**prompt, "mm_processor_kwargs": {"min_pixels": 256, "max_pixels": 1600}}  # the folder's own values
+    assert pads(generate(llm, same, 1)) == 20
+    vc = llm.engine.images.vision
+    from rawpage.multimodal.processor_kwargs import with_processor_kwargs
+
+    digests = {image_input(im, with_processor_kwargs(vc, kw, "t")).digest for kw in ({}, {"max_pixels": 1024})}
+    assert len(digests) == 2
+    msg = [{"role": "user", "content": [{"type": "image_pil", "image_pil": im}, {"type": "text", "text": "Hi"}]}]
+    (chat,) = llm.chat(msg, SamplingParams(max_tokens=1), use_tqdm=False, mm_processor_kwargs={"max_pixels": 1024})
+    assert pads(chat) == 12
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"max_pixels": 1024, "fps": 2}, "fps not supported for Qwen2.5-VL"),
+        ({"min_pixels": 2000, "max_pixels": 1000}, "min_pixels 2000 is over max_pixels 1000"),
+        ({"max_pixels": "1024"}, "max_pixels must be an integer"),
+        ({"min_pixels": 100_000, "max_pixels": 200_000}, "more than --max-num-batched-tokens 24"),  # before resizing
+    ],
+)
+def test_bad_mm_processor_kwargs_are_refused(llm, kwargs, message):
+    prompt = {"prompt": PLACEHOLDER, "multi_modal_data": {"image": images()[0]}, "mm_processor_kwargs": kwargs}
+    with pytest.raises(InvalidRequestError, match=message):
+        generate(llm, prompt, 1)
+
+
+def test_served_mm_processor_kwargs():
+    from types import SimpleNamespace
+
+    from rawpage.multimodal.prompt_images import PromptImages
+
+    vc = load_checkpoint(write_qwen_vl_tmp()).config.vision
+    args = SimpleNamespace(
+        batched_tokens=lambda d: 64,
+        limit_mm_per_prompt=None,
+        allowed_local_media_path=None,
+        allowed_media_domains=[],
+        mm_processor_kwargs={"max_pixels": 1024},
+    )
+    served = PromptImages(vc, None, "qvl", args)
+    assert served.vision.processor.max_pixels == 1024 and served.inputs(images()[:1])[0].length == 12
+    assert served.inputs(images()[:1], {"max_pixels": 1600})[0].length == 20  # a request's over the server's
+    args.mm_processor_kwargs = {"do_pan_and_scan": True}
+    with pytest.raises(ValueError, match="--mm-processor-kwargs: do_pan_and_scan not supported for Qwen2.5-VL"):
+        PromptImages(vc, None, "qvl", args)
+    with pytest.raises(ValueError, match="'text' does not take images"):
+        PromptImages(None, None, "text", args)
+
+
+def write_qwen_vl_tmp() -> str:
+    import tempfile
+
+    return write_qwen_vl(tempfile.mkdtemp(prefix="qvl-kw-"))
+
+
+def test_numpy_arrays_are_images(llm):
+    """vLLM's other image form: an (H, W, 3) uint8 array, the same image as its PIL one."""
+    ims = images()
+    arrays = [np.asarray(im) for im in ims]
+    a = generate(llm, {"prompt_token_ids": DATA["ids"], "multi_modal_data": {"image": arrays}}, logprobs=5)
+    check_greedy(a)
+    rgba = np.dstack([arrays[0], np.full(arrays[0].shape[:2], 255, np.uint8)])
+    vc = llm.engine.images.vision
+    assert image_input(rgba, vc).digest == image_input(ims[0], vc).digest
+    for bad in (arrays[0].astype(np.float32), arrays[0][..., :2]):
+        with pytest.raises(InvalidRequestError, match="uint8 of shape"):
+            generate(llm, {"prompt": PLACEHOLDER, "multi_modal_data": {"image": bad}}, 1)
+
+
+@pytest.mark.parametrize("key", ["prompt", "prompt_token_ids"])
+def test_no_images_for_a_placeholder_is_refused(llm, key):
+    text = f"Look:{PLACEHOLDER}"
+    prompt = text if key == "prompt" else llm.get_tokenizer().encode(text)
+    with pytest.raises(InvalidRequestError, match="has 1 .* for 0 image"):
+        generate(llm, {key: prompt, "multi_modal_data": {"image": []}}, 1)
+    assert not llm.engine.has_unfinished_requests()
+    assert pads(generate(llm, {key: "Hi" if key == "prompt" else [5, 6], "multi_modal_data": {"image": []}}, 1)) == 0

@@ -157,14 +157,31 @@ def write_qwen_vl(folder: str, seed: int = 0) -> str:
     return write_vlm_folder(folder, cfg, qwen_vl_tensors(cfg, seed), qwen_vl_tokenizer(), tok_cfg, PREPROCESSOR)
 
 
+# the metadata convert_hf_to_gguf.py --mmproj writes for Qwen2.5-VL (MmprojModel's and
+# Qwen2VLVisionModel's set_gguf_parameters), besides general.* (name, file type, type)
+MMPROJ_KEYS = {
+    "clip.has_vision_encoder",
+    "clip.projector_type",
+    "clip.use_silu",
+    *(
+        "clip.vision." + k
+        for k in (
+            "projection_dim image_size patch_size embedding_length feed_forward_length block_count "
+            "attention.head_count image_mean image_std attention.layer_norm_epsilon n_wa_pattern"
+        ).split()
+    ),
+}
+
+
 def write_qwen_vl_gguf(folder: str, seed: int = 0, mmproj_type: str = "F32") -> tuple[str, str]:
     """The tiny Qwen2.5-VL as llama.cpp's convert_hf_to_gguf.py writes it: a qwen2vl text
     GGUF (qwen2vl.rope.dimension_sections [2, 3, 3, 0], the vision tokens as control tokens)
     and, with --mmproj, a clip GGUF of projector type qwen2.5vl_merger: q, k, v split out of
     qkv, the Conv3d as two Conv2d time slices (v.patch_embd.weight, .weight.1), names from
-    gguf's own tensor map, matrices in mmproj_type. This tiny model's window (16 pixels) and
-    pixel limits, which clip.cpp would otherwise take as 112 and 8..4096 tokens, are written
-    in clip.vision.window_size and image_min/max_pixels. Returns (model.gguf, mmproj.gguf)."""
+    gguf's own tensor map, matrices (and, in F16, the patch embedding) in mmproj_type. The
+    mmproj holds exactly the keys the converter writes (MMPROJ_KEYS), so not this tiny model's
+    16-pixel window nor its min/max_pixels: clip.cpp (and rawpage) take 112-pixel windows and
+    8..4096 tokens an image for those. Returns (model.gguf, mmproj.gguf)."""
     import gguf
 
     from tests.tiny_models import write_gguf
@@ -183,9 +200,9 @@ def write_qwen_vl_gguf(folder: str, seed: int = 0, mmproj_type: str = "F32") -> 
     )
     path = os.path.join(folder, "mmproj.gguf")
     v = cfg["vision_config"]
-    vision_keys = {  # clip.vision.*, by the writer's add_vision_<what>
+    vision_keys = {  # clip.vision.* (and clip.use_silu), by the writer's add_vision_<what>, as the converter
         "projection_dim": cfg["hidden_size"],
-        "image_size": 560,  # the converter's default; Qwen2.5-VL's images take their own size
+        "image_size": 560,  # the converter's default for a config without one; images take their own size
         "patch_size": v["patch_size"],
         "embedding_length": v["hidden_size"],
         "feed_forward_length": v["intermediate_size"],
@@ -193,20 +210,18 @@ def write_qwen_vl_gguf(folder: str, seed: int = 0, mmproj_type: str = "F32") -> 
         "head_count": v["num_heads"],
         "image_mean": PREPROCESSOR["image_mean"],
         "image_std": PREPROCESSOR["image_std"],
-        "attention_layernorm_eps": cfg["rms_norm_eps"],
+        "attention_layernorm_eps": cfg["rms_norm_eps"],  # the text config's, as the converter takes it
         "use_silu": True,
         "n_wa_pattern": v["fullatt_block_indexes"][0] + 1,
-        "window_size": v["window_size"],
-        "min_pixels": PREPROCESSOR["min_pixels"],
-        "max_pixels": PREPROCESSOR["max_pixels"],
     }
     w = open_mmproj(path, gguf.VisionProjectorType.QWEN25VL, vision_keys)
+    w.add_file_type(getattr(gguf.LlamaFileType, "ALL_F32" if mmproj_type == "F32" else "MOSTLY_" + mmproj_type))
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, v["depth"])
     qtype = getattr(gguf.GGMLQuantizationType, mmproj_type)
     for name, t in vision_tensors(cfg, seed).items():
-        if name == "visual.patch_embed.proj.weight":  # (Dv, 3, 2, P, P) -> two (Dv, 3, P, P)
-            w.add_tensor("v.patch_embd.weight", np.ascontiguousarray(t[:, :, 0]))
-            w.add_tensor("v.patch_embd.weight.1", np.ascontiguousarray(t[:, :, 1]))
+        if name == "visual.patch_embed.proj.weight":  # (Dv, 3, 2, P, P) -> two (Dv, 3, P, P), F32 or F16
+            for key, x in (("v.patch_embd.weight", t[:, :, 0]), ("v.patch_embd.weight.1", t[:, :, 1])):
+                w.add_tensor(key, np.ascontiguousarray(x).astype(np.float16 if mmproj_type == "F16" else np.float32))
             continue
         parts = [(name, t)]
         if ".qkv." in name:

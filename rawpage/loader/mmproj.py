@@ -33,8 +33,11 @@ from rawpage.text.tokenizer import Tokenizer
 PROJECTORS = {"gemma3": "gemma3", "qwen2.5vl_merger": "qwen2"}
 GEMMA3_IMAGE_TOKENS = ("<start_of_image>", "<image_soft_token>", "<end_of_image>")
 QWEN_IMAGE_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
-# clip.cpp's Qwen2.5-VL defaults where the mmproj does not say: 112-pixel windows, and
-# images resized to between 8 and 4096 tokens (clip.vision.image_min/max_pixels override)
+# What a Qwen2.5-VL mmproj does not hold, as clip.cpp takes it (convert_hf_to_gguf.py writes
+# neither the config's window_size nor the preprocessor's min/max_pixels, and clip.cpp reads
+# no key for them): 112-pixel windows, and images resized to between 8 and 4096 tokens
+# (llama-server's --image-min-tokens / --image-max-tokens; here --mm-processor-kwargs'
+# min_pixels / max_pixels). Every released Qwen2.5-VL has window_size 112.
 QWEN_WINDOW, QWEN_MIN_TOKENS, QWEN_MAX_TOKENS = 112, 8, 4096
 DEFAULT_POOL = 4  # clip.cpp's Gemma 3 pooling (k x k patches a token) when clip.vision.projector.scale_factor is absent
 
@@ -164,8 +167,10 @@ def _token_id(tokenizer: Tokenizer, token: str, where: str) -> int:
 
 
 def _qwen_vision_config(meta: dict, where: str, tokenizer: Tokenizer, text_dim: int, model: str) -> VisionConfig:
-    """A qwen2.5vl_merger mmproj's VisionConfig: the tower's shape, full attention in every
-    n_wa_pattern-th block, and Qwen2VLImageProcessor's recipe within clip.cpp's token limits."""
+    """A qwen2.5vl_merger mmproj's VisionConfig, from what convert_hf_to_gguf.py writes: the
+    tower's shape (clip.vision.*), full attention in every n_wa_pattern-th block (the converter
+    writes fullatt_block_indexes[0] + 1, having checked they are evenly spaced), eps, mean
+    and std; clip.cpp's window and token limits for the rest (QWEN_WINDOW ...)."""
     v = "clip.vision."
     try:
         layers, patch = int(meta[v + "block_count"]), int(meta[v + "patch_size"])
@@ -177,8 +182,8 @@ def _qwen_vision_config(meta: dict, where: str, tokenizer: Tokenizer, text_dim: 
             )
         factor = patch * merge
         pre = {
-            "min_pixels": int(meta.get(v + "image_min_pixels", QWEN_MIN_TOKENS * factor * factor)),
-            "max_pixels": int(meta.get(v + "image_max_pixels", QWEN_MAX_TOKENS * factor * factor)),
+            "min_pixels": QWEN_MIN_TOKENS * factor * factor,
+            "max_pixels": QWEN_MAX_TOKENS * factor * factor,
             "image_mean": meta.get(v + "image_mean"),
             "image_std": meta.get(v + "image_std"),
         }
@@ -199,7 +204,7 @@ def _qwen_vision_config(meta: dict, where: str, tokenizer: Tokenizer, text_dim: 
             family="qwen2_5_vl",
             spatial_merge_size=merge,
             temporal_patch_size=2,  # the converter's two patch_embd slices
-            window_size=int(meta.get(v + "window_size", QWEN_WINDOW)),
+            window_size=QWEN_WINDOW,
             fullatt_block_indexes=tuple(i for i in range(layers) if (i + 1) % n_wa == 0),
             out_hidden_size=text_dim,
             hidden_act="silu",

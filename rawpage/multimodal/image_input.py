@@ -1,7 +1,7 @@
 """An image from a request, decoded within limits and made into the tower's input.
 
     data URL / file under --allowed-local-media-path / http(s) from --allowed-media-domains
-    (multimodal/chat_images.py, media_fetch.py) / PIL image
+    (multimodal/chat_images.py, media_fetch.py) / PIL image / NumPy (H, W, C) uint8 array
       -> bytes (at most MAX_IMAGE_BYTES) -> header read: format in IMAGE_FORMATS,
          width x height at most MAX_IMAGE_PIXELS (a decompression bomb stops here,
          before a pixel is decoded) -> RGB (transparency over white)
@@ -118,18 +118,38 @@ def check_size(size: tuple[int, int]) -> None:
         raise ImageError(f"image is {w}x{h} pixels; at most {MAX_IMAGE_PIXELS} pixels (width x height) are accepted")
 
 
-def preprocess(im: Any, proc: ImageProcessorConfig) -> np.ndarray:
-    """A PIL image -> (3, height, width) float32, as the checkpoint's image processor makes it."""
+def as_pil(im: Any) -> Any:
+    """A PIL image as it is, or one from vLLM's other image form: a NumPy uint8 array of
+    (H, W, 3) RGB, (H, W, 4) RGBA or (H, W) grey pixels."""
     Image = _pil()
+    if isinstance(im, np.ndarray):
+        if im.dtype != np.uint8 or not (im.ndim == 2 or (im.ndim == 3 and im.shape[2] in (3, 4))):
+            raise ImageError(
+                f"an image array must be uint8 of shape (H, W, 3) RGB, (H, W, 4) RGBA or (H, W) grey; "
+                f"got {im.dtype} {im.shape}"
+            )
+        check_size((im.shape[1], im.shape[0]))
+        return Image.fromarray(np.ascontiguousarray(im))
     if not isinstance(im, Image.Image):
-        raise ImageError(f"an image must be a PIL.Image.Image, not {type(im).__name__}")
+        raise ImageError(f"an image must be a PIL.Image.Image or a NumPy uint8 array, not {type(im).__name__}")
+    return im
+
+
+def check_aspect(w: int, h: int, proc: ImageProcessorConfig) -> None:
+    if max(w, h) > 200 * min(w, h) and proc.min_pixels:
+        raise ImageError(f"image is {w}x{h} pixels; its aspect ratio must be under 200 (Qwen2-VL's processor)")
+
+
+def preprocess(im: Any, proc: ImageProcessorConfig) -> np.ndarray:
+    """A PIL image (or array) -> (3, height, width) float32, as the checkpoint's image processor makes it."""
+    Image = _pil()
+    im = as_pil(im)
     check_size(im.size)
     if "A" in im.getbands() or im.info.get("transparency") is not None:  # over white, as transformers does
         rgba = im.convert("RGBA")
         im = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
     w, h = im.size
-    if max(w, h) > 200 * min(w, h) and proc.min_pixels:
-        raise ImageError(f"image is {w}x{h} pixels; its aspect ratio must be under 200 (Qwen2-VL's processor)")
+    check_aspect(w, h, proc)
     im = im.convert("RGB").resize(proc.target_size(w, h), resample=Image.Resampling(proc.resample))
     x = np.asarray(im, dtype=np.float32) * np.float32(proc.rescale_factor)  # (H, W, 3)
     x = (x - np.asarray(proc.image_mean, np.float32)) / np.asarray(proc.image_std, np.float32)
@@ -149,9 +169,18 @@ def patchify(x: np.ndarray, vc: VisionConfig) -> tuple[np.ndarray, tuple[int, in
     return np.ascontiguousarray(p.reshape(gh * gw, C * Tp * P * P)), (1, gh, gw)
 
 
+def tokens_for(size: tuple[int, int], vc: VisionConfig) -> int:
+    """N soft tokens an image of size (width, height) becomes, known before it is resized."""
+    if vc.family != "qwen2_5_vl":
+        return vc.tokens_per_image
+    check_aspect(*size, vc.processor)
+    w, h = vc.processor.target_size(*size)
+    return (w // vc.patch_size) * (h // vc.patch_size) // vc.spatial_merge_size**2
+
+
 def image_input(im: Any, vc: VisionConfig) -> ImageInput:
-    """An ImageInput (not yet placed in a prompt) from a PIL image: its pixels as the
-    model's processor makes them, and its number of soft tokens."""
+    """An ImageInput (not yet placed in a prompt) from a PIL image (or array): its pixels
+    as the model's processor makes them, and its number of soft tokens."""
     pixels, grid, n = preprocess(im, vc.processor), (1, 1, 1), vc.tokens_per_image
     if vc.family == "qwen2_5_vl":
         pixels, grid = patchify(pixels, vc)

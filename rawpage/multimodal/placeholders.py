@@ -30,11 +30,7 @@ def expand_image_text(text: str, images: list[ImageInput], vc: VisionConfig, tok
     marker = tok.id_to_token(_marker(vc))
     pieces = text.split(marker)
     if len(pieces) - 1 != len(images):
-        where = marker if vc.family == "gemma3" else boi + marker + eoi
-        raise ImageError(
-            f"the prompt has {len(pieces) - 1} {marker} placeholder(s) for {len(images)} image(s); "
-            f"put one {where} where each image goes (a chat template does this for image parts)"
-        )
+        raise _count_error(len(pieces) - 1, len(images), vc, tok)
     if vc.family == "gemma3":
         return text.replace(boi, f"\n\n{boi}{image * vc.tokens_per_image}{eoi}\n\n")
     out = pieces[0]
@@ -43,9 +39,30 @@ def expand_image_text(text: str, images: list[ImageInput], vc: VisionConfig, tok
     return out
 
 
-def expand_image_ids(ids: list[int], images: list[ImageInput], vc: VisionConfig, newlines: list[int]) -> list[int]:
+def _count_error(found: int, n: int, vc: VisionConfig, tok: Tokenizer, what: str = "") -> ImageError:
+    """what: what was counted (a prompt's ids count runs of image tokens), else the placeholder."""
+    boi, marker, eoi = (tok.id_to_token(i) for i in (vc.boi_token_id, _marker(vc), vc.eoi_token_id))
+    where = marker if vc.family == "gemma3" else boi + marker + eoi
+    return ImageError(
+        f"the prompt has {found} {what or marker + ' placeholder(s)'} for {n} image(s); "
+        f"put one {where} where each image goes (a chat template does this for image parts)"
+    )
+
+
+def expand_image_ids(
+    ids: list[int], images: list[ImageInput], vc: VisionConfig, newlines: list[int], tok: Tokenizer
+) -> list[int]:
     """Token ids with each bare placeholder expanded (a prompt given as ids); ids that
-    already hold the soft tokens are returned as they are (Qwen: runs of each image's length)."""
+    already hold the soft tokens are returned as they are (Qwen: runs of each image's length).
+    ImageError if the placeholders (or runs) and the images differ in number."""
+    out = _expand_ids(ids, images, vc, newlines)
+    found = len(_runs(out, vc.image_token_id))
+    if found != len(images):
+        raise _count_error(found, len(images), vc, tok, "image token run(s)")
+    return out
+
+
+def _expand_ids(ids: list[int], images: list[ImageInput], vc: VisionConfig, newlines: list[int]) -> list[int]:
     runs = _runs(ids, vc.image_token_id)
     if vc.family == "gemma3":
         if runs:

@@ -249,6 +249,7 @@ def render_options(body: Body, config: ServerConfig) -> RenderOptions:
         add_generation_prompt=body.bool("add_generation_prompt", True),
         continue_final_message=body.bool("continue_final_message", False),
         add_special_tokens=body.bool("add_special_tokens", False),
+        mm_processor_kwargs=body.dict("mm_processor_kwargs"),
     )
 
 

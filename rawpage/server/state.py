@@ -62,6 +62,7 @@ class RenderOptions:
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # leave the last message open: the model continues it
     add_special_tokens: bool = False  # the template already writes BOS and the like
+    mm_processor_kwargs: dict[str, Any] = field(default_factory=dict)  # over --mm-processor-kwargs, for its images
 
 
 @dataclass
@@ -220,7 +221,9 @@ class ServerState:
                 chosen, extra = template_for_tools(chosen or info.tokenizer.chat_template), {"tools": tools}
             kwargs = {**render.chat_template_kwargs, **extra}
             msgs, sources = take_images(messages)
-            images = info.images.inputs(load_images(sources, info.images)) if sources else []
+            images = (
+                info.images.inputs(load_images(sources, info.images), render.mm_processor_kwargs) if sources else []
+            )
             text = info.tokenizer.apply_chat_template(
                 msgs, render.add_generation_prompt, chat_template=chosen, **kwargs
             )

@@ -95,7 +95,6 @@ NO_EFFECT: dict[str, VllmFlag] = {
     "guided-decoding-backend": VllmFlag("structured outputs always compile with llguidance"),
     "structured-outputs-config": VllmFlag("structured outputs always compile with llguidance"),
     "enable-reasoning": VllmFlag("--reasoning-parser alone turns reasoning output on", switch=True),
-    "mm-processor-kwargs": VllmFlag("images are processed as the model's preprocessor_config.json says"),
     "hf-token": VllmFlag("hub downloads read $HF_TOKEN (or `huggingface-cli login`'s token); set that instead"),
     "code-revision": VllmFlag("rawpage never runs code from a model repository"),
     "use-tqdm-on-load": VllmFlag("loading logs its own progress", switch=True),

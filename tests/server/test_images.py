@@ -136,6 +136,13 @@ def test_bad_images_are_400s_in_openai_shape(vlm_server, urls, says):
     assert says in r.json()["error"]["message"], r.text
 
 
+def test_mm_processor_kwargs_gemma_does_not_take_are_a_400_naming_them(vlm_server):
+    body = {"model": MODEL, "messages": ask(data_url(png())), "max_tokens": 2, "mm_processor_kwargs": {"max_pixels": 9}}
+    r = httpx.post(vlm_server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    assert "max_pixels not supported for Gemma 3" in r.json()["error"]["message"], r.text
+
+
 def test_bad_image_is_a_400_in_anthropic_shape(vlm_server):
     block = {
         "type": "image",

@@ -8,6 +8,7 @@ import io
 import json
 import os
 
+import httpx
 import pytest
 
 from tests.server.harness import ServerProcess
@@ -25,7 +26,8 @@ with open(os.path.join(os.path.dirname(__file__), "..", "data", "golden_qwen25vl
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     folder = write_qwen_vl(str(tmp_path_factory.mktemp("qvl") / MODEL))
-    s = ServerProcess("--model", folder, "--block-size", "8", "--enable-prompt-tokens-details")
+    kwargs = ("--mm-processor-kwargs", '{"max_pixels": 1600}')  # the folder's own value: the same tokens
+    s = ServerProcess("--model", folder, "--block-size", "8", "--enable-prompt-tokens-details", *kwargs)
     yield s
     assert s.stop() == 0, s.output()
 
@@ -87,3 +89,20 @@ def test_responses_and_anthropic_images_take_their_own_token_counts(server):
         )
         counts.append(m.usage.input_tokens)
     assert counts[0] - counts[1] == 20 - 12
+
+
+def test_request_mm_processor_kwargs_resize_its_images(server):
+    """vLLM's chat field (openai's extra_body): max_pixels 1024 makes the 20-token image 12 tokens."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    parts = [{"type": "image_url", "image_url": {"url": data_url(DATA["images"][0])}}, {"type": "text", "text": "Hi"}]
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": parts}], max_tokens=1)
+    plain = client.chat.completions.create(**kw)
+    small = client.chat.completions.create(**kw, extra_body={"mm_processor_kwargs": {"max_pixels": 1024}})
+    assert plain.usage.prompt_tokens - small.usage.prompt_tokens == 20 - 12
+    counts = []
+    for extra in ({}, {"mm_processor_kwargs": {"max_pixels": 1024}}):  # vLLM's /tokenize takes them too
+        r = httpx.post(server.url + "/tokenize", json={"model": MODEL, "messages": kw["messages"], **extra}, timeout=60)
+        counts.append(r.json()["count"])
+    assert counts[0] - counts[1] == 20 - 12
+    with pytest.raises(openai.BadRequestError, match="video_fps not supported for Qwen2.5-VL"):
+        client.chat.completions.create(**kw, extra_body={"mm_processor_kwargs": {"video_fps": 1}})
