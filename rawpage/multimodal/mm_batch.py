@@ -9,6 +9,8 @@ embeddings, which the EncoderCache computes once per image content.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +21,8 @@ import numpy as np
 if TYPE_CHECKING:
     from rawpage.multimodal.image_input import ImageInput
     from rawpage.sequence import Sequence
+
+logger = logging.getLogger("rawpage")
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,8 @@ class MultimodalBatch:
 
 class EncoderCache:
     """Image embeddings by content digest, least recently used out past max_bytes: the
-    encoder runs once per image, however many requests, chunks or recomputes show it."""
+    encoder runs once per image, however many requests, chunks or recomputes show it. Each
+    encode is logged with its time ("image encoded in N ms"; tools/compare_vision.py reads it)."""
 
     def __init__(self, encode: Callable[[np.ndarray], np.ndarray], max_bytes: int = 256 << 20) -> None:
         self.encode, self.max_bytes = encode, max_bytes
@@ -51,7 +56,9 @@ class EncoderCache:
             self.entries.move_to_end(image.digest)
             return emb
         self.misses += 1
+        t0 = time.perf_counter()
         emb = self.encode(image.pixels)
+        logger.info("image encoded in %.0f ms (%d tokens)", (time.perf_counter() - t0) * 1e3, emb.shape[0])
         self.entries[image.digest] = emb
         self.num_bytes += emb.nbytes
         while self.num_bytes > self.max_bytes and len(self.entries) > 1:
