@@ -1,5 +1,9 @@
-"""Gemma 3's image encoder: a SigLIP vision tower and the average-pool projector, in
-NumPy on the host (one image at a time; its GEMMs are BLAS through np.matmul).
+"""Gemma 3's image encoder: a SigLIP vision tower and the average-pool projector, on the
+host (one image at a time). Its GEMMs are float32 BLAS through np.matmul; the ops between
+them (layer norms, bias + GELU, the softmax) are the backend's VisionOps: the C kernels
+of native/vision_ops.c where the CPU backend has them loaded, else the NumPy references
+of ops/vision_ops.py, on the backend's threads. Attention runs one head and ATTENTION_ROWS queries at a time, so that its scores
+are (2048, G*G) (32 MB at 896 px), never (Hv, G*G, G*G) (1 GB).
 
     pixels (3, S, S) -> P x P patches -> (G*G, Dv) + positions
       -> [LayerNorm -> attention (every patch sees every patch) -> + ;
@@ -23,7 +27,9 @@ import numpy as np
 from rawpage.backends.base import Backend
 from rawpage.models.weight_source import CheckpointWeights, WeightSource
 from rawpage.multimodal.vision_config import VisionConfig
-from rawpage.ops.layer_ops import gelu_tanh_and_mul_ref
+from rawpage.ops.vision_ops import VisionOps
+
+ATTENTION_ROWS = 2048  # queries per block of one head's attention scores
 
 
 @dataclass
@@ -40,16 +46,26 @@ class VisionLayer:
     fc2_bias: np.ndarray  # (Dv,)
 
 
-def layer_norm(x: np.ndarray, wb: tuple[np.ndarray, np.ndarray], eps: float) -> np.ndarray:
-    """x (n, Dv): (x - mean) / sqrt(var + eps) * w + b over the last axis."""
-    mu = x.mean(axis=-1, keepdims=True)
-    var = np.square(x - mu).mean(axis=-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + np.float32(eps)) * wb[0] + wb[1]
-
-
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    """gelu with the tanh approximation: the decoder's gated one, with a gate of ones."""
-    return gelu_tanh_and_mul_ref(np.concatenate([x, np.ones_like(x)], axis=-1))
+def attention(ops: VisionOps, qkv: np.ndarray, heads: int) -> np.ndarray:
+    """qkv (n, 3 Dv) = [q | k | v] -> every patch attending to every patch, scaled by
+    Dh**-0.5, (n, Dv). One head at a time, ATTENTION_ROWS queries at a time: their scores
+    against every key (rows, n) in one buffer, softmaxed in place, then times v. (All
+    heads at once in blocks of 128 queries, as one batched np.matmul, measured 3-4x the
+    CPU time: each small GEMM packs the whole of k again; docs/benchmarks.md.)"""
+    n, Dv = qkv.shape[0], qkv.shape[1] // 3
+    Dh = Dv // heads
+    out = np.empty((n, Dv), np.float32)
+    scores = np.empty((min(n, ATTENTION_ROWS), n), np.float32)
+    for h in range(heads):
+        cols = slice(h * Dh, (h + 1) * Dh)
+        q = qkv[:, cols] * np.float32(Dh**-0.5)  # (n, Dh), contiguous
+        kT = np.ascontiguousarray(qkv[:, Dv:][:, cols].T)  # (Dh, n)
+        v = np.ascontiguousarray(qkv[:, 2 * Dv :][:, cols])  # (n, Dh)
+        for r in range(0, n, ATTENTION_ROWS):
+            s = scores[: min(ATTENTION_ROWS, n - r)]
+            np.matmul(q[r : r + ATTENTION_ROWS], kT, out=s)
+            out[r : r + len(s), cols] = ops.softmax(s) @ v
+    return out
 
 
 class Gemma3VisionEncoder:
@@ -58,6 +74,7 @@ class Gemma3VisionEncoder:
 
     def __init__(self, vc: VisionConfig, text_dim: int, backend: Backend, tensors: Mapping | WeightSource) -> None:
         self.vc, self.text_dim = vc, text_dim
+        self.ops = backend.vision_ops()
         source = tensors if isinstance(tensors, WeightSource) else CheckpointWeights(tensors)
 
         def get(name: str, *shape: int) -> np.ndarray:  # float32 on the host
@@ -103,25 +120,21 @@ class Gemma3VisionEncoder:
 
     def encode(self, pixels: np.ndarray) -> np.ndarray:
         """pixels (3, S, S) float32, normalized -> the image's soft tokens (N, dim) float32."""
-        vc, eps = self.vc, self.vc.layer_norm_eps
-        G, P, Dv, Hv = vc.patches_per_side, vc.patch_size, vc.hidden_size, vc.num_heads
-        Dh = Dv // Hv
+        vc, eps, ops = self.vc, self.vc.layer_norm_eps, self.ops
+        G, P, Dv = vc.patches_per_side, vc.patch_size, vc.hidden_size
+        ops.begin(G * G)
         patches = pixels.reshape(3, G, P, G, P).transpose(1, 3, 0, 2, 4).reshape(G * G, 3 * P * P)
         x = patches @ self.patch + self.patch_bias + self.positions  # (G*G, Dv), patches row by row
         for layer in self.layers:
-            # attention: every patch attends to every patch, scaled by Dh**-0.5
-            h = layer_norm(x, layer.norm1, eps) @ layer.qkv + layer.qkv_bias  # (G*G, 3 Dv)
-            q, k, v = (h[:, i * Dv : (i + 1) * Dv].reshape(-1, Hv, Dh).transpose(1, 0, 2) for i in range(3))
-            scores = (q @ k.transpose(0, 2, 1)) * np.float32(Dh**-0.5)  # (Hv, G*G, G*G)
-            scores -= scores.max(axis=-1, keepdims=True)
-            probs = np.exp(scores)
-            probs /= probs.sum(axis=-1, keepdims=True)
-            o = (probs @ v).transpose(1, 0, 2).reshape(-1, Dv)  # (G*G, Dv)
-            x = x + o @ layer.out + layer.out_bias
+            h = ops.layer_norm(x, layer.norm1, eps) @ layer.qkv  # (G*G, 3 Dv)
+            h += layer.qkv_bias
+            x += attention(ops, h, vc.num_heads) @ layer.out
+            x += layer.out_bias
             # MLP: fc2(gelu(fc1(x)))
-            h = gelu_tanh(layer_norm(x, layer.norm2, eps) @ layer.fc1 + layer.fc1_bias)  # (G*G, Iv)
-            x = x + h @ layer.fc2 + layer.fc2_bias
-        x = layer_norm(x, self.post_norm, eps)
+            h = ops.bias_gelu(ops.layer_norm(x, layer.norm2, eps) @ layer.fc1, layer.fc1_bias)  # (G*G, Iv)
+            x += h @ layer.fc2
+            x += layer.fc2_bias
+        x = ops.layer_norm(x, self.post_norm, eps)
         # projector: average k x k neighbouring patches into one token, then RMSNorm and project
         n = round(vc.tokens_per_image**0.5)
         kp = G // n

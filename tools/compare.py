@@ -412,6 +412,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--vision-repeats", type=int, default=3, help="vision mode: c=1 requests per image size")
     ap.add_argument("--vision-output", type=int, default=32, help="vision mode: reply tokens at c=4")
     ap.add_argument(
+        "--vision-engines",
+        help="vision mode: the engines to run (e.g. llama-server-vnni); the others keep their recorded results",
+    )
+    ap.add_argument(
         "--vision-c4-requests", dest="c4_requests", type=int, default=4, help="vision mode: requests at c=4"
     )
     ap.add_argument("--max-model-len", type=int, default=2048, help="context of each sequence, in every engine")

@@ -147,6 +147,8 @@ def vision_servers(args, commands: dict[str, list[str]]) -> dict[str, list[str]]
     for engine, cmd in commands.items():
         if engine == "llama-server" and "llama-server-vnni" in commands:
             continue
+        if args.vision_engines and engine not in args.vision_engines.split(","):
+            continue
         if engine == "rawpage":
             out[engine] = [*cmd, "--mmproj", args.mmproj, "--cpu-threads", str(args.threads)]
         elif engine.startswith("llama-server"):

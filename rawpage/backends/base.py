@@ -11,6 +11,7 @@ import numpy as np
 from rawpage.dtypes import from_float32
 from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
 from rawpage.ops.lora import LoRALinear, add_lora_grouped
+from rawpage.ops.vision_ops import VisionOps
 from rawpage.quantization.weight import QuantizedWeight, RowStack, dequantize
 
 Array = Any  # numpy.ndarray on cpu and sim, cupy.ndarray on cuda
@@ -208,6 +209,10 @@ class Backend:
     def gelu_tanh_and_mul(self, x: Array) -> Array:
         """GeGLU's gate (Gemma): (T, 2I) holding [gate | up] -> gelu_tanh(gate) * up: (T, I)."""
         raise NotImplementedError
+
+    def vision_ops(self) -> VisionOps:
+        """A vision encoder's ops between its GEMMs, on the host (models/siglip.py)."""
+        return VisionOps()
 
     def swap_blocks(self, src: Array, dst: Array, block_mapping: np.ndarray) -> None:
         """Copy whole blocks between the device pool and the CPU swap pool (NumPy), either way:

@@ -59,6 +59,7 @@ from rawpage.native import attention, layer_ops
 from rawpage.native.gguf import NATIVE_GGUF, gguf_matmul, gguf_rows, repack
 from rawpage.native.half import half_matmul, half_rows
 from rawpage.native.library import Arena, NativeLibrary, NotCapturable, capturing, empty, recording
+from rawpage.native.vision_ops import NativeVisionOps
 from rawpage.ops.cache_ops import copy_blocks_ref, swap_blocks_ref
 from rawpage.ops.kv_cache_fp8 import paged_attention_fp8_ref, write_kv_fp8_ref
 from rawpage.ops.layer_ops import (
@@ -70,6 +71,7 @@ from rawpage.ops.layer_ops import (
     write_kv_ref,
 )
 from rawpage.ops.paged_attention import paged_attention_ref
+from rawpage.ops.vision_ops import VisionOps
 from rawpage.quantization.weight import QuantizedWeight, RowStack, dequantize
 
 logger = logging.getLogger("rawpage")
@@ -304,6 +306,10 @@ class CPUBackend(Backend):
         if self.lib is None:
             return gelu_tanh_and_mul_ref(x)
         return layer_ops.gelu_tanh_and_mul(self.lib, x, self.kernel_threads)
+
+    def vision_ops(self) -> VisionOps:
+        """The vision encoder's: the C kernels where loaded; BLAS and they on each image's threads."""
+        return VisionOps(self.threads) if self.lib is None else NativeVisionOps(self.lib, self.threads)
 
     # --- the KV cache -----------------------------------------------------------------
     def write_kv(self, k, v, k_cache, v_cache, slot_mapping):
