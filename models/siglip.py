@@ -3,7 +3,7 @@ host (one image at a time). Its GEMMs are float32 BLAS through np.matmul; the op
 them (layer norms, bias + GELU, the softmax) are the backend's VisionOps: the C kernels
 of native/vision_ops.c where the CPU backend has them loaded, else the NumPy references
 of ops/vision_ops.py, on the backend's threads. Attention runs one head and ATTENTION_ROWS queries at a time, so that its scores
-are (2048, G*G) (32 MB at 896 px), never (Hv, G*G, G*G) (1 GB).
+are (4096, G*G) (64 MB at 896 px: one head whole), never (Hv, G*G, G*G) (1 GB).
 
     pixels (3, S, S) -> P x P patches -> (G*G, Dv) + positions
       -> [LayerNorm -> attention (every patch sees every patch) -> + ;
@@ -29,7 +29,7 @@ from rawpage.models.weight_source import CheckpointWeights, WeightSource
 from rawpage.multimodal.vision_config import VisionConfig
 from rawpage.ops.vision_ops import VisionOps
 
-ATTENTION_ROWS = 2048  # queries per block of one head's attention scores
+ATTENTION_ROWS = 4096  # queries per block of one head's attention scores (measured: 4096 > 2048 > 1024)
 
 
 @dataclass
