@@ -50,11 +50,13 @@ lint: $(VENV)/.installed-dev
 # Builds the peers outside the repository first (tools/build_peers.sh, ~40 minutes once).
 # `make compare MODEL=../models-shaped/llama-3.2-1b-Q4_K_M.gguf` serves another GGUF instead
 # (tools/make_shaped_gguf.py makes them); ARGS="--concurrency 1,4 --only-rawpage" passes flags.
+# With MMPROJ=../models-shaped/mmproj-gemma-3-4b-F16.gguf (and MODEL=../models-shaped/gemma-3-4b-Q4_K_M.gguf)
+# it is the vision mode (tools/compare_vision.py): images in chat requests, rawpage against llama-server.
 PEERS ?= $(abspath ../peers)
 compare: setup
 	$(PY) -m pip install -q -e '.[tools]'
 	tools/build_peers.sh $(PEERS)
-	$(PY) tools/compare.py $(if $(MODEL),--model $(MODEL)) --llamacpp-python $(PEERS)/llamacpp-venv/bin/python \
+	$(PY) tools/compare.py $(if $(MODEL),--model $(MODEL)) $(if $(MMPROJ),--mmproj $(MMPROJ)) --llamacpp-python $(PEERS)/llamacpp-venv/bin/python \
 		--llama-server $(PEERS)/llama.cpp-build/bin/llama-server \
 		--llama-server-vnni $(PEERS)/llama.cpp-build-vnni/bin/llama-server --transformers-python $(PEERS)/hf-venv/bin/python \
 		$(ARGS)

@@ -79,7 +79,7 @@ class Qwen25VisionEncoder:
     """The ViT and merger, weights read from a checkpoint under the Hub's names (visual.*)."""
 
     def __init__(self, vc: VisionConfig, text_dim: int, backend: Backend, tensors: Mapping | WeightSource) -> None:
-        self.vc, self.text_dim = vc, text_dim
+        self.vc, self.text_dim, self.backend = vc, text_dim, backend
         source = tensors if isinstance(tensors, WeightSource) else CheckpointWeights(tensors)
 
         def get(name: str, *shape: int) -> np.ndarray:  # float32 on the host
@@ -141,6 +141,7 @@ class Qwen25VisionEncoder:
         Dh, unit, S = Dv // Hv, m * m, t * gh * gw
         if t != 1:
             raise ValueError("Qwen2.5-VL images have one temporal patch (videos are not supported)")
+        self.backend.begin_encoder(S)  # BLAS's threads
         order, lengths = window_index(gh // m, gw // m, vc.window_size // m // vc.patch_size)
         # rows move a merge group (m*m patches) at a time, window by window
         rows = (order[:, None] * unit + np.arange(unit)).ravel()  # (S,)

@@ -105,6 +105,7 @@ class Gemma3VisionEncoder:
         b, vc, eps = self.backend, self.vc, self.vc.layer_norm_eps
         G, P, Dv, Hv = vc.patches_per_side, vc.patch_size, vc.hidden_size, vc.num_heads
         GG, Dh = G * G, Dv // Hv
+        b.begin_encoder(GG)
         patches = pixels.reshape(3, G, P, G, P).transpose(1, 3, 0, 2, 4).reshape(GG, 3 * P * P)  # row by row
         residual = b.linear(b.asarray(patches), self.patch, self.patch_bias)  # (G*G, Dv)
         h = self.positions.copy()  # added to the residual stream by the first norm

@@ -175,7 +175,7 @@ def test_profile_step_times_a_prefill(tiny_model_dir, capsys):
     assert "  linear " in out and "paged_attention" in out and "  matmul " not in out
 
 
-@pytest.mark.parametrize("shape", ["tiny-llama", "tiny-qwen2"])
+@pytest.mark.parametrize("shape", ["tiny-llama", "tiny-qwen2", "tiny-gemma3"])
 def test_a_shaped_file_loads_as_its_shape(tmp_path, shape):
     """tools/make_shaped_gguf.py writes what convert_hf_to_gguf would (names, keys, F16
     matrices, the default model's tokenizer): rawpage reads it back at that shape."""
@@ -196,3 +196,25 @@ def test_a_shaped_file_loads_as_its_shape(tmp_path, shape):
     assert c.intermediate_size == s.ffn and c.vocab_size == s.vocab and c.tie_word_embeddings == s.tied
     out = llm.generate(["Hello"], SamplingParams(max_tokens=4, ignore_eos=True, temperature=0))[0]
     assert len(out.outputs[0].token_ids) == 4  # random weights never stop: fixed-length replies
+
+
+def test_a_shaped_vision_model_takes_images_through_its_mmproj(tmp_path):
+    """A shape with a vision tower: the text GGUF knows Gemma 3's image tokens and its
+    template places an image part; the mmproj (clip GGUF) gives the tower at its shape."""
+    pytest.importorskip("PIL")
+    from rawpage import LLM, SamplingParams
+    from tests.tiny_vlm import seeded_image
+    from tools.make_shaped_gguf import SHAPES, write_mmproj, write_shaped_gguf
+
+    v = SHAPES["tiny-gemma3"].vision
+    model = write_shaped_gguf(tmp_path / "m.gguf", "tiny-gemma3")
+    mmproj = write_mmproj(tmp_path / "mmproj.gguf", "tiny-gemma3")
+    llm = LLM(str(model), mmproj=str(mmproj), max_model_len=128, kv_cache_memory="8MiB")
+    vc = llm.engine.model_config.vision
+    assert (vc.hidden_size, vc.num_layers, vc.num_heads, vc.intermediate_size) == (v.hidden, v.layers, v.heads, v.ffn)
+    assert (vc.image_size, vc.patch_size, vc.tokens_per_image) == (v.image, v.patch, v.tokens)
+    assert [vc.boi_token_id, vc.image_token_id, vc.eoi_token_id] == [49152, 49153, 49154]  # appended to SmolLM2's
+    image = {"type": "image_pil", "image_pil": seeded_image(0, 40, 30)}
+    messages = [{"role": "user", "content": [image, {"type": "text", "text": "What is this?"}]}]
+    (out,) = llm.chat(messages, SamplingParams(max_tokens=4, ignore_eos=True, temperature=0))
+    assert out.prompt_token_ids.count(vc.image_token_id) == v.tokens and len(out.outputs[0].token_ids) == 4

@@ -21,6 +21,10 @@ ones at real shapes, with the default model's tokenizer): served under the file'
 serving only (no offline runs), its results in docs/bench/compare-{name}.json, its plot in
 docs/img/throughput_vs_concurrency-{name}.png and its tables in their own section of
 docs/benchmarks.md, between <!-- compare:{name}:start --> and <!-- compare:{name}:end -->.
+
+--mmproj FILE (with --model) is the vision mode, tools/compare_vision.py: rawpage and
+llama-server with the GGUF and its mmproj, images in chat requests; encode time and TTFT
+at c=1, image+text output tok/s at c=4.
 """
 
 from __future__ import annotations
@@ -403,6 +407,17 @@ def parse_args() -> argparse.Namespace:
         default=0,
         help="also send each server one request with a prompt of this many tokens and max_tokens 1 (default: none)",
     )
+    ap.add_argument("--mmproj", help="vision mode: the mmproj GGUF of --model (tools/compare_vision.py)")
+    ap.add_argument("--vision-sizes", default="448,896", help="vision mode: image sizes (square, pixels)")
+    ap.add_argument("--vision-repeats", type=int, default=3, help="vision mode: c=1 requests per image size")
+    ap.add_argument("--vision-output", type=int, default=32, help="vision mode: reply tokens at c=4")
+    ap.add_argument(
+        "--vision-engines",
+        help="vision mode: the engines to run (e.g. llama-server-vnni); the others keep their recorded results",
+    )
+    ap.add_argument(
+        "--vision-c4-requests", dest="c4_requests", type=int, default=4, help="vision mode: requests at c=4"
+    )
     ap.add_argument("--max-model-len", type=int, default=2048, help="context of each sequence, in every engine")
     ap.add_argument("--raw-dir", default="/tmp/rawpage-compare", help="per-request results and server logs")
     ap.add_argument("--docs-dir", type=Path, default=ROOT / "docs", help="where benchmarks.md, bench/ and img/ are")
@@ -428,6 +443,12 @@ def parse_args() -> argparse.Namespace:
         ap.error(f"--concurrency takes numbers separated by commas, e.g. 1,4,16; got {args.concurrency!r}")
     if args.concurrency[0] < 1:
         ap.error("--concurrency levels must be at least 1")
+    if args.mmproj:
+        if not args.model:
+            ap.error("--mmproj needs --model, the text GGUF it goes with")
+        args.mmproj = os.path.abspath(args.mmproj)
+        args.vision_sizes = [int(x) for x in args.vision_sizes.split(",")]
+        args.concurrency = [1, 4]  # llama-server's slots: the vision mode's highest concurrency
     if args.prefill_prompt_tokens + 64 > args.max_model_len:  # 64: the few tokens the random words add
         ap.error(
             f"--prefill-prompt-tokens {args.prefill_prompt_tokens} needs --max-model-len of at least "
@@ -446,6 +467,12 @@ def main() -> None:
     args.key = "" if args.model == os.path.abspath(default) else Path(args.model).stem
     args.served_name = args.key or DEFAULT_NAME
     args.skip_offline = args.skip_offline or bool(args.key)  # the offline tools run the default model only
+    if args.mmproj:
+        from tools import compare_vision
+
+        if args.only_rawpage:
+            args.llama_server = args.llama_server_vnni = None
+        return compare_vision.run(args, servers(args, args.model), wait_ready, write_section)
     suffix = f"-{args.key}" if args.key else ""
     raw, summary = Path(args.raw_dir) / args.key, args.docs_dir / "bench" / f"compare{suffix}.json"
     raw.mkdir(parents=True, exist_ok=True)
@@ -480,4 +507,6 @@ def write_section(doc: Path, section: str, key: str) -> None:
 
 
 if __name__ == "__main__":
+    if __package__ in (None, ""):  # run as a script: make `tools` importable from this checkout
+        sys.path.insert(0, str(ROOT))
     main()

@@ -1,4 +1,4 @@
-"""GGUF files with random weights at the real shapes of Llama 3 and Qwen2.5 models (issue 40).
+"""GGUF files with random weights at the real shapes of Llama 3, Qwen2.5 and Gemma 3 models (issues 40, 45).
 
     python tools/make_shaped_gguf.py --shape llama-3.2-1b --out-dir ../models-shaped \\
         [--types Q4_K_M,Q8_0] [--llama-quantize PATH] [--keep-f16]
@@ -17,6 +17,13 @@ activations stay near unit scale and the logits stay finite at any depth. A fixe
 per tensor makes a shape's file the same on every run, so a format made later matches.
 The F16 file is written tensor by tensor (an 8B model is 16 GB; one tensor at a time is
 at most a few hundred MB). Tests write tiny files with write_shaped_gguf(path, Shape(...)).
+
+A shape with a vision tower (gemma-3-4b: Gemma3ForConditionalGeneration's text model
+and its SigLIP-so400m tower) also gets `mmproj-{shape}-F16.gguf`, the clip GGUF that
+convert_hf_to_gguf.py --mmproj writes and llama-server --mmproj loads (matrices F16,
+the patch and position embeddings, norms and biases F32). Its text file's vocabulary is
+the default model's plus Gemma 3's three image tokens as control tokens, and its chat
+template writes <start_of_image> for an image part, as Gemma 3's does.
 """
 
 from __future__ import annotations
@@ -40,10 +47,24 @@ ROWS_PER_CHUNK = 4096  # rows drawn at once, so a tensor never needs a float32 c
 
 
 @dataclass(frozen=True)
+class VisionShape:
+    """A SigLIP vision tower and Gemma 3's average-pool projector, as vision_config gives them."""
+
+    hidden: int
+    layers: int
+    heads: int
+    ffn: int
+    image: int  # pixels a side
+    patch: int
+    tokens: int  # soft tokens per image: the patch grid average-pooled
+    eps: float = 1e-6
+
+
+@dataclass(frozen=True)
 class Shape:
     """One model's shape, as its config.json gives it."""
 
-    arch: str  # GGUF architecture: "llama" or "qwen2"
+    arch: str  # GGUF architecture: "llama", "qwen2" or "gemma3"
     hidden: int
     layers: int
     heads: int
@@ -58,6 +79,11 @@ class Shape:
     # convert_hf_to_gguf stores it as the rope_freqs tensor.
     llama3_rope: tuple[float, float, float, int] | None = None
     vocab: int = 49152  # SmolLM2's, whose tokenizer every file carries
+    # Gemma 3: the sliding layers' window (5 of every 6 layers slide, as llama.cpp assumes)
+    # and the global layers' linear RoPE scaling factor
+    sliding_window: int = 0
+    rope_linear: float = 0.0
+    vision: VisionShape | None = None
 
 
 SHAPES = {
@@ -66,10 +92,59 @@ SHAPES = {
     "llama-3.1-8b": Shape("llama", 4096, 32, 32, 8, 128, 14336, False, 500000.0, 1e-5, 131072, (8.0, 1.0, 4.0, 8192)),
     "qwen2.5-0.5b": Shape("qwen2", 896, 24, 14, 2, 64, 4864, True, 1000000.0, 1e-6, 32768),
     "qwen2.5-7b": Shape("qwen2", 3584, 28, 28, 4, 128, 18944, False, 1000000.0, 1e-6, 32768),
+    # google/gemma-3-4b-it: its text model and SigLIP-so400m tower (896 px, patch 14: 64 x 64
+    # patches, pooled 4 x 4 into 256 tokens); SmolLM2's vocabulary plus the 3 image tokens
+    "gemma-3-4b": Shape(
+        "gemma3",
+        2560,
+        34,
+        8,
+        4,
+        256,
+        10240,
+        True,
+        1000000.0,
+        1e-6,
+        131072,
+        None,
+        49152 + 3,
+        1024,
+        8.0,
+        VisionShape(1152, 27, 16, 4304, 896, 14, 256),
+    ),
     # The same families at a size a test or a smoke run writes in a second.
     "tiny-llama": Shape("llama", 64, 2, 4, 2, 16, 128, True, 500000.0, 1e-5, 2048, (32.0, 1.0, 4.0, 8192)),
     "tiny-qwen2": Shape("qwen2", 64, 2, 4, 2, 16, 128, False, 1000000.0, 1e-6, 2048),
+    "tiny-gemma3": Shape(
+        "gemma3",
+        64,
+        2,
+        4,
+        2,
+        16,
+        128,
+        True,
+        1000000.0,
+        1e-6,
+        2048,
+        None,
+        49152 + 3,
+        16,
+        8.0,
+        VisionShape(32, 2, 2, 64, 32, 8, 4),
+    ),
 }
+IMAGE_TOKENS = ("<start_of_image>", "<image_soft_token>", "<end_of_image>")  # Gemma 3's, as control tokens
+CONTROL = 3  # llama.cpp's token type of a control token
+# ChatML (the default model's turns) that writes Gemma 3's <start_of_image> for an image part;
+# a server that gives the template string content (llama-server's <__media__> marker) passes through
+VISION_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'image' %}<start_of_image>{% elif p['type'] == 'text' %}{{ p['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 @dataclass(frozen=True)
@@ -77,6 +152,7 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]  # NumPy order (rows, cols); GGUF stores it reversed
     fill: str  # "normal" (weights, biases), "ones" (norms), "rope_freqs"
+    f32: bool = False  # a matrix kept F32 (an mmproj's patch and position embeddings)
 
 
 def tensor_specs(s: Shape) -> list[TensorSpec]:
@@ -92,23 +168,61 @@ def tensor_specs(s: Shape) -> list[TensorSpec]:
             TensorSpec(f"{b}.attn_k.weight", (kv, s.hidden), "normal"),  # (Hkv*D, hidden)
             TensorSpec(f"{b}.attn_v.weight", (kv, s.hidden), "normal"),
         ]
+        if s.arch == "gemma3":  # per-head RMSNorms of q and k
+            out += [
+                TensorSpec(f"{b}.attn_q_norm.weight", (s.head_dim,), "ones"),
+                TensorSpec(f"{b}.attn_k_norm.weight", (s.head_dim,), "ones"),
+            ]
         if s.arch == "qwen2":  # Qwen2 has q/k/v biases, no other
             out += [
                 TensorSpec(f"{b}.attn_q.bias", (q,), "normal"),
                 TensorSpec(f"{b}.attn_k.bias", (kv,), "normal"),
                 TensorSpec(f"{b}.attn_v.bias", (kv,), "normal"),
             ]
+        out += [TensorSpec(f"{b}.attn_output.weight", (s.hidden, q), "normal")]
+        if s.arch == "gemma3":  # Gemma's norms after attention and the MLP (as stored: 1 + w, w = 0)
+            out += [TensorSpec(f"{b}.post_attention_norm.weight", (s.hidden,), "ones")]
         out += [
-            TensorSpec(f"{b}.attn_output.weight", (s.hidden, q), "normal"),
             TensorSpec(f"{b}.ffn_norm.weight", (s.hidden,), "ones"),
             TensorSpec(f"{b}.ffn_gate.weight", (s.ffn, s.hidden), "normal"),
             TensorSpec(f"{b}.ffn_up.weight", (s.ffn, s.hidden), "normal"),
             TensorSpec(f"{b}.ffn_down.weight", (s.hidden, s.ffn), "normal"),
         ]
+        if s.arch == "gemma3":
+            out += [TensorSpec(f"{b}.post_ffw_norm.weight", (s.hidden,), "ones")]
     out += [TensorSpec("output_norm.weight", (s.hidden,), "ones")]
     if not s.tied:
         out += [TensorSpec("output.weight", (s.vocab, s.hidden), "normal")]
     return out
+
+
+def mmproj_specs(v: VisionShape, text_dim: int) -> list[TensorSpec]:
+    """The tensors convert_hf_to_gguf --mmproj writes for a SigLIP tower and Gemma 3's projector
+    (gguf's MMPROJ names), each in NumPy order."""
+    D = v.hidden
+    out = [
+        TensorSpec("v.patch_embd.weight", (D, 3, v.patch, v.patch), "normal", f32=True),
+        TensorSpec("v.patch_embd.bias", (D,), "normal"),
+        TensorSpec("v.position_embd.weight", ((v.image // v.patch) ** 2, D), "normal", f32=True),
+    ]
+    for i in range(v.layers):
+        b = f"v.blk.{i}"
+        for name, shape in (("attn_q", (D, D)), ("attn_k", (D, D)), ("attn_v", (D, D)), ("attn_out", (D, D))):
+            out += [TensorSpec(f"{b}.{name}.weight", shape, "normal"), TensorSpec(f"{b}.{name}.bias", (D,), "normal")]
+        for ln in ("ln1", "ln2"):
+            out += [TensorSpec(f"{b}.{ln}.weight", (D,), "ones"), TensorSpec(f"{b}.{ln}.bias", (D,), "normal")]
+        out += [
+            TensorSpec(f"{b}.ffn_up.weight", (v.ffn, D), "normal"),  # SigLIP's fc1
+            TensorSpec(f"{b}.ffn_up.bias", (v.ffn,), "normal"),
+            TensorSpec(f"{b}.ffn_down.weight", (D, v.ffn), "normal"),  # fc2
+            TensorSpec(f"{b}.ffn_down.bias", (D,), "normal"),
+        ]
+    return out + [
+        TensorSpec("v.post_ln.weight", (D,), "ones"),
+        TensorSpec("v.post_ln.bias", (D,), "normal"),
+        TensorSpec("mm.input_projection.weight", (D, text_dim), "normal"),  # (in, out), as the Hub stores it
+        TensorSpec("mm.soft_emb_norm.weight", (D,), "ones"),  # Gemma's RMSNorm, stored as 1 + w
+    ]
 
 
 def llama3_rope_freqs(s: Shape) -> np.ndarray:
@@ -128,6 +242,11 @@ def llama3_rope_freqs(s: Shape) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
+def stored_dtype(spec: TensorSpec, dtype: type) -> type:
+    """A tensor's type in the file: 2-D matrices `dtype`, all else (and spec.f32 ones) float32."""
+    return dtype if len(spec.shape) == 2 and not spec.f32 else np.float32
+
+
 def tensor_data(spec: TensorSpec, s: Shape, index: int, seed: int, dtype: type) -> np.ndarray:
     """The values of one tensor: 2-D weights in `dtype`, 1-D tensors in float32 (as convert does)."""
     if spec.fill == "ones":
@@ -135,7 +254,7 @@ def tensor_data(spec: TensorSpec, s: Shape, index: int, seed: int, dtype: type) 
     if spec.fill == "rope_freqs":
         return llama3_rope_freqs(s)
     rng = np.random.default_rng([seed, index])  # one stream per tensor: reproducible, order-free
-    out = np.empty(spec.shape, dtype=dtype if len(spec.shape) == 2 else np.float32)
+    out = np.empty(spec.shape, dtype=stored_dtype(spec, dtype))
     for r in range(0, spec.shape[0], ROWS_PER_CHUNK):
         rows = out[r : r + ROWS_PER_CHUNK]
         rows[...] = rng.standard_normal(rows.shape, dtype=np.float32) * STD
@@ -153,7 +272,8 @@ def tokenizer_fields(source: str) -> Iterator[tuple[str, object, object, object]
 
 
 def add_metadata(w, name: str, s: Shape, file_type: int, tokenizer: str) -> None:
-    """The keys llama.cpp reads for a llama / qwen2 model, then the tokenizer's."""
+    """The keys llama.cpp reads for a llama / qwen2 / gemma3 model, then the tokenizer's
+    (with a vision tower: plus Gemma 3's image tokens, and a template that places images)."""
     a = s.arch
     w.add_type("model")
     w.add_name(f"{name} (random weights)")
@@ -169,9 +289,20 @@ def add_metadata(w, name: str, s: Shape, file_type: int, tokenizer: str) -> None
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", s.rms_eps)
     w.add_float32(f"{a}.rope.freq_base", s.rope_theta)
     w.add_uint32(f"{a}.rope.dimension_count", s.head_dim)
+    if s.sliding_window:
+        w.add_uint32(f"{a}.attention.sliding_window", s.sliding_window)
+    if s.rope_linear:
+        w.add_string(f"{a}.rope.scaling.type", "linear")
+        w.add_float32(f"{a}.rope.scaling.factor", s.rope_linear)
     w.add_uint32("general.file_type", file_type)
     w.add_uint32("general.quantization_version", 2)
     for key, value, vtype, sub in tokenizer_fields(tokenizer):
+        if s.vision and key == "tokenizer.ggml.tokens":
+            value = [*value, *IMAGE_TOKENS]
+        elif s.vision and key == "tokenizer.ggml.token_type":
+            value = [*value, *[CONTROL] * len(IMAGE_TOKENS)]
+        elif s.vision and key == "tokenizer.chat_template":
+            value = VISION_CHAT_TEMPLATE
         w.add_key_value(key, value, vtype, sub_type=sub)
 
 
@@ -182,29 +313,80 @@ def write_shaped_gguf(
 
     dtype: "F16" or "F32", the type of the 2-D weights (1-D tensors are always F32).
     tokenizer: the GGUF whose tokenizer.* keys to copy (default: the default model's);
-    its vocabulary must have shape.vocab tokens.
+    its vocabulary must have shape.vocab tokens (less Gemma 3's image tokens, with a vision tower).
     """
-    from gguf import GGUFWriter, LlamaFileType
+    from gguf import LlamaFileType
 
     from rawpage.loader.default_model import default_model_path
 
     name = shape if isinstance(shape, str) else Path(path).stem
     s = SHAPES[shape] if isinstance(shape, str) else shape
-    np_dtype = {"F16": np.float16, "F32": np.float32}[dtype]
     file_type = LlamaFileType.MOSTLY_F16 if dtype == "F16" else LlamaFileType.ALL_F32
-    path, part = Path(path), Path(f"{path}.part")  # renamed when complete: a crash leaves no "existing" file
-    w = GGUFWriter(part, s.arch)
-    add_metadata(w, name, s, int(file_type), tokenizer or default_model_path())
+
+    def keys(w) -> None:
+        add_metadata(w, name, s, int(file_type), tokenizer or default_model_path())
+
     specs = tensor_specs(s)
+    return write_streamed(path, s.arch, keys, specs, lambda spec, i, t: tensor_data(spec, s, i, seed, t), dtype)
+
+
+def write_mmproj(path: str | os.PathLike, shape: Shape | str, seed: int = 0) -> Path:
+    """The shape's vision tower and projector as an F16 clip GGUF (llama.cpp's mmproj) at `path`."""
+    import gguf
+
+    name = shape if isinstance(shape, str) else Path(path).stem
+    s = SHAPES[shape] if isinstance(shape, str) else shape
+    v = s.vision
+
+    def keys(w) -> None:  # what convert_hf_to_gguf --mmproj writes for Gemma 3
+        w.add_type(gguf.GGUFType.MMPROJ)
+        w.add_name(f"{name} vision tower (random weights)")
+        w.add_uint32("general.file_type", int(gguf.LlamaFileType.MOSTLY_F16))
+        w.add_clip_has_vision_encoder(True)
+        w.add_clip_projector_type("gemma3")
+        for what, value in {
+            "projection_dim": s.hidden,
+            "image_size": v.image,
+            "patch_size": v.patch,
+            "embedding_length": v.hidden,
+            "feed_forward_length": v.ffn,
+            "block_count": v.layers,
+            "head_count": v.heads,
+            "image_mean": [0.5, 0.5, 0.5],
+            "image_std": [0.5, 0.5, 0.5],
+            "attention_layernorm_eps": v.eps,
+            "use_gelu": True,
+        }.items():
+            getattr(w, "add_vision_" + what)(value)
+        pool = v.image // v.patch // round(v.tokens**0.5)
+        if pool != 4:  # written where not clip.cpp's default, as the converter does
+            w.add_vision_projector_scale_factor(pool)
+
+    specs = mmproj_specs(v, s.hidden)
+    # a stream of its own per tensor, apart from the text model's
+    return write_streamed(
+        path, "clip", keys, specs, lambda spec, i, t: tensor_data(spec, s, i, seed + (1 << 20), t), "F16"
+    )
+
+
+def write_streamed(path: str | os.PathLike, arch: str, keys, specs: list[TensorSpec], data, dtype: str) -> Path:
+    """A GGUF written tensor by tensor: keys(writer) adds the metadata, data(spec, index, numpy
+    dtype) gives each tensor's values; `dtype` ("F16" or "F32") is the 2-D matrices' type."""
+    from gguf import GGUFWriter
+
+    np_dtype = {"F16": np.float16, "F32": np.float32}[dtype]
+    path, part = Path(path), Path(f"{path}.part")  # renamed when complete: a crash leaves no "existing" file
+    w = GGUFWriter(part, arch)
+    keys(w)
     # Tensor infos first (the header holds every offset), then the data one tensor at a time.
     for spec in specs:
-        t = np_dtype if len(spec.shape) == 2 else np.float32
-        w.add_tensor_info(spec.name, spec.shape, np.dtype(t), math.prod(spec.shape) * np.dtype(t).itemsize)
+        t = np.dtype(stored_dtype(spec, np_dtype))
+        w.add_tensor_info(spec.name, spec.shape, t, math.prod(spec.shape) * t.itemsize)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     for i, spec in enumerate(specs):
-        w.write_tensor_data(tensor_data(spec, s, i, seed, np_dtype))
+        w.write_tensor_data(data(spec, i, np_dtype))
     w.close()
     part.rename(path)
     return path
@@ -222,7 +404,8 @@ def quantize(binary: Path, f16: Path, out: Path, qtype: str, threads: int) -> No
 
 
 def make(name: str, args: argparse.Namespace) -> None:
-    """The F16 file of one shape, then each requested format from it; existing files are kept."""
+    """The F16 file of one shape, then each requested format from it, and the mmproj of a shape
+    with a vision tower; existing files are kept."""
     f16 = args.out_dir / f"{name}-F16.gguf"
     wanted = [t for t in args.types if not (args.out_dir / f"{name}-{t}.gguf").exists()]
     made_f16 = False
@@ -234,7 +417,11 @@ def make(name: str, args: argparse.Namespace) -> None:
         quantize(args.llama_quantize, f16, args.out_dir / f"{name}-{qtype}.gguf", qtype, args.threads)
     if wanted and made_f16 and not args.keep_f16:
         f16.unlink()
-    for path in sorted(args.out_dir.glob(f"{name}-*.gguf")):
+    mmproj = args.out_dir / f"mmproj-{name}-F16.gguf"  # llama.cpp ships mmproj files F16, unquantized
+    if SHAPES[name].vision and not mmproj.exists():
+        print(f"writing {mmproj}", file=sys.stderr)
+        write_mmproj(mmproj, name, seed=args.seed)
+    for path in sorted([*args.out_dir.glob(f"{name}-*.gguf"), *args.out_dir.glob(f"mmproj-{name}-*.gguf")]):
         print(f"{path}  {path.stat().st_size / 2**30:.2f} GiB")
 
 

@@ -209,7 +209,11 @@ class Backend:
         """GeGLU's gate (Gemma): (T, 2I) holding [gate | up] -> gelu_tanh(gate) * up: (T, I)."""
         raise NotImplementedError
 
-    # --- the vision encoder's ops (models/siglip.py) ----------------------------
+    # --- the vision encoder's ops (models/siglip.py, models/qwen_vit.py) ------------
+    def begin_encoder(self, rows: int) -> None:
+        """Before an image's encoder pass over `rows` patches, which starts with no embedding
+        lookup (where the CPU backend sets a decoder pass's threads): sets its threads."""
+
     def fused_add_layer_norm(
         self, x: Array, residual: Array, weight: Array, bias: Array, eps: float
     ) -> tuple[Array, Array]:

@@ -55,7 +55,7 @@ from rawpage._blas_env import spin_is_short
 from rawpage.backends.base import Backend, Graph, GraphNotCaptured
 from rawpage.backends.cpu_malloc import keep_freed_memory
 from rawpage.backends.cpu_threads import CpuThreads
-from rawpage.native import attention, layer_ops
+from rawpage.native import attention, layer_ops, vision_ops
 from rawpage.native.gguf import NATIVE_GGUF, gguf_matmul, gguf_rows, repack
 from rawpage.native.half import half_matmul, half_rows
 from rawpage.native.library import Arena, NativeLibrary, NotCapturable, capturing, empty, recording
@@ -327,15 +327,29 @@ class CPUBackend(Backend):
             image_rows_ref(out, q, k_cache, v_cache, meta, opts)
         return out
 
-    # --- the vision encoder's: NumPy (its GEMMs are BLAS, through linear) ------------
+    # --- the vision encoder's: its GEMMs through linear; the ops between them C kernels
+    # (native/vision_ops.c) where loaded, else their NumPy references -------------------
+    def begin_encoder(self, rows):
+        self.threads.set_for(rows)
+
     def fused_add_layer_norm(self, x, residual, weight, bias, eps):
-        return fused_add_layer_norm_ref(x, residual, weight, bias, eps)
+        if self.lib is None:
+            return fused_add_layer_norm_ref(x, residual, weight, bias, eps)
+        return vision_ops.fused_add_layer_norm(self.lib, x, residual, weight, bias, eps, self.kernel_threads)
 
     def gelu_tanh(self, x):
-        return gelu_tanh_ref(x)
+        if self.lib is None:
+            return gelu_tanh_ref(x)
+        return vision_ops.gelu_tanh(self.lib, x, self.kernel_threads)
 
     def encoder_attention(self, q, k, v, scale):
-        return encoder_attention_ref(q, k, v, scale)
+        """One head and a block of queries at a time: BLAS for q k^T and p v, the row
+        softmax a C kernel where loaded (encoder_attention_ref)."""
+        if self.lib is None:
+            return encoder_attention_ref(q, k, v, scale)
+        return encoder_attention_ref(
+            q, k, v, scale, lambda s: vision_ops.softmax_rows(self.lib, s, self.kernel_threads)
+        )
 
     def copy_blocks(self, k_caches, v_caches, block_mapping):
         copy_blocks_ref(k_caches, v_caches, block_mapping)

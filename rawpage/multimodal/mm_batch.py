@@ -11,6 +11,8 @@ M-RoPE positions of rawpage/multimodal/mrope.py.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +23,8 @@ import numpy as np
 if TYPE_CHECKING:
     from rawpage.multimodal.image_input import ImageInput
     from rawpage.sequence import Sequence
+
+logger = logging.getLogger("rawpage")
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,8 @@ class MultimodalBatch:
 
 class EncoderCache:
     """Image embeddings by content digest, least recently used out past max_bytes: the
-    encoder runs once per image, however many requests, chunks or recomputes show it."""
+    encoder runs once per image, however many requests, chunks or recomputes show it. Each
+    encode is logged with its time ("image encoded in N ms"; tools/compare_vision.py reads it)."""
 
     def __init__(
         self, encode: Callable[[np.ndarray, tuple[int, int, int]], np.ndarray], max_bytes: int = 256 << 20
@@ -53,7 +58,9 @@ class EncoderCache:
             self.entries.move_to_end(image.digest)
             return emb
         self.misses += 1
+        t0 = time.perf_counter()
         emb = self.encode(image.pixels, image.grid)
+        logger.info("image encoded in %.0f ms (%d tokens)", (time.perf_counter() - t0) * 1e3, emb.shape[0])
         self.entries[image.digest] = emb
         self.num_bytes += emb.nbytes
         while self.num_bytes > self.max_bytes and len(self.entries) > 1:

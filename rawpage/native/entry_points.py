@@ -166,6 +166,18 @@ ENTRY_POINTS = {
             "int B, int H, int Hkv, int D, int BS, float scale, int sliding_window, float soft_cap, int nthreads",
             replay=True,
         ),
+        # vision_ops.c: a vision tower's ops between its GEMMs (models/siglip.py)
+        entry(
+            "rp_fused_add_layer_norm",
+            "void",
+            "float *normed, float *sum, const float *x, int64_t x_stride, const float *residual, "
+            "int64_t residual_stride, const float *weight, const float *bias, int64_t T, int64_t n, float eps, "
+            "int nthreads",
+        ),
+        entry(
+            "rp_gelu_tanh", "void", "float *out, const float *x, int64_t x_stride, int64_t T, int64_t n, int nthreads"
+        ),
+        entry("rp_softmax_rows", "void", "float *x, int64_t x_stride, int64_t T, int64_t n, int nthreads"),
         # pool.c, read_probe.c, graph.c
         entry("rp_pool_selftest", "int64_t", "int nth"),
         entry("rp_read_probe", "uint64_t", "const uint8_t *buf, int64_t n, int nthreads"),

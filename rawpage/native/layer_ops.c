@@ -99,10 +99,7 @@ static void silu_and_mul_task(void *arg, int ith, int nth) {
     }
 }
 
-#define RP_SQRT_2_OVER_PI 0.7978845608028654f
-
-/* (1 + tanh(z)) / 2 = 1 / (1 + exp(-2z)): the same GELU without the cancellation
- * of 1 + tanh(z) near -1 (for g below about -3 that sum loses most of its digits). */
+/* gelu_tanh(g) u, by vec_math.h's gelu */
 static void gelu_tanh_and_mul_task(void *arg, int ith, int nth) {
     const rows_args *a = arg;
     int64_t b, e;
@@ -113,24 +110,11 @@ static void gelu_tanh_and_mul_task(void *arg, int ith, int nth) {
         float *o = a->out + t * I;
         int64_t i = 0;
 #if defined(RP_AVX512VNNI)
-        for (; i + 16 <= I; i += 16) {
-            __m512 gv = _mm512_loadu_ps(g + i), g3 = _mm512_mul_ps(_mm512_mul_ps(gv, gv), gv);
-            __m512 inner = _mm512_mul_ps(_mm512_set1_ps(RP_SQRT_2_OVER_PI), _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), g3, gv));
-            __m512 den = _mm512_add_ps(_mm512_set1_ps(1.0f), rp_exp16(_mm512_mul_ps(_mm512_set1_ps(-2.0f), inner)));
-            _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_div_ps(gv, den), _mm512_loadu_ps(u + i)));
-        }
+        for (; i + 16 <= I; i += 16) _mm512_storeu_ps(o + i, _mm512_mul_ps(rp_gelu16(_mm512_loadu_ps(g + i)), _mm512_loadu_ps(u + i)));
 #elif defined(RP_AVX2)
-        for (; i + 8 <= I; i += 8) {
-            __m256 gv = _mm256_loadu_ps(g + i), g3 = _mm256_mul_ps(_mm256_mul_ps(gv, gv), gv);
-            __m256 inner = _mm256_mul_ps(_mm256_set1_ps(RP_SQRT_2_OVER_PI), _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), g3, gv));
-            __m256 den = _mm256_add_ps(_mm256_set1_ps(1.0f), rp_exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0f), inner)));
-            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(u + i)));
-        }
+        for (; i + 8 <= I; i += 8) _mm256_storeu_ps(o + i, _mm256_mul_ps(rp_gelu8(_mm256_loadu_ps(g + i)), _mm256_loadu_ps(u + i)));
 #endif
-        for (; i < I; i++) {
-            float inner = RP_SQRT_2_OVER_PI * (g[i] + 0.044715f * g[i] * g[i] * g[i]);
-            o[i] = g[i] / (1.0f + expf(-2.0f * inner)) * u[i];
-        }
+        for (; i < I; i++) o[i] = rp_gelu1(g[i]) * u[i];
     }
 }
 

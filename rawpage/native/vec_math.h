@@ -12,6 +12,10 @@
  * About 2 ulp against expf over the range softmax uses.
  * tanh(x) = 1 - 2 / (exp(2x) + 1), x clamped to [-9, 9] (tanh(9) rounds to 1):
  * absolute error ~1e-7, which is what soft capping and GELU need.
+ * gelu_tanh(g) = g/2 (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), computed as
+ * g / (1 + exp(-2 sqrt(2/pi) (g + 0.044715 g^3))): the same value without the
+ * cancellation of 1 + tanh(z) near -1 (for g below about -3 that sum loses most
+ * of its digits).
  */
 #pragma once
 #include <math.h>
@@ -31,6 +35,9 @@
 #define RP_LOG2E 1.44269504088896341f
 #define RP_LN2_HI 0.693359375f
 #define RP_LN2_LO -2.12194440e-4f
+#define RP_SQRT_2_OVER_PI 0.7978845608028654f
+
+static inline float rp_gelu1(float g) { return g / (1.0f + expf(-2.0f * RP_SQRT_2_OVER_PI * (g + 0.044715f * g * g * g))); }
 
 #if defined(RP_AVX512VNNI)
 static inline __m512 rp_exp16(__m512 x) {
@@ -53,6 +60,13 @@ static inline __m512 rp_tanh16(__m512 x) {
     x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-9.0f)), _mm512_set1_ps(9.0f));
     __m512 e = rp_exp16(_mm512_add_ps(x, x));
     return _mm512_sub_ps(_mm512_set1_ps(1.0f), _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
+}
+
+static inline __m512 rp_gelu16(__m512 g) {
+    __m512 g3 = _mm512_mul_ps(_mm512_mul_ps(g, g), g);
+    __m512 inner = _mm512_mul_ps(_mm512_set1_ps(RP_SQRT_2_OVER_PI), _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), g3, g));
+    __m512 den = _mm512_add_ps(_mm512_set1_ps(1.0f), rp_exp16(_mm512_mul_ps(_mm512_set1_ps(-2.0f), inner)));
+    return _mm512_div_ps(g, den);
 }
 
 static inline __mmask16 rp_tail16(int n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1); }
@@ -81,6 +95,13 @@ static inline __m256 rp_tanh8(__m256 x) {
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-9.0f)), _mm256_set1_ps(9.0f));
     __m256 e = rp_exp8(_mm256_add_ps(x, x));
     return _mm256_sub_ps(_mm256_set1_ps(1.0f), _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
+}
+
+static inline __m256 rp_gelu8(__m256 g) {
+    __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+    __m256 inner = _mm256_mul_ps(_mm256_set1_ps(RP_SQRT_2_OVER_PI), _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), g3, g));
+    __m256 den = _mm256_add_ps(_mm256_set1_ps(1.0f), rp_exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0f), inner)));
+    return _mm256_div_ps(g, den);
 }
 
 static inline float rp_hsum8(__m256 v) {

@@ -30,6 +30,7 @@ query_start_loc in an AttentionMetadata, scale, W and c in an AttentionOptions
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -136,15 +137,43 @@ def image_rows_ref(
     return out
 
 
-def encoder_attention_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
+ENCODER_ATTENTION_ROWS = 4096  # queries of one head whose scores are held at once (64 MB for 4096 keys)
+
+
+def softmax_rows_ref(x: np.ndarray) -> np.ndarray:
+    """Each row of x (T, n) float32 replaced by its softmax, in place; returns x."""
+    x -= x.max(axis=-1, keepdims=True)
+    np.exp(x, out=x)
+    x /= x.sum(axis=-1, keepdims=True)
+    return x
+
+
+def encoder_attention_ref(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    scale: float,
+    softmax_rows: Callable[[np.ndarray], np.ndarray] = softmax_rows_ref,
+) -> np.ndarray:
     """A vision encoder's attention: q, k, v (N, H, D) of one sequence (an image's patches),
-    every row seeing every key -> (N, H, D), softmax in float32."""
-    qh, kh, vh = (a.astype(np.float32).transpose(1, 0, 2) for a in (q, k, v))  # (H, N, D)
-    scores = (qh @ kh.transpose(0, 2, 1)) * np.float32(scale)  # (H, N, N)
-    scores -= scores.max(axis=-1, keepdims=True)
-    p = np.exp(scores)
-    p /= p.sum(axis=-1, keepdims=True)
-    return (p @ vh).transpose(1, 0, 2).astype(q.dtype)  # (N, H, D)
+    every row seeing every key -> (N, H, D), softmax in float32. One head and up to
+    ENCODER_ATTENTION_ROWS queries at a time: their scores against every key, (rows, N),
+    in one buffer, softmaxed in place (softmax_rows: the CPU backend passes its C kernel),
+    then times v; never the (H, N, N) scores at once (1 GB for SigLIP at 896 px). (All
+    heads at once in blocks of 128 queries, as one batched matmul, measured 3-4x the CPU
+    time: each small GEMM packs the whole of k again.)"""
+    N, H, D = q.shape
+    out = np.empty((N, H, D), np.float32)
+    scores = np.empty((min(N, ENCODER_ATTENTION_ROWS), N), np.float32)
+    for h in range(H):
+        qh = q[:, h].astype(np.float32) * np.float32(scale)  # (N, D)
+        kT = np.ascontiguousarray(k[:, h].T, np.float32)  # (D, N)
+        vh = np.ascontiguousarray(v[:, h], np.float32)  # (N, D)
+        for r in range(0, N, ENCODER_ATTENTION_ROWS):
+            s = scores[: min(ENCODER_ATTENTION_ROWS, N - r)]
+            np.matmul(qh[r : r + len(s)], kT, out=s)
+            out[r : r + len(s), h] = softmax_rows(s) @ vh
+    return out.astype(q.dtype, copy=False)
 
 
 # --- launch (cuda/paged_attention_decode.cu, cuda/paged_attention_prefill{,_f32}.cu) ---

@@ -1,0 +1,68 @@
+"""vision_ops.c from Python: a vision tower's residual add + layer norm, GELU and row
+softmax, each matching its NumPy reference (ops/layer_ops.py, ops/paged_attention.py;
+tests/native/test_vision_ops.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rawpage.native.layer_ops import _weight, _writable_rows
+from rawpage.native.library import NativeLibrary, addr, empty, float_rows
+
+
+def fused_add_layer_norm(
+    lib: NativeLibrary,
+    x: np.ndarray,
+    residual: np.ndarray,
+    weight: np.ndarray,
+    bias: np.ndarray,
+    eps: float,
+    nthreads: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """x, residual: (T, dim) -> (layer_norm(x + residual) * weight + bias, x + residual),
+    float32; as fused_add_rms_norm, the sum goes into residual's memory and the normed rows
+    into x's where those are C-contiguous float32 (else into new arrays)."""
+    x, x_stride = float_rows(x)
+    residual, r_stride = float_rows(residual)
+    T, n = x.shape
+    normed = x if _writable_rows(x) else empty((T, n))
+    summed = residual if _writable_rows(residual) else empty((T, n))
+    if T:
+        lib.call(
+            "rp_fused_add_layer_norm",
+            normed=addr(normed),
+            sum=addr(summed),
+            x=addr(x),
+            x_stride=x_stride,
+            residual=addr(residual),
+            residual_stride=r_stride,
+            weight=addr(_weight(weight)),
+            bias=addr(_weight(bias)),
+            T=T,
+            n=n,
+            eps=eps,
+            nthreads=nthreads,
+        )
+    return normed, summed
+
+
+def gelu_tanh(lib: NativeLibrary, x: np.ndarray, nthreads: int) -> np.ndarray:
+    """x (T, n) -> gelu_tanh(x), (T, n) float32, a new array."""
+    x, stride = float_rows(x)
+    T, n = x.shape
+    out = empty((T, n))
+    if T:
+        lib.call("rp_gelu_tanh", out=addr(out), x=addr(x), x_stride=stride, T=T, n=n, nthreads=nthreads)
+    return out
+
+
+def softmax_rows(lib: NativeLibrary, x: np.ndarray, nthreads: int) -> np.ndarray:
+    """Each row of x (T, n), float32 with contiguous rows, replaced by its softmax, in
+    place; returns x."""
+    if x.dtype != np.float32 or x.ndim != 2 or x.strides[1] != 4 or not x.flags.writeable:
+        raise ValueError("softmax_rows: expected writable (T, n) float32 rows, each contiguous")
+    if x.shape[0]:
+        lib.call(
+            "rp_softmax_rows", x=addr(x), x_stride=x.strides[0] // 4, T=x.shape[0], n=x.shape[1], nthreads=nthreads
+        )
+    return x
