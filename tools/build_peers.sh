@@ -6,11 +6,13 @@
 #   tools/build_peers.sh [DIR]        # default DIR: ../peers next to the checkout
 #
 # The prebuilt llama-cpp-python wheel crashed on our CPU (AMD EPYC) in llama.cpp's AMX
-# code, so both are built from source with AMX off and AVX-512 on (llama-cpp-python with the
-# integer dot-product instructions too, as the VNNI llama-server below). llama-server is built
-# twice: with AVX-512 (llama.cpp-build) and with the integer dot-product instructions
-# too (llama.cpp-build-vnni: AVX512-VNNI, AVX512-BF16, and AVX-VNNI where the CPU has it; AMX off, since a
-# GGML_NATIVE=ON build enables AMX and that segfaults at the first matmul in our VM).
+# code, so both are built from source with AMX off and AVX-512 on where the CPU has it
+# (llama-cpp-python with the integer dot-product instructions too, as the VNNI
+# llama-server below). llama-server is built twice: with AVX2 (and AVX-512 where the CPU
+# has it; llama.cpp-build) and with the integer dot-product instructions too
+# (llama.cpp-build-vnni: AVX512-VNNI, AVX512-BF16 and AVX-VNNI, each where the CPU has it;
+# on a CPU with none of them the two builds are the same). AMX is off: a GGML_NATIVE=ON
+# build enables it, and that segfaults at the first matmul in our VM.
 # The VNNI build is the strongest llama.cpp that runs here; compare against it. It also
 # builds llama-quantize (tools/make_shaped_gguf.py). About 8 + 17 + 17 minutes on 2 cores. Then:
 #   python tools/compare.py --llamacpp-python DIR/llamacpp-venv/bin/python \
@@ -19,11 +21,14 @@
 set -euo pipefail
 DIR=$(realpath -m "${1:-$(dirname "$0")/../../peers}")
 VERSION=0.3.36
-FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-# AVX-VNNI (the VEX form) only where the CPU has it: our Xeon has AVX512-VNNI but not
-# AVX-VNNI, and a build with it dies of SIGILL at the first matmul.
-VNNI_FLAGS="$FLAGS -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON"
-if grep -qw avx_vnni /proc/cpuinfo; then VNNI_FLAGS="$VNNI_FLAGS -DGGML_AVX_VNNI=ON"; fi
+# Each instruction set only where /proc/cpuinfo lists it: a build with one the CPU lacks dies
+# of SIGILL at the first matmul (an AMD EPYC with AVX2 and no AVX-512 was one of our machines).
+has() { grep -qw "$1" /proc/cpuinfo; }
+flag() { if has "$1"; then echo "-D$2=ON"; else echo "-D$2=OFF"; fi; }
+FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON $(flag avx512f GGML_AVX512) -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+# The integer dot-product instructions where the CPU has them (AVX512-VNNI, AVX512-BF16,
+# and the VEX form AVX-VNNI: our Xeon had AVX512-VNNI but not AVX-VNNI).
+VNNI_FLAGS="$FLAGS $(flag avx512_vnni GGML_AVX512_VNNI) $(flag avx512_bf16 GGML_AVX512_BF16) $(flag avx_vnni GGML_AVX_VNNI)"
 mkdir -p "$DIR"
 
 if [ ! -x "$DIR/llamacpp-venv/bin/python" ]; then
