@@ -114,6 +114,20 @@ static void softmax_row(const vision_rows *a, int64_t t) {
         sv = _mm512_add_ps(sv, e);
     }
     sum = _mm512_reduce_add_ps(sv);
+#elif defined(RP_AVX2)
+    __m256 mv = _mm256_set1_ps(-INFINITY), sv = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, mv);
+    for (int j = 0; j < 8; j++) m = fmaxf(m, lanes[j]);
+    for (; i < n; i++) m = fmaxf(m, x[i]);
+    const __m256 m8 = _mm256_set1_ps(m);
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 e = rp_exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), m8));
+        _mm256_storeu_ps(x + i, e);
+        sv = _mm256_add_ps(sv, e);
+    }
+    sum = rp_hsum8(sv);
 #else
     for (; i < n; i++) m = fmaxf(m, x[i]);
     i = 0;
