@@ -2,11 +2,13 @@
 //   silu_and_mul       out = silu(g) * u,  silu(g) = g / (1 + e^-g),  for x = [g | u]   (SwiGLU)
 //   gelu_tanh_and_mul  out = gelu(g) * u,  for x = [g | u]                             (GeGLU, Gemma)
 //   gelu_tanh          out = gelu(x)                                      (the SigLIP encoder's MLP)
-// with gelu's tanh approximation, gelu(g) = g/2 (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
+// with gelu's tanh approximation, gelu(g) = g/2 (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), and
+//   gelu_erf           out = x Phi(x) = x/2 (1 + erf(x / sqrt(2)))        (Qwen2.5-VL's patch merger)
+// the exact GELU (torch's nn.GELU()), by CUDA's erff (2 ulp).
 //
 // In the forward pass: the gated ones sit between the fused gate/up projection
 // (T, 2I) and the down projection (T, I); gelu_tanh between a vision layer's
-// fc1 (T, I) and fc2.
+// fc1 (T, I) and fc2; gelu_erf between the merger's two Linear layers.
 //
 // Each output element reads one or two inputs and is written once: a copy-speed
 // kernel when every byte moves once, in 16-byte vectors.
@@ -26,6 +28,10 @@ struct GeluTanh {
     const float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);  // sqrt(2/pi) (g + 0.044715 g^3)
     return 0.5f * g * (1.0f + tanhf(inner));
   }
+};
+
+struct GeluErf {
+  __device__ static float apply(float g) { return 0.5f * g * (1.0f + erff(g * 0.7071067811865476f)); }  // g / sqrt(2)
 };
 
 // GATED: x is [gate | up] (T, 2I) and out = act(gate) * up; else x is (T, I) and out = act(x).
@@ -70,3 +76,4 @@ __device__ void activation(T* __restrict__ out,      // [T, I]
 ACTIVATION_ENTRIES(silu_and_mul, Silu, true)
 ACTIVATION_ENTRIES(gelu_tanh_and_mul, GeluTanh, true)
 ACTIVATION_ENTRIES(gelu_tanh, GeluTanh, false)
+ACTIVATION_ENTRIES(gelu_erf, GeluErf, false)

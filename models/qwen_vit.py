@@ -1,18 +1,30 @@
-"""Qwen2.5-VL's image encoder: its ViT and the patch merger, in NumPy on the host (one
-image at a time; its GEMMs are BLAS through np.matmul), as transformers'
-Qwen2_5_VisionTransformerPretrainedModel computes it.
+"""Qwen2.5-VL's image encoder: its ViT and the patch merger, one image at a time, through
+the backend's ops like the decoder (cpu: our C kernels and BLAS, or the NumPy
+references; cuda: our kernels and cuBLAS; sim: the same kernels on the CPU), as
+transformers' Qwen2_5_VisionTransformerPretrainedModel computes it.
 
     patches (S, 3 Tp P P), in m x m merge-group order (image_input.patchify), grid (1, h, w)
+      -> reorder the merge groups window by window (window_index), on the host
       -> @ patch (Conv3d(3, Dv, (Tp, P, P)) as one GEMM) -> (S, Dv)
-      -> reorder the merge groups window by window (window_index)
       -> [RMSNorm -> qkv -> 2D RoPE (h, w) on q, k -> attention inside each window, or
           over the whole image in fullatt_block_indexes -> proj -> + ;
           RMSNorm -> down(silu(gate) * up) -> +] x L
       -> RMSNorm -> each merge group's m*m rows side by side (S/m^2, m^2 Dv)
-      -> mlp.2(gelu(mlp.0(.))) -> (N, dim) -> back to row-major token order
+      -> mlp.2(gelu(mlp.0(.))) -> (N, dim) -> back to row-major token order, on the host
+
+As in the decoder, each RMSNorm adds the residual stream first (fused_add_rms_norm): the
+first adds nothing, every later one the output of the attention or MLP block before it.
 
 A window is window_size pixels a side: window_size / P / m merged tokens (112 / 14 / 2 = 4,
-so 8 x 8 patches); windows at the right and bottom edges are cut short.
+so 8 x 8 patches); windows at the right and bottom edges are cut short. After the
+reordering each window is a run of rows, so a layer's attention is one call over the
+image with the windows' row starts (cu_seqlens, as flash-attention's varlen calls take
+them in transformers); a full-attention layer's is the whole image.
+
+The rotary: patch (r, c) turns by r * f in the first quarter of each half of a head and
+by c * f in the second (emb = [angles | angles], rotate_half: NeoX style). That is
+backend.rope with is_neox, each row its own position (arange(S)) and a per-image table
+whose row i is [cos | sin] of row i's angles (S, Dh/2) = [r_i * inv_freq | c_i * inv_freq].
 
 Shapes: S = h * w patches, P = patch size, Tp = temporal patch size, m = merge size,
 Dv = vision hidden size, Hv heads of Dh = Dv / Hv, Iv = its MLP size, N = S / m^2
@@ -21,45 +33,28 @@ tokens, dim = the text model's hidden size.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from rawpage.backends.base import Backend
+from rawpage.backends.base import Array, Backend
 from rawpage.models.weight_source import CheckpointWeights, WeightSource
 from rawpage.multimodal.vision_config import VisionConfig
-
-SCORES_PER_GROUP = 1 << 24  # float32 attention scores computed at once (64 MiB)
 
 
 @dataclass
 class ViTBlock:
-    norm1: np.ndarray  # (Dv,) RMSNorm
-    qkv: np.ndarray  # (Dv, 3 Dv) [q | k | v], laid (in, out) for x @ w
-    qkv_bias: np.ndarray  # (3 Dv,)
-    proj: np.ndarray  # (Dv, Dv)
-    proj_bias: np.ndarray  # (Dv,)
-    norm2: np.ndarray  # (Dv,)
-    gate_up: np.ndarray  # (Dv, 2 Iv) [gate | up]
-    gate_up_bias: np.ndarray  # (2 Iv,)
-    down: np.ndarray  # (Iv, Dv)
-    down_bias: np.ndarray  # (Dv,)
-
-
-def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """x (n, Dv) / sqrt(mean(x^2) + eps) * w."""
-    return x / np.sqrt(np.square(x).mean(axis=-1, keepdims=True) + np.float32(eps)) * w
-
-
-def gelu_erf(x: np.ndarray) -> np.ndarray:
-    """x * Phi(x), torch's nn.GELU(): erf by Abramowitz and Stegun 7.1.26 (error under 1.5e-7)."""
-    z = np.abs(x) / np.float32(math.sqrt(2.0))
-    t = 1.0 / (1.0 + 0.3275911 * z)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    erf = np.sign(x) * (1.0 - poly * np.exp(-z * z))
-    return (0.5 * x * (1.0 + erf)).astype(np.float32)
+    norm1: Array  # (Dv,) RMSNorm
+    qkv: Array  # (3 Dv, Dv) [q | k | v] rows, a Linear weight (out, in)
+    qkv_bias: Array  # (3 Dv,)
+    proj: Array  # (Dv, Dv)
+    proj_bias: Array  # (Dv,)
+    norm2: Array  # (Dv,)
+    gate_up: Array  # (2 Iv, Dv) [gate | up] rows
+    gate_up_bias: Array  # (2 Iv,)
+    down: Array  # (Dv, Iv)
+    down_bias: Array  # (Dv,)
 
 
 def window_index(gh: int, gw: int, vws: int) -> tuple[np.ndarray, np.ndarray]:
@@ -76,102 +71,99 @@ def window_index(gh: int, gw: int, vws: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Qwen25VisionEncoder:
-    """The ViT and merger, weights read from a checkpoint under the Hub's names (visual.*)."""
+    """The ViT and merger, weights read from a checkpoint under the Hub's names (visual.*),
+    held by the backend in the model's dtype."""
 
     def __init__(self, vc: VisionConfig, text_dim: int, backend: Backend, tensors: Mapping | WeightSource) -> None:
         self.vc, self.text_dim, self.backend = vc, text_dim, backend
         source = tensors if isinstance(tensors, WeightSource) else CheckpointWeights(tensors)
 
-        def get(name: str, *shape: int) -> np.ndarray:  # float32 on the host
+        def host(name: str, *shape: int) -> np.ndarray:  # float32, dequantized if stored quantized
             return np.asarray(backend.to_numpy(source.load(backend, [(name, shape)])), np.float32)
 
+        def vector(name: str, *shape: int) -> Array:
+            return backend.asarray(host(name, *shape))
+
+        def linear(w: np.ndarray) -> Array:  # (out, in), as Linear layers and backend.linear take it
+            return backend.prepare_linear(backend.asarray(w))
+
         Dv, Iv, P, Tp, p = vc.hidden_size, vc.intermediate_size, vc.patch_size, vc.temporal_patch_size, "visual."
-        # Conv3d(3, Dv, (Tp, P, P), stride the same, no bias) is one GEMM over flattened patches: (3 Tp P P, Dv)
-        self.patch = get(p + "patch_embed.proj.weight", Dv, 3, Tp, P, P).reshape(Dv, -1).T.copy()
+        # Conv3d(3, Dv, (Tp, P, P), stride the same, no bias) is one GEMM over flattened patches: (Dv, 3 Tp P P)
+        self.patch = linear(host(p + "patch_embed.proj.weight", Dv, 3, Tp, P, P).reshape(Dv, -1))
         self.blocks = []
         for i in range(vc.num_layers):
             q = f"{p}blocks.{i}."
             mlp = [(q + f"mlp.{n}_proj", Iv) for n in ("gate", "up")]
             self.blocks.append(
                 ViTBlock(
-                    norm1=get(q + "norm1.weight", Dv),
-                    qkv=get(q + "attn.qkv.weight", 3 * Dv, Dv).T.copy(),
-                    qkv_bias=get(q + "attn.qkv.bias", 3 * Dv),
-                    proj=get(q + "attn.proj.weight", Dv, Dv).T.copy(),
-                    proj_bias=get(q + "attn.proj.bias", Dv),
-                    norm2=get(q + "norm2.weight", Dv),
-                    gate_up=np.concatenate([get(n + ".weight", size, Dv) for n, size in mlp]).T.copy(),
-                    gate_up_bias=np.concatenate([get(n + ".bias", size) for n, size in mlp]),
-                    down=get(q + "mlp.down_proj.weight", Dv, Iv).T.copy(),
-                    down_bias=get(q + "mlp.down_proj.bias", Dv),
+                    norm1=vector(q + "norm1.weight", Dv),
+                    qkv=linear(host(q + "attn.qkv.weight", 3 * Dv, Dv)),
+                    qkv_bias=vector(q + "attn.qkv.bias", 3 * Dv),
+                    proj=linear(host(q + "attn.proj.weight", Dv, Dv)),
+                    proj_bias=vector(q + "attn.proj.bias", Dv),
+                    norm2=vector(q + "norm2.weight", Dv),
+                    gate_up=linear(np.concatenate([host(n + ".weight", size, Dv) for n, size in mlp])),
+                    gate_up_bias=backend.asarray(np.concatenate([host(n + ".bias", size) for n, size in mlp])),
+                    down=linear(host(q + "mlp.down_proj.weight", Dv, Iv)),
+                    down_bias=vector(q + "mlp.down_proj.bias", Dv),
                 )
             )
         unit = vc.spatial_merge_size**2 * Dv
-        self.merger_norm = get(p + "merger.ln_q.weight", Dv)
-        self.merger_fc1 = get(p + "merger.mlp.0.weight", unit, unit).T.copy()  # (m^2 Dv, m^2 Dv)
-        self.merger_fc1_bias = get(p + "merger.mlp.0.bias", unit)
-        self.merger_fc2 = get(p + "merger.mlp.2.weight", text_dim, unit).T.copy()  # (m^2 Dv, dim)
-        self.merger_fc2_bias = get(p + "merger.mlp.2.bias", text_dim)
+        self.merger_norm = vector(p + "merger.ln_q.weight", Dv)
+        self.merger_fc1 = linear(host(p + "merger.mlp.0.weight", unit, unit))  # (m^2 Dv, m^2 Dv)
+        self.merger_fc1_bias = vector(p + "merger.mlp.0.bias", unit)
+        self.merger_fc2 = linear(host(p + "merger.mlp.2.weight", text_dim, unit))  # (dim, m^2 Dv)
+        self.merger_fc2_bias = vector(p + "merger.mlp.2.bias", text_dim)
         Dh = Dv // vc.num_heads
         # the 2D rotary's frequencies: Dh/4 for the row, the same Dh/4 for the column
         self.inv_freq = (1.0 / 10000.0 ** (np.arange(0, Dh // 2, 2, dtype=np.float32) / (Dh // 2))).astype(np.float32)
 
     def num_bytes(self) -> int:
         arrays = [self.patch, self.merger_fc1, self.merger_fc2] + [
-            a for b in self.blocks for a in vars(b).values() if isinstance(a, np.ndarray)
+            a for b in self.blocks for a in vars(b).values() if hasattr(a, "nbytes")
         ]
-        return sum(a.nbytes for a in arrays)
+        return sum(int(a.nbytes) for a in arrays)
 
-    def rotary(self, gh: int, gw: int) -> tuple[np.ndarray, np.ndarray]:
-        """(cos, sin), each (S, Dh): patch (r, c) turns by r * f in the first quarter of each
-        half and c * f in the second, patches in merge-group order."""
+    def rotary(self, gh: int, gw: int, rows: np.ndarray) -> np.ndarray:
+        """The rope table (S, Dh) float32 of a (gh, gw) patch grid: row i is [cos | sin] of
+        patch rows[i]'s angles [r * f | c * f] (S, Dh/2), patches in merge-group order."""
         m = self.vc.spatial_merge_size
-        rows, cols = np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij")
+        r, c = np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij")
         group = (gh // m, m, gw // m, m)
-        r, c = (a.reshape(group).transpose(0, 2, 1, 3).ravel() for a in (rows, cols))
-        angles = np.concatenate([np.outer(r, self.inv_freq), np.outer(c, self.inv_freq)], axis=1).astype(np.float32)
-        emb = np.concatenate([angles, angles], axis=1)  # (S, Dh)
-        return np.cos(emb), np.sin(emb)
+        r, c = (a.reshape(group).transpose(0, 2, 1, 3).ravel()[rows] for a in (r, c))
+        angles = np.concatenate([np.outer(r, self.inv_freq), np.outer(c, self.inv_freq)], axis=1)  # (S, Dh/2)
+        return np.concatenate([np.cos(angles), np.sin(angles)], axis=1).astype(np.float32)
 
     def encode(self, pixels: np.ndarray, grid: tuple[int, int, int]) -> np.ndarray:
         """An image's patches (S, 3 Tp P P) of grid (t, h, w) -> its soft tokens (N, dim) float32, row-major."""
-        vc = self.vc
+        b, vc, eps = self.backend, self.vc, self.vc.layer_norm_eps
         t, gh, gw = grid
         m, Dv, Hv = vc.spatial_merge_size, vc.hidden_size, vc.num_heads
         Dh, unit, S = Dv // Hv, m * m, t * gh * gw
         if t != 1:
             raise ValueError("Qwen2.5-VL images have one temporal patch (videos are not supported)")
-        self.backend.begin_encoder(S)  # BLAS's threads
+        b.begin_encoder(S)
         order, lengths = window_index(gh // m, gw // m, vc.window_size // m // vc.patch_size)
         # rows move a merge group (m*m patches) at a time, window by window
         rows = (order[:, None] * unit + np.arange(unit)).ravel()  # (S,)
-        x = (pixels @ self.patch)[rows]  # (S, Dv)
-        cos, sin = (a[rows][:, None, :] for a in self.rotary(gh, gw))  # (S, 1, Dh)
-        windows = np.concatenate([[0], np.cumsum(lengths * unit)])
-        whole = np.array([0, S])
+        windows = np.concatenate([[0], np.cumsum(lengths * unit)])  # (windows + 1,) row starts
+        positions = b.asarray(np.arange(S, dtype=np.int32), np.int32)  # row i turns by cos_sin[i]
+        cos_sin = b.asarray(self.rotary(gh, gw, rows), np.float32)  # (S, Dh)
+        residual = b.linear(b.asarray(pixels[rows]), self.patch)  # (S, Dv)
+        h = b.zeros((S, Dv))  # the first norm adds nothing to the residual stream
         for i, blk in enumerate(self.blocks):
-            bounds = whole if i in vc.fullatt_block_indexes else windows
-            h = rms_norm(x, blk.norm1, vc.layer_norm_eps) @ blk.qkv + blk.qkv_bias  # (S, 3 Dv)
-            q, k, v = (h[:, j * Dv : (j + 1) * Dv].reshape(S, Hv, Dh) for j in range(3))
-            q, k = (a * cos + np.concatenate([-a[..., Dh // 2 :], a[..., : Dh // 2]], axis=-1) * sin for a in (q, k))
-            o = np.empty((S, Hv, Dh), np.float32)
-            for a, b in zip(bounds[:-1], bounds[1:]):  # attention within [a, b), every way
-                # heads a group at a time, so that a whole 896-pixel image's scores stay near 64 MiB
-                group = max(1, min(Hv, SCORES_PER_GROUP // (b - a) ** 2))
-                for h0 in range(0, Hv, group):
-                    qs, ks, vs = (z[a:b, h0 : h0 + group].transpose(1, 0, 2) for z in (q, k, v))  # (g, n, Dh)
-                    scores = (qs @ ks.transpose(0, 2, 1)) * np.float32(Dh**-0.5)  # (g, n, n)
-                    scores -= scores.max(axis=-1, keepdims=True)
-                    probs = np.exp(scores)
-                    probs /= probs.sum(axis=-1, keepdims=True)
-                    o[a:b, h0 : h0 + group] = (probs @ vs).transpose(1, 0, 2)
-            x = x + o.reshape(S, Dv) @ blk.proj + blk.proj_bias
-            h = rms_norm(x, blk.norm2, vc.layer_norm_eps) @ blk.gate_up + blk.gate_up_bias  # (S, 2 Iv)
-            gate, up = np.split(h, 2, axis=-1)
-            x = x + (gate / (1.0 + np.exp(-gate)) * up) @ blk.down + blk.down_bias
+            # attention inside each window (or over the whole image), scaled by Dh**-0.5
+            x, residual = b.fused_add_rms_norm(h, residual, blk.norm1, eps)
+            qkv = b.linear(x, blk.qkv, blk.qkv_bias)  # (S, 3 Dv)
+            q, k, v = (qkv[:, j * Dv : (j + 1) * Dv].reshape(S, Hv, Dh) for j in range(3))
+            b.rope(positions, q, k, cos_sin, True)
+            o = b.encoder_attention(q, k, v, Dh**-0.5, None if i in vc.fullatt_block_indexes else windows)
+            h = b.linear(o.reshape(S, Dv), blk.proj, blk.proj_bias)
+            # MLP: down(silu(gate) * up)
+            x, residual = b.fused_add_rms_norm(h, residual, blk.norm2, eps)
+            h = b.linear(b.silu_and_mul(b.linear(x, blk.gate_up, blk.gate_up_bias)), blk.down, blk.down_bias)
         # merger: a merge group's m*m patches side by side -> one token of the text model's size
-        x = rms_norm(x, self.merger_norm, 1e-6).reshape(S // unit, unit * Dv)
-        x = gelu_erf(x @ self.merger_fc1 + self.merger_fc1_bias) @ self.merger_fc2 + self.merger_fc2_bias
-        out = np.empty_like(x)
-        out[order] = x  # window order -> row-major token order
-        return out.astype(np.float32)  # (N, dim)
+        x, _ = b.fused_add_rms_norm(h, residual, self.merger_norm, 1e-6)
+        x = b.gelu_erf(b.linear(x.reshape(S // unit, unit * Dv), self.merger_fc1, self.merger_fc1_bias))
+        tokens = np.asarray(b.to_numpy(b.linear(x, self.merger_fc2, self.merger_fc2_bias)), np.float32)
+        return tokens[np.argsort(order)]  # (N, dim): window order -> row-major token order

@@ -574,7 +574,8 @@ def test_spec_step_raises_when_the_engine_fails_the_request(tiny_config_file):
 
 def test_vision_step_runs_under_sim_and_reaches_the_table(tmp_path):
     """tools/gpu_check/vision.py on --device sim (the cuda backend's kernels and launch code on
-    the CPU): the tiny VLM within the golden tolerances; the table's row and the check's verdict."""
+    the CPU): the tiny VLMs (Gemma 3, Qwen2.5-VL) within the golden tolerances; the table's row
+    and the check's verdict."""
     pytest.importorskip("PIL")
     from tools.gpu_check import vision
     from tools.gpu_check.summary import failures, rows
@@ -583,6 +584,7 @@ def test_vision_step_runs_under_sim_and_reaches_the_table(tmp_path):
     r = vision.main(["--device", "sim", "--result-file", str(out)])
     assert r == json.loads(out.read_text())["vision"]
     assert r["ok"] and r["greedy_matches"] and r["logits_max_diff"] < 1e-3 and r["encode_ms"] > 0
+    assert r["qwen_greedy_matches"] and r["qwen_encoder_max_diff"] < 1e-4  # its ViT on the kernels too
     (row,) = [x for x in rows({"vision": r}, None, None) if x[0].startswith("tiny Gemma 3 VLM")]
     assert row[3] == "ok" and "greedy identical" in row[1] and "(sim)" in row[0]
     assert not [f for f in failures({"vision": r}) if f.startswith("vision")]

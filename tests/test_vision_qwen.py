@@ -71,12 +71,27 @@ def test_preprocessing_and_encoder_match_transformers(model):
         np.testing.assert_allclose(model.encode_image(inp.pixels, inp.grid).ravel(), emb, atol=1e-4)
 
 
-def test_attention_a_head_at_a_time_for_large_images(model, monkeypatch):
-    from rawpage.models import qwen_vit
+def test_attention_in_blocks_of_queries_for_large_images(model, monkeypatch):
+    from rawpage.ops import paged_attention
 
-    monkeypatch.setattr(qwen_vit, "SCORES_PER_GROUP", 1)  # as a whole 896-pixel image's scores would be split
+    # 3 queries at a time: a 16-row window's, and the whole image's 80 rows, in blocks with a
+    # short last one, as a whole 896-pixel image's 4096 rows are split by 4096-row blocks
+    monkeypatch.setattr(paged_attention, "ENCODER_ATTENTION_ROWS", 3)
     inp = image_input(images()[0], model.config.vision)
     np.testing.assert_allclose(model.encode_image(inp.pixels, inp.grid).ravel(), DATA["image_embeddings"][0], atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype,atol", [("float32", 1e-4), ("bfloat16", 0.05)])
+def test_encoder_on_sim_matches_transformers(folder, dtype, atol):
+    """--device sim: the ViT and merger through the cuda backend's kernels (RMSNorm, RoPE,
+    the windows' attention in one launch a layer, SiLU, the exact GELU), their sources run
+    on the CPU. bfloat16 rounds every activation to 8 bits: a loose bound, but one that a
+    wrong window, rotation or GELU is far outside (the embeddings are of order 1)."""
+    ckpt = load_checkpoint(folder)
+    model = build_model(ckpt.config, get_backend("sim", dtype=dtype), ckpt.tensors)
+    for im, emb in zip(images(), DATA["image_embeddings"]):
+        inp = image_input(im, model.config.vision)
+        np.testing.assert_allclose(model.encode_image(inp.pixels, inp.grid).ravel(), emb, atol=atol)
 
 
 def test_mrope_positions_are_get_rope_index(model):
@@ -141,8 +156,8 @@ def test_engine_greedy_matches_transformers_in_chunks(llm):
 
 
 def test_engine_on_sim_matches_transformers(folder):
-    """--device sim: the ViT on the host, the language model's M-RoPE rotation and attention
-    on the cuda backend's kernels (their sources run on the CPU)."""
+    """--device sim: the ViT and the language model's M-RoPE rotation and attention on the
+    cuda backend's kernels (their sources run on the CPU)."""
     sim = LLM(folder, device="sim", block_size=8, max_num_batched_tokens=24, max_num_seqs=4)
     check_greedy(generate(sim, {"prompt_token_ids": DATA["ids"], "multi_modal_data": {"image": images()}}, logprobs=5))
 

@@ -28,7 +28,8 @@
 #   lora        multi-LoRA (issue 21): batch 64 mixing 8 rank-16 adapters against no LoRA,
 #               Llama-3-8B-shaped dummy model, decode tokens/s (tools/bench_lora.py)
 #   vision      images (issue 45): the tiny Gemma 3 VLM on cuda in float32 against transformers'
-#               recorded outputs (encoder embeddings, logits, greedy tokens; tools/gpu_check/vision.py)
+#               recorded outputs (encoder embeddings, logits, greedy tokens; tools/gpu_check/vision.py),
+#               and the tiny Qwen2.5-VL's ViT embeddings and greedy tokens
 #   spec        n-gram speculative decoding (issue 19): batch 1, k = 4, Llama-3-8B-shaped dummy
 #               model, graphs on, a repetitive prompt; decode tokens/s against no speculation,
 #               acceptance rate, verification step cost against a decode step (tools/gpu_check/spec.py)
@@ -114,7 +115,7 @@ if step env 30 "$PY" -m tools.gpu_check.env --result-file "$PARTS/env.json"; the
     --device cuda --result-file "$PARTS/parity.json"
   step throughput 90 "$PY" -m tools.gpu_check.throughput --engine rawpage --decode-batches 1,256 \
     --config tools/configs/llama-3-8b/config.json --result-file "$PARTS/throughput_rawpage.json"
-  step vision 30 "$PY" -m tools.gpu_check.vision --device cuda --result-file "$PARTS/vision.json"
+  step vision 45 "$PY" -m tools.gpu_check.vision --device cuda --result-file "$PARTS/vision.json"
   step families 70 "$PY" -m tools.gpu_check.families --device cuda --result-file "$PARTS/families.json"
   step quant 50 "$PY" -m tools.gpu_check.quant --device cuda --result-file "$PARTS/quant.json"
   step breakdown 80 "$PY" -m tools.gpu_check.breakdown --batches 1,256 --timeout 70 \

@@ -225,8 +225,15 @@ class Backend:
         """(T, I) -> gelu (tanh approximation) of each element: (T, I)."""
         raise NotImplementedError
 
-    def encoder_attention(self, q: Array, k: Array, v: Array, scale: float) -> Array:
-        """q, k, v (N, H, D) of one image's patches, every row seeing every key -> (N, H, D)."""
+    def gelu_erf(self, x: Array) -> Array:
+        """(T, I) -> the exact gelu, x Phi(x), of each element: (T, I)."""
+        raise NotImplementedError
+
+    def encoder_attention(
+        self, q: Array, k: Array, v: Array, scale: float, cu_seqlens: np.ndarray | None = None
+    ) -> Array:
+        """q, k, v (N, H, D) of one image's patches -> (N, H, D), each row seeing every key of its
+        sequence: rows cu_seqlens[i] .. cu_seqlens[i+1] ((B+1,), host: Qwen's windows), or all N."""
         raise NotImplementedError
 
     def swap_blocks(self, src: Array, dst: Array, block_mapping: np.ndarray) -> None:

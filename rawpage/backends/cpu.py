@@ -64,6 +64,7 @@ from rawpage.ops.kv_cache_fp8 import paged_attention_fp8_ref, write_kv_fp8_ref
 from rawpage.ops.layer_ops import (
     fused_add_layer_norm_ref,
     fused_add_rms_norm_ref,
+    gelu_erf_ref,
     gelu_tanh_and_mul_ref,
     gelu_tanh_ref,
     rms_norm_ref,
@@ -342,14 +343,18 @@ class CPUBackend(Backend):
             return gelu_tanh_ref(x)
         return vision_ops.gelu_tanh(self.lib, x, self.kernel_threads)
 
-    def encoder_attention(self, q, k, v, scale):
-        """One head and a block of queries at a time: BLAS for q k^T and p v, the row
-        softmax a C kernel where loaded (encoder_attention_ref)."""
+    def gelu_erf(self, x):
         if self.lib is None:
-            return encoder_attention_ref(q, k, v, scale)
-        return encoder_attention_ref(
-            q, k, v, scale, lambda s: vision_ops.softmax_rows(self.lib, s, self.kernel_threads)
-        )
+            return gelu_erf_ref(x)
+        return vision_ops.gelu_erf(self.lib, x, self.kernel_threads)
+
+    def encoder_attention(self, q, k, v, scale, cu_seqlens=None):
+        """A sequence, one head and a block of queries at a time: BLAS for q k^T and p v,
+        the row softmax a C kernel where loaded (encoder_attention_ref)."""
+        if self.lib is None:
+            return encoder_attention_ref(q, k, v, scale, cu_seqlens=cu_seqlens)
+        softmax = lambda s: vision_ops.softmax_rows(self.lib, s, self.kernel_threads)  # noqa: E731
+        return encoder_attention_ref(q, k, v, scale, softmax, cu_seqlens)
 
     def copy_blocks(self, k_caches, v_caches, block_mapping):
         copy_blocks_ref(k_caches, v_caches, block_mapping)

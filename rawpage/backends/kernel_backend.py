@@ -187,8 +187,13 @@ class KernelBackend(Backend):
     ) -> tuple[Array, Array]:
         return launch_fused_add_layer_norm(self.xp, self.loader, x, residual, weight, bias, eps)
 
-    def encoder_attention(self, q: Array, k: Array, v: Array, scale: float) -> Array:
-        return launch_encoder_attention(self.xp, self.loader, q, k, v, scale)
+    def gelu_erf(self, x: Array) -> Array:
+        return launch_activation(self.xp, self.loader, x, "gelu_erf")
+
+    def encoder_attention(
+        self, q: Array, k: Array, v: Array, scale: float, cu_seqlens: np.ndarray | None = None
+    ) -> Array:
+        return launch_encoder_attention(self.xp, self.loader, q, k, v, scale, cu_seqlens)
 
     def copy_blocks(self, k_caches: list[Array], v_caches: list[Array], block_mapping: np.ndarray) -> None:
         launch_copy_blocks(self.xp, self.loader, k_caches, v_caches, block_mapping)

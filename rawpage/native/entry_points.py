@@ -177,6 +177,9 @@ ENTRY_POINTS = {
         entry(
             "rp_gelu_tanh", "void", "float *out, const float *x, int64_t x_stride, int64_t T, int64_t n, int nthreads"
         ),
+        entry(
+            "rp_gelu_erf", "void", "float *out, const float *x, int64_t x_stride, int64_t T, int64_t n, int nthreads"
+        ),
         entry("rp_softmax_rows", "void", "float *x, int64_t x_stride, int64_t T, int64_t n, int nthreads"),
         # pool.c, read_probe.c, graph.c
         entry("rp_pool_selftest", "int64_t", "int nth"),

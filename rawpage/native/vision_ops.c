@@ -1,4 +1,4 @@
-/* The element-wise ops of a vision tower (models/siglip.py): between its GEMMs,
+/* The element-wise ops of a vision tower (models/siglip.py, models/qwen_vit.py): between its GEMMs,
  * which linear runs, a SigLIP layer adds the residual and normalizes, activates and
  * takes softmaxes over every patch of the image (4096 rows at 896 px, patch 14).
  *
@@ -7,6 +7,8 @@
  *                            (mean and var over the row's n elements, var the biased one)
  *     gelu_tanh            : out = gelu_tanh(x)
  *                            (vec_math.h's gelu: g / (1 + exp(-2 sqrt(2/pi) (g + 0.044715 g^3))))
+ *     gelu_erf             : out = x Phi(x) = x/2 (1 + erf(x / sqrt(2)))      (Qwen2.5-VL's merger)
+ *                            (libm's erff, scalar: the merger runs it once an image, on S/4 rows)
  *     softmax_rows         : x = exp(x - max(x)) / sum(exp(x - max(x)))          per row, in place
  *
  * Layouts: x is [T, stride] float32, row t at x + t stride, its n elements
@@ -83,6 +85,18 @@ RP_EXPORT void rp_gelu_tanh(float *out, const float *x, int64_t x_stride, int64_
     rp_parallel(rows_task, &a, rp_row_threads(T, n, nthreads));
 }
 
+static void gelu_erf_row(const vision_rows *a, int64_t t) {
+    const float *x = a->x + t * a->x_stride;
+    float *o = a->out + t * a->n;
+    for (int64_t i = 0; i < a->n; i++) o[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
+}
+
+/* out [T, n] = gelu_erf(x [T, x_stride]) */
+RP_EXPORT void rp_gelu_erf(float *out, const float *x, int64_t x_stride, int64_t T, int64_t n, int nthreads) {
+    vision_rows a = {out, NULL, x, NULL, NULL, NULL, x_stride, 0, T, n, 0.0f, gelu_erf_row};
+    rp_parallel(rows_task, &a, rp_row_threads(T, n, nthreads));
+}
+
 static void softmax_row(const vision_rows *a, int64_t t) {
     const int64_t n = a->n;
     float *x = a->out + t * a->x_stride;
@@ -100,6 +114,20 @@ static void softmax_row(const vision_rows *a, int64_t t) {
         sv = _mm512_add_ps(sv, e);
     }
     sum = _mm512_reduce_add_ps(sv);
+#elif defined(RP_AVX2)
+    __m256 mv = _mm256_set1_ps(-INFINITY), sv = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, mv);
+    for (int j = 0; j < 8; j++) m = fmaxf(m, lanes[j]);
+    for (; i < n; i++) m = fmaxf(m, x[i]);
+    const __m256 m8 = _mm256_set1_ps(m);
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 e = rp_exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), m8));
+        _mm256_storeu_ps(x + i, e);
+        sv = _mm256_add_ps(sv, e);
+    }
+    sum = rp_hsum8(sv);
 #else
     for (; i < n; i++) m = fmaxf(m, x[i]);
     i = 0;

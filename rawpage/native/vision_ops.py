@@ -1,4 +1,4 @@
-"""vision_ops.c from Python: a vision tower's residual add + layer norm, GELU and row
+"""vision_ops.c from Python: a vision tower's residual add + layer norm, GELUs and row
 softmax, each matching its NumPy reference (ops/layer_ops.py, ops/paged_attention.py;
 tests/native/test_vision_ops.py)."""
 
@@ -46,14 +46,24 @@ def fused_add_layer_norm(
     return normed, summed
 
 
-def gelu_tanh(lib: NativeLibrary, x: np.ndarray, nthreads: int) -> np.ndarray:
-    """x (T, n) -> gelu_tanh(x), (T, n) float32, a new array."""
+def _elementwise(lib: NativeLibrary, entry: str, x: np.ndarray, nthreads: int) -> np.ndarray:
+    """x (T, n) -> entry's function of each element, (T, n) float32, a new array."""
     x, stride = float_rows(x)
     T, n = x.shape
     out = empty((T, n))
     if T:
-        lib.call("rp_gelu_tanh", out=addr(out), x=addr(x), x_stride=stride, T=T, n=n, nthreads=nthreads)
+        lib.call(entry, out=addr(out), x=addr(x), x_stride=stride, T=T, n=n, nthreads=nthreads)
     return out
+
+
+def gelu_tanh(lib: NativeLibrary, x: np.ndarray, nthreads: int) -> np.ndarray:
+    """x (T, n) -> gelu_tanh(x), (T, n) float32, a new array."""
+    return _elementwise(lib, "rp_gelu_tanh", x, nthreads)
+
+
+def gelu_erf(lib: NativeLibrary, x: np.ndarray, nthreads: int) -> np.ndarray:
+    """x (T, n) -> gelu_erf(x) (the exact GELU), (T, n) float32, a new array."""
+    return _elementwise(lib, "rp_gelu_erf", x, nthreads)
 
 
 def softmax_rows(lib: NativeLibrary, x: np.ndarray, nthreads: int) -> np.ndarray:

@@ -1,5 +1,5 @@
 """A decoder layer's small kernels: RMSNorm, RoPE, the gated activation and the KV write;
-and the vision encoder's LayerNorm and GELU.
+and the vision encoders' LayerNorm and GELUs.
 
 Each section: the math, its NumPy reference, and the launch (grid, block, arguments) of
 its kernel in cuda/ (rms_norm.cu, rope.cu, activation.cu, write_kv.cu); the same ops in C
@@ -7,6 +7,7 @@ for the CPU are rawpage/native/layer_ops.py."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -243,6 +244,8 @@ def launch_rope(
 # SwiGLU  silu_and_mul(x)      = silu(g) * u,  silu(g) = g * sigmoid(g)
 # GeGLU   gelu_tanh_and_mul(x) = gelu(g) * u,  gelu's tanh approximation (Gemma)
 #         gelu_tanh(x)         = gelu(x)       (SigLIP's MLP, ungated)
+#         gelu_erf(x)          = x Phi(x) = x/2 (1 + erf(x / sqrt(2)))   exact GELU, torch's
+#                                nn.GELU() (Qwen2.5-VL's patch merger), ungated
 
 
 def silu_and_mul_ref(x: np.ndarray) -> np.ndarray:
@@ -268,6 +271,17 @@ def gelu_tanh_ref(x: np.ndarray) -> np.ndarray:
     return 0.5 * g * (1.0 + np.tanh(inner))
 
 
+def gelu_erf_ref(x: np.ndarray) -> np.ndarray:
+    """x: (T, I) -> x Phi(x): (T, I) float32. NumPy has no erf: Abramowitz and Stegun 7.1.26
+    (absolute error under 1.5e-7; the kernels call erff)."""
+    g = x.astype(np.float32)
+    z = np.abs(g) / np.float32(math.sqrt(2.0))
+    t = 1.0 / (1.0 + 0.3275911 * z)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    erf = np.sign(g) * (1.0 - poly * np.exp(-z * z))
+    return (0.5 * g * (1.0 + erf)).astype(np.float32)
+
+
 def gelu_tanh_and_mul_ref(x: np.ndarray) -> np.ndarray:
     """x: (T, 2I) holding [gate | up] -> (T, I)."""
     d = x.shape[-1] // 2
@@ -284,7 +298,7 @@ SILU_BLOCKS_PER_SM = 8  # 2048 resident threads per SM on sm_80 and sm_90
 
 def launch_activation(xp: Any, loader: KernelLoader, x: Any, name: str = "silu_and_mul") -> Any:
     """name: silu_and_mul or gelu_tanh_and_mul, x (T, 2I) holding [gate | up] -> (T, I);
-    gelu_tanh, x (T, I) -> (T, I)."""
+    gelu_tanh or gelu_erf, x (T, I) -> (T, I)."""
     x = xp.ascontiguousarray(x)
     T, d = x.shape[0], x.shape[1] // 2 if name.endswith("_and_mul") else x.shape[1]
     out = xp.empty((T, d), dtype=x.dtype)

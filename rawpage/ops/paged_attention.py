@@ -26,6 +26,10 @@ With GQA, query head h reads KV head h // (H / Hkv). Every implementation takes
 (q, k_cache, v_cache, meta, opts): the batch's block_tables, seq_lens and
 query_start_loc in an AttentionMetadata, scale, W and c in an AttentionOptions
 (rawpage/ops/attention_metadata.py).
+
+A vision encoder's attention (encoder_attention_ref, launch_encoder_attention) has no
+cache: an image's patches, or each of its windows (cu_seqlens), see all of their own
+keys. On the GPU it is the prefill kernel over the rows themselves as the cache.
 """
 
 from __future__ import annotations
@@ -154,25 +158,31 @@ def encoder_attention_ref(
     v: np.ndarray,
     scale: float,
     softmax_rows: Callable[[np.ndarray], np.ndarray] = softmax_rows_ref,
+    cu_seqlens: np.ndarray | None = None,
 ) -> np.ndarray:
-    """A vision encoder's attention: q, k, v (N, H, D) of one sequence (an image's patches),
-    every row seeing every key -> (N, H, D), softmax in float32. One head and up to
-    ENCODER_ATTENTION_ROWS queries at a time: their scores against every key, (rows, N),
-    in one buffer, softmaxed in place (softmax_rows: the CPU backend passes its C kernel),
-    then times v; never the (H, N, N) scores at once (1 GB for SigLIP at 896 px). (All
-    heads at once in blocks of 128 queries, as one batched matmul, measured 3-4x the CPU
-    time: each small GEMM packs the whole of k again.)"""
+    """A vision encoder's attention: q, k, v (N, H, D) of one image's patches -> (N, H, D),
+    softmax in float32. cu_seqlens (B+1,) host int, 0 .. N: the rows are B sequences, rows
+    cu_seqlens[i] .. cu_seqlens[i+1] (Qwen2.5-VL's windows), each row seeing every key of its
+    own sequence and no other; None: one sequence (SigLIP), every row seeing every key.
+    A sequence, one head and up to ENCODER_ATTENTION_ROWS queries at a time: their scores
+    against the sequence's keys, (rows, n), in one buffer, softmaxed in place (softmax_rows:
+    the CPU backend passes its C kernel), then times v; never the (H, N, N) scores at once
+    (1 GB for SigLIP at 896 px). (All heads at once in blocks of 128 queries, as one batched
+    matmul, measured 3-4x the CPU time: each small GEMM packs the whole of k again.)"""
     N, H, D = q.shape
+    bounds = [0, N] if cu_seqlens is None else [int(r) for r in cu_seqlens]
+    longest = max((b - a for a, b in zip(bounds, bounds[1:])), default=0)
     out = np.empty((N, H, D), np.float32)
-    scores = np.empty((min(N, ENCODER_ATTENTION_ROWS), N), np.float32)
-    for h in range(H):
-        qh = q[:, h].astype(np.float32) * np.float32(scale)  # (N, D)
-        kT = np.ascontiguousarray(k[:, h].T, np.float32)  # (D, N)
-        vh = np.ascontiguousarray(v[:, h], np.float32)  # (N, D)
-        for r in range(0, N, ENCODER_ATTENTION_ROWS):
-            s = scores[: min(ENCODER_ATTENTION_ROWS, N - r)]
-            np.matmul(qh[r : r + len(s)], kT, out=s)
-            out[r : r + len(s), h] = softmax_rows(s) @ vh
+    scores = np.empty((min(longest, ENCODER_ATTENTION_ROWS), longest), np.float32)
+    for a, b in zip(bounds, bounds[1:]):
+        for h in range(H):
+            qh = q[a:b, h].astype(np.float32) * np.float32(scale)  # (n, D)
+            kT = np.ascontiguousarray(k[a:b, h].T, np.float32)  # (D, n)
+            vh = np.ascontiguousarray(v[a:b, h], np.float32)  # (n, D)
+            for r in range(0, b - a, ENCODER_ATTENTION_ROWS):
+                s = scores[: min(ENCODER_ATTENTION_ROWS, b - a - r), : b - a]  # (rows, n)
+                np.matmul(qh[r : r + len(s)], kT, out=s)
+                out[a + r : a + r + len(s), h] = softmax_rows(s) @ vh
     return out.astype(q.dtype, copy=False)
 
 
@@ -397,15 +407,38 @@ def _launch_prefill(loader, out, q, k_cache, v_cache, meta, opts, kv_scales) -> 
     kernel((ceil_div(meta.max_query_len, PREFILL_ROWS), H, B), (PREFILL_THREADS,), args, shared_mem=smem)
 
 
-def launch_encoder_attention(xp: Any, loader: KernelLoader, q: Any, k: Any, v: Any, scale: float) -> Any:
-    """encoder_attention_ref's contract on the prefill kernel: the patches' K and V are one
-    cache block of N slots, and all N rows are one image (key_end = N - 1), so every row
-    sees every key. A head size without a kernel (SigLIP's 72) is zero-padded to the next
-    compiled one: the zero columns add nothing to Q K^T, and their output is dropped."""
+def encoder_blocks(N: int, cu_seqlens: np.ndarray | None) -> tuple[int, AttentionMetadata]:
+    """(BS, meta): the N rows of an encoder's K and V as a cache of N / BS blocks of BS rows
+    and, over it, the batch that is cu_seqlens' sequences (or one of N rows), each wholly an
+    image (key_end = its last key: every row sees all of its sequence's keys and no other's).
+    BS is the gcd of the row starts and N, so that each sequence is whole blocks: N itself
+    for one sequence (one block), 4 or more for Qwen's windows (merge groups of 2 x 2)."""
+    bounds = np.array([0, N] if cu_seqlens is None else cu_seqlens, np.int32)  # (B+1,)
+    lens = np.diff(bounds)  # (B,)
+    if bounds[0] != 0 or bounds[-1] != N or (lens < 0).any():
+        raise ValueError(f"cu_seqlens must rise from 0 to the {N} rows, got {bounds.tolist()}")
+    BS = int(np.gcd.reduce(bounds))
+    blocks = lens // BS
+    col = np.arange(max(1, int(blocks.max())), dtype=np.int32)
+    block_tables = np.where(col < blocks[:, None], bounds[:-1, None] // BS + col, 0).astype(np.int32)  # (B, blocks)
+    key_end = np.repeat(lens - 1, lens)  # (N,) the last position of each row's sequence
+    return BS, AttentionMetadata.from_host(block_tables, lens, bounds, key_end)
+
+
+def launch_encoder_attention(
+    xp: Any, loader: KernelLoader, q: Any, k: Any, v: Any, scale: float, cu_seqlens: np.ndarray | None = None
+) -> Any:
+    """encoder_attention_ref's contract on the prefill kernel, which is varlen already: K
+    and V are the cache themselves (encoder_blocks), each sequence one of the batch's, so
+    one launch covers every window of a layer. A head size without a kernel (SigLIP's 72)
+    is zero-padded to the next compiled one: the zero columns add nothing to Q K^T, and
+    their output is dropped."""
     N, H, D = q.shape
     padded_d = next((d for d in HEAD_SIZES if d >= D), None)
     if padded_d is None:
         raise ValueError(f"head size {D} is over the largest attention kernel's {HEAD_SIZES[-1]}")
+    if N == 0:
+        return xp.empty((0, H, D), dtype=q.dtype)
 
     def padded(a: Any) -> Any:  # (N, H, D) -> contiguous (N, H, padded_d)
         if padded_d == D:
@@ -414,9 +447,7 @@ def launch_encoder_attention(xp: Any, loader: KernelLoader, q: Any, k: Any, v: A
         out[:, :, :D] = a
         return out
 
-    one_block = AttentionMetadata.from_host(
-        np.zeros((1, 1), np.int32), np.array([N], np.int32), np.array([0, N], np.int32), np.full(N, N - 1, np.int32)
-    )
-    k_cache, v_cache = padded(k).reshape(1, N, H, padded_d), padded(v).reshape(1, N, H, padded_d)
-    out = launch_paged_attention(xp, loader, padded(q), k_cache, v_cache, one_block, AttentionOptions(scale))
+    BS, meta = encoder_blocks(N, cu_seqlens)
+    k_cache, v_cache = (padded(a).reshape(N // BS, BS, H, padded_d) for a in (k, v))
+    out = launch_paged_attention(xp, loader, padded(q), k_cache, v_cache, meta, AttentionOptions(scale))
     return out if padded_d == D else xp.ascontiguousarray(out[:, :, :D])  # (N, H, D)

@@ -45,6 +45,7 @@ MAX_THREADS = {
     "fused_add_layer_norm": 1024,
     "silu_and_mul": 256,
     "gelu_tanh": 256,  # gelu_tanh and gelu_tanh_and_mul
+    "gelu_erf": 256,
     "rope": 128,
     "paged_attention_decode": 128,
 }
