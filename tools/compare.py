@@ -468,7 +468,7 @@ def main() -> None:
     args.served_name = args.key or DEFAULT_NAME
     args.skip_offline = args.skip_offline or bool(args.key)  # the offline tools run the default model only
     if args.mmproj:
-        from tools import compare_vision
+        import compare_vision  # tools/compare_vision.py: run as a script, this file's folder is on sys.path
 
         if args.only_rawpage:
             args.llama_server = args.llama_server_vnni = None
@@ -507,6 +507,4 @@ def write_section(doc: Path, section: str, key: str) -> None:
 
 
 if __name__ == "__main__":
-    if __package__ in (None, ""):  # run as a script: make `tools` importable from this checkout
-        sys.path.insert(0, str(ROOT))
     main()

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 
 from rawpage.multimodal.chat_images import load_images, take_images
-from rawpage.multimodal.image_input import ImageInput
+from rawpage.multimodal.image_input import ImageError, ImageInput
 from rawpage.request_checks import CheckedPrompt
 from rawpage.sampling_params import SamplingParams
 from rawpage.server.args import ServerConfig
@@ -213,6 +213,11 @@ class ServerState:
         and preprocessed (their placeholders expanded into their soft tokens in the ids), all
         off the event loop."""
         info = self.info
+        if render.mm_processor_kwargs:  # checked with no image too: kwargs that changed nothing would look applied
+            try:
+                info.images.inputs([], render.mm_processor_kwargs)
+            except ImageError as e:
+                raise APIError(str(e), param="mm_processor_kwargs") from None
 
         def work() -> tuple[list[int], tuple[ImageInput, ...]]:
             chosen = ChatTemplate(render.chat_template) if render.chat_template is not None else info.chat_template
