@@ -120,6 +120,11 @@ class LLMEngine:
         mm_processor_kwargs): its text's (or ids') image placeholders expanded into each
         image's soft tokens, as many placeholders as images."""
         if not (isinstance(prompt, dict) and prompt.get("multi_modal_data") is not None):
+            if isinstance(prompt, dict) and prompt.get("mm_processor_kwargs"):  # checked with no image too
+                try:
+                    self.images.inputs([], prompt["mm_processor_kwargs"])
+                except ImageError as e:
+                    raise InvalidRequestError(str(e), "mm_processor_kwargs") from None
             return (*self.tokenize_prompt(prompt), ())
         try:
             data, kwargs = prompt["multi_modal_data"], prompt.get("mm_processor_kwargs")

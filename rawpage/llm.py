@@ -99,7 +99,7 @@ class LLM:
             messages, sources = take_images(c)
             text = tok.apply_chat_template(messages, add_generation_prompt, chat_template=template)
             images = load_images(sources, self.engine.images) if sources else []
-            images = self.engine.images.inputs(images, mm_processor_kwargs) if images else []
+            images = self.engine.images.inputs(images, mm_processor_kwargs) if images or mm_processor_kwargs else []
             text = self.engine.images.expand_text(text, images)  # each image's own number of soft tokens
             prompt = {"prompt_token_ids": tok.encode(text, add_special_tokens=False)}
             prompts.append({**prompt, "multi_modal_data": {"image": images}} if images else prompt)

@@ -330,6 +330,16 @@ def test_bad_mm_processor_kwargs_are_refused(llm, kwargs, message):
         generate(llm, prompt, 1)
 
 
+def test_mm_processor_kwargs_are_checked_with_no_image(llm):
+    """A prompt (or LLM.chat) without images still has its mm_processor_kwargs checked: a
+    key the processor does not take is refused, never passed over in silence."""
+    with pytest.raises(InvalidRequestError, match="fps not supported"):
+        generate(llm, {"prompt": "hi", "mm_processor_kwargs": {"fps": 2}}, 1)
+    with pytest.raises(ValueError, match="fps not supported"):
+        llm.chat([{"role": "user", "content": "hi"}], use_tqdm=False, mm_processor_kwargs={"fps": 2})
+    assert generate(llm, {"prompt": "hi", "mm_processor_kwargs": {"max_pixels": 1024}}, 1).outputs[0].token_ids
+
+
 def test_served_mm_processor_kwargs():
     from types import SimpleNamespace
 
