@@ -138,6 +138,6 @@ def test_malloc_keeps_freed_memory_unless_the_environment_says_otherwise(monkeyp
     monkeypatch.setenv("MALLOC_TOP_PAD_", "0")  # the user's setting wins
     assert cpu_malloc.keep_freed_memory(libc) is True
     # one arena, mmap and trim thresholds; no top pad
-    assert sorted(libc.calls) == [(-8, 1), (-3, 64 << 20), (-1, 256 << 20)]
+    assert sorted(libc.calls) == [(-8, 1), (-3, 256 << 20), (-1, 256 << 20)]
     assert cpu_malloc.keep_freed_memory(FakeLibc(answer=0)) is False  # a C library that refuses
     assert cpu_malloc.keep_freed_memory(object()) is False  # one without mallopt (macOS)
