@@ -20,6 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TypeVar
 
+from rawpage.backends.cpu_malloc import keep_freed_memory
 from rawpage.engine import LLMEngine, PromptType
 from rawpage.engine_args import EngineArgs
 from rawpage.errors import CONFIG_ERRORS
@@ -166,6 +167,10 @@ class AsyncEngine:
 
     # --- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
+        # Before the engine thread's first malloc, which picks its arena: a thread that
+        # allocates before ARENA_MAX=1 holds an arena of 64 MB heaps, and every larger block
+        # (a vision encoder's 64-70 MB temporaries) is mapped and faulted in afresh.
+        keep_freed_memory()
         self._thread.start()
 
     def shutdown(self, timeout: float = 10.0) -> None:
