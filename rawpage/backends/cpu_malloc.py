@@ -14,8 +14,10 @@ in the kernel faulting pages, against 58 s with blocks up to 256 MB kept on the 
 (AMD EPYC VM, 2 threads). The cost is memory the process keeps after a peak, at most
 TRIM_THRESHOLD + TOP_PAD above what it holds.
 
-Applied at runtime with mallopt(3) when a CPU backend starts, where the C library has
-it (glibc); elsewhere it is a no-op. MALLOC_*_ environment variables the user set win.
+Applied at runtime with mallopt(3) when a CPU backend starts, and by the server before
+its engine thread starts (a thread's first malloc picks its arena, and a thread with one
+of its own gets 64 MB heaps, from which no larger block can come), where the C library
+has it (glibc); elsewhere it is a no-op. MALLOC_*_ environment variables the user set win.
 """
 
 from __future__ import annotations
