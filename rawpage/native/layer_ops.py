@@ -50,6 +50,14 @@ def fused_add_rms_norm(
     """x, residual: (T, dim) -> (rms_norm(x + residual), x + residual), float32. Like the
     other backends, it reuses the inputs' memory: the sum goes into residual and the
     normed rows into x when those are C-contiguous float32 (else into new arrays)."""
+    return fused_add_norm(lib, "rp_fused_add_rms_norm", x, residual, eps, nthreads, weight=weight)
+
+
+def fused_add_norm(
+    lib: NativeLibrary, kernel: str, x: np.ndarray, residual: np.ndarray, eps: float, nthreads: int, **vectors
+) -> tuple[np.ndarray, np.ndarray]:
+    """A residual add + norm kernel (RMSNorm's, vision_ops.c's layer norm) on x and residual,
+    reusing their memory as fused_add_rms_norm says; vectors: its weight (and bias), each (dim,)."""
     x, x_stride = float_rows(x)
     residual, r_stride = float_rows(residual)
     T, n = x.shape
@@ -57,14 +65,14 @@ def fused_add_rms_norm(
     summed = residual if _writable_rows(residual) else empty((T, n))
     if T:
         lib.call(
-            "rp_fused_add_rms_norm",
+            kernel,
             normed=addr(normed),
             sum=addr(summed),
             x=addr(x),
             x_stride=x_stride,
             residual=addr(residual),
             residual_stride=r_stride,
-            weight=addr(_weight(weight)),
+            **{name: addr(_weight(v)) for name, v in vectors.items()},
             T=T,
             n=n,
             eps=eps,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rawpage.native.layer_ops import _weight, _writable_rows
+from rawpage.native.layer_ops import fused_add_norm
 from rawpage.native.library import NativeLibrary, addr, empty, float_rows
 
 
@@ -22,28 +22,7 @@ def fused_add_layer_norm(
     """x, residual: (T, dim) -> (layer_norm(x + residual) * weight + bias, x + residual),
     float32; as fused_add_rms_norm, the sum goes into residual's memory and the normed rows
     into x's where those are C-contiguous float32 (else into new arrays)."""
-    x, x_stride = float_rows(x)
-    residual, r_stride = float_rows(residual)
-    T, n = x.shape
-    normed = x if _writable_rows(x) else empty((T, n))
-    summed = residual if _writable_rows(residual) else empty((T, n))
-    if T:
-        lib.call(
-            "rp_fused_add_layer_norm",
-            normed=addr(normed),
-            sum=addr(summed),
-            x=addr(x),
-            x_stride=x_stride,
-            residual=addr(residual),
-            residual_stride=r_stride,
-            weight=addr(_weight(weight)),
-            bias=addr(_weight(bias)),
-            T=T,
-            n=n,
-            eps=eps,
-            nthreads=nthreads,
-        )
-    return normed, summed
+    return fused_add_norm(lib, "rp_fused_add_layer_norm", x, residual, eps, nthreads, weight=weight, bias=bias)
 
 
 def _elementwise(lib: NativeLibrary, entry: str, x: np.ndarray, nthreads: int) -> np.ndarray:
