@@ -85,7 +85,7 @@ class Qwen25VisionEncoder:
             return backend.asarray(host(name, *shape))
 
         def linear(w: np.ndarray) -> Array:  # (out, in), as Linear layers and backend.linear take it
-            return backend.prepare_linear(backend.asarray(w))
+            return backend.prepare_encoder_linear(backend.asarray(w))
 
         Dv, Iv, P, Tp, p = vc.hidden_size, vc.intermediate_size, vc.patch_size, vc.temporal_patch_size, "visual."
         # Conv3d(3, Dv, (Tp, P, P), stride the same, no bias) is one GEMM over flattened patches: (Dv, 3 Tp P P)

@@ -61,7 +61,7 @@ class Gemma3VisionEncoder:
             return backend.asarray(host(name, *shape))
 
         def linear(w: np.ndarray) -> Array:  # (out, in), as Linear layers and backend.linear take it
-            return backend.prepare_linear(backend.asarray(w))
+            return backend.prepare_encoder_linear(backend.asarray(w))
 
         Dv, Iv, P, p = vc.hidden_size, vc.intermediate_size, vc.patch_size, "vision_tower.vision_model."
         # Conv2d(3, Dv, P, stride P) is one GEMM over flattened patches: (Dv, 3 P P)

@@ -140,7 +140,9 @@ class EngineArgs:
         choices=DEVICES,
     )
     dtype: str = flag(
-        "auto", "weight and activation dtype; auto = float32 on cpu, the checkpoint's dtype on cuda", choices=DTYPES
+        "auto",
+        "dtype; auto = float32 on cpu (its vision towers bf16 on AVX512-BF16), the checkpoint's on cuda",
+        choices=DTYPES,
     )
     load_format: str = flag(
         "auto",

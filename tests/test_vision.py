@@ -17,10 +17,12 @@ import pytest
 
 from rawpage import LLM, SamplingParams
 from rawpage.backends import get_backend
+from rawpage.backends.cpu import CPUBackend
 from rawpage.errors import InvalidRequestError
 from rawpage.loader import load_checkpoint
 from rawpage.models.registry import build_model
 from rawpage.multimodal.image_input import image_input
+from rawpage.native.library import native_kernels
 from tests.model_harness import SingleSequence, check_two_ranks_match_one, image_rows, two_rank_llm
 from tests.tiny_families import weights_digest
 from tests.tiny_vlm import IMAGE, seeded_image, vlm_config, vlm_tensors, write_vlm
@@ -41,7 +43,8 @@ def folder(tmp_path_factory):
 @pytest.fixture(scope="module", params=["cpu", "sim"])
 def model(folder, request):
     ckpt = load_checkpoint(folder)
-    return build_model(ckpt.config, get_backend(request.param), ckpt.tensors)
+    # --dtype float32: the cpu's vision tower in float32 too (bfloat16 is the next test's)
+    return build_model(ckpt.config, get_backend(request.param, "float32"), ckpt.tensors)
 
 
 def images():
@@ -84,11 +87,23 @@ def test_logits_match_transformers_with_bidirectional_image_attention(model):
     assert np.abs(np.take_along_axis(wrong, top_ids, axis=1) - np.array(DATA["top_logits"])).max() > 10 * TOL
 
 
-def test_bfloat16_on_sim_stays_near_transformers(folder):
-    """cuda's usual dtype: the encoder's and the language model's kernels in bfloat16 (8
-    significant bits: about 0.5% of each value), the float32 golden data loosely."""
+def bf16_backend(name: str):
+    if name == "sim":
+        return get_backend("sim", "bfloat16")
+    lib = native_kernels()
+    if lib is None:
+        pytest.skip("no C compiler: the CPU kernels did not build")
+    # the tower on bf16_gemm.c: vdpbf16ps where the CPU has it, else the same chains in C
+    return CPUBackend(lib, bf16_tower=True)
+
+
+@pytest.mark.parametrize("backend", ["sim", "cpu"])
+def test_bfloat16_stays_near_transformers(folder, backend):
+    """cuda's usual dtype, and the cpu's vision tower where it has AVX512-BF16: the encoder's
+    kernels in bfloat16 (8 significant bits: about 0.5% of each value; on sim the language
+    model's too), the float32 golden data loosely."""
     ckpt = load_checkpoint(folder)
-    model = build_model(ckpt.config, get_backend("sim", "bfloat16"), ckpt.tensors)
+    model = build_model(ckpt.config, bf16_backend(backend), ckpt.tensors)
     vc = model.config.vision
     for im, emb in zip(images(), DATA["image_embeddings"]):
         np.testing.assert_allclose(model.encode_image(image_input(im, vc).pixels).ravel(), emb, atol=0.05)

@@ -38,7 +38,7 @@ def files(tmp_path_factory):
 @pytest.fixture(scope="module")
 def model(files):
     ckpt = load_checkpoint(files[0], overrides=SCALE, mmproj=files[1])
-    return build_model(ckpt.config, get_backend("cpu"), ckpt.tensors)
+    return build_model(ckpt.config, get_backend("cpu", "float32"), ckpt.tensors)
 
 
 def test_mmproj_metadata_gives_the_vision_config(files, tmp_path):
@@ -63,7 +63,7 @@ def test_f16_mmproj_stays_close(tmp_path):
     """The converter's default --outtype f16 (matrices F16, embeddings F32): within F16's rounding."""
     m, p = write_vlm_gguf(str(tmp_path), mmproj_type="F16")
     ckpt = load_checkpoint(m, overrides=SCALE, mmproj=p)
-    f16 = build_model(ckpt.config, get_backend("cpu"), ckpt.tensors)
+    f16 = build_model(ckpt.config, get_backend("cpu", "float32"), ckpt.tensors)
     emb = f16.encode_image(image_input(images()[0], ckpt.config.vision).pixels).ravel()
     err = np.abs(emb - DATA["image_embeddings"][0]).max()
     assert 1e-5 < err < 5e-3, err  # F16 weights really were read (measured 1.1e-3), and read right

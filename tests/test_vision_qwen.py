@@ -16,12 +16,14 @@ import pytest
 
 from rawpage import LLM, SamplingParams
 from rawpage.backends import get_backend
+from rawpage.backends.cpu import CPUBackend
 from rawpage.errors import InvalidRequestError
 from rawpage.loader import load_checkpoint
 from rawpage.models.registry import build_model
 from rawpage.multimodal.image_input import image_input
 from rawpage.multimodal.mm_batch import MultimodalBatch
 from rawpage.multimodal.mrope import mrope_positions
+from rawpage.native.library import native_kernels
 from tests.model_harness import SingleSequence, check_two_ranks_match_one, two_rank_llm
 from tests.tiny_families import weights_digest
 from tests.tiny_qwen_vl import IMAGE_PAD, VISION_END, VISION_START, qwen_vl_config, qwen_vl_tensors, write_qwen_vl
@@ -44,7 +46,8 @@ def folder(tmp_path_factory):
 @pytest.fixture(scope="module", params=["native", "numpy"])
 def model(folder, request):
     ckpt = load_checkpoint(folder)
-    return build_model(ckpt.config, get_backend("cpu", cpu_kernels=request.param), ckpt.tensors)
+    # --dtype float32: the vision tower in float32 too (bfloat16 is test_encoder_in_bf16_on_cpu's)
+    return build_model(ckpt.config, get_backend("cpu", "float32", cpu_kernels=request.param), ckpt.tensors)
 
 
 def images():
@@ -94,6 +97,19 @@ def test_encoder_on_sim_matches_transformers(folder, dtype, atol):
         np.testing.assert_allclose(model.encode_image(inp.pixels, inp.grid).ravel(), emb, atol=atol)
 
 
+def test_encoder_in_bf16_on_cpu_matches_transformers(folder):
+    """The CPU's bfloat16 tower (native/bf16_gemm.c: the windows' attention by cu_seqlens,
+    every linear layer), the same bound as sim's bfloat16."""
+    lib = native_kernels()
+    if lib is None:
+        pytest.skip("no C compiler: the CPU kernels did not build")
+    ckpt = load_checkpoint(folder)
+    model = build_model(ckpt.config, CPUBackend(lib, bf16_tower=True), ckpt.tensors)
+    for im, emb in zip(images(), DATA["image_embeddings"]):
+        inp = image_input(im, model.config.vision)
+        np.testing.assert_allclose(model.encode_image(inp.pixels, inp.grid).ravel(), emb, atol=0.05)
+
+
 def test_mrope_positions_are_get_rope_index(model):
     placed = placed_inputs(model.config.vision)
     n = len(DATA["ids"])
@@ -130,8 +146,16 @@ def test_logits_match_transformers_with_mrope(model):
 
 @pytest.fixture(scope="module")
 def llm(folder):
-    # 24-token chunks: the 20-token image must start a chunk; 8-token blocks for the prefix cache
-    return LLM(folder, block_size=8, max_num_batched_tokens=24, max_num_seqs=4, limit_mm_per_prompt={"image": 2})
+    # 24-token chunks: the 20-token image must start a chunk; 8-token blocks for the prefix
+    # cache; float32: the vision tower too, for transformers' log-probabilities to 2e-3
+    return LLM(
+        folder,
+        dtype="float32",
+        block_size=8,
+        max_num_batched_tokens=24,
+        max_num_seqs=4,
+        limit_mm_per_prompt={"image": 2},
+    )
 
 
 def generate(llm, prompt, n=8, logprobs=None):
@@ -165,7 +189,7 @@ def test_engine_on_sim_matches_transformers(folder):
 @pytest.fixture(scope="module")
 def llm_tp2(folder):
     """The `llm` engine's settings at --tensor-parallel-size 2 (one spawned worker)."""
-    yield from two_rank_llm(folder, block_size=8, max_num_batched_tokens=24, max_num_seqs=4)
+    yield from two_rank_llm(folder, dtype="float32", block_size=8, max_num_batched_tokens=24, max_num_seqs=4)
 
 
 @pytest.mark.timeout(120)
@@ -281,7 +305,7 @@ def test_transformers_5_layout_and_names(folder, tmp_path):
     }
     save_file(renamed, str(out / "model.safetensors"))
     ckpt = load_checkpoint(str(out))
-    model = build_model(ckpt.config, get_backend("cpu"), ckpt.tensors)
+    model = build_model(ckpt.config, get_backend("cpu", "float32"), ckpt.tensors)
     inp = image_input(images()[1], model.config.vision)
     np.testing.assert_allclose(model.encode_image(inp.pixels, inp.grid).ravel(), DATA["image_embeddings"][1], atol=1e-4)
     top_ids, top = np.array(DATA["top_ids"]), np.array(DATA["top_logits"])

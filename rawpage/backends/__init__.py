@@ -23,7 +23,7 @@ def get_backend(
 ) -> Backend:
     """device: cpu, sim, cuda or auto (cuda if a GPU is visible, else cpu).
     dtype: float32, float16 or bfloat16; None means float32 on cpu and sim,
-    float16 on cuda. The cpu backend computes in float32 only.
+    float16 on cuda. The cpu backend computes in float32 (vision towers bf16: cpu.py says where).
     cpu_kernels (cpu only): native, numpy, or auto = native where it builds."""
     if device == "auto":
         device = "cuda" if cuda_available() else "cpu"
@@ -35,7 +35,7 @@ def get_backend(
     if device == "cpu":
         if dtype not in (None, "float32"):
             raise ValueError(f"--device cpu computes in float32; for --dtype {dtype} use --device sim or cuda")
-        return cpu_backend(cpu_threads, cpu_kernels)
+        return cpu_backend(cpu_threads, cpu_kernels, float32_tower=dtype == "float32")
     if device == "sim":
         from rawpage.backends.sim import SimBackend
 
@@ -48,7 +48,7 @@ def get_backend(
     raise ValueError(f"unknown --device {device!r}; choose cpu, sim, cuda or auto")
 
 
-def cpu_backend(cpu_threads: int | None, cpu_kernels: str) -> Backend:
+def cpu_backend(cpu_threads: int | None, cpu_kernels: str, float32_tower: bool = False) -> Backend:
     """The CPU backend on the C kernels where they build (or --cpu-kernels native demands
     them), else on the NumPy references; the log says which, and why."""
     from rawpage.backends.cpu import CPUBackend
@@ -63,7 +63,7 @@ def cpu_backend(cpu_threads: int | None, cpu_kernels: str) -> Backend:
             "--cpu-kernels native: the CPU kernels did not build (the log line above says why); "
             "install a C compiler (cc) or use --cpu-kernels numpy"
         )
-    return CPUBackend(lib, cpu_threads)
+    return CPUBackend(lib, cpu_threads, bf16_tower=False if float32_tower else None)
 
 
 def cuda_available() -> bool:

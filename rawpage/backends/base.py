@@ -107,6 +107,10 @@ class Backend:
             return self.asarray(dequantize(w))
         return w
 
+    def prepare_encoder_linear(self, w: Array) -> Any:
+        """A vision tower's Linear weight: prepare_linear's, or the CPU's bf16 panels (cpu.py)."""
+        return self.prepare_linear(w)
+
     def weights_note(self) -> str:
         """What the memory plan's weights line adds about how this backend holds them."""
         return ""

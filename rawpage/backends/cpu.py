@@ -55,7 +55,8 @@ from rawpage._blas_env import spin_is_short
 from rawpage.backends.base import Backend, Graph, GraphNotCaptured
 from rawpage.backends.cpu_malloc import keep_freed_memory
 from rawpage.backends.cpu_threads import CpuThreads
-from rawpage.native import attention, layer_ops, vision_ops
+from rawpage.native import attention, bf16_gemm, layer_ops, vision_ops
+from rawpage.native.bf16_gemm import Bf16Panels
 from rawpage.native.gguf import NATIVE_GGUF, gguf_matmul, gguf_rows, repack
 from rawpage.native.half import half_matmul, half_rows
 from rawpage.native.library import Arena, NativeLibrary, NotCapturable, capturing, empty, recording
@@ -110,7 +111,9 @@ class NativeGraph(Graph):
 class CPUBackend(Backend):
     name = "cpu"
 
-    def __init__(self, lib: NativeLibrary | None = None, cpu_threads: int | None = None) -> None:
+    def __init__(
+        self, lib: NativeLibrary | None = None, cpu_threads: int | None = None, bf16_tower: bool | None = None
+    ) -> None:
         self.lib = lib  # the C kernels, or None: every op on its NumPy reference
         self.dtype = np.dtype(np.float32)
         self.threads = CpuThreads(cpu_threads)
@@ -119,13 +122,18 @@ class CPUBackend(Backend):
         self.reads_packed_embedding = lib is not None
         self.arena = Arena()  # the recordings' temporaries, shared (library.Arena)
         self.repacked = [0, 0]  # bytes of GGUF blocks repacked into panels, and of the panels
+        # bf16_tower: vision towers in bfloat16 on native/bf16_gemm.c; None (auto): where the
+        # CPU multiplies bf16 at twice float32's rate (AVX512-BF16's vdpbf16ps). get_backend
+        # passes False for --dtype float32: towers in float32 then, their GEMMs in BLAS.
+        self.bf16_tower = lib is not None and (bf16_gemm.bf16_dot() if bf16_tower is None else bf16_tower)
         keep_freed_memory()  # each layer's temporaries reuse the last layer's pages (cpu_malloc.py)
         logger.info("%s", self.threads.describe())
         if lib is not None:
             logger.info(
-                "CPU kernels: native, %s path; GGUF %s kept quantized, bf16 weights kept bf16",
+                "CPU kernels: native, %s path; GGUF %s kept quantized, bf16 weights kept bf16; vision towers in %s",
                 lib.path,
                 ", ".join(sorted(NATIVE_GGUF)),
+                "bfloat16 (vdpbf16ps)" if self.bf16_tower else "float32",
             )
             if self.threads.usable > 1 and not spin_is_short():
                 logger.info(
@@ -211,6 +219,11 @@ class CPUBackend(Backend):
         # itself, with no transposed copy. See matmul for why this layout.
         return np.ascontiguousarray(w)
 
+    def prepare_encoder_linear(self, w: np.ndarray) -> Any:
+        if self.bf16_tower:  # rounded to bf16 once, in the GEMM's panels: 2 bytes a weight
+            return bf16_gemm.pack(self.lib, w, self.threads.usable)
+        return self.prepare_linear(w)
+
     def weights_loaded(self, linear_weights: list[tuple[str, Any]]) -> None:
         """One line naming every Linear layer held dense while the kernels are loaded: those
         run as float32 GEMMs in BLAS, read 4 bytes a weight, and keep decode steps from
@@ -257,6 +270,8 @@ class CPUBackend(Backend):
                 )
                 col += p.shape[0]
             return y
+        if isinstance(w, Bf16Panels):  # a vision tower's, on AVX512-BF16
+            return bf16_gemm.gemm(self.lib, x, w, self.kernel_threads, bias)
         if isinstance(w, QuantizedWeight) and w.kind in ("bf16", "f16"):
             return half_matmul(self.lib, x, w.data, self.kernel_threads, bias, f16=w.kind == "f16")
         if isinstance(w, QuantizedWeight):  # GGUF blocks prepare_linear kept
@@ -349,8 +364,11 @@ class CPUBackend(Backend):
         return vision_ops.gelu_erf(self.lib, x, self.kernel_threads)
 
     def encoder_attention(self, q, k, v, scale, cu_seqlens=None):
-        """A sequence, one head and a block of queries at a time: BLAS for q k^T and p v,
-        the row softmax a C kernel where loaded (encoder_attention_ref)."""
+        """bf16_tower: the bf16 kernel (encoder_attention_bf16_ref). Else a sequence, one head
+        and a block of queries at a time: BLAS for q k^T and p v, the row softmax a C kernel
+        where loaded (encoder_attention_ref)."""
+        if self.bf16_tower:
+            return bf16_gemm.encoder_attention(self.lib, q, k, v, scale, self.kernel_threads, cu_seqlens)
         if self.lib is None:
             return encoder_attention_ref(q, k, v, scale, cu_seqlens=cu_seqlens)
         softmax = lambda s: vision_ops.softmax_rows(self.lib, s, self.kernel_threads)  # noqa: E731

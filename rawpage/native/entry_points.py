@@ -110,6 +110,24 @@ ENTRY_POINTS = {
             "int f16, float *out, const uint16_t *table, const int32_t *ids, int64_t T, int64_t n, int nthreads",
             replay=True,
         ),
+        # bf16_gemm.c: a vision tower's GEMMs and attention in bfloat16 (vdpbf16ps)
+        entry(
+            "rp_bf16_gemm",
+            "int",
+            "float *y, int64_t y_stride, const float *x, int64_t x_stride, const uint16_t *panels, "
+            "const float *bias, int64_t T, int64_t N, int64_t K, int nthreads",
+        ),
+        entry(
+            "rp_bf16_pack",
+            "void",
+            "uint16_t *panels, const float *w, int64_t sn, int64_t sk, int64_t N, int64_t K, int nthreads",
+        ),
+        entry(
+            "rp_bf16_encoder_attention",
+            "int",
+            "float *out, const float *q, const float *k, const float *v, int64_t row_stride, int64_t head_stride, "
+            "const int64_t *bounds, int64_t nseq, int64_t H, int64_t D, float scale, int nthreads",
+        ),
         # layer_ops.c
         entry(
             "rp_rms_norm",

@@ -180,6 +180,48 @@ static inline void rp_f32_row_to_f16(uint16_t *dst, const float *src, int n) {
     for (; i < n; i++) dst[i] = rp_f32_to_f16(src[i]);
 }
 
+/* x[0 .. n) replaced by its softmax, in place: exp(x - max(x)) / sum(exp(x - max(x))) */
+static inline void rp_softmax(float *x, int64_t n) {
+    float m = -INFINITY, sum = 0.0f;
+    int64_t i = 0;
+#if defined(RP_AVX512VNNI)
+    __m512 mv = _mm512_set1_ps(-INFINITY), sv = _mm512_setzero_ps();
+    for (; i + 16 <= n; i += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(x + i));
+    m = _mm512_reduce_max_ps(mv);
+    for (; i < n; i++) m = fmaxf(m, x[i]);
+    const __m512 m16 = _mm512_set1_ps(m);
+    for (i = 0; i + 16 <= n; i += 16) {
+        __m512 e = rp_exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), m16));
+        _mm512_storeu_ps(x + i, e);
+        sv = _mm512_add_ps(sv, e);
+    }
+    sum = _mm512_reduce_add_ps(sv);
+#elif defined(RP_AVX2)
+    __m256 mv = _mm256_set1_ps(-INFINITY), sv = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, mv);
+    for (int j = 0; j < 8; j++) m = fmaxf(m, lanes[j]);
+    for (; i < n; i++) m = fmaxf(m, x[i]);
+    const __m256 m8 = _mm256_set1_ps(m);
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 e = rp_exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), m8));
+        _mm256_storeu_ps(x + i, e);
+        sv = _mm256_add_ps(sv, e);
+    }
+    sum = rp_hsum8(sv);
+#else
+    for (; i < n; i++) m = fmaxf(m, x[i]);
+    i = 0;
+#endif
+    for (; i < n; i++) {
+        x[i] = expf(x[i] - m);
+        sum += x[i];
+    }
+    const float inv = 1.0f / sum;
+    for (i = 0; i < n; i++) x[i] *= inv;
+}
+
 /* Threads worth waking for `rows` rows of `row_elems` floats each: at least 16K
  * elements (64 KB) a thread, below which the hand-over costs more than it saves. */
 static inline int rp_row_threads(int64_t rows, int64_t row_elems, int nthreads) {

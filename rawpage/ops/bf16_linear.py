@@ -19,3 +19,12 @@ def bf16_linear_ref(x: np.ndarray, w: np.ndarray, round_x: bool = False) -> np.n
     if round_x:
         x = bf16_to_f32(bf16_from_f32(x))
     return np.asarray(x, np.float64) @ bf16_to_f32(w).astype(np.float64).T
+
+
+def bf16_gemm_ref(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """A vision tower's bf16 GEMM (rawpage/native/bf16_gemm.c): x (T, K) and w (N, K) float,
+    both rounded to bf16, -> (T, N) float64 (+ bias), summed in float64. The kernel's
+    float32 chain differs from it by float32 summation rounding only: every product of
+    two bf16 values is exact."""
+    y = bf16_linear_ref(x, bf16_from_f32(np.asarray(w, np.float32)), round_x=True)
+    return y if bias is None else y + np.asarray(bias, np.float64)

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from rawpage.dtypes import bf16_from_f32, bf16_to_f32
 from rawpage.ops.attention_metadata import AttentionMetadata, AttentionOptions
 from rawpage.ops.launch import (
     NULL_POINTER,
@@ -184,6 +185,22 @@ def encoder_attention_ref(
                 np.matmul(qh[r : r + len(s)], kT, out=s)
                 out[a + r : a + r + len(s), h] = softmax_rows(s) @ vh
     return out.astype(q.dtype, copy=False)
+
+
+def encoder_attention_bf16_ref(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, cu_seqlens: np.ndarray | None = None
+) -> np.ndarray:
+    """encoder_attention_ref in bfloat16, as rawpage/native/bf16_gemm.c computes it: the
+    scores bf16(scale q) bf16(k)^T, their float32 softmax rounded to bf16, times bf16(v);
+    the products in float64 here, float32 sums there."""
+
+    def bf16(a: np.ndarray) -> np.ndarray:
+        return bf16_to_f32(bf16_from_f32(a))
+
+    def softmax_bf16(s: np.ndarray) -> np.ndarray:
+        return bf16(softmax_rows_ref(s))
+
+    return encoder_attention_ref(bf16(q * np.float32(scale)), bf16(k), bf16(v), 1.0, softmax_bf16, cu_seqlens)
 
 
 # --- launch (cuda/paged_attention_decode.cu, cuda/paged_attention_prefill{,_f32}.cu) ---
