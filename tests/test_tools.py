@@ -23,6 +23,7 @@ TOOLS = [
     "profile_step.py",
     "make_shaped_gguf.py",
     "bench_cpu_kernels.py",
+    "bench_vision_tower.py",
 ]
 
 
@@ -66,6 +67,14 @@ def test_bench_throughput_on_a_tiny_model(tiny_model_dir, tmp_path, static):
     r = json.loads(result.read_text())
     assert r["mode"] == ("static" if static else "continuous") and r["num_requests"] == 6
     assert r["output_tokens"] > 0 and r["output_tok_per_s"] > 0
+
+
+def test_bench_vision_tower_prints_its_table():
+    cmd = [sys.executable, str(ROOT / "tools" / "bench_vision_tower.py"), "--tokens", "40", "--repeats", "1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300, env=CHECKOUT_ENV)
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith(("| qkv", "| fc2", "| attention"))]
+    assert len(rows) == 3, out.stdout
 
 
 def test_cpu_burner_returns_the_command_status():
