@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rawpage.backends.base import Array, Backend
-from rawpage.models.weight_source import CheckpointWeights, WeightSource
+from rawpage.models.weight_source import TowerWeights, WeightSource
 from rawpage.multimodal.vision_config import VisionConfig
 
 
@@ -76,17 +76,8 @@ class Qwen25VisionEncoder:
 
     def __init__(self, vc: VisionConfig, text_dim: int, backend: Backend, tensors: Mapping | WeightSource) -> None:
         self.vc, self.text_dim, self.backend = vc, text_dim, backend
-        source = tensors if isinstance(tensors, WeightSource) else CheckpointWeights(tensors)
-
-        def host(name: str, *shape: int) -> np.ndarray:  # float32, dequantized if stored quantized
-            return np.asarray(backend.to_numpy(source.load(backend, [(name, shape)])), np.float32)
-
-        def vector(name: str, *shape: int) -> Array:
-            return backend.asarray(host(name, *shape))
-
-        def linear(w: np.ndarray) -> Array:  # (out, in), as Linear layers and backend.linear take it
-            return backend.prepare_encoder_linear(backend.asarray(w))
-
+        weights = TowerWeights(backend, tensors)
+        host, vector, linear = weights.host, weights.vector, weights.linear
         Dv, Iv, P, Tp, p = vc.hidden_size, vc.intermediate_size, vc.patch_size, vc.temporal_patch_size, "visual."
         # Conv3d(3, Dv, (Tp, P, P), stride the same, no bias) is one GEMM over flattened patches: (Dv, 3 Tp P P)
         self.patch = linear(host(p + "patch_embed.proj.weight", Dv, 3, Tp, P, P).reshape(Dv, -1))

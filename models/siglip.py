@@ -27,7 +27,7 @@ import numpy as np
 
 from rawpage.backends.base import Array, Backend
 from rawpage.dtypes import from_float32, to_float32
-from rawpage.models.weight_source import CheckpointWeights, WeightSource
+from rawpage.models.weight_source import TowerWeights, WeightSource
 from rawpage.multimodal.vision_config import VisionConfig
 
 
@@ -52,17 +52,8 @@ class Gemma3VisionEncoder:
 
     def __init__(self, vc: VisionConfig, text_dim: int, backend: Backend, tensors: Mapping | WeightSource) -> None:
         self.vc, self.text_dim, self.backend = vc, text_dim, backend
-        source = tensors if isinstance(tensors, WeightSource) else CheckpointWeights(tensors)
-
-        def host(name: str, *shape: int) -> np.ndarray:  # float32, dequantized if stored quantized
-            return np.asarray(backend.to_numpy(source.load(backend, [(name, shape)])), np.float32)
-
-        def vector(name: str, *shape: int) -> Array:
-            return backend.asarray(host(name, *shape))
-
-        def linear(w: np.ndarray) -> Array:  # (out, in), as Linear layers and backend.linear take it
-            return backend.prepare_encoder_linear(backend.asarray(w))
-
+        weights = TowerWeights(backend, tensors)
+        host, vector, linear = weights.host, weights.vector, weights.linear
         Dv, Iv, P, p = vc.hidden_size, vc.intermediate_size, vc.patch_size, "vision_tower.vision_model."
         # Conv2d(3, Dv, P, stride P) is one GEMM over flattened patches: (Dv, 3 P P)
         self.patch = linear(host(p + "embeddings.patch_embedding.weight", Dv, 3, P, P).reshape(Dv, -1))

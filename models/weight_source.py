@@ -97,6 +97,23 @@ class CheckpointWeights:
         return backend.asarray(arrays[0] if len(arrays) == 1 else np.concatenate(arrays))
 
 
+class TowerWeights:
+    """A vision tower's weights by name: float32 on the host, then as the backend holds them."""
+
+    def __init__(self, backend: Backend, tensors: Mapping[str, np.ndarray] | WeightSource) -> None:
+        self.backend = backend
+        self.source = tensors if isinstance(tensors, WeightSource) else CheckpointWeights(tensors)
+
+    def host(self, name: str, *shape: int) -> np.ndarray:
+        return np.asarray(self.backend.to_numpy(self.source.load(self.backend, [(name, shape)])), np.float32)
+
+    def vector(self, name: str, *shape: int) -> Array:
+        return self.backend.asarray(self.host(name, *shape))
+
+    def linear(self, w: np.ndarray) -> Array:
+        return self.backend.prepare_encoder_linear(self.backend.asarray(w))
+
+
 def progress(items: range, desc: str) -> Iterable[int]:
     """A progress bar over the layers when stderr is a terminal (tqdm decides), else none."""
     try:
