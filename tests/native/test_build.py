@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,34 @@ def test_the_cache_key_holds_the_cpu_flags(monkeypatch, tmp_path):
 @pytest.mark.parametrize("nth", [1, 2, 3, 7, 2, 1])
 def test_pool_runs_every_part_once(lib, nth):
     assert lib.fn.rp_pool_selftest(nth) == nth * (nth + 1) // 2
+
+
+def busy_ticks() -> dict[str, int]:
+    """CPU clock ticks (user + system) each thread of this process has used, by thread id."""
+    ticks = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        ticks[task.name] = int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux's /proc")
+def test_workers_a_call_leaves_out_sleep(lib):
+    """After a 7-part call has started 6 workers, a stream of 2-part calls keeps 2 threads
+    busy (the caller and worker 1), not 7: the workers the calls leave out go to sleep
+    instead of spinning through every call. CPU time, not wall time: a spinning thread
+    gathers ticks whenever it runs, on a busy machine too."""
+    lib.fn.rp_pool_selftest(7)
+    before, start = busy_ticks(), time.monotonic()
+    while time.monotonic() - start < 1.0:
+        for _ in range(200):
+            lib.fn.rp_pool_selftest(2)
+    after = busy_ticks()
+    busy = [t for t in after if after[t] - before.get(t, 0) >= 10]  # 0.1 s or more of the 1 s
+    assert len(busy) <= 3, f"{len(busy)} threads busy: {busy}"  # 2, and one to spare for pytest's own
 
 
 @pytest.mark.parametrize("nth", [1, 2, 3])
