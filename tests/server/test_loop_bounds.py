@@ -222,10 +222,11 @@ def test_two_keys_flooding_the_tokenizer_do_not_hold_up_a_third(bounded):
     from 0.05 s to 21.5 s. Each key now has its own queue, served in turn, of at most
     --max-tokenizer-queue-per-key waiting requests."""
     body = b'{"prompt": "' + b"1" * 80_000 + b'"}'  # under the length bound: a job of 0.2 to 1 s
+    chat_seconds(bounded, "k3")  # the server's first chat (its template, its first steps) before the clock
     with Flood(bounded.url + "/tokenize", body, ["k1"] * 8 + ["k2"] * 8) as flood:
         time.sleep(1.0)  # both queues full
         small = [tokenize_seconds(bounded, "k3", "hi") for _ in range(3)]
-        chat = [chat_seconds(bounded, "k3") for _ in range(2)]
+        chat = [chat_seconds(bounded, "k3") for _ in range(3)]
     assert 429 in flood.statuses and 200 in flood.statuses, set(flood.statuses)  # a full queue: 429
     # Served in turn, the third key waits for the jobs running, not for the floods' queues
     # as their own requests do. (First come, first served, it waited as long as they did:
