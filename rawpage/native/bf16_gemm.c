@@ -273,7 +273,7 @@ typedef struct {
     const float *q, *k, *v;
     int64_t row_stride, head_stride;
     const int64_t *bounds;
-    int64_t nseq, H, D, longest;
+    int64_t nseq, H, D;
     float scale;
     uint8_t *scratch;
     int64_t scratch_each;
@@ -335,7 +335,7 @@ RP_EXPORT int rp_bf16_encoder_attention(float *out, const float *q, const float 
     const int64_t each = attn_scratch(longest, D);
     uint8_t *scratch = aligned_alloc(64, (size_t)(each * nth));
     if (!scratch) return -1;
-    attn_args a = {out, q, k, v, row_stride, head_stride, bounds, nseq, H, D, longest, scale, scratch, each};
+    attn_args a = {out, q, k, v, row_stride, head_stride, bounds, nseq, H, D, scale, scratch, each};
     rp_parallel(attn_task, &a, (int)nth);
     free(scratch);
     return 0;

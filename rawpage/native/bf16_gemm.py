@@ -95,8 +95,8 @@ def encoder_attention(
     N, H, D = q.shape
     if k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f"encoder attention: q {q.shape}, k {k.shape}, v {v.shape} differ")
-    strides = {a.strides for a in (q, k, v)}
-    if len(strides) != 1 or q.dtype != np.float32 or q.strides[2] != 4 or k.dtype != v.dtype or k.dtype != q.dtype:
+    same_layout = len({(a.strides, a.dtype) for a in (q, k, v)}) == 1  # views of one fused qkv, say
+    if not same_layout or q.dtype != np.float32 or q.strides[2] != 4:
         q, k, v = (np.ascontiguousarray(a, np.float32) for a in (q, k, v))
     row_stride, head_stride = q.strides[0] // 4, q.strides[1] // 4
     bounds = np.asarray([0, N] if cu_seqlens is None else cu_seqlens, np.int64)

@@ -4,7 +4,7 @@
 
 W is a bf16 checkpoint's tensor as its raw bits; widening it is exact (rawpage/dtypes.py
 bf16_to_f32), so the reference is a float32 product on the widened weights. round_x
-rounds x to bf16 first, as vdpbf16ps needs (rawpage/native/bf16_matmul.c).
+rounds x to bf16 first, as vdpbf16ps needs (rawpage/native/half_matmul.c; bf16_gemm.c for the GEMM below).
 """
 
 from __future__ import annotations
