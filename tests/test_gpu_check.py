@@ -26,6 +26,7 @@ STEPS = [
     "spec",
     "vision",
     "summary",
+    "warm",
 ]
 
 
@@ -216,6 +217,16 @@ def test_summary_table_from_parts(tmp_path):
     assert rows["parity vs transformers, bfloat16"].endswith("— |"), "not measured is neither ok nor MISS"
     kernel = json.loads((tmp_path / "r.json").read_text())["kernel_tests"]
     assert (kernel["passed"], kernel["skipped"], kernel["unexpected_skips"], kernel["ok"]) == (120, 3, [], True)
+
+
+def test_warm_builds_every_module_and_each_decode_head_size():
+    from rawpage.ops.launch import cuda_source_dir
+    from tools.gpu_check.warm import builds
+
+    jobs = builds()
+    assert {name for name, _ in jobs} == {p.name for p in cuda_source_dir().glob("*.cu")}
+    decode = [defines for name, defines in jobs if name == "paged_attention_decode.cu"]
+    assert decode == [(f"RP_ONE_HEAD_SIZE={d}",) for d in (16, 32, 64, 80, 96, 128, 256)]
 
 
 def test_deps_picks_wheels_for_this_interpreter(tmp_path):

@@ -13,6 +13,9 @@
 # (GPU_CHECK_BUDGET seconds in all, default 345), so a hang costs one step:
 #   env         GPU, driver, CUDA, CuPy, torch versions. If CuPy cannot use the
 #               GPU, the check stops here with CuPy's error and exits 1.
+#   warm        every kernel module through NVRTC at once, one process per build, into
+#               CuPy's disk cache (decode attention alone is 7 builds of 24 kernels; compiled
+#               one by one inside the steps, they ran every step past its time)
 #   kernels     the kernel tests and the cuda backend tests on --device cuda, with
 #               RAWPAGE_REQUIRE_GPU=1: a test that cannot reach the GPU fails
 #   parity      logits against transformers on Llama-3.2-1B shapes, bfloat16 and float32
@@ -106,6 +109,7 @@ sanitizer=$(command -v compute-sanitizer ||
 step deps 30 "$PY" -m tools.gpu_check.deps --wheelhouse .gpu-wheels --target "$DEPS"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
 if step env 30 "$PY" -m tools.gpu_check.env --result-file "$PARTS/env.json"; then
+  step warm 90 "$PY" -m tools.gpu_check.warm
   step kernels 110 env RAWPAGE_KERNEL_DEVICES=cuda RAWPAGE_REQUIRE_GPU=1 "$PY" -m pytest -q -ra -p no:cacheprovider \
     -m "not slow" tests/kernels/test_elementwise.py tests/kernels/test_paged_attention.py \
     tests/kernels/test_image_attention.py tests/kernels/test_vision_kernels.py \

@@ -66,13 +66,13 @@ class TrafficResult:
         return v / n if n else 0.0
 
 
-# Every attention case runs this head size, and the counting build instantiates it alone
-# (RP_ONE_HEAD_SIZE in cuda/paged_attention_decode.cu): all seven, instrumented, take minutes.
+# Every attention case runs this head size (decode attention's launch builds one head size's
+# kernels alone, RP_ONE_HEAD_SIZE in cuda/paged_attention_decode.cu).
 HEAD_SIZE = 128
 
 
 def traffic_loader(workers: int | None = None) -> SimKernelLoader:
-    return SimKernelLoader(workers=workers, traffic=True, defines=(f"RP_ONE_HEAD_SIZE={HEAD_SIZE}",))
+    return SimKernelLoader(workers=workers, traffic=True)
 
 
 def measure(case: TrafficCase, loader: SimKernelLoader) -> TrafficResult:

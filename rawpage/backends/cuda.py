@@ -60,14 +60,14 @@ class _CupyKernel:
 
 
 class CupyKernelLoader:
-    """The `cuda` backend's KernelLoader: one cupy.RawModule per file in cuda/,
-    compiled on first use and cached (in memory here, on disk by CuPy)."""
+    """The `cuda` backend's KernelLoader: one cupy.RawModule per file in cuda/ and
+    defines, compiled on first use and cached (in memory here, on disk by CuPy)."""
 
     def __init__(self, source_dir: Path | None = None) -> None:
         self.source_dir = Path(source_dir) if source_dir else cuda_source_dir()
         self.options = nvrtc_options(self.source_dir)
-        self._modules: dict[str, Any] = {}
-        self._functions: dict[tuple[str, str], _CupyKernel] = {}
+        self._modules: dict[tuple[str, tuple[str, ...]], Any] = {}
+        self._functions: dict[tuple[str, str, tuple[str, ...]], _CupyKernel] = {}
         self._sm_count: int | None = None
 
     @property
@@ -79,15 +79,20 @@ class CupyKernelLoader:
             self._sm_count = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
         return self._sm_count
 
-    def get_function(self, module: str, name: str) -> _CupyKernel:
+    def module(self, name: str, defines: tuple[str, ...] = ()) -> Any:
+        """The cupy.RawModule of one file and defines (NVRTC runs at its first kernel lookup)."""
         import cupy
 
-        key = (module, name)
+        if (name, defines) not in self._modules:
+            code = (self.source_dir / name).read_text()
+            options = self.options + tuple(f"-D{d}" for d in defines)
+            self._modules[name, defines] = cupy.RawModule(code=code, options=options)
+        return self._modules[name, defines]
+
+    def get_function(self, module: str, name: str, defines: tuple[str, ...] = ()) -> _CupyKernel:
+        key = (module, name, defines)
         if key not in self._functions:
-            if module not in self._modules:
-                code = (self.source_dir / module).read_text()
-                self._modules[module] = cupy.RawModule(code=code, options=self.options)
-            self._functions[key] = _CupyKernel(self._modules[module].get_function(name))
+            self._functions[key] = _CupyKernel(self.module(module, defines).get_function(name))
         return self._functions[key]
 
 

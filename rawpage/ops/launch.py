@@ -29,8 +29,11 @@ class KernelFunction(Protocol):
 
 
 class KernelLoader(Protocol):
-    def get_function(self, module: str, name: str) -> KernelFunction:
-        """module: a file in cuda/ such as 'rms_norm.cu'; name: an extern "C" kernel in it."""
+    def get_function(self, module: str, name: str, defines: tuple[str, ...] = ()) -> KernelFunction:
+        """module: a file in cuda/ such as 'rms_norm.cu'; name: an extern "C" kernel in it;
+        defines: NAME=VALUE macros for the module's build. A loader builds and caches a
+        module once per distinct defines: decode attention passes RP_ONE_HEAD_SIZE, so a
+        build instantiates one head size's 24 kernels, not all 168 (over a minute of NVRTC)."""
         ...
 
 

@@ -356,9 +356,9 @@ def _launch_decode(xp, loader, out, q, k_cache, v_cache, meta, opts, kv_scales, 
     part_o = xp.empty((B, H, P, D) if P > 1 else (1,), dtype=np.float32)
     part_ml = xp.empty((B, H, P, 2) if P > 1 else (1,), dtype=np.float32)
     window, cap = _kernel_options(opts)
-    kernel = loader.get_function(
-        "paged_attention_decode.cu", f"paged_attention_decode_{_kernel_suffix(q, kv_scales)}_d{D}_g{G}"
-    )
+    one_head_size = (f"RP_ONE_HEAD_SIZE={D}",)  # a build of this head size's kernels alone
+    name = f"paged_attention_decode_{_kernel_suffix(q, kv_scales)}_d{D}_g{G}"
+    kernel = loader.get_function("paged_attention_decode.cu", name, one_head_size)
     args = (
         out,
         part_o,
@@ -381,7 +381,8 @@ def _launch_decode(xp, loader, out, q, k_cache, v_cache, meta, opts, kv_scales, 
     ) + ((kv_scales,) if kv_scales is not None else ())
     kernel((Hkv * chunks, B, P), (DECODE_THREADS,), args)
     if P > 1:
-        reduce = loader.get_function("paged_attention_decode.cu", f"paged_attention_decode_reduce_{dtype_suffix(q)}")
+        name = f"paged_attention_decode_reduce_{dtype_suffix(q)}"
+        reduce = loader.get_function("paged_attention_decode.cu", name, one_head_size)
         args = (out, part_o, part_ml, meta.seq_lens, meta.query_start_loc, np.int32(D), np.int32(P))
         args += (np.int32(min_partition), window)
         reduce((H, B), (DECODE_THREADS,), args, shared_mem=4 * P)

@@ -217,9 +217,9 @@ DEFAULT_SM_COUNT = 16
 
 
 class SimKernelLoader:
-    """The `sim` backend's KernelLoader: one SimModule per file in cuda/, built on first use.
-    traffic=True counts every launch's global-memory traffic into traffic_log
-    (rawpage/sim/traffic.py); defines go to every module's build."""
+    """The `sim` backend's KernelLoader: one SimModule per file in cuda/ and defines, built
+    on first use. traffic=True counts every launch's global-memory traffic into traffic_log
+    (rawpage/sim/traffic.py); defines go to every module's build, before a call's own."""
 
     def __init__(
         self,
@@ -235,20 +235,20 @@ class SimKernelLoader:
         self.debug, self.workers, self.traffic, self.defines = debug, workers, traffic, defines
         self.sm_count = sm_count or int(os.environ.get("RAWPAGE_SIM_SMS", DEFAULT_SM_COUNT))
         self.source_dir = Path(source_dir) if source_dir else cuda_source_dir()
-        self._modules: dict[str, SimModule] = {}
+        self._modules: dict[tuple[str, tuple[str, ...]], SimModule] = {}
         self.traffic_log: list[LaunchTraffic] = []
 
-    def module(self, name: str) -> SimModule:
-        if name not in self._modules:
-            self._modules[name] = SimModule(
+    def module(self, name: str, defines: tuple[str, ...] = ()) -> SimModule:
+        if (name, defines) not in self._modules:
+            self._modules[name, defines] = SimModule(
                 self.source_dir / name,
                 self.debug,
                 self.workers,
                 traffic=self.traffic,
                 traffic_log=self.traffic_log,
-                defines=self.defines,
+                defines=self.defines + defines,
             )
-        return self._modules[name]
+        return self._modules[name, defines]
 
-    def get_function(self, module: str, name: str) -> SimFunction:
-        return self.module(module).get_function(name)
+    def get_function(self, module: str, name: str, defines: tuple[str, ...] = ()) -> SimFunction:
+        return self.module(module, defines).get_function(name)
