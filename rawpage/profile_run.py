@@ -1,7 +1,8 @@
 """The worst-case forward pass that GPU memory sizing measures (rawpage/memory.py).
 
 The largest step the scheduler can send: --max-num-batched-tokens prompt tokens
-spread over as many sequences as --max-num-seqs allows, every sequence asking
+spread over as many sequences as --max-num-seqs allows, none past --max-model-len
+(where the rotary tables stop: models/decoder.py limit_positions), every sequence asking
 for logits (the LM head's output, (B, V), is the other large activation), and
 the greedy argmax the sampler then takes on the device. The KV cache does not
 exist yet, so each layer gets a one-block stand-in: nothing is stored (every
@@ -18,9 +19,10 @@ from rawpage.device_logits import DeviceLogits
 from rawpage.forward_batch import BatchBuffer, HostBatch
 
 
-def worst_case_batch(num_tokens: int, num_seqs: int, block_size: int) -> HostBatch:
-    """num_tokens prompt tokens in min(num_seqs, num_tokens) sequences of nearly equal length."""
+def worst_case_batch(num_tokens: int, num_seqs: int, block_size: int, max_model_len: int) -> HostBatch:
+    """num_tokens prompt tokens in min(num_seqs, num_tokens) sequences of nearly equal length, each at most max_model_len."""
     B = max(1, min(num_seqs, num_tokens))
+    num_tokens = min(num_tokens, B * max_model_len)
     q_lens = np.full(B, num_tokens // B, np.int32)
     q_lens[: num_tokens % B] += 1
     qsl = np.zeros(B + 1, np.int32)
@@ -38,12 +40,12 @@ def worst_case_batch(num_tokens: int, num_seqs: int, block_size: int) -> HostBat
     )
 
 
-def profile_run(model, backend: Backend, num_tokens: int, num_seqs: int, block_size: int) -> None:
+def profile_run(model, backend: Backend, num_tokens: int, num_seqs: int, block_size: int, max_model_len: int) -> None:
     """One worst-case step, start to sampled token ids; returns when the device is done."""
     c = model.config
     stand_in = (1, block_size, c.num_kv_heads, c.head_dim)  # (NB=1, BS, Hkv, D)
     kv = [(backend.zeros(stand_in), backend.zeros(stand_in)) for _ in range(c.num_layers)]
-    batch = BatchBuffer(backend, 0).upload(worst_case_batch(num_tokens, num_seqs, block_size))
+    batch = BatchBuffer(backend, 0).upload(worst_case_batch(num_tokens, num_seqs, block_size, max_model_len))
     logits = DeviceLogits(backend, model.compute_logits(model.forward(batch, kv)))
     logits.argmax(np.arange(len(logits)))
     backend.synchronize()

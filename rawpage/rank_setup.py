@@ -99,7 +99,7 @@ def _plan_kv_cache(
         def worst_case() -> None:  # the draft runs passes of the same size, one model at a time
             for m in (model, draft):
                 if m is not None:
-                    profile_run(m, backend, max_num_batched_tokens, a.max_num_seqs, a.block_size)
+                    profile_run(m, backend, max_num_batched_tokens, a.max_num_seqs, a.block_size, max_model_len)
 
         return profile_gpu(backend.memory, weights, worst_case, a.gpu_memory_utilization, layout)
     if a.num_gpu_blocks_override:

@@ -249,3 +249,29 @@ def test_the_engine_sizes_its_default_pool_to_its_sequences(tiny_model_dir, capl
         engine = LLMEngine(model=tiny_model_dir, max_num_seqs=3, max_model_len=64)
     assert engine.memory.num_blocks == engine.block_manager.num_blocks == 3 * 4
     assert "KV pool: 12 blocks = what 3 seqs x 64 tokens need" in caplog.text
+
+
+def test_the_worst_case_pass_keeps_each_sequence_inside_max_model_len():
+    """One sequence (--max-num-seqs 1) cannot take the whole token budget past
+    --max-model-len: the rotary tables stop there (an H200 run read past them)."""
+    from rawpage.profile_run import worst_case_batch
+
+    one = worst_case_batch(8192, 1, 16, 1024)
+    assert one.positions.max() == 1023 and one.seq_lens.tolist() == [1024]
+    assert one.block_tables.shape == (1, 64)
+    many = worst_case_batch(8192, 256, 16, 1024)
+    assert many.seq_lens.tolist() == [32] * 256  # the budget, spread: unchanged
+
+
+def test_the_worst_case_pass_runs_the_real_kernels_inside_their_tables(tiny_model_dir, monkeypatch):
+    """The pass on the simulator with every argument fenced: 700 tokens, one sequence,
+    --max-model-len 64 (before the cap, rope read past its 64-row table)."""
+    from rawpage.backends import get_backend
+    from rawpage.profile_run import profile_run
+    from rawpage.spec_decode.draft_model import load_draft_model
+
+    monkeypatch.setenv("RAWPAGE_SIM_DEBUG", "1")
+    backend = get_backend("sim")
+    model = load_draft_model(tiny_model_dir, backend, 400)
+    model.limit_positions(64)  # what the engine does for --max-model-len 64
+    profile_run(model, backend, 700, 1, 16, 64)

@@ -113,8 +113,10 @@ if step env 30 "$PY" -m tools.gpu_check.env --result-file "$PARTS/env.json"; the
   step kernels 110 env RAWPAGE_KERNEL_DEVICES=cuda RAWPAGE_REQUIRE_GPU=1 "$PY" -m pytest -q -ra -p no:cacheprovider \
     -m "not slow" tests/kernels/test_elementwise.py tests/kernels/test_paged_attention.py \
     tests/kernels/test_image_attention.py tests/kernels/test_vision_kernels.py \
-    tests/kernels/test_model_sim.py tests/test_cuda_backend.py tests/kernels/test_gguf_mmvq.py \
-    tests/kernels/test_moe_grouped_gemm.py tests/test_cublaslt_fp8.py 2>&1 | tee "$OUT/kernel_tests.log"
+    tests/kernels/test_model_sim.py tests/kernels/test_gguf_mmvq.py tests/kernels/test_moe_grouped_gemm.py \
+    tests/test_cuda_backend.py tests/test_cublaslt_fp8.py 2>&1 | tee "$OUT/kernel_tests.log"
+  # (tests/kernels/ files first and together: pytest 9.1 collects a tests/kernels/ file named
+  # after tests/test_*.py without tests/kernels/conftest.py, "fixture 'device' not found")
   step parity 60 "$PY" -m tools.gpu_check.parity --config tools/configs/llama-3.2-1b/config.json \
     --device cuda --result-file "$PARTS/parity.json"
   step throughput 90 "$PY" -m tools.gpu_check.throughput --engine rawpage --decode-batches 1,256 \

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from rawpage.backends.base import Graph
 from rawpage.backends.cublas_ctypes import default_gemm
 
 
@@ -46,9 +47,10 @@ class GraphMemory:
         return int(self.pool.total_bytes())
 
 
-class CudaGraph:
+class CudaGraph(Graph):
     """fn recorded as a CUDA graph. `replay()` launches it on the current stream and
-    returns the output array allocated during capture (the same array every time)."""
+    returns the output array allocated during capture (the same array every time).
+    It replays every GPU operation the pass issued, so it needs no check (needs_check)."""
 
     def __init__(self, fn: Callable[[], Any], memory: GraphMemory) -> None:
         import cupy
