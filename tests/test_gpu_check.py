@@ -443,6 +443,21 @@ def test_family_rows_run_on_the_cpu_at_tiny_widths():
     assert families.failed({"qwen3-8b": {"ok": False, "error": "x"}}) == ["family parity qwen3-8b"]
 
 
+@pytest.mark.live  # compares with transformers, as the GPU rows do
+def test_a_bfloat16_family_row_is_judged_against_transformers_own_bfloat16():
+    """In bfloat16 the truth is transformers' float32 and the yardstick its own bfloat16
+    run: the row reports both and passes when ours is no further from float32."""
+    from tools.gpu_check import families
+
+    r = families.main(
+        ["--families", "phi-3-mini", "--device", "sim", "--tiny", "--prompt-lens", "5,20", "--dtype", "bfloat16"]
+    )
+    row = r["phi-3-mini"]
+    assert row["dtype"] == "bfloat16" and 0 < row["theirs"]["max_rel"] < 0.05 and row["ok"], row
+    fig, target, verdict = families.summary_rows(r)[3][1:]
+    assert "transformers bfloat16: rel" in fig and "no further from float32" in target and verdict == "ok"
+
+
 def test_family_configs_are_the_real_shapes():
     from tools.gpu_check.families import family_config
 
@@ -490,7 +505,7 @@ def test_quant_arithmetic_and_rows():
 
 
 def test_rows_within_counts_rows_against_the_global_scale():
-    from tools.gpu_check.families import rows_within
+    from tools.gpu_check.parity import rows_within
 
     theirs = [np.array([[10.0, 0.0], [1.0, 1.0]]), np.array([[0.0, 2.0]])]
     ours = [np.array([[10.0, 0.0], [1.0, 2.0]]), np.array([[0.0, 2.1]])]  # row 2 off by 1 = 10% of 10

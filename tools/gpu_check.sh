@@ -19,8 +19,9 @@
 #   kernels     the kernel tests and the cuda backend tests on --device cuda, with
 #               RAWPAGE_REQUIRE_GPU=1: a test that cannot reach the GPU fails
 #   parity      logits against transformers on Llama-3.2-1B shapes, bfloat16 and float32
-#   families    logits against transformers per family at real widths, 2 layers each:
-#               Qwen3-8B, Gemma-3-12B, Mixtral-8x7B, Phi-3-mini (bfloat16)
+#   families    bfloat16 logits against transformers' float32 per family at real widths, 2 layers
+#               each, transformers' own bfloat16 the yardstick: Qwen3-8B, Gemma-3-12B,
+#               Mixtral-8x7B, Phi-3-mini
 #   quant       int4: 1B-shape logit parity (our AWQ packer), 8B-layer decode B=1 vs
 #               roofline and bf16, GEMM B=256 vs bf16 cuBLAS, GEMV/scratch crossover
 #   throughput  512 requests on a Llama-3-8B-shaped dummy model (graphs on); decode

@@ -1,22 +1,28 @@
-"""Parity per model family at real shapes: our forward pass against transformers'
-own class, with the same random weights, in bfloat16 on the GPU.
+"""Parity per model family at real shapes: our forward pass in bfloat16 on the GPU
+against transformers' own class with the same random weights, in float32 and bfloat16.
 
     python -m tools.gpu_check.families --device cuda --result-file out.json
 
 Qwen3-8B, Gemma-3-12B, Mixtral-8x7B and Phi-3-mini(-128k), each with its real
 widths, heads, vocabulary and experts, but 2 layers, so that the four fit in
-the check's minute. transformers builds each model (its own random init, on
-the GPU); we load exactly those weights, under the Hub's tensor names (which
+the check's minute. transformers builds each model (its own random init, in
+float32 on the GPU); we load exactly those weights, under the Hub's tensor names (which
 for Mixtral means splitting transformers' fused expert stacks back into w1, w3,
 w2), and compare logits the way parity.py does: prompts of 7, 64 and 300 tokens
 prefilled as one batch over a scattered paged KV cache, then one decode token.
 300 tokens stay inside Gemma 3's 1024-token window and Phi-3's 2047.
 
-Mixtral's verdict is by rows: in bfloat16 a token whose router scores for its
-2nd and 3rd experts are nearly tied may pick a different expert in any two
-implementations (a rounding apart), and that token's row then differs by a
-whole expert's output. So for an MoE family at least MOE_ROWS_OK of the rows
-must be within the tolerance; every other family must have all of them.
+The reference is transformers in float32; in bfloat16 the yardstick is
+transformers' own bfloat16 run against that reference. The H200 run of 9678a22
+compared bfloat16 with bfloat16 and failed Phi-3 (rel 0.14, 57% of rows within
+5%), Mixtral (0.93, 54%) and Qwen3 (0.060), but transformers' own bfloat16 is as far
+from its float32 (on the CPU: Phi-3 0.14 and 56%, Mixtral 1.06 and 49%, Qwen3 0.062
+and 97%): two bfloat16 runs differ by their own roundings,
+and for Mixtral a token whose 2nd and 3rd router scores are nearly tied picks
+another expert in either. So in bfloat16 a family passes when ours is no further
+from float32 than theirs: max rel <= max(tolerance, SLACK x theirs), and the rows
+within the tolerance at least theirs minus ROWS_SLACK (parity.py against_float32).
+In float32 (the CPU test) every row must be within the tolerance.
 
 --tiny shrinks every width (the CPU test of this file runs it on --device cpu).
 """
@@ -29,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from tools.gpu_check.common import write_json
-from tools.gpu_check.parity import TOLERANCE, compare, hf_logits, our_logits
+from tools.gpu_check.parity import against_float32, our_logits, verdict_text
 
 _PHI3_HALF_HEAD = 48  # Phi-3-mini's head_dim 96 / 2: one LongRoPE factor per rotary frequency
 
@@ -108,7 +114,6 @@ FAMILIES: dict[str, dict[str, Any]] = {
 }
 
 LAYERS = 2
-MOE_ROWS_OK = 0.97  # the fraction of rows within tolerance an MoE family needs (docstring)
 TINY = {"hidden_size": 64, "intermediate_size": 96, "vocab_size": 512, "head_dim": 16}
 
 
@@ -159,7 +164,7 @@ def hub_tensors(cfg: dict[str, Any], state_dict: dict[str, Any]) -> dict[str, An
     return out
 
 
-def run_family(family: str, device: str, tiny: bool, prompt_lens: list[int], seed: int = 0) -> dict:
+def run_family(family: str, device: str, tiny: bool, prompt_lens: list[int], dtype: str, seed: int = 0) -> dict:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -169,41 +174,21 @@ def run_family(family: str, device: str, tiny: bool, prompt_lens: list[int], see
     from rawpage.models.registry import build_model
 
     cfg = family_config(family, tiny)
-    dtype = "bfloat16" if device == "cuda" else "float32"
     torch_device = "cuda" if device == "cuda" else "cpu"
     torch.manual_seed(seed)
     hf_cfg = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
     with torch.device(torch_device):
-        hf = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="eager").to(getattr(torch, dtype)).eval()
+        hf = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="eager").float().eval()
     tensors = TensorSource(hub_tensors(cfg, hf.state_dict()))
     ours = build_model(ModelConfig.from_hf(cfg), get_backend(device, dtype), tensors)
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(3, cfg["vocab_size"], n).tolist() for n in prompt_lens]
     nexts = rng.integers(3, cfg["vocab_size"], len(prompts)).tolist()
     prefill, decode = our_logits(ours, prompts, nexts)
-    ref = hf_logits(hf, prompts, nexts, torch_device)
-    ours_rows, ref_rows = prefill + [decode], [r[:-1] for r in ref] + [np.stack([r[-1] for r in ref])]
-    result = {
-        "layers": LAYERS,
-        "dtype": dtype,
-        "prefill": compare(prefill, ref_rows[:-1]),
-        "decode": compare([decode], ref_rows[-1:]),
-        "tolerance": TOLERANCE[dtype],
-        "rows_within": rows_within(ours_rows, ref_rows, TOLERANCE[dtype]),
-    }
-    if "num_local_experts" in cfg or "num_experts" in cfg:
-        result["ok"] = result["rows_within"] >= MOE_ROWS_OK
-    else:
-        result["ok"] = max(result["prefill"]["max_rel"], result["decode"]["max_rel"]) < TOLERANCE[dtype]
-    del ours, hf
+    del ours
+    result = {"layers": LAYERS} | against_float32(hf, prompts, nexts, torch_device, dtype, prefill, decode)
+    del hf
     return result
-
-
-def rows_within(ours: list[np.ndarray], theirs: list[np.ndarray], tolerance: float) -> float:
-    """The fraction of logit rows whose max |ours - theirs| is under tolerance x max |theirs|
-    (the scale compare() divides by)."""
-    a, b = np.concatenate(ours), np.concatenate(theirs)
-    return float((np.abs(a - b).max(axis=1) < tolerance * np.abs(b).max()).mean())
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -211,6 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated, of: " + ", ".join(FAMILIES))
     ap.add_argument("--device", default="cuda", choices=["cuda", "sim", "cpu"])
     ap.add_argument("--tiny", action="store_true", help="small widths (a CPU run of the same code)")
+    ap.add_argument("--dtype", help="ours and the yardstick's (default: bfloat16 on cuda, else float32)")
     ap.add_argument("--prompt-lens", default="7,64,300", help="comma-separated prompt lengths in tokens")
     ap.add_argument("--result-file")
     args = ap.parse_args(argv)
@@ -220,7 +206,8 @@ def main(argv: list[str] | None = None) -> dict:
         if family not in FAMILIES:
             ap.error(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
         try:
-            result[family] = run_family(family, args.device, args.tiny, lens)
+            dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+            result[family] = run_family(family, args.device, args.tiny, lens, dtype)
         except Exception as e:  # one family's failure must not hide the others' rows
             result[family] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
         _free(args.device)
@@ -244,16 +231,13 @@ def summary_rows(result: dict | None) -> list[tuple[str, str, str, str]]:
     out = []
     for family in FAMILIES:
         r = (result or {}).get(family)
-        name = f"parity {family} ({LAYERS} layers), bfloat16"
+        name = f"parity {family} ({LAYERS} layers) vs transformers float32, {(r or {}).get('dtype', 'bfloat16')}"
         if r is None:
             out.append((name, "not measured", "", "—"))
         elif "error" in r:
             out.append((name, f"failed: {r['error'][:200]}", "", "MISS"))
         else:
-            fig = f"prefill rel {r['prefill']['max_rel']:.2e}, decode rel {r['decode']['max_rel']:.2e}; "
-            fig += f"argmax agree {r['prefill']['argmax_agree']:.1%}; rows within {r['rows_within']:.1%}"
-            target = f"rel < {r['tolerance']:g}" + (f" on {MOE_ROWS_OK:.0%} of rows" if "mixtral" in family else "")
-            out.append((name, fig, target, "ok" if r["ok"] else "MISS"))
+            out.append((name, *verdict_text(r), "ok" if r["ok"] else "MISS"))
     return out
 
 

@@ -87,6 +87,59 @@ def compare(ours: list[np.ndarray], theirs: list[np.ndarray]) -> dict:
     }
 
 
+def rows_within(ours: list[np.ndarray], theirs: list[np.ndarray], tolerance: float) -> float:
+    """The fraction of logit rows whose max |ours - theirs| is under tolerance x max |theirs|
+    (the scale compare() divides by)."""
+    a, b = np.concatenate(ours), np.concatenate(theirs)
+    return float((np.abs(a - b).max(axis=1) < tolerance * np.abs(b).max()).mean())
+
+
+# In 16 bits ours may be this much further from float32 than transformers' own run in
+# that dtype: SLACK x its max rel, and ROWS_SLACK fewer rows within the tolerance.
+SLACK, ROWS_SLACK = 1.25, 0.05
+
+
+def against_float32(hf, prompts, nexts, device: str, dtype: str, prefill, decode) -> dict:
+    """Our logits (our_logits' prefill and decode) against transformers' model `hf` in
+    float32, the truth. In float32 every row must be within TOLERANCE. In a 16-bit dtype
+    the yardstick is transformers' own run in that dtype (hf is cast to it here): two
+    16-bit runs differ by their roundings, and a random-weight Phi-3 or Mixtral in
+    bfloat16 is 0.14 or 1.06 max rel from its own float32 (transformers on the CPU), so
+    ours passes when it is no further from float32 than theirs (SLACK, ROWS_SLACK)."""
+    import torch
+
+    def split(per_prompt: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        return [r[:-1] for r in per_prompt], [np.stack([r[-1] for r in per_prompt])]
+
+    truth = split(hf_logits(hf.float(), prompts, nexts, device))
+    tol = TOLERANCE[dtype]
+    r = {"dtype": dtype, "prefill": compare(prefill, truth[0]), "decode": compare([decode], truth[1])}
+    r |= {"tolerance": tol, "rows_within": rows_within(prefill + [decode], truth[0] + truth[1], tol)}
+    worst = max(r["prefill"]["max_rel"], r["decode"]["max_rel"])
+    if dtype == "float32":
+        r["ok"] = worst < tol and r["rows_within"] == 1.0
+        return r
+    theirs = split(hf_logits(hf.to(getattr(torch, dtype)), prompts, nexts, device))
+    t_all, truth_all = theirs[0] + theirs[1], truth[0] + truth[1]
+    r["theirs"] = {"max_rel": compare(t_all, truth_all)["max_rel"], "rows_within": rows_within(t_all, truth_all, tol)}
+    r["ok"] = (
+        worst <= max(tol, SLACK * r["theirs"]["max_rel"])
+        and r["rows_within"] >= r["theirs"]["rows_within"] - ROWS_SLACK
+    )
+    return r
+
+
+def verdict_text(r: dict) -> tuple[str, str]:
+    """(figure, target) of an against_float32 result for summary.py's table."""
+    fig = f"prefill rel {r['prefill']['max_rel']:.2e}, decode rel {r['decode']['max_rel']:.2e}; "
+    fig += f"argmax agree {r['prefill']['argmax_agree']:.1%}; rows within {r['rows_within']:.1%}"
+    if "theirs" not in r:
+        return fig, f"rel < {r['tolerance']:g} vs float32, every row"
+    t = r["theirs"]
+    fig += f"; transformers {r['dtype']}: rel {t['max_rel']:.2e}, rows within {t['rows_within']:.1%}"
+    return fig, f"no further from float32 than transformers {r['dtype']} (x{SLACK}, rows -{ROWS_SLACK:.0%})"
+
+
 def run_dtype(args, dtype: str) -> dict:
     import torch
 
