@@ -86,16 +86,16 @@ def test_the_lm_heads_two_roundings(lib, qtype, T):
 def test_every_path_gives_the_same_bits(qtype):
     """Every instruction-set path makes the same float operations in the same order for
     each (token, row) (gguf_matmul.c's header), so all agree with the plain-C path bit
-    for bit, parts 1 and 2, with a bias."""
+    for bit, parts 1 and 2, with a bias, at decode's 1 and 2 tokens too."""
     N, K = 21, 2 * FORMATS[qtype].block
     _, panels, _ = weight(qtype, N, K)
     rng = np.random.default_rng(5)
     x, bias = rng.standard_normal((6, K)).astype(np.float32), rng.standard_normal(N).astype(np.float32)
-    for parts in (1, 2):
-        want = gguf_matmul(load_path("scalar"), x, panels, qtype, (N, K), 1, bias, parts)
+    for parts, T in ((1, 6), (2, 6), (1, 1), (1, 2), (2, 1)):
+        want = gguf_matmul(load_path("scalar"), x[:T], panels, qtype, (N, K), 1, bias, parts)
         for path in isa.runnable_paths():
-            got = gguf_matmul(load_path(path), x, panels, qtype, (N, K), 2, bias, parts)
-            np.testing.assert_array_equal(got, want, err_msg=f"{path}, parts {parts}")
+            got = gguf_matmul(load_path(path), x[:T], panels, qtype, (N, K), 2, bias, parts)
+            np.testing.assert_array_equal(got, want, err_msg=f"{path}, parts {parts}, T {T}")
 
 
 @pytest.mark.parametrize("qtype", sorted(NATIVE_GGUF))
