@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rawpage.device_logits import DeviceLogits
-from rawpage.ops.sampling import log_softmax, nucleus_mask, top_k_ids
+from rawpage.ops.sampling import inverse_cdf, kth_largest, log_softmax, nucleus_mask, top_k_ids
 from rawpage.sampling_params import SamplingParams
 from rawpage.sequence import Sequence
 from rawpage.structured_output import apply_masks
@@ -126,10 +126,7 @@ class Sampler:
         """Sampled rows: (R, V) processed logits -> (R,) token ids; raw: the same rows unprocessed."""
         probs = self.probs(logits, seqs, raw)
         # One uniform per sequence from its own generator; inverse CDF over the row.
-        u = np.array([s.rng.random() for s in seqs], dtype=np.float64)
-        cdf = np.cumsum(probs, axis=-1, dtype=np.float64)
-        tokens = (cdf < (u * cdf[:, -1])[:, None]).sum(axis=-1)
-        return np.minimum(tokens, probs.shape[1] - 1)
+        return np.array([inverse_cdf(row, s.rng.random()) for row, s in zip(probs, seqs)], dtype=np.int64)
 
     def probs(self, logits: np.ndarray, seqs: list[Sequence], raw: np.ndarray | None = None) -> np.ndarray:
         """The distribution sampled rows draw from: (R, V) processed logits (edited in place)
@@ -142,8 +139,7 @@ class Sampler:
         for i, s in enumerate(seqs):
             k = s.request.params.top_k
             if 0 < k < logits.shape[1]:
-                kth = np.partition(logits[i], -k)[-k]
-                logits[i, logits[i] < kth] = -np.inf
+                logits[i, logits[i] < kth_largest(logits[i], k)] = -np.inf
         top = logits.max(axis=-1, keepdims=True)  # (R, 1)
         undefined = np.flatnonzero(~np.isfinite(top[:, 0]))  # overflowed (+inf, NaN), or every token forbidden
         if undefined.size:  # softmax's limit: all the row's mass on one token

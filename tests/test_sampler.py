@@ -134,3 +134,60 @@ def test_invalid_params_name_the_parameter(kwargs, name):
 def test_logprobs_zero_reports_only_the_sampled_token():
     out = Sampler(V, [EOS])(logits_from_probs([0.2, 0.8])[None], [seq_with(SamplingParams(temperature=0, logprobs=0))])
     assert len(out.top_ids[0]) == 0 and out.logprobs[0] == pytest.approx(np.log(0.8), rel=1e-4)
+
+
+# The row searches at a real vocabulary's width (rawpage/ops/sampling.py works a block of
+# 512 at a time there; the 50-token rows above are one block), against the plain NumPy.
+WIDE = 49152 + 77  # not a multiple of the block
+
+
+def wide_rows():
+    rng = np.random.default_rng(5)
+    peaked = rng.standard_normal(WIDE).astype(np.float32) * 4
+    ties = np.round(rng.standard_normal(WIDE) * 2).astype(np.float32)  # many equal values
+    flat = rng.random(WIDE).astype(np.float32) * 1e-3
+    return {"peaked": peaked, "ties": ties, "flat": flat}
+
+
+@pytest.mark.parametrize("name", ["peaked", "ties", "flat"])
+def test_kth_largest_is_the_partitions(name):
+    from rawpage.ops.sampling import kth_largest
+
+    row = wide_rows()[name]
+    for k in (1, 2, 40, 96, 97, 500, 5000, WIDE):
+        assert kth_largest(row, k) == np.partition(row, -k)[-k], k
+
+
+@pytest.mark.parametrize("name", ["peaked", "ties", "flat"])
+def test_inverse_cdf_is_the_cumulative_sums(name):
+    """The first token whose float64 cumulative sum passes u x total, as one cumsum over the
+    row finds it; a token of probability 0 is never drawn, whatever u."""
+    from rawpage.ops.sampling import inverse_cdf
+
+    row = wide_rows()[name]
+    p = np.exp(row - row.max())
+    p[::7] = 0.0  # tokens a filter removed
+    p[-600:] = 0.0  # a whole last block and then some
+    cdf = np.cumsum(p, dtype=np.float64)
+    for u in [0.0, 1e-12, 0.5, 1 - 1e-12, *np.random.default_rng(1).random(300)]:
+        got = inverse_cdf(p, u)
+        assert p[got] > 0, u
+        want = int(np.argmax(cdf > u * cdf[-1]))
+        # (the block sums may round the last ulp differently: then a neighbor within it)
+        assert got == want or abs(cdf[got] - cdf[want]) <= 1e-12 * cdf[-1], (u, got, want)
+
+
+@pytest.mark.parametrize("name", ["peaked", "ties", "flat"])
+@pytest.mark.parametrize("top_p", [0.1, 0.9, 0.999])
+def test_nucleus_is_the_full_sorts(name, top_p):
+    from rawpage.ops.sampling import nucleus_mask
+
+    row = wide_rows()[name]
+    p = np.exp(row - row.max())
+    got = p.copy()
+    nucleus_mask(got, top_p)
+    order = np.argsort(-p, kind="stable")  # ties: lower id first, as nucleus_mask keeps them
+    keep = int(np.searchsorted(np.cumsum(p[order]), top_p * p.sum())) + 1
+    want = np.zeros_like(p)
+    want[order[:keep]] = p[order[:keep]]
+    np.testing.assert_array_equal(got, want)

@@ -24,6 +24,7 @@ from rawpage.backends.base import Backend
 from rawpage.block_manager import BlockManager
 from rawpage.loader import load_checkpoint
 from rawpage.model_runner import KVPool, ModelRunner
+from rawpage.ops.sampling import inverse_cdf
 from rawpage.rank_setup import build_rank
 from rawpage.sampler import Sampler
 from rawpage.sequence import Sequence, SequenceStatus
@@ -135,9 +136,7 @@ class DraftModelProposer:
             q = self.sampler.probs(logits[rows[sampled]][:, : self.sampler.vocab_size].copy(), picked)
             q /= q.sum(axis=1, keepdims=True)
             for j, s, qj in zip(sampled, picked, q):
-                tokens[j] = min(
-                    int(np.searchsorted(np.cumsum(qj), s.rng.random() * qj.sum(), side="right")), qj.size - 1
-                )
+                tokens[j] = inverse_cdf(qj, s.rng.random())
                 self.draft_probs[s.seq_id].append(qj)
         return tokens
 

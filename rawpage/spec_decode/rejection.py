@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from rawpage.ops.sampling import inverse_cdf
+
 
 def greedy_accept(draft_ids: np.ndarray, target_ids: np.ndarray) -> int:
     """draft_ids (K,), target_ids (K+1,): how many drafts match the target's choices."""
@@ -54,6 +56,5 @@ def rejection_sample(
             residual = np.maximum(dist[r] - draft_probs[r, j], 0.0)
         ok = residual.sum(axis=1) > 0  # p == q leaves nothing (and a rejection had probability 0)
         dist[r[ok]] = residual[ok]
-    cdf = np.cumsum(dist, axis=1)
-    next_token = (cdf < (u_draw * cdf[:, -1])[:, None]).sum(axis=1)
-    return num_accepted, np.minimum(next_token, dist.shape[1] - 1)
+    next_token = np.array([inverse_cdf(row, u) for row, u in zip(dist, u_draw)], dtype=np.int64)
+    return num_accepted, next_token
