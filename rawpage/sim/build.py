@@ -27,6 +27,7 @@ import json
 import os
 import re
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +65,17 @@ TRAFFIC_FLAGS = ["-fsanitize=thread", "-fno-tree-sra", "-fno-ipa-sra"]
 
 GLOBAL_RE = re.compile(r'extern\s+"C"\s+__rp_global__\s+void\s+(\w+)\s*\(')
 SHARED_RE = re.compile(r"extern\s+__rp_shared__\s+([\w\s:<>,*]+?)\s*(\w+)\s*\[\s*\]")
+
+
+# One lock per output file: a thread that wants a module another thread is compiling (the
+# test suite's prebuild beside the tests) waits for it instead of compiling it twice.
+_building: dict[Path, threading.Lock] = {}
+_building_guard = threading.Lock()
+
+
+def _lock_for(out: Path) -> threading.Lock:
+    with _building_guard:
+        return _building.setdefault(out, threading.Lock())
 
 
 class SimCompileError(CompileError):
@@ -120,7 +132,9 @@ def build_runtime() -> Path:
     out = cache_dir() / f"librpsim-{key}.so"
     if out.exists():
         return out
-    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+    with _lock_for(out), tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+        if out.exists():  # built by another thread while this one waited
+            return out
         tmp_out = Path(tmp) / out.name
         cmd = [
             cxx,
@@ -206,9 +220,15 @@ def build_module(
     key = _module_key(source, include_dirs, defines, traffic, cxx, runtime)
     out = cache_dir() / f"{source.stem}{'-traffic' if traffic else ''}-{key}.so"
     meta = out.with_suffix(".json")
-    if out.exists() and meta.exists():
-        return BuiltModule(out, tuple(json.loads(meta.read_text())["kernels"]))
+    with _lock_for(out):
+        if not (out.exists() and meta.exists()):
+            _compile_module(source, cxx, flags, traffic, out, meta, runtime)
+    return BuiltModule(out, tuple(json.loads(meta.read_text())["kernels"]))
 
+
+def _compile_module(
+    source: Path, cxx: str, flags: list[str], traffic: bool, out: Path, meta: Path, runtime: Path
+) -> None:
     kernels, shared = _discover(source, cxx, ["-include", "cuda_sim.h", *flags])
     if not kernels:
         raise SimCompileError(f'{source}: found no extern "C" __global__ kernels')
@@ -229,4 +249,3 @@ def build_module(
         tmp_meta.write_text(json.dumps({"source": str(source), "kernels": kernels}))
         publish(tmp_out, out)
         publish(tmp_meta, meta)
-    return BuiltModule(out, tuple(kernels))

@@ -14,6 +14,7 @@ rounding, not the inputs'.
 from __future__ import annotations
 
 import os
+import threading
 import types
 from typing import Any
 
@@ -76,6 +77,31 @@ class Device:
 
 def devices() -> list[str]:
     return [d for d in os.environ.get("RAWPAGE_KERNEL_DEVICES", "sim,cuda").split(",") if d]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prebuild_sim_modules(request: pytest.FixtureRequest) -> None:
+    """On a cold cache the simulator compiles ~40 modules, each when a test first needs
+    it, one at a time while the second core idles (~4 of the suite's minutes on a fresh
+    2-core machine). When many kernel tests run, a background thread compiles every file
+    (and decode attention per head size) beside them, last file first, so that it meets
+    the tests' own first-use order half-way; rawpage/sim/build.py locks each output, so
+    a test that needs a module being built waits for it instead of compiling it again."""
+    kernel_tests = [i for i in request.session.items if "tests/kernels/" in str(i.path).replace(os.sep, "/")]
+    if "sim" not in devices() or len(kernel_tests) < 100:
+        return
+    from rawpage.ops.launch import cuda_source_dir
+    from rawpage.sim.build import build_module
+    from tools.gpu_check.warm import builds
+
+    def build_all() -> None:
+        for name, defines in reversed(builds()):
+            try:
+                build_module(cuda_source_dir() / name, defines=defines)
+            except Exception:  # noqa: BLE001 - the test that needs the module reports its error
+                pass
+
+    threading.Thread(target=build_all, name="sim-prebuild", daemon=True).start()
 
 
 @pytest.fixture(scope="session", params=devices())

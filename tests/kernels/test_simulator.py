@@ -265,3 +265,26 @@ def test_builds_are_cached_by_content(tmp_path):
     out = np.zeros(32, np.float32)
     SimModule(src).get_function("k")((1,), (32,), (out,))
     assert (out == 2.0).all()
+
+
+def test_threads_that_want_one_new_module_compile_it_once(tmp_path, monkeypatch):
+    """The suite's prebuild thread and a test can ask for the same module at once: the
+    second waits for the first's build (rawpage/sim/build.py locks each output)."""
+    import threading
+    import uuid
+
+    import rawpage.sim.build as build
+
+    src = tmp_path / "once.cu"
+    fresh = uuid.uuid4().int % 10**6  # a source no earlier run has cached
+    src.write_text(f'extern "C" __global__ void once(float* o) {{ o[threadIdx.x] = {fresh}.0f; }}\n')
+    compiles = []
+    real = build._compile_module
+    monkeypatch.setattr(build, "_compile_module", lambda *a: (compiles.append(a), real(*a)))
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(build_module(src))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(compiles) == 1 and len({r.path for r in results}) == 1 and results[0].kernels == ("once",)
