@@ -156,6 +156,11 @@ def test_kth_largest_is_the_partitions(name):
     row = wide_rows()[name]
     for k in (1, 2, 40, 96, 97, 500, 5000, WIDE):
         assert kth_largest(row, k) == np.partition(row, -k)[-k], k
+    row = row.copy()
+    row[[3, 700, 9000]] = np.nan  # a model's overflow: as np.partition has it, never an error
+    row[1000:1600] = -np.inf  # tokens allowed_token_ids or a grammar removed
+    for k in (1, 3, 4, 40, 5000):
+        np.testing.assert_equal(kth_largest(row, k), np.partition(row, -k)[-k], err_msg=str(k))
 
 
 @pytest.mark.parametrize("name", ["peaked", "ties", "flat"])

@@ -44,8 +44,7 @@ def kth_largest(row: np.ndarray, k: int) -> float:
     n = row.size // _BLOCK * _BLOCK
     if k <= n // _BLOCK:
         maxima = row[:n].reshape(-1, _BLOCK).max(axis=1)
-        bound = np.partition(maxima, -k)[-k]
-        row = row[row >= bound]
+        row = row[~(row < np.partition(maxima, -k)[-k])]  # NaNs kept: np.partition ranks them largest
     return float(np.partition(row, -k)[-k])
 
 
