@@ -143,7 +143,8 @@ class Sampler:
         top = logits.max(axis=-1, keepdims=True)  # (R, 1)
         undefined = np.flatnonzero(~np.isfinite(top[:, 0]))  # overflowed (+inf, NaN), or every token forbidden
         if undefined.size:  # softmax's limit: all the row's mass on one token
-            best = greedy_tokens(logits[undefined], (logits if raw is None else raw)[undefined])
+            source = logits if raw is None else raw  # (row by row: views, not copies of the rows)
+            best = np.array([greedy_tokens(logits[i : i + 1], source[i : i + 1])[0] for i in undefined])
             logits[undefined] = -np.inf
             logits[undefined, best] = top[undefined, 0] = 0.0
         probs = np.exp(logits - top)
@@ -195,7 +196,11 @@ def greedy_tokens(edited: np.ndarray, raw: np.ndarray) -> np.ndarray:
     the one the raw logits (R, V) rank first. Such a request gets greedy text, never a
     draw from NaN (issue 44)."""
     best = edited.argmax(axis=-1)
-    odd = np.flatnonzero(~np.isfinite(edited[np.arange(len(best)), best]))
+    values = edited[np.arange(len(best)), best]
+    odd = np.flatnonzero(~np.isfinite(values))
+    for i in odd[values[odd] == -np.inf]:  # every token forbidden: one argmax of the raw row (a view)
+        best[i] = raw[i].argmax()
+    odd = odd[values[odd] != -np.inf]  # the rest: NaN or +inf somewhere (the argmax finds either)
     if odd.size:
         e = edited[odd]
         tied = e == np.inf  # overflowed: the tokens at +inf tie
