@@ -24,6 +24,7 @@ TOOLS = [
     "make_shaped_gguf.py",
     "bench_cpu_kernels.py",
     "bench_vision_tower.py",
+    "bench_sampler.py",
 ]
 
 
@@ -38,6 +39,37 @@ def test_help(tool):
         env=CHECKOUT_ENV,
     )
     assert out.returncode == 0 and "usage:" in out.stdout, out.stderr
+
+
+def test_bench_sampler_prints_a_row_per_parameter_set():
+    out = subprocess.run(
+        [
+            sys.executable,
+            "tools/bench_sampler.py",
+            "--vocab",
+            "3000",
+            "--batches",
+            "1",
+            "4",
+            "--calls",
+            "2",
+            "--rounds",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env=CHECKOUT_ENV,
+    )
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ")]  # the header, then a row each
+    assert [r.split(" | ")[0][2:] for r in rows[1:]] == [
+        "greedy",
+        "temperature 1.0",
+        "temperature 0.7, top_p 0.9",
+        "top_k 40, top_p 0.95, min_p 0.05, temperature 0.8",
+    ]
 
 
 @pytest.mark.parametrize("static", [False, True])
