@@ -23,12 +23,12 @@ def nucleus_mask(p: np.ndarray, top_p: float) -> None:
     within 2^-6, 2^-12, ... of the most likely one: the first such candidate set whose
     mass reaches top_p holds the whole nucleus, and only it is sorted (ties: lower id first)."""
     total, top = p.sum(), p.max()
-    cand = np.arange(p.size)
     for shift in (6, 12, 18, 24):
-        ids = np.flatnonzero(p >= top * 2.0**-shift)
-        if p[ids].sum() >= top_p * total:
-            cand = ids
+        cand = np.flatnonzero(p >= top * 2.0**-shift)
+        if p[cand].sum() >= top_p * total:
             break
+    else:  # a flat distribution: sort it all
+        cand = np.arange(p.size)
     order = cand[np.argsort(-p[cand], kind="stable")]
     mass = np.cumsum(p[order])
     keep = int(np.searchsorted(mass, top_p * total)) + 1  # include the token that crosses top_p
