@@ -25,6 +25,7 @@ TOOLS = [
     "bench_cpu_kernels.py",
     "bench_vision_tower.py",
     "bench_sampler.py",
+    "bench_cpu_attention.py",
 ]
 
 
@@ -70,6 +71,16 @@ def test_bench_sampler_prints_a_row_per_parameter_set():
         "temperature 0.7, top_p 0.9",
         "top_k 40, top_p 0.95, min_p 0.05, temperature 0.8",
     ]
+
+
+def test_bench_cpu_attention_at_the_1b_shape_prints_a_row_per_cell():
+    """--shape 1b: Llama-3.2-1B's 32 query and 8 KV heads; one row per (dtype, batch, context)."""
+    cmd = [sys.executable, "tools/bench_cpu_attention.py", "--shape", "1b", "--batches", "1", "2", "--contexts", "40"]
+    cmd += ["--dtypes", "float32", "--min-time", "0", "--min-calls", "1", "--cold-bytes", "1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120, env=CHECKOUT_ENV)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines() if line.startswith("float32")]
+    assert [(r[1], r[2]) for r in rows] == [("1", "40"), ("2", "40")]
 
 
 @pytest.mark.parametrize("static", [False, True])

@@ -3,6 +3,7 @@ the NumPy path (CPUBackend without the kernels: paged_attention_ref), in GB/s of
 
     python tools/bench_cpu_attention.py                        # batches 1 8 32, contexts 256 1024 4096
     python tools/bench_cpu_attention.py --batches 8 --contexts 1024 --dtypes float16 --json r.json
+    python tools/bench_cpu_attention.py --shape 1b --batches 1 16 --contexts 160 1024
     python tools/bench_cpu_attention.py --against OLD.so --batches 1 2 4 --contexts 64 256 600
 
 --against SO times the C kernel of another build (e.g. main's: `build_library` in a
@@ -13,7 +14,8 @@ second thread the OS preempts waits ~0.5 ms: the lower columns are the undisturb
 calls), and the ratio of the 10th percentiles (other / this build).
 
 One call is one layer of a decode step of the default model's attention shape (H 9,
-Hkv 3, D 64: SmolLM2-135M): B sequences of one query each over a context of the given
+Hkv 3, D 64: SmolLM2-135M; --shape 1b: Llama-3.2-1B's H 32, Hkv 8, where one head's K
+row of a key lies 2 KiB past the previous key's): B sequences of one query each over a context of the given
 length, their blocks scattered over the pool. A step reads every layer's K/V once,
 and 30 layers of it do not stay in the L3 cache, so the calls cycle over as many
 layers' pools (up to 30) as it takes to pass --cold-bytes: each call reads its K/V
@@ -35,7 +37,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-H, HKV, D, BS, LAYERS = 9, 3, 64, 16, 30
+D, BS, LAYERS = 64, 16, 30
+SHAPES = {"135m": (9, 3), "1b": (32, 8)}  # (query heads H, KV heads Hkv), head size D = 64
+H, HKV = SHAPES["135m"]  # main() sets them from --shape
 
 
 def pools(rng, batch: int, context: int, dtype: np.dtype, cold_bytes: int) -> tuple[list, np.ndarray]:
@@ -145,6 +149,7 @@ def against_table(lib, args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="135m", help="attention heads (default 135m)")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--contexts", type=int, nargs="+", default=[256, 1024, 4096])
     p.add_argument("--dtypes", nargs="+", default=["float32", "float16"], choices=["float32", "float16"])
@@ -156,6 +161,8 @@ def main() -> None:
     p.add_argument("--against", help="another build's shared library to time instead of the NumPy path")
     p.add_argument("--rounds", type=int, default=10, help="with --against: alternating rounds of --min-calls calls")
     args = p.parse_args()
+    global H, HKV
+    H, HKV = SHAPES[args.shape]
 
     from rawpage.backends.cpu import CPUBackend
     from rawpage.native.library import NativeLibrary, native_kernels

@@ -43,6 +43,13 @@
  * batch invariance). Items go to the pool's threads costliest first (cost = rows x
  * keys), each thread taking the next one left, so a thread the OS slows down takes
  * fewer.
+ *
+ * Memory: a tile reads its head's D values of each key, Hkv D apart in the pool, so it
+ * asks for the next chunk's K and V rows into L2 while it computes this one
+ * (prefetch_chunk). Measured on the 2-core development VM (tools/bench_cpu_attention.py
+ * --shape 1b, float32 K/V from memory): a decode at 1,024 keys 400 -> 200-280 us a
+ * layer, 16 decodes at 160 keys 0.84 -> 0.65 ms; two chunks ahead was no better, and
+ * into L1 no better than none.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -56,6 +63,9 @@
 #define RP_ATTN_BC 64        /* keys per chunk (Bc) */
 #define RP_ATTN_PART 512      /* keys are cut into parts at the multiples of this position, */
 #define RP_ATTN_PART_NEAR 128 /* and of this one below RP_ATTN_PART */
+#ifndef RP_ATTN_AHEAD
+#define RP_ATTN_AHEAD 1 /* chunks a tile's K/V prefetch runs ahead */
+#endif
 
 enum { RP_KV_F32 = 0, RP_KV_F16 = 1 };
 
@@ -247,6 +257,36 @@ static void chunk_accumulate(float *acc, int R, int D, const float *P, int RP, c
 #endif
 }
 
+/* Where keys j0 .. min(j0 + Bc, j1) of one KV head sit: walk the block table once
+ * (key j is at block table[j / BS], offset j % BS). Returns how many. */
+static int chunk_sources(const char **k_src, const char **v_src, const int32_t *table, int j0, int j1, int BS,
+                         const char *k_base, const char *v_base, size_t row_bytes) {
+    const int nc = j1 - j0 < RP_ATTN_BC ? j1 - j0 : RP_ATTN_BC;
+    for (int c = 0, blk = j0 / BS, off = j0 % BS; c < nc; c++) {
+        size_t slot = (size_t)table[blk] * BS + off;
+        k_src[c] = k_base + slot * row_bytes;
+        v_src[c] = v_base + slot * row_bytes;
+        if (++off == BS) off = 0, blk++;
+    }
+    return nc;
+}
+
+/* Ask for keys j0 .. min(j0 + Bc, j1)'s K and V rows of one head (head_bytes each)
+ * ahead of their use, into L2 (k_src, v_src: scratch). One head's row of consecutive
+ * keys lies Hkv D apart (the pool's [NB, BS, Hkv, D]), 2 KiB at Llama-3.2-1B's 8 x 64
+ * floats: the hardware prefetcher, which follows strides within a 4 KiB page, sees
+ * two keys a page and barely helps. (Into L1 instead, a chunk's 32 KiB would evict
+ * the chunk in use.) */
+static void prefetch_chunk(const char **k_src, const char **v_src, const int32_t *table, int j0, int j1, int BS,
+                           const char *k_base, const char *v_base, size_t row_bytes, size_t head_bytes) {
+    const int nc = chunk_sources(k_src, v_src, table, j0, j1, BS, k_base, v_base, row_bytes);
+    for (int c = 0; c < nc; c++)
+        for (size_t b = 0; b < head_bytes; b += 64) {
+            __builtin_prefetch(k_src[c] + b, 0, 2);
+            __builtin_prefetch(v_src[c] + b, 0, 2);
+        }
+}
+
 static void attend_item(const attn_args *a, const attn_item *it) {
     const int D = a->D, G = a->H / a->Hkv, BS = a->BS, W = a->window, ng = it->ng;
     const int R = it->nq * ng, RP = (R + RP_VW - 1) / RP_VW * RP_VW; /* rows, padded to whole vectors */
@@ -280,15 +320,14 @@ static void attend_item(const attn_args *a, const attn_item *it) {
     memset(acc, 0, sizeof(float) * R4 * D);
     memset(S, 0, sizeof(float) * RP_ATTN_BC * RP); /* padding rows score 0 and are never read back */
 
+    const size_t head_bytes = (size_t)D * esz;
+    for (int a0 = it->k0; a0 < it->k1 && a0 < it->k0 + RP_ATTN_AHEAD * RP_ATTN_BC; a0 += RP_ATTN_BC)
+        prefetch_chunk(k_src, v_src, table, a0, it->k1, BS, k_base, v_base, row_bytes, head_bytes);
     for (int j0 = it->k0; j0 < it->k1; j0 += RP_ATTN_BC) {
-        const int nc = it->k1 - j0 < RP_ATTN_BC ? it->k1 - j0 : RP_ATTN_BC;
-        /* Walk the block table once for the chunk: key j0 + c is at (block, offset). */
-        for (int c = 0, blk = j0 / BS, off = j0 % BS; c < nc; c++) {
-            size_t slot = (size_t)table[blk] * BS + off;
-            k_src[c] = k_base + slot * row_bytes;
-            v_src[c] = v_base + slot * row_bytes;
-            if (++off == BS) off = 0, blk++;
-        }
+        /* Ask for the chunk RP_ATTN_AHEAD ahead, so that it arrives while these are computed. */
+        if (j0 + RP_ATTN_AHEAD * RP_ATTN_BC < it->k1)
+            prefetch_chunk(k_src, v_src, table, j0 + RP_ATTN_AHEAD * RP_ATTN_BC, it->k1, BS, k_base, v_base, row_bytes, head_bytes);
+        const int nc = chunk_sources(k_src, v_src, table, j0, it->k1, BS, k_base, v_base, row_bytes);
 
         /* S = (Q scale) K^T: each K row read once, for every row of the tile */
         chunk_rows(rows, k_src, nc, a->kv_dtype, buf, D);
