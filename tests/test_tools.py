@@ -134,6 +134,37 @@ def test_cpu_burner_returns_the_command_status():
     assert subprocess.run(cmd, cwd=ROOT, timeout=60).returncode == 3
 
 
+def test_cpu_burner_in_bursts_keeps_part_of_a_core_busy():
+    """--busy-ms 5 --idle-ms 15: the burner's CPU time is about a quarter of the time
+    the command runs, neither idle nor a whole core."""
+    cmd = [sys.executable, str(ROOT / "tools" / "cpu_burner.py"), "--busy-ms", "5", "--idle-ms", "15", "--"]
+    cmd += [sys.executable, "-c", "import time; time.sleep(1.5)"]
+    start = os.times()
+    assert subprocess.run(cmd, cwd=ROOT, timeout=60).returncode == 0
+    end = os.times()
+    # the burner runs in a grandchild (multiprocessing under the tool): its CPU lands in
+    # the tool's children times once reaped, and the tool is our child
+    cpu = (end.children_user + end.children_system) - (start.children_user + start.children_system)
+    assert 0.1 < cpu < 1.2, cpu
+    bad = [sys.executable, str(ROOT / "tools" / "cpu_burner.py"), "--idle-ms", "5", "--", "true"]
+    assert subprocess.run(bad, cwd=ROOT, timeout=60, capture_output=True).returncode == 2
+
+
+def test_bench_cpu_kernels_against_a_build_prints_both_rows():
+    """--against: this build's decode step and another library's (here the same one)."""
+    from rawpage.native.library import native_kernels
+
+    lib = native_kernels()
+    if lib is None:
+        pytest.skip("the native kernels do not build here")
+    cmd = [sys.executable, "tools/bench_cpu_kernels.py", "--against", str(lib.so_path), "--shape", "135m"]
+    cmd += ["--formats", "Q8_0", "--threads", "1", "--rounds", "2", "--path", lib.path]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300, env=CHECKOUT_ENV)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split(" | ")[0] for line in out.stdout.splitlines() if line.startswith("| ")]
+    assert rows[1:] == ["| this build", "| other"], out.stdout
+
+
 def test_bench_cpu_threads_on_a_tiny_model(tiny_model_dir, tmp_path):
     out = tmp_path / "r.json"
     cmd = [

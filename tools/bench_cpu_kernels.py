@@ -6,6 +6,7 @@ the read bandwidth, at the shapes of real models.
     python tools/bench_cpu_kernels.py --decode-only --threads 2
     python tools/bench_cpu_kernels.py --float-only              # a float checkpoint's forms (part 3)
     python tools/bench_cpu_kernels.py --path avx2 --threads 1
+    python tools/bench_cpu_kernels.py --against OLD.so --formats Q4_K --threads 2 --rounds 60
 
 Part 1, decode: one decode step's GEMVs (T = 1) over every layer of a model's shape
 (--shape: Llama-3.2-1B's 16 layers of qkv 3072x2048, o 2048x2048, gate_up 16384x2048,
@@ -25,6 +26,12 @@ Part 3, a float checkpoint's weights in the forms the native backend can hold th
 the default model's shapes: float32 through np.matmul, Q8_0 quantized from float
 (--quantization q8_0), bf16 and f16 widened exactly in the kernel, and bf16 through
 vdpbf16ps on x rounded to bf16 (the measured alternative).
+
+--against SO: only a decode step of one format (the first of --formats) on the last of
+--threads, this build's and another build's library (e.g. main's: `build_library` in a
+worktree of it prints its path) alternating in --rounds rounds in one process: the
+median, mean and 90th percentile of the step, for a change that the best round would
+not show (tools/cpu_burner.py beside it: how a busy machine treats each).
 
 Times are the minimum over repeated calls (the machine may be shared; the minimum is
 the least disturbed run); the load average is printed with each table.
@@ -47,7 +54,7 @@ from rawpage.dtypes import bf16_from_f32
 from rawpage.native import isa
 from rawpage.native.gguf import gguf_matmul, repack
 from rawpage.native.half import half_matmul
-from rawpage.native.library import load_path, recording
+from rawpage.native.library import NativeLibrary, load_path, recording
 from rawpage.quantization.gguf import FORMATS, gguf_dequantize_ref
 from rawpage.quantization.q8_0 import quantize_q8_0
 
@@ -166,6 +173,45 @@ def decode_table(lib, args) -> None:
         print(f"| {qtype} | (K of {args.shape} is no multiple of its {FORMATS[qtype].block}-value block) |")
 
 
+def against_table(lib, args) -> None:
+    """--against SO: one decode step's GEMVs (the first of --formats, --shape's layers) of
+    this build and of another build's library, from one recording each, alternating in
+    --rounds rounds (ABBA) of 3 steps in one process, so that the machine's drift and any
+    other load fall on both: ms a step, median, mean and 90th percentile."""
+    other = NativeLibrary(lib.path, args.against)
+    rng = np.random.default_rng(0)
+    layers, weights = SHAPES[args.shape]
+    qtype, nth = args.formats[0], args.threads[-1]
+    xs = {K: rng.standard_normal((1, K)).astype(np.float32) for _, _, K in weights}
+    step = [
+        [(repack(lib, random_blocks(rng, qtype, N, K), qtype, (N, K), 2), N, K) for _, N, K in weights]
+        for _ in range(layers)
+    ]
+    builds = {"this build": lib, "other": other}
+    recs = {}
+    for name, build in builds.items():
+        with recording(build) as recs[name]:
+            for layer in step:
+                for w, N, K in layer:
+                    gguf_matmul(build, xs[K], w, qtype, (N, K), nth)
+    times: dict[str, list[float]] = {name: [] for name in builds}
+    for r in range(args.rounds):
+        for name in list(builds)[:: 1 if r % 2 == 0 else -1]:
+            for _ in range(3):
+                t0 = time.perf_counter()
+                recs[name].replay(nth)
+                times[name].append(time.perf_counter() - t0)
+    nbytes = sum(w.nbytes for layer in step for w, _, _ in layer)
+    print(
+        f"\n## {qtype} decode step, {args.shape} shapes ({nbytes / 1e6:.0f} MB), {nth} threads, {lib.path} path, "
+        f"{args.rounds} rounds; load average {os.getloadavg()[0]:.1f}\n"
+    )
+    print("| build | median ms | mean ms | p90 ms |\n|---|---|---|---|")
+    for name, ts in times.items():
+        ms = np.array(ts) * 1e3
+        print(f"| {name} | {np.median(ms):.2f} | {ms.mean():.2f} | {np.percentile(ms, 90):.2f} |")
+
+
 def prefill_table(lib, args) -> None:
     rng = np.random.default_rng(1)
     _, weights = SHAPES[args.shape]
@@ -247,8 +293,12 @@ def main() -> None:
     part.add_argument("--decode-only", action="store_true")
     part.add_argument("--prefill-only", action="store_true")
     part.add_argument("--float-only", action="store_true", help="only part 3: float32, Q8_0, bf16 and f16 weights")
+    part.add_argument("--against", metavar="SO", help="only: this build's decode step against another build's library")
     args = p.parse_args()
     lib = load_path(args.path)
+    if args.against:
+        against_table(lib, args)
+        return
     if not (args.prefill_only or args.float_only):
         decode_table(lib, args)
     if not (args.decode_only or args.float_only):

@@ -2,6 +2,10 @@
 
     python tools/cpu_burner.py --cores 2 -- python -m pytest -q      # make test-under-load
     python tools/cpu_burner.py --cores 1 -- python tools/bench_cpu_threads.py
+    python tools/cpu_burner.py --busy-ms 2 --idle-ms 8 -- python tools/bench_cpu_kernels.py --against OLD.so
+
+--busy-ms/--idle-ms make each burner take bursts (2 ms busy, 8 idle: a fifth of a core
+in bursts, as a light neighbour or a noisy VM does) instead of the whole core.
 
 Exits with the command's status; the burners stop when it ends.
 """
@@ -12,15 +16,24 @@ import argparse
 import multiprocessing
 import subprocess
 import sys
+import time
 
 
-def spin() -> None:
+def spin(busy_s: float = 0.0, idle_s: float = 0.0) -> None:
+    """Keep a core busy: always, or busy_s seconds of every busy_s + idle_s."""
     while True:
-        pass
+        if idle_s <= 0:
+            continue
+        start = time.perf_counter()
+        while time.perf_counter() - start < busy_s:
+            pass
+        time.sleep(idle_s)
 
 
-def run_beside_burners(command: list[str], cores: int) -> int:
-    burners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(cores)]
+def run_beside_burners(command: list[str], cores: int, busy_ms: float = 0.0, idle_ms: float = 0.0) -> int:
+    burners = [
+        multiprocessing.Process(target=spin, args=(busy_ms / 1e3, idle_ms / 1e3), daemon=True) for _ in range(cores)
+    ]
     for b in burners:
         b.start()
     try:
@@ -34,12 +47,18 @@ def run_beside_burners(command: list[str], cores: int) -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cores", type=int, default=1, help="spinning processes to run beside the command (default: 1)")
+    p.add_argument("--busy-ms", type=float, default=0.0, help="with --idle-ms: each burst's busy milliseconds")
+    p.add_argument(
+        "--idle-ms", type=float, default=0.0, help="milliseconds idle between bursts (default 0: always busy)"
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     args = p.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         p.error("give the command to run after --")
-    return run_beside_burners(command, args.cores)
+    if args.idle_ms > 0 and args.busy_ms <= 0:
+        p.error("--idle-ms needs --busy-ms")
+    return run_beside_burners(command, args.cores, args.busy_ms, args.idle_ms)
 
 
 if __name__ == "__main__":
