@@ -114,6 +114,15 @@ def read_gbs(lib, nbytes: int, nthreads: int, budget: float) -> float:
     return buf.nbytes / best_seconds(budget, lib.fn.rp_read_probe, buf.ctypes.data, buf.nbytes, nthreads) / 1e9
 
 
+def record_step(lib, step: list, xs: dict, qtype: str, nth: int):
+    """A recording of one decode step's GEMVs (step: per layer [(panels, N, K)]) on lib."""
+    with recording(lib) as rec:
+        for layer in step:
+            for w, N, K in layer:
+                gguf_matmul(lib, xs[K], w, qtype, (N, K), nth)
+    return rec
+
+
 def decode_table(lib, args) -> None:
     """Every format's step recorded first, then --rounds rounds of (the 256 MB read, each
     format's replay) on each thread count: this machine's memory bandwidth drifts by 10-30%
@@ -137,12 +146,7 @@ def decode_table(lib, args) -> None:
     buf = np.ones(256 << 17, np.uint64)  # 256 MB
     best: dict[tuple[str, int], float] = {}
     for nth in args.threads:
-        recs = {}
-        for qtype, step in steps.items():
-            with recording(lib) as recs[qtype]:
-                for layer in step:
-                    for w, N, K_ in layer:
-                        gguf_matmul(lib, xs[K_], w, qtype, (N, K_), nth)
+        recs = {qtype: record_step(lib, step, xs, qtype, nth) for qtype, step in steps.items()}
         with recording(lib) as recs["head"]:
             gguf_matmul(lib, xs[K], head, qhead, (VOCAB, K), nth, None, 2)
         for _ in range(args.rounds):
@@ -188,12 +192,7 @@ def against_table(lib, args) -> None:
         for _ in range(layers)
     ]
     builds = {"this build": lib, "other": other}
-    recs = {}
-    for name, build in builds.items():
-        with recording(build) as recs[name]:
-            for layer in step:
-                for w, N, K in layer:
-                    gguf_matmul(build, xs[K], w, qtype, (N, K), nth)
+    recs = {name: record_step(build, step, xs, qtype, nth) for name, build in builds.items()}
     times: dict[str, list[float]] = {name: [] for name in builds}
     for r in range(args.rounds):
         for name in list(builds)[:: 1 if r % 2 == 0 else -1]:
