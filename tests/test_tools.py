@@ -73,9 +73,11 @@ def test_bench_sampler_prints_a_row_per_parameter_set():
     ]
 
 
-def test_bench_cpu_attention_at_the_1b_shape_prints_a_row_per_cell():
-    """--shape 1b: Llama-3.2-1B's 32 query and 8 KV heads; one row per (dtype, batch, context)."""
-    cmd = [sys.executable, "tools/bench_cpu_attention.py", "--shape", "1b", "--batches", "1", "2", "--contexts", "40"]
+@pytest.mark.parametrize("shape", ["1b", "3b"])
+def test_bench_cpu_attention_at_real_shapes_prints_a_row_per_cell(shape):
+    """--shape 1b: Llama-3.2-1B's 32 query and 8 KV heads of 64; 3b: 24 and 8 heads of 128.
+    One row per (dtype, batch, context)."""
+    cmd = [sys.executable, "tools/bench_cpu_attention.py", "--shape", shape, "--batches", "1", "2", "--contexts", "40"]
     cmd += ["--dtypes", "float32", "--min-time", "0", "--min-calls", "1", "--cold-bytes", "1"]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120, env=CHECKOUT_ENV)
     assert out.returncode == 0, out.stderr

@@ -15,7 +15,7 @@ calls), and the ratio of the 10th percentiles (other / this build).
 
 One call is one layer of a decode step of the default model's attention shape (H 9,
 Hkv 3, D 64: SmolLM2-135M; --shape 1b: Llama-3.2-1B's H 32, Hkv 8, where one head's K
-row of a key lies 2 KiB past the previous key's): B sequences of one query each over a context of the given
+row of a key lies 2 KiB past the previous key's; --shape 3b: Llama-3.2-3B's H 24, Hkv 8, D 128): B sequences of one query each over a context of the given
 length, their blocks scattered over the pool. A step reads every layer's K/V once,
 and 30 layers of it do not stay in the L3 cache, so the calls cycle over as many
 layers' pools (up to 30) as it takes to pass --cold-bytes: each call reads its K/V
@@ -37,9 +37,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-D, BS, LAYERS = 64, 16, 30
-SHAPES = {"135m": (9, 3), "1b": (32, 8)}  # (query heads H, KV heads Hkv), head size D = 64
-H, HKV = SHAPES["135m"]  # main() sets them from --shape
+BS, LAYERS = 16, 30
+SHAPES = {"135m": (9, 3, 64), "1b": (32, 8, 64), "3b": (24, 8, 128)}  # (query heads H, KV heads Hkv, head size D)
+H, HKV, D = SHAPES["135m"]  # main() sets them from --shape
 
 
 def pools(rng, batch: int, context: int, dtype: np.dtype, cold_bytes: int) -> tuple[list, np.ndarray]:
@@ -161,8 +161,8 @@ def main() -> None:
     p.add_argument("--against", help="another build's shared library to time instead of the NumPy path")
     p.add_argument("--rounds", type=int, default=10, help="with --against: alternating rounds of --min-calls calls")
     args = p.parse_args()
-    global H, HKV
-    H, HKV = SHAPES[args.shape]
+    global H, HKV, D
+    H, HKV, D = SHAPES[args.shape]
 
     from rawpage.backends.cpu import CPUBackend
     from rawpage.native.library import NativeLibrary, native_kernels
