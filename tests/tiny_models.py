@@ -259,7 +259,7 @@ def write_gguf(
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
     merges = json.loads(tok.to_str())["model"]["merges"]
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
+    w.add_tokenizer_pre("gpt-2")  # llama.cpp's name (it refuses "gpt2")
     w.add_token_list(tokens)
     w.add_token_types([3 if t in SPECIAL or t in FIM_SPECIAL or t in control else 1 for t in tokens])
     w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in merges])
