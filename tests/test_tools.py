@@ -167,6 +167,23 @@ def test_bench_cpu_kernels_against_a_build_prints_both_rows():
     assert rows[1:] == ["| this build", "| other"], out.stdout
 
 
+def test_bench_cpu_kernels_against_a_build_prefill_prints_a_row_per_gemm():
+    """--against-prefill: each format's gate|up and down at each token count, both builds."""
+    from rawpage.native.library import native_kernels
+
+    lib = native_kernels()
+    if lib is None:
+        pytest.skip("the native kernels do not build here")
+    cmd = [sys.executable, "tools/bench_cpu_kernels.py", "--against-prefill", str(lib.so_path), "--shape", "135m"]
+    cmd += ["--formats", "Q8_0", "Q4_K", "--threads", "1", "--rounds", "1", "--prefill-tokens", "4", "--path", lib.path]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300, env=CHECKOUT_ENV)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split(" | ")[:3] for line in out.stdout.splitlines() if line.startswith("| Q")]
+    # 135m's 576-wide rows are no multiple of Q4_K's 256-value block: only Q8_0 runs
+    assert [(r[0], r[1].split()[0], r[2]) for r in rows] == [("| Q8_0", "gate_up", "4"), ("| Q8_0", "down", "4")]
+    assert all(len(line.split(" | ")) == 6 for line in out.stdout.splitlines() if line.startswith("| Q"))
+
+
 def test_bench_cpu_threads_on_a_tiny_model(tiny_model_dir, tmp_path):
     out = tmp_path / "r.json"
     cmd = [

@@ -7,6 +7,7 @@ the read bandwidth, at the shapes of real models.
     python tools/bench_cpu_kernels.py --float-only              # a float checkpoint's forms (part 3)
     python tools/bench_cpu_kernels.py --path avx2 --threads 1
     python tools/bench_cpu_kernels.py --against OLD.so --formats Q4_K --threads 2 --rounds 60
+    python tools/bench_cpu_kernels.py --against-prefill OLD.so --formats Q4_K Q6_K --threads 2 --prefill-tokens 96
 
 Part 1, decode: one decode step's GEMVs (T = 1) over every layer of a model's shape
 (--shape: Llama-3.2-1B's 16 layers of qkv 3072x2048, o 2048x2048, gate_up 16384x2048,
@@ -32,6 +33,8 @@ vdpbf16ps on x rounded to bf16 (the measured alternative).
 worktree of it prints its path) alternating in --rounds rounds in one process: the
 median, mean and 90th percentile of the step, for a change that the best round would
 not show (tools/cpu_burner.py beside it: how a busy machine treats each).
+--against-prefill SO: the same for the prefill GEMMs of part 2, per format and token
+count (best and median GFLOP/s of each build, and the ratio of the medians).
 
 Times are the minimum over repeated calls (the machine may be shared; the minimum is
 the least disturbed run); the load average is printed with each table.
@@ -211,6 +214,43 @@ def against_table(lib, args) -> None:
         print(f"| {name} | {np.median(ms):.2f} | {ms.mean():.2f} | {np.percentile(ms, 90):.2f} |")
 
 
+def against_prefill_table(lib, args) -> None:
+    """--against-prefill SO: the prefill GEMMs (--shape's gate|up and down, at each of
+    --prefill-tokens) of each of --formats, this build's library and another's alternating
+    (ABBA) in --rounds rounds of 3 calls in one process: GFLOP/s, best and median, and the
+    ratio of the medians. The two builds must take the same scratch (native/gguf.py
+    scratch_bytes)."""
+    builds = {"this build": lib, "other": NativeLibrary(lib.path, args.against_prefill)}
+    rng = np.random.default_rng(1)
+    _, weights = SHAPES[args.shape]
+    nth = args.threads[-1]
+    print(
+        f"\n## Prefill GEMMs against another build, {args.shape} shapes, {nth} threads, {lib.path} path, "
+        f"{args.rounds} rounds; load average {os.getloadavg()[0]:.1f} (GFLOP/s, best / median)\n"
+    )
+    print("| format | weight | T | this build | other | median ratio |\n|---|---|---|---|---|---|")
+    for qtype in args.formats:
+        if any(K % FORMATS[qtype].block for _, _, K in weights):
+            continue
+        for name, N, K in weights[2:]:
+            w = repack(lib, random_blocks(rng, qtype, N, K), qtype, (N, K), 2)
+            for T in args.prefill_tokens:
+                x = rng.standard_normal((T, K)).astype(np.float32)
+                times: dict[str, list[float]] = {b: [] for b in builds}
+                for r in range(args.rounds):
+                    for b in list(builds)[:: 1 if r % 2 == 0 else -1]:
+                        for _ in range(3):
+                            t0 = time.perf_counter()
+                            gguf_matmul(builds[b], x, w, qtype, (N, K), nth)
+                            times[b].append(time.perf_counter() - t0)
+                gf = {
+                    b: (2 * T * N * K / min(ts) / 1e9, 2 * T * N * K / np.median(ts) / 1e9) for b, ts in times.items()
+                }
+                cells = " | ".join(f"{best:.0f} / {med:.0f}" for best, med in gf.values())
+                ratio = gf["this build"][1] / gf["other"][1]
+                print(f"| {qtype} | {name} {N}x{K} | {T} | {cells} | {ratio:.2f} |")
+
+
 def prefill_table(lib, args) -> None:
     rng = np.random.default_rng(1)
     _, weights = SHAPES[args.shape]
@@ -293,10 +333,16 @@ def main() -> None:
     part.add_argument("--prefill-only", action="store_true")
     part.add_argument("--float-only", action="store_true", help="only part 3: float32, Q8_0, bf16 and f16 weights")
     part.add_argument("--against", metavar="SO", help="only: this build's decode step against another build's library")
+    part.add_argument(
+        "--against-prefill", metavar="SO", help="only: this build's prefill GEMMs against another build's library"
+    )
     args = p.parse_args()
     lib = load_path(args.path)
     if args.against:
         against_table(lib, args)
+        return
+    if args.against_prefill:
+        against_prefill_table(lib, args)
         return
     if not (args.prefill_only or args.float_only):
         decode_table(lib, args)
