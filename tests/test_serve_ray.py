@@ -160,3 +160,52 @@ def test_prefix_key_names_the_start_of_the_prompt():
     assert key(messages=chat) != key(messages=[{"role": "user", "content": long}])
     assert key(prompt=[1, 2, 3]) != key(prompt=[1, 2, 4])
     assert prompt_prefix_key(b"not json") is None and key(model="m") is None and key(prompt="") is None
+
+
+def test_the_ingress_parses_a_large_body_off_its_event_loop(monkeypatch):
+    """A body past PARSE_ON_LOOP_BYTES is parsed for its prefix key on a worker thread, so
+    a long prompt does not hold the ingress's event loop (and every other request); a small
+    one is parsed in place. Either way the replica gets the same key."""
+    import asyncio
+    import json
+    import threading
+    from types import SimpleNamespace
+
+    from starlette.requests import Request
+
+    from rawpage.server import serve_ray
+
+    parsed_on, sent = [], []
+    real = serve_ray.prompt_prefix_key
+
+    def spy(body: bytes) -> str | None:
+        parsed_on.append(threading.get_ident())
+        return real(body)
+
+    monkeypatch.setattr(serve_ray, "prompt_prefix_key", spy)
+
+    async def reply():
+        yield {"status": 200, "headers": []}
+        yield b"{}"
+
+    def remote(msg):
+        sent.append(msg)
+        return reply()
+
+    ingress = serve_ray.OpenAIIngress(
+        SimpleNamespace(options=lambda stream: SimpleNamespace(handle=SimpleNamespace(remote=remote)))
+    )
+    small = json.dumps({"model": "m", "prompt": "hello"}).encode()
+    large = json.dumps({"model": "m", "prompt": "word " * serve_ray.PARSE_ON_LOOP_BYTES}).encode()
+
+    async def post(body: bytes) -> int:
+        scope = {"type": "http", "method": "POST", "path": "/v1/completions", "query_string": b"", "headers": []}
+        chunks = [{"type": "http.request", "body": body, "more_body": False}]
+        response = await ingress(Request(scope, lambda: asyncio.sleep(0, chunks.pop())))
+        return threading.get_ident(), response.status_code
+
+    for body in (small, large):
+        loop_thread, status = asyncio.run(post(body))
+        assert status == 200
+    assert parsed_on[0] != parsed_on[1] and parsed_on[1] != loop_thread
+    assert [m["prefix_key"] for m in sent] == [real(small), real(large)]

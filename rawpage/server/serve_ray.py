@@ -47,6 +47,10 @@ from rawpage.server.args import ServerConfig
 logger = logging.getLogger("rawpage.server")
 
 ROUTING_PREFIX_CHARS = 1024  # about 256 tokens: the first 16 blocks of 16
+# A body larger than this is parsed for its prefix key on a worker thread: json.loads of
+# a long prompt or a request full of images takes milliseconds, and on the ingress's event
+# loop it would hold every other request's bytes with it.
+PARSE_ON_LOOP_BYTES = 64 << 10
 REPLICA_HEADER = "x-rawpage-replica"  # which replica answered (for logs and tests)
 
 # Ray starts its workers at nice 15 (its config worker_niceness, env RAY_worker_niceness)
@@ -178,6 +182,12 @@ class OpenAIIngress:
     def __init__(self, replicas: Any) -> None:
         self.replicas = replicas.options(stream=True)
 
+    @staticmethod
+    async def _prefix_key(body: bytes) -> str | None:
+        if len(body) <= PARSE_ON_LOOP_BYTES:
+            return prompt_prefix_key(body)
+        return await asyncio.to_thread(prompt_prefix_key, body)
+
     async def __call__(self, request: Request) -> Response:
         body = await request.body()
         msg = {
@@ -188,7 +198,7 @@ class OpenAIIngress:
             # OpenAI id, so it is dropped (ids keep their chatcmpl-/cmpl- form).
             "headers": [(k, v) for k, v in request.headers.raw if k.lower() != b"x-request-id"],
             "body": body,
-            "prefix_key": prompt_prefix_key(body) if request.method == "POST" else None,
+            "prefix_key": await self._prefix_key(body) if request.method == "POST" else None,
         }
         stream = self.replicas.handle.remote(msg)
         start = await stream.__anext__()
