@@ -15,8 +15,9 @@ calls), and the ratio of the 10th percentiles (other / this build).
 
 One call is one layer of a decode step of the default model's attention shape (H 9,
 Hkv 3, D 64: SmolLM2-135M; --shape 1b: Llama-3.2-1B's H 32, Hkv 8, where one head's K
-row of a key lies 2 KiB past the previous key's; --shape 3b: Llama-3.2-3B's H 24, Hkv 8, D 128): B sequences of one query each over a context of the given
-length, their blocks scattered over the pool. A step reads every layer's K/V once,
+row of a key lies 2 KiB past the previous key's; --shape 3b: Llama-3.2-3B's H 24,
+Hkv 8, D 128): B sequences of one query each over a context of the given length, their
+blocks scattered over the pool. A step reads every layer's K/V once,
 and 30 layers of it do not stay in the L3 cache, so the calls cycle over as many
 layers' pools (up to 30) as it takes to pass --cold-bytes: each call reads its K/V
 from memory as it would in a real step. GB/s = K and V bytes of the batch / time of a

@@ -46,6 +46,7 @@ import argparse
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 
 import rawpage  # noqa: F401  (before NumPy: OpenBLAS's idle workers must sleep soon, rawpage/_blas_env.py)
 
@@ -107,6 +108,19 @@ def best_seconds(budget: float, fn: Callable[..., object], *args: object) -> flo
         best = min(best, time.perf_counter() - t0)
         n += 1
     return best
+
+
+def alternating_seconds(calls: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """Each call's times over `rounds` rounds of 3 calls, the calls taking turns in ABBA
+    order, so that the machine's drift and any other load fall on all of them."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for r in range(rounds):
+        for name in list(calls)[:: 1 if r % 2 == 0 else -1]:
+            for _ in range(3):
+                t0 = time.perf_counter()
+                calls[name]()
+                times[name].append(time.perf_counter() - t0)
+    return times
 
 
 def read_gbs(lib, nbytes: int, nthreads: int, budget: float) -> float:
@@ -196,13 +210,7 @@ def against_table(lib, args) -> None:
     ]
     builds = {"this build": lib, "other": other}
     recs = {name: record_step(build, step, xs, qtype, nth) for name, build in builds.items()}
-    times: dict[str, list[float]] = {name: [] for name in builds}
-    for r in range(args.rounds):
-        for name in list(builds)[:: 1 if r % 2 == 0 else -1]:
-            for _ in range(3):
-                t0 = time.perf_counter()
-                recs[name].replay(nth)
-                times[name].append(time.perf_counter() - t0)
+    times = alternating_seconds({name: partial(rec.replay, nth) for name, rec in recs.items()}, args.rounds)
     nbytes = sum(w.nbytes for layer in step for w, _, _ in layer)
     print(
         f"\n## {qtype} decode step, {args.shape} shapes ({nbytes / 1e6:.0f} MB), {nth} threads, {lib.path} path, "
@@ -236,13 +244,8 @@ def against_prefill_table(lib, args) -> None:
             w = repack(lib, random_blocks(rng, qtype, N, K), qtype, (N, K), 2)
             for T in args.prefill_tokens:
                 x = rng.standard_normal((T, K)).astype(np.float32)
-                times: dict[str, list[float]] = {b: [] for b in builds}
-                for r in range(args.rounds):
-                    for b in list(builds)[:: 1 if r % 2 == 0 else -1]:
-                        for _ in range(3):
-                            t0 = time.perf_counter()
-                            gguf_matmul(builds[b], x, w, qtype, (N, K), nth)
-                            times[b].append(time.perf_counter() - t0)
+                calls = {b: partial(gguf_matmul, build, x, w, qtype, (N, K), nth) for b, build in builds.items()}
+                times = alternating_seconds(calls, args.rounds)
                 gf = {
                     b: (2 * T * N * K / min(ts) / 1e9, 2 * T * N * K / np.median(ts) / 1e9) for b, ts in times.items()
                 }
