@@ -84,9 +84,10 @@ _LAZY_ZEROS_BYTES = 16 << 20
 # The largest decode batch replayed from a recording. Replaying saves the ~300 kernel
 # calls' Python and ctypes: measured on the default model (tools/profile_step.py, quiet
 # 2-core VM), 14% of a batch-1 step (5.4 against 6.3 ms), 11% at batch 8 (18.4 against
-# 20.7), 3-5% at batch 32 (docs/benchmarks.md). A recording holds every temporary of
-# its pass (~0.9 MB a sequence for the default model, ~8 MB at an 8B model's shape),
-# so the buckets stop where most of the saving does: 1, 2, 4 and 8.
+# 20.7), 3-5% at batch 32 (docs/benchmarks.md), so the buckets stop where most of the
+# saving does: 1, 2, 4 and 8. (Their temporaries are not what stops them: the recordings
+# share one arena, and a temporary's bytes are reused once it dies, library.Arena; the
+# 1B and 3B shapes' four recordings hold 2 MiB.)
 GRAPH_MAX_BATCH = 8
 
 

@@ -111,32 +111,65 @@ class Arena:
     it (graph.c), so the recordings of different batch sizes may all use the same
     bytes, and hold as much as the largest one needs, not their sum. Chunks never move
     (recorded addresses stay valid); a recording that needs more than the ones before
-    gets a new chunk (DecodeGraphs records the largest first)."""
+    gets a new chunk (DecodeGraphs records the largest first).
+
+    Within one recording, a temporary whose last Python reference is gone (its array and
+    every view of it: each view's base is the array take() made) gives its bytes back, and
+    the next temporary of the same size takes them, so a pass holds about one layer's
+    temporaries, not every layer's (1B at batch 8: 18 -> 4 MiB). That is safe because a
+    call reads an address only while Python holds the array (addr() does not hold arena
+    memory, so a temporary dies with its last reference), and a replay makes the calls in
+    the order they were recorded: every call that read the old temporary comes before the
+    one that writes the new one into the same bytes."""
 
     CHUNK = 2 << 20
 
     def __init__(self) -> None:
         self.chunks: list[np.ndarray] = []
-        self.chunk, self.offset = 0, 0
+        self.rewind()
 
     @property
     def nbytes(self) -> int:
         return sum(c.nbytes for c in self.chunks)
 
     def rewind(self) -> None:
+        """Start a recording: every byte is free again. The last recording's weak
+        references are dropped with their dict, so a temporary of it that dies later
+        (a graph's output) gives nothing back to this one."""
         self.chunk, self.offset = 0, 0
+        self.free: dict[int, list[tuple[int, int]]] = {}  # nbytes -> (chunk, offset) given back
+        self.alive: dict[int, weakref.ref] = {}  # id -> a weak reference to each temporary taken
+
+    def holds(self, address: int) -> bool:
+        return any(c.ctypes.data <= address < c.ctypes.data + c.nbytes for c in self.chunks)
 
     def take(self, shape: tuple[int, ...]) -> np.ndarray:
-        """A float32 array of `shape`, 64-byte aligned, after the ones taken since rewind()."""
-        nbytes = -(-int(np.prod(shape)) * 4 // 64) * 64
-        while self.chunk < len(self.chunks) and self.offset + nbytes > self.chunks[self.chunk].nbytes:
-            self.chunk, self.offset = self.chunk + 1, 0
-        if self.chunk == len(self.chunks):
-            raw = np.empty(max(nbytes, self.CHUNK) + 64, np.uint8)
-            self.chunks.append(raw[-raw.ctypes.data % 64 :][: max(nbytes, self.CHUNK)])
-        out = self.chunks[self.chunk][self.offset : self.offset + nbytes].view(np.float32)
-        self.offset += nbytes
-        return out[: int(np.prod(shape))].reshape(shape)
+        """A float32 array of `shape`, 64-byte aligned, in bytes no live temporary of this
+        recording holds."""
+        n = int(np.prod(shape))
+        nbytes = -(-n * 4 // 64) * 64
+        if self.free.get(nbytes):
+            chunk, offset = self.free[nbytes].pop()
+        else:
+            while self.chunk < len(self.chunks) and self.offset + nbytes > self.chunks[self.chunk].nbytes:
+                self.chunk, self.offset = self.chunk + 1, 0
+            if self.chunk == len(self.chunks):
+                raw = np.empty(max(nbytes, self.CHUNK) + 64, np.uint8)
+                self.chunks.append(raw[-raw.ctypes.data % 64 :][: max(nbytes, self.CHUNK)])
+            chunk, offset = self.chunk, self.offset
+            self.offset += nbytes
+        # frombuffer: the array's base is a memoryview, so every view of it has this array
+        # as its base (NumPy stops collapsing bases at another type), and it lives as long
+        # as any of them.
+        flat = np.frombuffer(self.chunks[chunk][offset : offset + nbytes].data, np.float32, n)
+
+        def give_back(ref: weakref.ref, free: dict = self.free, alive: dict = self.alive) -> None:
+            alive.pop(id(ref), None)
+            free.setdefault(nbytes, []).append((chunk, offset))
+
+        ref = weakref.ref(flat, give_back)
+        self.alive[id(ref)] = ref
+        return flat.reshape(shape)
 
 
 _recording: Recording | None = None  # the one being captured (one forward pass runs at a time)
@@ -202,8 +235,8 @@ _F32, _I32 = np.dtype(np.float32), np.dtype(np.int32)
 def addr(a: np.ndarray) -> int:
     """The address of an array's first element (a view's too: its own start). While a
     graph is captured the recording holds the array, so the address stays valid."""
-    if _recording is not None:
-        _recording.arrays.append(a)
+    if _recording is not None and not (_arena is not None and _arena.holds(a.ctypes.data)):
+        _recording.arrays.append(a)  # (arena memory never moves, and its temporaries may die)
     if a.flags.c_contiguous:
         try:
             return _addressof(_from_buffer(a))

@@ -16,7 +16,7 @@ from rawpage.backends.base import GraphNotCaptured
 from rawpage.decode_graphs import DecodeGraphs, graph_shapes
 from rawpage.models.llama import LlamaModel
 from rawpage.native import layer_ops
-from rawpage.native.library import NativeLibrary, NotCapturable, recording
+from rawpage.native.library import Arena, NativeLibrary, NotCapturable, recording
 from rawpage.ops.layer_ops import rms_norm_ref, silu_and_mul_ref
 from tests.kernels.test_gguf_model_sim import quantized_tiny_llama
 from tests.tiny_models import TINY_LLAMA, random_tensors, tiny_config, train_tokenizer, write_gguf
@@ -45,6 +45,36 @@ def test_a_replay_makes_the_recorded_calls_on_what_the_arrays_hold_now(lib: Nati
     rec.replay(2, seconds)
     assert rec.op_names() == ["rp_rms_norm", "rp_silu_and_mul"] and (seconds > 0).all()
     np.testing.assert_allclose(normed, rms_norm_ref(x, w, 1e-6), rtol=1e-5, atol=1e-6)
+
+
+def test_a_recording_reuses_the_bytes_of_temporaries_no_one_holds(lib: NativeLibrary):
+    """Six norms in a chain, each input dropped once the next output exists: two slots
+    of the arena take turns. A view keeps its temporary's bytes; the replay still gives
+    the chain's result, and so does a second recording made in the same arena."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    w = (1 + rng.random(64)).astype(np.float32)
+    arena = Arena()
+    with recording(lib, arena) as rec:
+        h, seen = x, []
+        for _ in range(6):
+            h = layer_ops.rms_norm(lib, h, w, 1e-6, 2)
+            seen.append(h.ctypes.data)
+        first_row = h[:1]  # a view: h's bytes stay taken while it lives
+        del h
+        other = layer_ops.rms_norm(lib, x, w, 1e-6, 2)
+    assert len(set(seen)) == 2 and seen[0::2] == [seen[0]] * 3 and seen[1::2] == [seen[1]] * 3
+    assert other.ctypes.data != first_row.ctypes.data
+    x[...] = rng.standard_normal((2, 64))
+    want = x
+    for _ in range(6):
+        want = rms_norm_ref(want, w, 1e-6)
+    rec.replay(2)
+    np.testing.assert_allclose(first_row, want[:1], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(other, rms_norm_ref(x, w, 1e-6), rtol=1e-5, atol=1e-6)
+    with recording(lib, arena):  # a new recording starts over in the same bytes
+        again = layer_ops.rms_norm(lib, x, w, 1e-6, 2)
+    assert again.ctypes.data == seen[0] and arena.nbytes == Arena.CHUNK
 
 
 def test_copies_and_numpy_work_are_refused_while_recording(lib: NativeLibrary):
