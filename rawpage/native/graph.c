@@ -13,7 +13,10 @@
  *     a[]     its arguments as 64-bit words, in the entry point's order: addresses,
  *             sizes and flags as integers, floats (eps, scale, soft cap) as doubles
  *
- * The recording holds every array whose address it took, so none moves or is freed.
+ * The recording holds every array whose address it took, so none moves or is freed;
+ * the pass's temporaries live in an arena that never moves either, and a temporary's
+ * bytes go to a later one of the same size only once Python holds neither it nor a view
+ * of it (library.py Arena): every call that read it was recorded before that one.
  * A replay runs the list in order with the replay's thread count in place of each
  * call's last argument (nthreads: the thread policy may change it between steps;
  * no kernel's results depend on it). Everything else is fixed at capture: a replay
