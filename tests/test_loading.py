@@ -105,6 +105,44 @@ def test_k_quant_tensors_load(tmp_path, tok, qtype):
     assert np.isfinite(SingleSequence(model).feed(PROMPT)).all()
 
 
+def test_the_type_table_is_ggmls_and_float_tensors_read_as_the_gguf_package_reads_them(tmp_path, tok):
+    """Loading needs nothing of the `gguf` package (gguf_reader.GGML_TYPES, gguf_file's
+    float readers); both agree with it: every type's name, block and size, and F32, F16
+    and BF16 tensors bit for bit (BF16's and F16's infinities and NaNs too)."""
+    import gguf
+
+    from rawpage.loader.gguf_file import read_float32
+    from rawpage.loader.gguf_reader import GGML_TYPES, read_gguf
+
+    for qt, (block, size) in gguf.GGML_QUANT_SIZES.items():
+        assert GGML_TYPES[qt.value] == (qt.name, block, size), qt
+    cfg = tiny_config()
+    tensors = random_tensors(cfg)
+    rng = np.random.default_rng(5)
+    raw = {}
+    # inf, -inf, a NaN with a payload, the smallest subnormal
+    specials = {"F16": [0x7C00, 0xFC00, 0x7E01, 0x0001], "BF16": [0x7F80, 0xFF80, 0x7FC1, 0x0001]}
+    for name, qtype in [("blk.0.ffn_gate.weight", "F16"), ("blk.0.ffn_up.weight", "BF16")]:
+        bits = rng.integers(0, 1 << 16, (cfg["intermediate_size"], cfg["hidden_size"]), dtype=np.uint16)
+        bits[0, :4] = specials[qtype]
+        raw[name] = (bits.view(np.uint8).reshape(bits.shape[0], -1), qtype)
+    path = write_gguf(str(tmp_path / "floats.gguf"), cfg, tensors, tok, raw=raw)
+    meta, infos, data = read_gguf(path)
+    seen = set()
+    for t in infos:
+        name = GGML_TYPES[t.ggml_type][0]
+        if name not in ("F32", "F16", "BF16"):
+            continue
+        seen.add(name)
+        rows = int(np.prod(t.shape[:-1], dtype=np.int64))
+        want = gguf.quants.dequantize(data[t.offset : t.offset + t.nbytes].reshape(rows, -1), t.ggml_type)
+        got = read_float32(data, t)
+        assert got.dtype == np.float32 and not np.shares_memory(got, data)
+        want = np.asarray(want, np.float32).reshape(t.shape)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert seen == {"F32", "F16", "BF16"}
+
+
 def _llama3_rope_freqs(cfg, factor, low, high, old_len):
     """llama.cpp's conversion of Llama 3's rope_scaling into per-frequency divisors."""
     d = cfg["head_dim"]

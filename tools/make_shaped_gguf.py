@@ -11,6 +11,8 @@ and chat template of the default model, SmolLM2-135M-Instruct (vocab 49152), so 
 tokenize as they do for the default model. llama-quantize (tools/build_peers.sh builds
 it) then makes each format from the F16 file: `{shape}-{TYPE}.gguf` in --out-dir.
 Files that exist are skipped; the F16 file is deleted once quantized, unless --keep-f16.
+It writes with the `gguf` package, llama.cpp's own writer (`pip install -e '.[tools]'`; the
+test venv has it too): rawpage itself reads GGUFs without it.
 
 The weights are N(0, 0.02) and the norms 1.0: every matmul input is RMS-normalized, so
 activations stay near unit scale and the logits stay finite at any depth. A fixed seed

@@ -13,7 +13,7 @@ import numpy as np
 
 from rawpage.config import ModelConfig, long_context
 from rawpage.errors import ModelLoadError, UnsupportedModelError
-from rawpage.loader.gguf_reader import GGUFTensorInfo, read_gguf
+from rawpage.loader.gguf_reader import GGUFTensorInfo, ggml_type_name, read_gguf
 from rawpage.loader.tensors import TensorSource
 from rawpage.quantization.gguf import GGUF_BLOCKS, gguf_dequantize_ref
 from rawpage.quantization.weight import QuantizedWeight
@@ -229,11 +229,9 @@ class GGUFCheckpoint:
         """The tensors under Hugging Face names, read lazily from the file. Not kept on
         self: its readers hold self, and a cycle would keep the file mapped (and resident)
         until the garbage collector ran; without one, the mapping goes with the last reader."""
-        from gguf import GGMLQuantizationType
-
         readers, quantized, kinds = {}, {}, {}
         for t in self.tensor_infos:
-            qtype = GGMLQuantizationType(t.ggml_type).name
+            qtype = ggml_type_name(t.ggml_type)
             if qtype not in SUPPORTED_TENSOR_TYPES:
                 raise UnsupportedModelError(
                     f"{self.path}: tensor {t.name!r} has GGUF type {qtype}, which rawpage does not read "
@@ -308,13 +306,17 @@ class GGUFCheckpoint:
         return self._unpermute(t.name, w)  # llama.cpp permutes Llama's (and Mixtral's) q and k rows
 
 
+_FLOAT_READERS = {  # (rows, bytes) uint8 -> (rows, values) float32, new arrays
+    "F32": lambda raw: raw.view("<f4").astype(np.float32),
+    "F16": lambda raw: raw.view("<f2").astype(np.float32),
+    "BF16": lambda raw: (raw.view("<u2").astype(np.uint32) << 16).view(np.float32),
+}
+
+
 def read_float32(data: np.ndarray, t: GGUFTensorInfo, expert: int | None = None) -> np.ndarray:
     """A GGUF tensor (data: the file's data section) in float32, a copy; of a stacked
     (E, rows, cols) expert tensor, one expert's matrix."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    qtype = GGMLQuantizationType(t.ggml_type).name
+    qtype = ggml_type_name(t.ggml_type)
     if qtype not in SUPPORTED_TENSOR_TYPES:
         raise UnsupportedModelError(f"tensor {t.name!r} has GGUF type {qtype}, which rawpage does not read")
     rows = int(np.prod(t.shape[:-1], dtype=np.int64))
@@ -325,7 +327,7 @@ def read_float32(data: np.ndarray, t: GGUFTensorInfo, expert: int | None = None)
         raw, shape = raw[expert * n : (expert + 1) * n], t.shape[1:]
     if qtype in KEPT_QUANTIZED:  # our own reference dequantizer (held to gguf's in the tests)
         w = gguf_dequantize_ref(raw, qtype, (raw.shape[0], shape[-1]))
-    else:  # F32, F16, BF16; a copy, never a view of the mapping (a norm that views it keeps
-        # the whole file mapped, and resident, while the model lives)
-        w = np.array(dequantize(raw, GGMLQuantizationType(t.ggml_type)), dtype=np.float32)
+    else:  # F32, F16, BF16 (little-endian); a copy, never a view of the mapping (a norm
+        # that views it keeps the whole file mapped, and resident, while the model lives)
+        w = _FLOAT_READERS[qtype](np.ascontiguousarray(raw))
     return w.reshape(shape)

@@ -2,8 +2,11 @@
 
 The `gguf` package's reader builds a NumPy view per metadata item, which takes
 seconds for a 49k-entry vocabulary. The container is simple, so we parse it
-with `struct` here, check every length against the file size, and keep using
-`gguf.quants` for the block formats.
+with `struct` here and check every length against the file size. The block formats
+are rawpage/quantization/gguf.py's table; GGML_TYPES below names every other type
+(so that a refusal names it) and gives its size (so that the directory is checked).
+Loading needs nothing of the `gguf` package, which the tests and tools use to write
+files (it pulls in PyYAML and requests).
 
 Layout (little-endian, version 2 and 3):
     "GGUF" u32 version, u64 n_tensors, u64 n_kv
@@ -22,6 +25,42 @@ from typing import Any
 import numpy as np
 
 from rawpage.errors import ModelLoadError
+from rawpage.quantization.gguf import FORMATS
+
+# GGML type id -> (name, values a block, bytes a block), as ggml's type traits (and the
+# `gguf` package's GGML_QUANT_SIZES: tests/test_loading.py holds the two together). The
+# formats rawpage keeps in their blocks come from FORMATS; these are the rest.
+_OTHER_TYPES = {
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    9: ("Q8_1", 32, 40),
+    15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66),
+    17: ("IQ2_XS", 256, 74),
+    18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50),
+    21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82),
+    24: ("I8", 1, 1),
+    25: ("I16", 1, 2),
+    26: ("I32", 1, 4),
+    27: ("I64", 1, 8),
+    28: ("F64", 1, 8),
+    29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2),
+    34: ("TQ1_0", 256, 54),
+    35: ("TQ2_0", 256, 66),
+    39: ("MXFP4", 32, 17),
+    40: ("NVFP4", 64, 36),
+    41: ("Q1_0", 128, 18),
+}
+GGML_TYPES = {f.ggml_type: (name, f.block, f.block_bytes) for name, f in FORMATS.items()} | _OTHER_TYPES
+
+
+def ggml_type_name(ggml_type: int) -> str:
+    """A GGML type's name ("Q4_K"), or "type N" for an id this table does not know."""
+    return GGML_TYPES[ggml_type][0] if ggml_type in GGML_TYPES else f"type {ggml_type}"
+
 
 # GGUF metadata value types -> struct format (scalars) ; 8 = string, 9 = array
 _SCALARS = {
@@ -96,8 +135,6 @@ class _Cursor:
 
 def read_gguf(path: str) -> tuple[dict[str, Any], list[GGUFTensorInfo], np.memmap]:
     """Returns (metadata, tensor directory, the whole file memory-mapped as uint8)."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
     try:
         data = np.memmap(path, dtype=np.uint8, mode="r")
     except ValueError:  # an empty file cannot be mapped
@@ -125,10 +162,9 @@ def read_gguf(path: str) -> tuple[dict[str, Any], list[GGUFTensorInfo], np.memma
     data_start = -(-cur.pos // align) * align
     tensors = []
     for name, dims, ggml_type, offset in infos:
-        try:
-            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
-        except (ValueError, KeyError):
-            raise ModelLoadError(f"{path}: tensor {name!r} has unknown GGML type {ggml_type}") from None
+        if ggml_type not in GGML_TYPES:
+            raise ModelLoadError(f"{path}: tensor {name!r} has unknown GGML type {ggml_type}")
+        _, block, type_size = GGML_TYPES[ggml_type]
         n = int(np.prod(dims, dtype=np.int64))
         nbytes = n // block * type_size
         start = data_start + offset
