@@ -206,7 +206,7 @@ class EngineArgs:
     seed: int = flag(0, "seed for requests that do not bring their own")
     cpu_threads: int | None = flag(
         None,
-        "cpu: BLAS threads per forward pass, at most the cores this process may use, measured each second",
+        "cpu: BLAS threads per forward pass, at most the cores this process may use, measured every 0.25 s",
         default_text="the usable cores other processes leave idle",
     )
     cpu_kernels: str = flag(

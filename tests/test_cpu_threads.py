@@ -1,9 +1,18 @@
 """The CPU thread policy: counts chosen from the usable cores and the batch, and applied."""
 
+from types import SimpleNamespace
+
 import pytest
 from threadpoolctl import threadpool_info
 
-from rawpage.backends.cpu_threads import CoreLoad, CpuThreads, read_proc_stat, threads_for, usable_cores
+from rawpage.backends.cpu_threads import (
+    LOAD_PERIOD_S,
+    CoreLoad,
+    CpuThreads,
+    read_proc_stat,
+    threads_for,
+    usable_cores,
+)
 
 
 @pytest.mark.parametrize(
@@ -41,17 +50,61 @@ def test_proc_stat_counts_only_our_cores():
 
 
 def test_core_load_is_the_busy_time_less_our_own():
-    """Two cores over one second: both fully busy while this process used one core's
+    """Two cores over one period: both fully busy while this process used one core's
     worth of CPU, so other processes keep one core busy."""
+    P = LOAD_PERIOD_S
     clock, stat, own = [0.0], [(0.0, 0.0)], [0.0]
     load = CoreLoad({0, 1}, stat=lambda: stat[0], own_cpu=lambda: own[0], clock=lambda: clock[0])
     assert load.update() is None  # nothing measured yet
-    clock[0], stat[0], own[0] = 1.0, (200.0, 200.0), 1.0
+    clock[0], stat[0], own[0] = P, (200.0, 200.0), P
     assert load.update() == pytest.approx(1.0)
-    clock[0], stat[0], own[0] = 1.5, (300.0, 300.0), 1.5  # within the period: the last figure
+    clock[0], stat[0], own[0] = 1.5 * P, (300.0, 300.0), 1.5 * P  # within the period: the last figure
     assert load.update() == pytest.approx(1.0)
-    clock[0], stat[0], own[0] = 2.0, (300.0, 400.0), 2.0  # half busy, all of it ours
+    clock[0], stat[0], own[0] = 2 * P, (300.0, 400.0), 2 * P  # half busy, all of it ours
     assert load.update() == 0.0
+
+    def no_descriptor_left():
+        raise OSError(24, "Too many open files")
+
+    load.stat, clock[0] = no_descriptor_left, 3 * P  # /proc/stat unreadable: the last figure, no error
+    assert load.update() == 0.0
+
+
+def test_an_idle_engine_keeps_the_load_recent(monkeypatch):
+    """A figure is the load since the one before: measured only at forward passes, the
+    first pass after a pause would take the pause's average, and a burst of another
+    process that ended before the request would still put it on one thread. The server's
+    engine thread calls the backend's idle() while it waits, and the CPU backend measures."""
+    from rawpage.server import async_engine
+
+    P = LOAD_PERIOD_S
+    clock, stat, own = [0.0], [(0.0, 0.0)], [0.0]
+
+    def threads_after_a_burst(ticks: bool) -> int:
+        clock[0], stat[0] = 0.0, (0.0, 0.0)
+        load = CoreLoad({0, 1}, stat=lambda: stat[0], own_cpu=lambda: own[0], clock=lambda: clock[0])
+        threads = CpuThreads(usable=2, load=load)
+        try:
+            # 8 periods: another process keeps a core busy for the first 6, then stops
+            for i in range(1, 9):
+                clock[0] = i * P
+                stat[0] = (stat[0][0] + (100.0 if i <= 6 else 0.0), i * 200.0)
+                if ticks:
+                    threads.observe()  # the idle engine thread
+            return threads.set_for(64)  # the request's prefill
+        finally:
+            threads.controller.limit(limits=usable_cores())
+
+    assert threads_after_a_burst(ticks=True) == 2  # the last period was quiet
+    assert threads_after_a_burst(ticks=False) == 1  # the pause's average: 0.75 of a core busy
+
+    ticks = []
+    engine = async_engine.AsyncEngine.__new__(async_engine.AsyncEngine)
+    engine._inbox = async_engine.queue.SimpleQueue()
+    engine._engine = SimpleNamespace(backend=SimpleNamespace(idle=lambda: ticks.append(1)))
+    monkeypatch.setattr(async_engine, "IDLE_TICK_S", 0.01)
+    engine._drain_inbox(block=True)  # nothing came: one look around, then back to the loop
+    assert ticks == [1]
 
 
 def test_cpu_threads_drop_to_one_beside_a_busy_core():

@@ -14,7 +14,7 @@ no other job is loading, or the figures say more about the other jobs than about
 with one core kept busy, as a share of its quiet speed. A VM's speed drifts by
 20% from minute to minute, so the quiet and busy runs alternate, N times, in one
 process, and the median of the N ratios is the figure. After the burner starts,
-the policy gets --settle seconds to see it (it reads the load once a second).
+the policy gets --settle seconds to see it (it reads the load every 0.25 s).
 """
 
 from __future__ import annotations

@@ -94,6 +94,9 @@ class Backend:
     def synchronize(self) -> None:
         """Wait for all queued device work (a no-op on the host)."""
 
+    def idle(self) -> None:
+        """The server's engine thread, with nothing to run (every IDLE_TICK_S): the CPU measures the load."""
+
     # --- ops (see rawpage/ops/* for the math) -------------------------------
     def embedding(self, ids: Array, table: Array) -> Array:
         """ids: (T,) -> (T, dim). table: (V, dim), or packed where reads_packed_embedding."""

@@ -186,6 +186,9 @@ class CPUBackend(Backend):
     def graph_memory_bytes(self) -> int:
         return self.arena.nbytes
 
+    def idle(self) -> None:
+        self.threads.observe()  # so that the next request's first pass finds a recent figure
+
     def _host_work(self, what: str) -> None:
         """Before work outside the kernels: refused while a graph is recorded."""
         if capturing():

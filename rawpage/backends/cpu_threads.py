@@ -11,10 +11,18 @@ docs/benchmarks.md): on a quiet machine two threads beat one at every batch size
 (1.5x at batch 1 and at batch 64), and beside one busy core one thread beats two at
 every batch size (1.7x at batch 1). So the count follows the load, not the batch:
 every usable core that other processes leave idle, at least one. CoreLoad reads that
-from /proc/stat, at most once a second: the busy time of the cores this process may
-use (os.sched_getaffinity, not cpu_count: a container or `taskset` may give us fewer
+from /proc/stat, at most every LOAD_PERIOD_S: the busy time of the cores this process
+may use (os.sched_getaffinity, not cpu_count: a container or `taskset` may give us fewer
 than the machine has) less this process's own CPU time. Where /proc/stat cannot be
 read, every usable core is used. --cpu-threads N fixes the count.
+
+A figure is the load over the time since the one before, so it must not span an idle
+gap: read only at forward passes, the first pass after a pause would take the whole
+pause's average, and another process's burst that ended just before the request would
+put its prefill on one thread (measured: a first token 561 ms against 366 right after
+another server's request, docs/benchmarks.md). The server's engine thread therefore
+calls observe() while it waits for work (AsyncEngine, every IDLE_TICK_S), so that a
+request finds a figure of the last half second.
 """
 
 from __future__ import annotations
@@ -28,7 +36,8 @@ from threadpoolctl import ThreadpoolController
 
 logger = logging.getLogger("rawpage")
 
-LOAD_PERIOD_S = 1.0  # how often the other processes' load is measured
+LOAD_PERIOD_S = 0.25  # how often the other processes' load is measured (25 jiffies of a core at 100 Hz)
+IDLE_TICK_S = 0.25  # how often an idle server's engine thread measures it (observe)
 
 
 def usable_cores() -> int:
@@ -88,11 +97,15 @@ class CoreLoad:
             self._last = None
 
     def update(self) -> float | None:
-        """Other processes' busy cores (0 .. n), refreshed at most every LOAD_PERIOD_S."""
+        """Other processes' busy cores (0 .. n), refreshed at most every LOAD_PERIOD_S; the
+        last figure while /proc/stat cannot be read (no file descriptor left, say)."""
         now = self.clock()
         if self._last is None or now - self._last[0] < LOAD_PERIOD_S:
             return self.others
-        busy, total, own = *self.stat(), self.own_cpu()
+        try:
+            busy, total, own = *self.stat(), self.own_cpu()
+        except OSError:
+            return self.others
         t0, busy0, total0, own0 = self._last
         self._last = (now, busy, total, own)
         if total <= total0:
@@ -118,8 +131,14 @@ class CpuThreads:
         if self.cpu_threads is not None:
             chosen = f"{threads_for(self.usable, self.cpu_threads)} (--cpu-threads)"
         else:
-            chosen = "the usable cores other processes leave idle, measured each second (set with --cpu-threads)"
+            chosen = f"the usable cores other processes leave idle, measured every {LOAD_PERIOD_S:g} s (set with --cpu-threads)"
         return f"CPU threads ({libs}): {self.usable} usable cores; using {chosen}"
+
+    def observe(self) -> None:
+        """Measure the other processes' load now (where its period has passed) without
+        running anything: an idle engine thread keeps the figure recent."""
+        if self.load is not None:
+            self.load.update()
 
     def set_for(self, rows: int) -> int:
         """Before a forward pass over `rows` tokens (the count does not depend on them today:

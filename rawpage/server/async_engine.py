@@ -21,6 +21,7 @@ from concurrent.futures import Future
 from typing import TypeVar
 
 from rawpage.backends.cpu_malloc import keep_freed_memory
+from rawpage.backends.cpu_threads import IDLE_TICK_S
 from rawpage.engine import LLMEngine, PromptType
 from rawpage.engine_args import EngineArgs
 from rawpage.errors import CONFIG_ERRORS
@@ -373,10 +374,12 @@ class AsyncEngine:
         self._engine.abort_request(expired)
 
     def _drain_inbox(self, block: bool) -> None:
-        """Apply queued adds and aborts. With nothing to run, sleep until a command comes."""
+        """Apply queued adds and aborts. With nothing to run, sleep until a command comes,
+        and every IDLE_TICK_S let the backend look around (cpu_threads.py observe)."""
         try:
-            cmd = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+            cmd = self._inbox.get(timeout=IDLE_TICK_S) if block else self._inbox.get_nowait()
         except queue.Empty:
+            self._engine.backend.idle()
             return
         while True:
             self._apply(cmd)
