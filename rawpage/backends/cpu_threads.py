@@ -19,10 +19,10 @@ read, every usable core is used. --cpu-threads N fixes the count.
 A figure is the load over the time since the one before, so it must not span an idle
 gap: read only at forward passes, the first pass after a pause would take the whole
 pause's average, and another process's burst that ended just before the request would
-put its prefill on one thread (measured: a first token 561 ms against 366 right after
-another server's request, docs/benchmarks.md). The server's engine thread therefore
-calls observe() while it waits for work (AsyncEngine, every IDLE_TICK_S), so that a
-request finds a figure of the last half second.
+put its prefill on one thread (measured: a first token 0.6 s after another server's
+request took 553 ms, and 342 with the ticks below; docs/benchmarks.md). The server's
+engine thread therefore calls observe() while it waits for work (AsyncEngine, every
+IDLE_TICK_S), so that a request finds a figure of the last half second.
 """
 
 from __future__ import annotations
