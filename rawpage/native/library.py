@@ -116,7 +116,7 @@ class Arena:
     Within one recording, a temporary whose last Python reference is gone (its array and
     every view of it: each view's base is the array take() made) gives its bytes back, and
     the next temporary of the same size takes them, so a pass holds about one layer's
-    temporaries, not every layer's (1B at batch 8: 18 -> 4 MiB). That is safe because a
+    temporaries, not every layer's (1B's four recordings: 18 -> 2 MiB). That is safe because a
     call reads an address only while Python holds the array (addr() does not hold arena
     memory, so a temporary dies with its last reference), and a replay makes the calls in
     the order they were recorded: every call that read the old temporary comes before the
