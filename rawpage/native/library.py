@@ -133,9 +133,9 @@ class Arena:
         return sum(c.nbytes for c in self.chunks)
 
     def rewind(self) -> None:
-        """Start a recording: every byte is free again. The last recording's weak
-        references are dropped with their dict, so a temporary of it that dies later
-        (a graph's output) gives nothing back to this one."""
+        """Start a recording: every byte is free again. A temporary of the last recording
+        that dies later (a graph's output) gives its bytes to that recording's free lists
+        (give_back holds them), which this one no longer reads."""
         self.chunk, self.offset = 0, 0
         self.free: dict[int, list[tuple[int, int]]] = {}  # nbytes -> (chunk, offset) given back
         self.alive: dict[int, weakref.ref] = {}  # id -> a weak reference to each temporary taken
