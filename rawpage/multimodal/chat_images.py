@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 from rawpage.multimodal.image_input import ImageError, MediaPolicy, decode_base64, local_file, open_image
-from rawpage.multimodal.media_fetch import fetch_image
 from rawpage.multimodal.prompt_images import PromptImages
 
 IMAGE_PART_TYPES = ("image_url", "image_pil")
@@ -78,5 +77,8 @@ def image_bytes_from_url(url: str, policy: MediaPolicy) -> bytes:
     if url.startswith("file://"):
         return local_file(url[len("file://") :], policy)
     if url.startswith(("http://", "https://")):
+        # imported here: http.client and ssl hold ~6 MB, and most servers never fetch an image
+        from rawpage.multimodal.media_fetch import fetch_image
+
         return fetch_image(url, policy.allowed_media_domains)
     raise ImageError(f"unsupported image URL scheme in {url[:40]!r}: use a data URL (data:image/png;base64,...)")

@@ -44,8 +44,8 @@ _CHUNK_BYTES = {8: 512, 6: 256 + 128, 5: 256 + 64, 4: 256, 3: 128 + 64, 2: 128}
 def panel_block_bytes(f: BlockFormat) -> int:
     """One block of a panel: header (d, dm, sc, m) and the chunks' planes."""
     header = 2 * PANEL + (2 * PANEL if f.mins else 0)
-    if f.scale_bits == 4:
-        header += f.groups * PANEL
+    if f.scale_bits in (4, 6):
+        header += f.groups * PANEL + (4 * PANEL if f.scale_bits == 6 else 0)
     else:
         header += (f.groups * PANEL if f.sub_scales else 0) + (f.groups * PANEL if f.mins == 2 else 0)
     return header + f.block // 32 * _CHUNK_BYTES[f.bits]
@@ -97,8 +97,14 @@ def _repack_panels(b: Blocks, f: BlockFormat, P: int, nb: int) -> np.ndarray:
     fields = [_panel_major(b.d.astype(np.float16), P, nb).view(np.uint8).reshape(P, nb, -1)]
     if f.mins:
         fields.append(_panel_major(b.dm.astype(np.float16), P, nb).view(np.uint8).reshape(P, nb, -1))
-    if f.scale_bits == 4:
-        fields.append(_panel_major(b.sc.view(np.uint8) | (b.m << 4), P, nb).reshape(P, nb, -1))
+    if f.scale_bits in (4, 6):  # the low nibbles of sc and m; for 6 bits, each row's word of top bits
+        sc = b.sc.view(np.uint8).reshape(-1, f.groups)
+        m = b.m.reshape(-1, f.groups)
+        fields.append(_panel_major((sc & 15) | ((m & 15) << 4), P, nb).reshape(P, nb, -1))
+        if f.scale_bits == 6:
+            shifts = 4 * np.arange(f.groups, dtype=np.uint32)
+            top = (((sc >> 4) | ((m >> 4) << 2)).astype(np.uint32) << shifts).sum(axis=1, dtype=np.uint32)
+            fields.append(_panel_major(top, P, nb).view(np.uint8).reshape(P, nb, -1))
     else:
         if f.sub_scales:
             fields.append(_panel_major(b.sc, P, nb).view(np.uint8).reshape(P, nb, -1))

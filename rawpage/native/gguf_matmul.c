@@ -31,15 +31,18 @@
  * since int8 rounding at the LM head lands in the logits directly (it flipped greedy
  * near-ties of the default model).
  *
- * The panel layout (native/panels.py writes it; this file and panels.py agree through
- * the same table). Rows are taken 16 at a time (a panel; the last one padded with
- * zero rows), and a panel stores its blocks in K order, each block as
+ * The panel layout (rp_gguf_pack below writes it; native/gguf.py's repack_ref is its
+ * NumPy reference, and both take their sizes from the same table). Rows are taken 16 at
+ * a time (a panel; the last one padded with zero rows), and a panel stores its blocks
+ * in K order, each block as
  *
  *     d    f16 [16]                 the rows' block scales
  *     dm   f16 [16]                 mins only
  *     sc   int8 [groups][16]        sub-scales (scale_bits 8)
  *     m    uint8 [groups][16]       per-group mins (scale_bits 8)
- *     scm  uint8 [groups][16]       sc | m << 4 (scale_bits 4: Q2_K)
+ *     scm  uint8 [groups][16]       sc | m << 4 (scale_bits 4: Q2_K), their low nibbles (6)
+ *     hi   uint32 [16]              scale_bits 6 (Q4_K, Q5_K): the top two bits of each
+ *                                   6-bit sc_g at bits 4 g, 4 g + 1, of m_g at 4 g + 2, 4 g + 3
  *     then each 32-value chunk's integers as planes of 64-byte "quad vectors", byte
  *     4 r + j of a quad vector holding row r's value 4 u + j of quad u of the chunk:
  *       bits 8      8 quad vectors, q as is
@@ -51,7 +54,8 @@
  * so one zmm load (or two ymm) gives 4 consecutive values of 16 rows, the 16 int32
  * lanes of a vpdpbusd are the 16 rows, and the activation's 4 values are one
  * broadcast. Group g's quads are 4 (G = 16) or 8 (G = 32) in a row. The bytes are
- * the file's, except Q3_K/Q4_K/Q5_K/IQ4_XS (their 6-bit scales as bytes, +1.5-3.6%).
+ * the file's (Q4_K and Q5_K's 6-bit scales and mins in 12 bytes a row, as in the file),
+ * except Q3_K and IQ4_XS: their 6-bit scales as bytes, +3.6% and +1.5%.
  *
  * Work split: token blocks of TB (the activations' int8 rows stay in L2 while every
  * panel passes), then panels split over the threads (rp_split), then tiles of up to 8
@@ -92,11 +96,12 @@ RP_INLINE int chunk_bytes(const rp_format_traits F) {
     }
 }
 
-/* The block header: d, dm, sc, m. */
+/* The block header: d, dm, sc, m (or scm, hi). */
 RP_INLINE int header_bytes(const rp_format_traits F) {
     const int groups = F.block / F.group;
     int n = 2 * PANEL + (F.mins ? 2 * PANEL : 0);
     if (F.scale_bits == 4) return n + groups * PANEL;
+    if (F.scale_bits == 6) return n + groups * PANEL + 4 * PANEL;
     return n + (F.sub_scales ? groups * PANEL : 0) + (F.mins == 2 ? groups * PANEL : 0);
 }
 
@@ -181,22 +186,30 @@ static void quantize_token(const gguf_call *c, const rp_format_traits F, int64_t
 
 /* Where a block's fields start. */
 typedef struct {
-    const uint8_t *d, *dm, *sc, *m, *planes;
+    const uint8_t *d, *dm, *sc, *m, *hi, *planes;
 } block_fields;
 
 RP_INLINE block_fields fields_of(const rp_format_traits F, const uint8_t *blk) {
     const int groups = F.block / F.group;
-    block_fields b = {blk, blk + 2 * PANEL, NULL, NULL, NULL};
+    block_fields b = {blk, blk + 2 * PANEL, NULL, NULL, NULL, NULL};
     const uint8_t *p = blk + 2 * PANEL + (F.mins ? 2 * PANEL : 0);
-    if (F.scale_bits == 4) {
+    if (F.scale_bits == 4 || F.scale_bits == 6) {
         b.sc = b.m = p;
         p += groups * PANEL;
+        if (F.scale_bits == 6) b.hi = p, p += 4 * PANEL;
     } else {
         if (F.sub_scales) b.sc = p, p += groups * PANEL;
         if (F.mins == 2) b.m = p, p += groups * PANEL;
     }
     b.planes = p;
     return b;
+}
+
+/* Row r's word of the top scale bits (scale_bits 6). */
+RP_INLINE uint32_t hi_word(const block_fields *b, int r) {
+    uint32_t w;
+    memcpy(&w, b->hi + 4 * r, 4);
+    return w;
 }
 
 #if RP_AVX512VNNI
@@ -251,10 +264,17 @@ RP_INLINE __m512i dpbusd_x(__m512i dot, __m512i w, const int8_t *x) {
 RP_INLINE void group_scales_zmm(const rp_format_traits F, const block_fields *b, int g, __m512 d, __m512 dm,
                                 __m512 *a, __m512 *bm) {
     *a = d;
-    if (F.scale_bits == 4) {
+    if (F.scale_bits == 4 || F.scale_bits == 6) {
         const __m512i scm = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b->sc + PANEL * g)));
-        *a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(scm, _mm512_set1_epi32(15))));
-        *bm = _mm512_mul_ps(dm, _mm512_cvtepi32_ps(_mm512_srli_epi32(scm, 4)));
+        __m512i sc = _mm512_and_si512(scm, _mm512_set1_epi32(15)), m = _mm512_srli_epi32(scm, 4);
+        if (F.scale_bits == 6) { /* bits 4 g .. 4 g + 3 of hi: sc's top two, then m's */
+            const __m512i hi = _mm512_srl_epi32(_mm512_loadu_si512(b->hi), _mm_cvtsi32_si128(4 * g));
+            const __m512i top = _mm512_set1_epi32(0x30);
+            sc = _mm512_or_si512(sc, _mm512_and_si512(_mm512_slli_epi32(hi, 4), top));
+            m = _mm512_or_si512(m, _mm512_and_si512(_mm512_slli_epi32(hi, 2), top));
+        }
+        *a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+        *bm = _mm512_mul_ps(dm, _mm512_cvtepi32_ps(m));
         return;
     }
     if (F.sub_scales)
@@ -350,9 +370,9 @@ RP_INLINE int quad_value(const rp_format_traits F, const uint8_t *pl, int r, int
 RP_INLINE void group_scales_row(const rp_format_traits F, const block_fields *b, int g, int r, float *a, float *bm) {
     const float d = f16_at(b->d + 2 * r), dm = F.mins ? -f16_at(b->dm + 2 * r) : 0.0f;
     *a = d, *bm = 0.0f;
-    if (F.scale_bits == 4) {
-        const int scm = b->sc[PANEL * g + r];
-        *a = d * (float)(scm & 15), *bm = dm * (float)(scm >> 4);
+    if (F.scale_bits == 4 || F.scale_bits == 6) {
+        const int scm = b->sc[PANEL * g + r], hi = F.scale_bits == 6 ? (int)(hi_word(b, r) >> (4 * g)) : 0;
+        *a = d * (float)((scm & 15) | ((hi & 3) << 4)), *bm = dm * (float)((scm >> 4) | ((hi & 12) << 2));
         return;
     }
     if (F.sub_scales) *a = d * (float)(int8_t)b->sc[PANEL * g + r];
@@ -426,10 +446,18 @@ RP_INLINE void group_scales_ymm(const rp_format_traits F, const block_fields *b,
                              : _mm256_setzero_ps();
     const uint8_t *sc = b->sc ? b->sc + PANEL * g + 8 * half : NULL, *m = b->m ? b->m + PANEL * g + 8 * half : NULL;
     *a = d, *bm = _mm256_setzero_ps();
-    if (F.scale_bits == 4) {
+    if (F.scale_bits == 4 || F.scale_bits == 6) {
         const __m256i scm = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc));
-        *a = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(scm, _mm256_set1_epi32(15))));
-        *bm = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_srli_epi32(scm, 4)));
+        __m256i s = _mm256_and_si256(scm, _mm256_set1_epi32(15)), mg = _mm256_srli_epi32(scm, 4);
+        if (F.scale_bits == 6) { /* as group_scales_zmm */
+            const __m256i hi = _mm256_srl_epi32(_mm256_loadu_si256((const __m256i *)(b->hi + 32 * half)),
+                                                _mm_cvtsi32_si128(4 * g));
+            const __m256i top = _mm256_set1_epi32(0x30);
+            s = _mm256_or_si256(s, _mm256_and_si256(_mm256_slli_epi32(hi, 4), top));
+            mg = _mm256_or_si256(mg, _mm256_and_si256(_mm256_slli_epi32(hi, 2), top));
+        }
+        *a = _mm256_mul_ps(d, _mm256_cvtepi32_ps(s));
+        *bm = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(mg));
         return;
     }
     if (F.sub_scales) *a = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)sc))));
@@ -660,14 +688,19 @@ RP_INLINE void pack_block(const rp_format_traits F, const pack_args *a, int64_t 
         const int64_t rb = (p * PANEL + r) * nb + ib; /* the row's block, in the canonical arrays */
         put_f16((uint8_t *)b.d + 2 * r, a->d[rb]);
         if (F.mins) put_f16((uint8_t *)b.dm + 2 * r, a->dm[rb]);
+        uint32_t hi = 0; /* scale_bits 6: the top bits (the header's hi) */
         for (int g = 0; g < groups; g++) {
             uint8_t *sc = (uint8_t *)b.sc, *m = (uint8_t *)b.m;
-            if (F.scale_bits == 4) sc[PANEL * g + r] = (uint8_t)(a->sc[rb * groups + g] | (a->m[rb * groups + g] << 4));
-            else {
+            const int s = a->sc ? (uint8_t)a->sc[rb * groups + g] : 0, mg = a->m ? a->m[rb * groups + g] : 0;
+            if (F.scale_bits == 4 || F.scale_bits == 6) {
+                sc[PANEL * g + r] = (uint8_t)((s & 15) | (mg & 15) << 4);
+                if (F.scale_bits == 6) hi |= (uint32_t)((s >> 4) | (mg >> 4) << 2) << (4 * g);
+            } else {
                 if (F.sub_scales) sc[PANEL * g + r] = (uint8_t)a->sc[rb * groups + g];
                 if (F.mins == 2) m[PANEL * g + r] = a->m[rb * groups + g];
             }
         }
+        if (F.scale_bits == 6) memcpy((uint8_t *)b.hi + 4 * r, &hi, 4);
         /* each chunk's 32 values as 8 words of one quad (4 values) each, and the planes'
          * words of row r from them (the byte layouts: gguf_matmul.c's header) */
         for (int ch = 0; ch < F.block / 32; ch++) {
@@ -752,8 +785,11 @@ RP_INLINE void row_values(const rp_format_traits F, const gguf_call *c, int64_t 
                 if (F.bits == 6) q |= ((pl[256 + 64 * (u / 4) + byte] >> (2 * (u % 4))) & 3) << 4;
             }
             float a = d, m = 1.0f;
-            if (F.scale_bits == 4) a = d * (float)(b.sc[PANEL * g + r] & 15), m = (float)(b.m[PANEL * g + r] >> 4);
-            else {
+            if (F.scale_bits == 4 || F.scale_bits == 6) {
+                const int hi = F.scale_bits == 6 ? (int)(hi_word(&b, r) >> (4 * g)) : 0;
+                a = d * (float)((b.sc[PANEL * g + r] & 15) | ((hi & 3) << 4));
+                m = (float)((b.m[PANEL * g + r] >> 4) | ((hi & 12) << 2));
+            } else {
                 if (F.sub_scales) a = d * (float)(int8_t)b.sc[PANEL * g + r];
                 if (F.mins == 2) m = (float)b.m[PANEL * g + r];
             }

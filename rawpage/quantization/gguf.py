@@ -14,7 +14,7 @@ an affine map of small unsigned integers q:
 
 Each row's `decode` takes blocks as stored to that canonical form (`Blocks`), and is
 the format's whole definition on our side: `dequantize` (the NumPy reference) and the
-CPU kernels' repacked layout (native/panels.py) both start from it, and the tests hold
+CPU kernels' repacked layout (native/gguf.py, gguf_matmul.c) both start from it, and the tests hold
 it to the `gguf` package's dequantizers (llama.cpp's own Python port). The C kernels
 get the table as constants (c_traits_header, in the header build.py generates); the
 CUDA kernels read the blocks as stored, one struct a format in cuda/gguf_blocks.cuh.
@@ -53,7 +53,9 @@ class BlockFormat:
     mins: int  # 0: none; 1: dm once per block (m = 1); 2: dm m_g per group
     decode: Callable[[np.ndarray], Blocks]  # (n, block_bytes) uint8 -> Blocks
     lut: tuple[int, ...] | None = None  # L: 16 unsigned values (IQ4)
-    scale_bits: int = 8  # 4: sc_g and m_g fit a nibble each (Q2_K): the repacked layout packs them
+    # How the CPU panels hold sc_g and m_g: 8, a byte each; 4, a nibble each (Q2_K); 6,
+    # 6 bits each, as in the file (Q4_K, Q5_K: at most 8 groups, unsigned, with mins)
+    scale_bits: int = 8
 
     @property
     def groups(self) -> int:
@@ -197,8 +199,8 @@ FORMATS = {
         BlockFormat("Q8_0", 8, 32, 34, 32, 8, 128, False, 0, _decode_q8_0),
         BlockFormat("Q2_K", 10, 256, 84, 16, 2, 0, True, 2, _decode_q2_k, scale_bits=4),
         BlockFormat("Q3_K", 11, 256, 110, 16, 3, 4, True, 0, _decode_q3_k),
-        BlockFormat("Q4_K", 12, 256, 144, 32, 4, 0, True, 2, _decode_q4_k),
-        BlockFormat("Q5_K", 13, 256, 176, 32, 5, 0, True, 2, _decode_q5_k),
+        BlockFormat("Q4_K", 12, 256, 144, 32, 4, 0, True, 2, _decode_q4_k, scale_bits=6),
+        BlockFormat("Q5_K", 13, 256, 176, 32, 5, 0, True, 2, _decode_q5_k, scale_bits=6),
         BlockFormat("Q6_K", 14, 256, 210, 16, 6, 32, True, 0, _decode_q6_k),
         BlockFormat("IQ4_NL", 20, 32, 18, 32, 4, 128, False, 0, _decode_iq4_nl, lut=_IQ4_LUT),
         BlockFormat("IQ4_XS", 23, 256, 136, 32, 4, 128, True, 0, _decode_iq4_xs, lut=_IQ4_LUT),
