@@ -117,15 +117,23 @@ def main(argv: list[str] | None = None) -> None:
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0, max_tokens=1 if args.prefill else args.steps + 2, ignore_eos=True)
     high = min(30000, eng.model_config.vocab_size)  # (tiny test models have a few hundred tokens)
-    for i in range(args.batch):
-        eng.add_request(str(i), {"prompt_token_ids": rng.integers(high // 300, high, args.context).tolist()}, params)
+
+    def prompt() -> dict:
+        return {"prompt_token_ids": rng.integers(high // 300, high, args.context).tolist()}
 
     def prefilling() -> bool:
         return any(s.is_prefill for s in eng.scheduler.running + eng.scheduler.waiting)
 
-    eng.step()  # (untimed: the first step also warms up)
-    while not args.prefill and prefilling():
-        eng.step()
+    if args.prefill:  # warm up on a prompt of its own (untimed): the measured ones may fit one step
+        eng.add_request("warm-up", prompt(), params)
+        while eng.has_unfinished_requests():
+            eng.step()
+    for i in range(args.batch):
+        eng.add_request(str(i), prompt(), params)
+    if not args.prefill:
+        eng.step()  # (untimed: the first step also warms up)
+        while prefilling():
+            eng.step()
     totals: dict[str, float] = defaultdict(float)
     for op in OPS:
         timed(eng.backend, op, totals)
