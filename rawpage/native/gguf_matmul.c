@@ -60,7 +60,11 @@
  * Work split: token blocks of TB (the activations' int8 rows stay in L2 while every
  * panel passes), then panels split over the threads (rp_split), then tiles of up to 8
  * tokens per panel: each quad vector is unpacked once per tile and serves its tokens
- * from registers. With few panels and many tokens, the tokens are split instead. Each
+ * from registers. With few panels and many tokens, the tokens are split instead. A
+ * call of one tile (a decode step's GEMV) hands its panels out 4 at a time instead: each
+ * thread takes its own share from the front and then the rest of a slower thread's from
+ * the back (matmul_part; 1B decode steps, 2 threads, 60-80 alternating rounds against
+ * the static split: Q4_K 0.6-1.8% and Q6_K 0.9-1.8% faster at the median). Each
  * tile prefetches the weight stream PREFETCH_AHEAD bytes ahead (the hardware prefetcher
  * alone left decode at 4-16 tokens waiting on memory as much as computing: 1B shapes,
  * 2 threads, T = 4 30.4 -> 24.0 ms a step, T = 8 47 -> 37, T = 128 501 -> 475).
@@ -68,6 +72,7 @@
  * s (R, K / G) float, xo (R, K / G) int32 with R = parts T rows.
  */
 #include <math.h>
+#include <stdatomic.h>
 
 #include "common.h"
 
@@ -75,6 +80,7 @@
 #define PANEL 16     /* rows a panel: the 16 int32 lanes of a zmm */
 #define TILE 8       /* tokens of one register tile */
 #define TB 64        /* tokens of one block (xq rows kept in L2) */
+#define RP_STEAL_THREADS 64 /* a decode call's panels are shared out for stealing up to this many threads */
 /* The software prefetch: each chunk asks for the bytes this far past its own (the
  * next 2-4 chunks). Measured on the development VM (1B shapes from memory, 2 threads,
  * interleaved runs): 1 KB read 87-93% of the plain read's bandwidth, 2-8 KB 70-85%, 64 KB
@@ -139,6 +145,8 @@ typedef struct {
     float *dx;   /* (R, K / 32) */
     float *s;    /* (R, K / G) */
     int32_t *xo; /* (R, K / G) */
+    /* a one-tile call's panels: each thread's range as next << 32 | end, on a line of its own */
+    _Atomic uint64_t (*ranges)[8];
 } gguf_call;
 
 static void scratch_views(gguf_call *c, uint8_t *scratch, int group) {
@@ -570,9 +578,36 @@ RP_INLINE void matmul_range(const rp_format_traits F, const gguf_call *c, int64_
     }
 }
 
-/* The split: panels over the threads, or (few panels, many rows) rows in whole tiles. */
+/* Take up to STEAL panels [*p0, *p1) of range r: from its front (its owner), or from its
+ * back (a thread done with its own share, which leaves the owner its last STEAL). Returns
+ * 0 when there are none to take. */
+#define STEAL 4
+static int take_panels(_Atomic uint64_t *r, int own, int64_t *p0, int64_t *p1) {
+    uint64_t v = atomic_load_explicit(r, memory_order_relaxed);
+    for (;;) {
+        const int64_t next = (int64_t)(v >> 32), end = (int64_t)(v & 0xffffffffu);
+        if (end - next <= (own ? 0 : STEAL)) return 0;
+        *p0 = own ? next : end - STEAL;
+        *p1 = own ? (next + STEAL < end ? next + STEAL : end) : end;
+        const uint64_t want = own ? (uint64_t)*p1 << 32 | (uint64_t)end : (uint64_t)next << 32 | (uint64_t)*p0;
+        if (atomic_compare_exchange_weak_explicit(r, &v, want, memory_order_relaxed, memory_order_relaxed)) return 1;
+    }
+}
+
+/* The split: panels over the threads, or (few panels, many rows) rows in whole tiles.
+ * A call of one tile of rows (a decode step) takes its panels STEAL at a time: each thread
+ * walks its own share front to back, then takes from the back of a slower thread's (the
+ * last part used to end 3-7% of a call after the first; docs/benchmarks.md). Which thread
+ * computes a panel does not change its bits. */
 RP_INLINE void matmul_part(const rp_format_traits F, const gguf_call *c, int ith, int nth) {
     int64_t p0 = 0, p1 = c->P, q0 = 0, q1 = c->R;
+    if (c->ranges) {
+        for (int k = 0; k < nth; k++) {
+            const int v = (ith + k) % nth; /* own share first, then the others' */
+            for (int64_t a, b; take_panels(&c->ranges[v][0], k == 0, &a, &b);) matmul_range(F, c, a, b, 0, c->R);
+        }
+        return;
+    }
     if (c->P >= 4 * nth || c->R < 2 * TILE * nth) rp_split(c->P, 1, ith, nth, &p0, &p1);
     else rp_split(c->R, TILE, ith, nth, &q0, &q1); /* TILE is even: a token's parts stay together */
     matmul_range(F, c, p0, p1, q0, q1);
@@ -646,7 +681,18 @@ RP_EXPORT int rp_gguf_matmul(int qtype, float *y, int64_t ldy, const float *x, c
     scratch_views(&c, scratch, F.group);
     /* quantizing is ~1/50 of the product's work: split it only when it is large */
     rp_parallel(quantize_task, &c, T * K >= (1 << 16) ? nparts(T, nthreads) : 1);
-    rp_parallel(matmul_task, &c, nparts(c.P * ((c.R + TILE - 1) / TILE), nthreads));
+    const int nth = nparts(c.P * ((c.R + TILE - 1) / TILE), nthreads);
+    _Atomic uint64_t ranges[RP_STEAL_THREADS][8];
+    if (c.R <= TILE && nth > 1 && nth <= RP_STEAL_THREADS && c.P < ((int64_t)1 << 31)) {
+        for (int i = 0; i < nth; i++) { /* share i: panels rp_split gives part i, rounded to STEAL */
+            int64_t a, b;
+            rp_split((c.P + STEAL - 1) / STEAL, 1, i, nth, &a, &b);
+            a *= STEAL, b = b * STEAL < c.P ? b * STEAL : c.P;
+            atomic_init(&ranges[i][0], (uint64_t)a << 32 | (uint64_t)b);
+        }
+        c.ranges = ranges;
+    }
+    rp_parallel(matmul_task, &c, nth);
     return 0;
 }
 
