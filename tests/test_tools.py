@@ -254,8 +254,8 @@ def test_profile_step_shows_expert_load_of_a_moe_model(tmp_path, capsys):
 
 
 def test_profile_step_times_a_prefill(tiny_model_dir, capsys):
-    """--prefill: 6 prompts of 40 tokens in chunks of 64; the first step (64 tokens) is
-    untimed, so the rest, 176 prompt tokens, are, and the ops' shares are printed."""
+    """--prefill: 6 prompts of 40 tokens in chunks of 64, after a warm-up prompt of its own
+    (untimed): all 240 prompt tokens are timed, and the ops' shares are printed."""
     from tools import profile_step
 
     profile_step.main(
@@ -272,9 +272,12 @@ def test_profile_step_times_a_prefill(tiny_model_dir, capsys):
         ]
     )
     out = capsys.readouterr().out
-    assert "prefill: 176 prompt tokens in 3 steps" in out
+    assert "prefill: 240 prompt tokens in 4 steps" in out
     # linear counts its matmul (the outermost timed call), so matmul never shows beside it
     assert "  linear " in out and "paged_attention" in out and "  matmul " not in out
+    # one prompt that fits one step is measured too (it used to be the warm-up, and divide by zero)
+    profile_step.main(["--model", str(tiny_model_dir), "--batch", "1", "--context", "40", "--prefill"])
+    assert "prefill: 40 prompt tokens in 1 steps" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("shape", ["tiny-llama", "tiny-qwen2", "tiny-gemma3"])
