@@ -105,6 +105,8 @@ def test_an_idle_engine_keeps_the_load_recent(monkeypatch):
     monkeypatch.setattr(async_engine, "IDLE_TICK_S", 0.01)
     engine._drain_inbox(block=True)  # nothing came: one look around, then back to the loop
     assert ticks == [1]
+    engine._drain_inbox(block=False)  # between a running engine's steps: no look around
+    assert ticks == [1]
 
 
 def test_cpu_threads_drop_to_one_beside_a_busy_core():

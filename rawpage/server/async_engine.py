@@ -379,7 +379,8 @@ class AsyncEngine:
         try:
             cmd = self._inbox.get(timeout=IDLE_TICK_S) if block else self._inbox.get_nowait()
         except queue.Empty:
-            self._engine.backend.idle()
+            if block:  # (not between steps: a running engine measures at its forward passes)
+                self._engine.backend.idle()
             return
         while True:
             self._apply(cmd)
