@@ -213,11 +213,13 @@ RP_INLINE block_fields fields_of(const rp_format_traits F, const uint8_t *blk) {
     return b;
 }
 
-/* Row r's word of the top scale bits (scale_bits 6). */
-RP_INLINE uint32_t hi_word(const block_fields *b, int r) {
-    uint32_t w;
-    memcpy(&w, b->hi + 4 * r, 4);
-    return w;
+/* Row r's sc_g and m_g of group g, where they share a byte (scale_bits 4: a nibble each;
+ * 6: and their top two bits from the row's word, bits 4 g .. 4 g + 3). */
+RP_INLINE void packed_scale_min(const rp_format_traits F, const block_fields *b, int g, int r, int *sc, int *m) {
+    const int scm = b->sc[PANEL * g + r];
+    uint32_t hi = 0;
+    if (F.scale_bits == 6) memcpy(&hi, b->hi + 4 * r, 4), hi >>= 4 * g;
+    *sc = (scm & 15) | (int)(hi & 3) << 4, *m = (scm >> 4) | (int)(hi & 12) << 2;
 }
 
 #if RP_AVX512VNNI
@@ -379,8 +381,9 @@ RP_INLINE void group_scales_row(const rp_format_traits F, const block_fields *b,
     const float d = f16_at(b->d + 2 * r), dm = F.mins ? -f16_at(b->dm + 2 * r) : 0.0f;
     *a = d, *bm = 0.0f;
     if (F.scale_bits == 4 || F.scale_bits == 6) {
-        const int scm = b->sc[PANEL * g + r], hi = F.scale_bits == 6 ? (int)(hi_word(b, r) >> (4 * g)) : 0;
-        *a = d * (float)((scm & 15) | ((hi & 3) << 4)), *bm = dm * (float)((scm >> 4) | ((hi & 12) << 2));
+        int sc, m;
+        packed_scale_min(F, b, g, r, &sc, &m);
+        *a = d * (float)sc, *bm = dm * (float)m;
         return;
     }
     if (F.sub_scales) *a = d * (float)(int8_t)b->sc[PANEL * g + r];
@@ -742,8 +745,8 @@ RP_INLINE void pack_block(const rp_format_traits F, const pack_args *a, int64_t 
                 sc[PANEL * g + r] = (uint8_t)((s & 15) | (mg & 15) << 4);
                 if (F.scale_bits == 6) hi |= (uint32_t)((s >> 4) | (mg >> 4) << 2) << (4 * g);
             } else {
-                if (F.sub_scales) sc[PANEL * g + r] = (uint8_t)a->sc[rb * groups + g];
-                if (F.mins == 2) m[PANEL * g + r] = a->m[rb * groups + g];
+                if (F.sub_scales) sc[PANEL * g + r] = (uint8_t)s;
+                if (F.mins == 2) m[PANEL * g + r] = (uint8_t)mg;
             }
         }
         if (F.scale_bits == 6) memcpy((uint8_t *)b.hi + 4 * r, &hi, 4);
@@ -832,9 +835,9 @@ RP_INLINE void row_values(const rp_format_traits F, const gguf_call *c, int64_t 
             }
             float a = d, m = 1.0f;
             if (F.scale_bits == 4 || F.scale_bits == 6) {
-                const int hi = F.scale_bits == 6 ? (int)(hi_word(&b, r) >> (4 * g)) : 0;
-                a = d * (float)((b.sc[PANEL * g + r] & 15) | ((hi & 3) << 4));
-                m = (float)((b.m[PANEL * g + r] >> 4) | ((hi & 12) << 2));
+                int sc, mg;
+                packed_scale_min(F, &b, g, r, &sc, &mg);
+                a = d * (float)sc, m = (float)mg;
             } else {
                 if (F.sub_scales) a = d * (float)(int8_t)b.sc[PANEL * g + r];
                 if (F.mins == 2) m = (float)b.m[PANEL * g + r];
