@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from rawpage.native import huge_pages
 from rawpage.native.library import (
     NativeLibrary,
     addr,
@@ -161,7 +162,7 @@ def repack(lib: NativeLibrary, data: np.ndarray, qtype: str, shape: tuple[int, i
     about 4M values at a time, the steps on `nthreads` Python threads (NumPy's array
     operations let go of the GIL): 8B Q4_K_M loads in 10 s, not the NumPy layout's 40."""
     N, K, P = _check_blocks(data, qtype, shape)
-    out = np.empty((P, panel_bytes(qtype, K)), np.uint8)
+    out = huge_pages.panels((P, panel_bytes(qtype, K)))
     step = PANEL * max(1, (1 << 22) // (PANEL * K))
 
     def pack(r0: int) -> None:
