@@ -60,11 +60,13 @@
  * Work split: token blocks of TB (the activations' int8 rows stay in L2 while every
  * panel passes), then panels split over the threads (rp_split), then tiles of up to 8
  * tokens per panel: each quad vector is unpacked once per tile and serves its tokens
- * from registers. With few panels and many tokens, the tokens are split instead. A
- * call of one tile (a decode step's GEMV) hands its panels out 4 at a time instead: each
- * thread takes its own share from the front and then the rest of a slower thread's from
- * the back (matmul_part; 1B decode steps, 2 threads, 60-80 alternating rounds against
- * the static split: Q4_K 0.6-1.8% and Q6_K 0.9-1.8% faster at the median). Each
+ * from registers. With few panels and many tokens, the tokens are split instead. A call
+ * of up to 2 TB rows split by panels (a decode step's GEMV, a short prompt) hands its
+ * panels out 4 at a time instead, each claim running its token blocks: each thread takes
+ * its own share from the front and then the rest of a slower thread's from the back
+ * (matmul_part; against the static split, 1B shapes, 2 threads, alternating rounds:
+ * decode steps Q4_K 0.6-1.8% and Q6_K 0.9-1.8% faster at the median, a T = 96 prefill's
+ * gate|up and down 0-5% in Q4_K and 3-11% in Q6_K). Each
  * tile prefetches the weight stream PREFETCH_AHEAD bytes ahead (the hardware prefetcher
  * alone left decode at 4-16 tokens waiting on memory as much as computing: 1B shapes,
  * 2 threads, T = 4 30.4 -> 24.0 ms a step, T = 8 47 -> 37, T = 128 501 -> 475).
@@ -589,6 +591,10 @@ RP_INLINE void matmul_range(const rp_format_traits F, const gguf_call *c, int64_
  * back (a thread done with its own share, which leaves the owner its last STEAL). Returns
  * 0 when there are none to take. */
 #define STEAL 4
+/* Calls of up to this many rows share their panels out (decode steps, short prompts): a
+ * claim runs its token blocks over its own 4 panels, so that past two token blocks every
+ * claim would read all of xq again (1B's down at T = 2048: 0.91x of the static split). */
+#define STEAL_ROWS (2 * TB)
 static int take_panels(_Atomic uint64_t *r, int own, int64_t *p0, int64_t *p1) {
     uint64_t v = atomic_load_explicit(r, memory_order_relaxed);
     for (;;) {
@@ -602,10 +608,10 @@ static int take_panels(_Atomic uint64_t *r, int own, int64_t *p0, int64_t *p1) {
 }
 
 /* The split: panels over the threads, or (few panels, many rows) rows in whole tiles.
- * A call of one tile of rows (a decode step) takes its panels STEAL at a time: each thread
- * walks its own share front to back, then takes from the back of a slower thread's (the
- * last part used to end 3-7% of a call after the first; docs/benchmarks.md). Which thread
- * computes a panel does not change its bits. */
+ * A call of up to STEAL_ROWS rows split by panels takes them STEAL at a time: each thread
+ * walks its own share front to back, then takes from the back of a slower thread's (in a
+ * decode step the last part used to end 3-7% of a call after the first;
+ * docs/benchmarks.md). Which thread computes a panel does not change its bits. */
 RP_INLINE void matmul_part(const rp_format_traits F, const gguf_call *c, int ith, int nth) {
     int64_t p0 = 0, p1 = c->P, q0 = 0, q1 = c->R;
     if (c->ranges) {
@@ -690,7 +696,8 @@ RP_EXPORT int rp_gguf_matmul(int qtype, float *y, int64_t ldy, const float *x, c
     rp_parallel(quantize_task, &c, T * K >= (1 << 16) ? nparts(T, nthreads) : 1);
     const int nth = nparts(c.P * ((c.R + TILE - 1) / TILE), nthreads);
     _Atomic uint64_t ranges[RP_STEAL_THREADS][8];
-    if (c.R <= TILE && nth > 1 && nth <= RP_STEAL_THREADS && c.P < ((int64_t)1 << 31)) {
+    const int by_panels = c.P >= 4 * nth || c.R < 2 * TILE * nth;
+    if (by_panels && c.R <= STEAL_ROWS && nth > 1 && nth <= RP_STEAL_THREADS && c.P < ((int64_t)1 << 31)) {
         for (int i = 0; i < nth; i++) { /* share i: panels rp_split gives part i, rounded to STEAL */
             int64_t a, b;
             rp_split((c.P + STEAL - 1) / STEAL, 1, i, nth, &a, &b);

@@ -112,16 +112,17 @@ def test_a_token_gets_the_same_bits_in_any_batch_and_split(lib, qtype):
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_K", "Q6_K"])
-def test_a_decode_call_shared_out_for_stealing_computes_every_row_once(lib, qtype):
-    """A call of one tile (T <= 8) hands its panels out 4 at a time, each thread stealing
-    from the back of the others' shares when done with its own: 23 panels (no multiple of
-    4) over 2, 3 and 7 threads (more than the cores: some are slow, the others steal)
-    give every row, bit for bit as one thread does."""
+def test_a_call_shared_out_for_stealing_computes_every_row_once(lib, qtype):
+    """A call split by panels (a decode step's T <= 8, a prefill's more tokens than
+    tiles) hands its panels out 4 at a time, each thread stealing from the back of the
+    others' shares when done with its own: 23 panels (no multiple of 4) over 2, 3 and 7
+    threads (more than the cores: some are slow, the others steal) give every row, bit
+    for bit as one thread does."""
     N, K = 16 * 22 + 5, FORMATS[qtype].block * (2 if FORMATS[qtype].block == 256 else 8)
     data = random_blocks(np.random.default_rng(11), qtype, N, K)
     panels = repack(lib, data, qtype, (N, K), 2)
-    x = np.random.default_rng(12).standard_normal((8, K)).astype(np.float32)
-    for T in (1, 2, 8):
+    x = np.random.default_rng(12).standard_normal((70, K)).astype(np.float32)
+    for T in (1, 2, 8, 20, 70):
         one = gguf_matmul(lib, x[:T], panels, qtype, (N, K), 1)
         for nth in (2, 3, 7):
             for _ in range(5):
