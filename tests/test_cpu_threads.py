@@ -126,6 +126,33 @@ def test_cpu_threads_drop_to_one_beside_a_busy_core():
         threads.controller.limit(limits=usable_cores())
 
 
+def test_a_long_pass_takes_the_cores_back_when_the_other_process_stops():
+    """A prefill of seconds that started beside a busy core runs on one thread only while
+    that core stays busy: its kernels ask again (at most every LOAD_PERIOD_S, CoreLoad's
+    own limit), and the pass goes on with two. A fixed --cpu-threads never moves."""
+    stat, own, clock = [(0.0, 0.0)], [0.0], [0.0]
+    load = CoreLoad({0, 1}, stat=lambda: stat[0], own_cpu=lambda: own[0], clock=lambda: clock[0])
+    threads = CpuThreads(usable=2, load=load)
+    fixed = CpuThreads(cpu_threads=2, usable=2)
+    try:
+
+        def tick(busy_cores: float, ours: float) -> None:
+            """0.25 s: /proc/stat's two cores gain 50 jiffies at 100 Hz, busy_cores' worth
+            of them busy, ours of those this process's."""
+            clock[0] += 0.25
+            stat[0] = (stat[0][0] + 25 * busy_cores, stat[0][1] + 50)
+            own[0] += 0.25 * ours
+
+        tick(1.0, 0.0)  # a client starting up keeps one core busy while our engine waits
+        assert threads.set_for(2048) == 1  # the prefill starts on one thread
+        assert threads.during_pass() == 1  # within the period: no new reading
+        tick(1.0, 1.0)  # the client is done: the one busy core is ours
+        assert threads.during_pass() == 2
+        assert fixed.set_for(2048) == 2 and fixed.during_pass() == 2
+    finally:
+        threads.controller.limit(limits=usable_cores())
+
+
 def test_usable_cores_follow_the_affinity_mask(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
     assert usable_cores() == 3

@@ -152,8 +152,9 @@ class CPUBackend(Backend):
 
     @property
     def kernel_threads(self) -> int:
-        """This pass's threads (CpuThreads decides; set at each pass's embedding)."""
-        return self.threads.current or 1
+        """The next kernel's threads (CpuThreads decides: at each pass's embedding, then
+        again during the pass as the other processes' load changes)."""
+        return self.threads.during_pass()
 
     # --- arrays -----------------------------------------------------------------------
     def asarray(self, x: np.ndarray, dtype: Any = None) -> np.ndarray:

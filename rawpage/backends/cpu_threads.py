@@ -142,11 +142,22 @@ class CpuThreads:
 
     def set_for(self, rows: int) -> int:
         """Before a forward pass over `rows` tokens (the count does not depend on them today:
-        more threads paid at every batch size measured). BLAS gets the same count."""
+        more threads paid at every batch size measured), and during it (during_pass). BLAS
+        gets the same count."""
         others = self.load.update() if self.load is not None else None
         self.current = n = threads_for(self.usable, self.cpu_threads, others)
         self._limit_blas(n)
         return n
+
+    def during_pass(self) -> int:
+        """The count for the pass's next kernel: set_for's again where the load's period has
+        passed. A prefill of seconds would otherwise keep for all of it the count that the
+        load at its start gave: a 2,048-token prompt that came right after its client's
+        start-up (a second of another process's CPU) ran 22 s on one thread, not 11 on two.
+        The kernels' results do not depend on their thread count."""
+        if self.current is None or self.load is None:
+            return self.current or 1
+        return self.set_for(0)
 
     def _limit_blas(self, n: int) -> None:
         if n != self.blas:
