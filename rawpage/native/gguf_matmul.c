@@ -153,6 +153,7 @@ typedef struct {
     int32_t *xo; /* (R, K / G) */
     /* a one-tile call's panels: each thread's range as next << 32 | end, on a line of its own */
     _Atomic uint64_t (*ranges)[8];
+    int by_panels; /* the split: panels over the threads (else rows, in whole tiles) */
 } gguf_call;
 
 static void scratch_views(gguf_call *c, uint8_t *scratch, int group) {
@@ -621,7 +622,7 @@ RP_INLINE void matmul_part(const rp_format_traits F, const gguf_call *c, int ith
         }
         return;
     }
-    if (c->P >= 4 * nth || c->R < 2 * TILE * nth) rp_split(c->P, 1, ith, nth, &p0, &p1);
+    if (c->by_panels) rp_split(c->P, 1, ith, nth, &p0, &p1);
     else rp_split(c->R, TILE, ith, nth, &q0, &q1); /* TILE is even: a token's parts stay together */
     matmul_range(F, c, p0, p1, q0, q1);
 }
@@ -696,8 +697,8 @@ RP_EXPORT int rp_gguf_matmul(int qtype, float *y, int64_t ldy, const float *x, c
     rp_parallel(quantize_task, &c, T * K >= (1 << 16) ? nparts(T, nthreads) : 1);
     const int nth = nparts(c.P * ((c.R + TILE - 1) / TILE), nthreads);
     _Atomic uint64_t ranges[RP_STEAL_THREADS][8];
-    const int by_panels = c.P >= 4 * nth || c.R < 2 * TILE * nth;
-    if (by_panels && c.R <= STEAL_ROWS && nth > 1 && nth <= RP_STEAL_THREADS && c.P < ((int64_t)1 << 31)) {
+    c.by_panels = c.P >= 4 * nth || c.R < 2 * TILE * nth;
+    if (c.by_panels && c.R <= STEAL_ROWS && nth > 1 && nth <= RP_STEAL_THREADS && c.P < ((int64_t)1 << 31)) {
         for (int i = 0; i < nth; i++) { /* share i: panels rp_split gives part i, rounded to STEAL */
             int64_t a, b;
             rp_split((c.P + STEAL - 1) / STEAL, 1, i, nth, &a, &b);
