@@ -9,6 +9,7 @@ DummyWeights, random weights drawn on the device) implements WeightSource instea
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Protocol, runtime_checkable
 
@@ -115,9 +116,12 @@ class TowerWeights:
 
 
 def progress(items: range, desc: str) -> Iterable[int]:
-    """A progress bar over the layers when stderr is a terminal (tqdm decides), else none."""
+    """A progress bar over the layers when stderr is a terminal, else none (and no tqdm import:
+    it brings importlib.metadata, email and zipfile, ~40 modules a server never uses)."""
+    if not sys.stderr.isatty():
+        return items
     try:
         from tqdm import tqdm
     except ImportError:  # a bare GPU image: no bar
         return items
-    return tqdm(items, desc=desc, unit="layer", disable=None, leave=False)
+    return tqdm(items, desc=desc, unit="layer", leave=False)

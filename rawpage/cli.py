@@ -18,6 +18,7 @@ import threading
 import uuid
 
 from rawpage import __version__
+from rawpage.backends.cpu_malloc import one_arena
 from rawpage.engine_args import EngineArgs
 from rawpage.errors import CONFIG_ERRORS
 from rawpage.flags import add_flag, dashed, log_inert_flags
@@ -36,6 +37,7 @@ SERVE_ONLY = (
 
 
 def main(argv: list[str] | None = None) -> int:
+    one_arena()  # first, before any thread allocates (cpu_malloc.py)
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

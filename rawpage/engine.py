@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from rawpage.backends.cpu_malloc import release_freed_memory
 from rawpage.beam_search import BeamSearch, BeamState
 from rawpage.block_manager import BlockManager
 from rawpage.device_logits import DeviceLogits
@@ -55,8 +56,7 @@ MAX_CONSECUTIVE_STEP_FAILURES = 8
 
 class LLMEngine:
     def __init__(self, args: EngineArgs | None = None, **kwargs: Any) -> None:
-        args = args or EngineArgs(**kwargs)
-        self.args = args
+        self.args = args = args or EngineArgs(**kwargs)
         t0 = time.monotonic()
         ckpt = args.load_checkpoint()
         self.model_path = ckpt.path
@@ -104,6 +104,7 @@ class LLMEngine:
         self.images = PromptImages(c.vision, self.tokenizer, name, args, self.backend.name, ckpt.no_vision)
         logger.info("loaded %s (%s) on %s in %.1f s", name, c.architecture, self.backend.name, self.startup_seconds)
         logger.info("%s", self.memory.describe())
+        release_freed_memory()  # what starting the engine freed since the load (malloc keeps it: cpu_malloc.py)
 
     # --- requests ----------------------------------------------------------------------
     def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:

@@ -50,6 +50,14 @@ def test_round_trip(tokenizers, name, text):
     assert tok.decode(ids, skip_special_tokens=False) == text
 
 
+@pytest.mark.parametrize("name", ["default", "tiny-json", "tiny-gguf"])
+def test_longest_token_chars_bounds_every_token(tokenizers, name):
+    """The server refuses a prompt longer than max_model_len * this many characters."""
+    tok = tokenizers[name]
+    texts = [tok.hf.id_to_token(i) for i in range(tok.vocab_size)]
+    assert tok.longest_token_chars == max(len(t) for t in texts if t is not None)
+
+
 @pytest.mark.parametrize("text", TRICKY)
 def test_json_and_gguf_tokenizers_agree(tokenizers, text):
     assert tokenizers["tiny-json"].encode(text) == tokenizers["tiny-gguf"].encode(text)

@@ -49,10 +49,8 @@ class EngineInfo:
         self.tokenizer: Tokenizer = engine.tokenizer
         self.chat_template: ChatTemplate | None = engine.chat_template  # --chat-template; None: the tokenizer's own
         self.max_model_len: int = engine.max_model_len
-        # No token stands for more input characters than the longest one in the vocabulary
-        # (byte-level vocabularies write one character per byte, SentencePiece's ▁ is one
-        # space), so a longer text than this cannot fit in max_model_len tokens.
-        self.longest_token_chars: int = max(map(len, engine.tokenizer.hf.get_vocab(with_added_tokens=True)))
+        # A longer text than this cannot fit in max_model_len tokens (Tokenizer.longest_token_chars).
+        self.longest_token_chars: int = engine.tokenizer.longest_token_chars
         self.max_prompt_chars: int = self.max_model_len * self.longest_token_chars
         self.vocab_size: int = engine.model_config.vocab_size
         self.max_logprobs: int = engine.args.max_logprobs  # --max-logprobs
