@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -323,3 +324,37 @@ def test_a_shaped_vision_model_takes_images_through_its_mmproj(tmp_path):
     messages = [{"role": "user", "content": [image, {"type": "text", "text": "What is this?"}]}]
     (out,) = llm.chat(messages, SamplingParams(max_tokens=4, ignore_eos=True, temperature=0))
     assert out.prompt_token_ids.count(vc.image_token_id) == v.tokens and len(out.outputs[0].token_ids) == 4
+
+
+def test_compare_rounds_alternate_the_engines_and_take_the_median_ratio(monkeypatch, tmp_path):
+    """--rounds N: A B, B A, A B ...; each engine's table row is its median run, and the
+    ratio is the median of the rounds' own ratios (each pair adjacent in time)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import compare
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    started, speed = [], {"rawpage": [30.0, 50.0, 36.0], "llama-server-vnni": [20.0, 40.0, 30.0]}
+
+    class Proc:
+        def terminate(self):
+            pass
+
+        def wait(self, timeout):
+            pass
+
+    monkeypatch.setattr(compare, "servers", lambda args, gguf: {"rawpage": ["a"], "llama-server-vnni": ["b"]})
+    monkeypatch.setattr(compare.subprocess, "Popen", lambda cmd, **kw: started.append(cmd[0]) or Proc())
+    monkeypatch.setattr(compare, "wait_ready", lambda url, proc: None)
+    monkeypatch.setattr(
+        compare,
+        "bench_serving",
+        lambda args, engine, c, out, r: {"output_throughput": speed[engine][r], "round": r},
+    )
+    args = SimpleNamespace(rounds=3, concurrency=[1], prefill_prompt_tokens=0, port=1)
+    serving, prefill, rounds = compare.run_serving(args, "m.gguf", tmp_path)
+    assert started == ["a", "b", "b", "a", "a", "b"]
+    assert serving["rawpage"][1]["round"] == 2 and serving["llama-server-vnni"][1]["round"] == 2  # the medians
+    assert rounds == {"llama-server-vnni": {1: [1.5, 1.25, 1.2]}}
+    line = compare.ratio_text(serving, rounds["llama-server-vnni"][1], "llama-server-vnni", 1)
+    assert line == "c=1: 1.25x (median of 3 alternating rounds, 1.20-1.50x)"

@@ -16,6 +16,11 @@ tables replace the generated section of docs/benchmarks.md, and the plot is
 docs/img/throughput_vs_concurrency.png.
 Peers are optional: leave one's path out, or name one that does not exist, and it is skipped.
 
+--rounds N runs every engine N times, alternating (A B, B A, A B, ...), one at a time: this
+VM's memory bandwidth drifts by up to ~20% within an hour, and a ratio of two runs minutes
+apart carried that drift. The tables show each engine's median run; the ratio is the median
+of the N rounds' own ratios, with their range.
+
 --model FILE runs the serving comparison on another GGUF (tools/make_shaped_gguf.py makes
 ones at real shapes, with the default model's tokenizer): served under the file's name,
 serving only (no offline runs), its results in docs/bench/compare-{name}.json, its plot in
@@ -124,8 +129,8 @@ def servers(args: argparse.Namespace, gguf: str) -> dict[str, list[str]]:
     return out
 
 
-def bench_serving(args: argparse.Namespace, engine: str, conc: int, out_dir: Path) -> dict:
-    result_file = out_dir / f"serve-{engine}-c{conc}.json"
+def bench_serving(args: argparse.Namespace, engine: str, conc: int, out_dir: Path, r: int = 0) -> dict:
+    result_file = out_dir / f"serve-{engine}-c{conc}{f'-r{r}' if r else ''}.json"
     cmd = [
         sys.executable,
         str(ROOT / "tools" / "bench_serving.py"),
@@ -162,10 +167,10 @@ def eos_flags(engine: str) -> list[str]:
     return ["--extra-body", '{"logit_bias": {"2": -100}}'] if engine == "llama-cpp-python" else []
 
 
-def bench_prefill(args: argparse.Namespace, engine: str, out_dir: Path) -> dict:
+def bench_prefill(args: argparse.Namespace, engine: str, out_dir: Path, r: int = 0) -> dict:
     """One request with an N-token prompt and max_tokens 1, on /v1/completions (no chat template
     around the prompt). Without the usual probe request, whose prompt the server would cache."""
-    result_file = out_dir / f"prefill-{engine}-{args.prefill_prompt_tokens}.json"
+    result_file = out_dir / f"prefill-{engine}-{args.prefill_prompt_tokens}{f'-r{r}' if r else ''}.json"
     cmd = [
         sys.executable,
         str(ROOT / "tools" / "bench_serving.py"),
@@ -199,23 +204,45 @@ def bench_prefill(args: argparse.Namespace, engine: str, out_dir: Path) -> dict:
     return {"prompt_tokens": tokens, "ttft_ms": seconds * 1e3, "prompt_tok_per_s": tokens / seconds}
 
 
-def run_serving(args: argparse.Namespace, gguf: str, out_dir: Path) -> tuple[dict, dict]:
-    """Engine -> concurrency -> summary, and engine -> the prefill request's numbers."""
-    results: dict[str, dict[int, dict]] = {}
-    prefill: dict[str, dict] = {}
-    for engine, cmd in servers(args, gguf).items():
-        log = open(out_dir / f"server-{engine}.log", "w")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-        try:
-            wait_ready(f"http://127.0.0.1:{args.port}", proc)
-            results[engine] = {c: bench_serving(args, engine, c, out_dir) for c in args.concurrency}
-            if args.prefill_prompt_tokens:
-                prefill[engine] = bench_prefill(args, engine, out_dir)
-        finally:
-            proc.terminate()
-            proc.wait(60)
-            log.close()
-    return results, prefill
+def run_serving(args: argparse.Namespace, gguf: str, out_dir: Path) -> tuple[dict, dict, dict]:
+    """Engine -> concurrency -> summary, engine -> the prefill request's numbers, and
+    peer -> concurrency -> rawpage's ratio in each round (--rounds)."""
+    runs: dict[str, dict[int, list[dict]]] = {}
+    prefills: dict[str, list[dict]] = {}
+    order = list(servers(args, gguf).items())
+    for r in range(args.rounds):
+        # Rounds alternate which engine goes first (A B, B A, ...): a drift of the machine's
+        # memory bandwidth over the run then weighs on both engines alike.
+        for engine, cmd in order if r % 2 == 0 else order[::-1]:
+            log = open(out_dir / f"server-{engine}{f'-r{r}' if r else ''}.log", "w")
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            try:
+                wait_ready(f"http://127.0.0.1:{args.port}", proc)
+                by_c = runs.setdefault(engine, {})
+                for c in args.concurrency:
+                    by_c.setdefault(c, []).append(bench_serving(args, engine, c, out_dir, r))
+                if args.prefill_prompt_tokens:
+                    prefills.setdefault(engine, []).append(bench_prefill(args, engine, out_dir, r))
+            finally:
+                proc.terminate()
+                proc.wait(60)
+                log.close()
+    results = {e: {c: median_run(rs, "output_throughput") for c, rs in by_c.items()} for e, by_c in runs.items()}
+    prefill = {e: median_run(ps, "prompt_tok_per_s") for e, ps in prefills.items()}
+    rounds = {
+        peer: {
+            c: [a["output_throughput"] / b["output_throughput"] for a, b in zip(runs["rawpage"][c], by_c[c])]
+            for c in by_c
+        }
+        for peer, by_c in runs.items()
+        if peer != "rawpage" and "rawpage" in runs and args.rounds > 1
+    }
+    return results, prefill, rounds
+
+
+def median_run(runs: list[dict], key: str) -> dict:
+    """The run whose `key` is the median (the lower one of an even count)."""
+    return sorted(runs, key=lambda s: s[key])[(len(runs) - 1) // 2]
 
 
 def offline_runs(args: argparse.Namespace) -> dict[str, tuple[list[str], list[str]]]:
@@ -268,7 +295,7 @@ def markdown(results: dict, measured: dict, args: argparse.Namespace) -> str:
         f"Measured with {how}",
         f"{platform.machine()} with {os.cpu_count()} cores, {args.threads} threads per engine, one engine at a time.",
         f"Measured: {when}.",
-        *serving_lines(results["serving"], args),
+        *serving_lines(results["serving"], results.get("rounds", {}), args),
         *prefill_lines(results["prefill"]),
         *offline_lines(results["offline"]),
     ]
@@ -282,7 +309,7 @@ def levels(serving: dict) -> list[int]:
     return sorted({c for by_c in serving.values() for c in by_c})
 
 
-def serving_lines(serving: dict, args: argparse.Namespace) -> list[str]:
+def serving_lines(serving: dict, rounds: dict, args: argparse.Namespace) -> list[str]:
     if not serving:
         return []
     conc = levels(serving)
@@ -314,12 +341,18 @@ def serving_lines(serving: dict, args: argparse.Namespace) -> list[str]:
         lines += [""]
         for peer in peers:
             both = [c for c in conc if c in serving["rawpage"] and c in serving[peer]]
-            ratios = ", ".join(
-                f"c={c}: {serving['rawpage'][c]['output_throughput'] / serving[peer][c]['output_throughput']:.2f}x"
-                for c in both
-            )
+            ratios = ", ".join(ratio_text(serving, rounds.get(peer, {}).get(c), peer, c) for c in both)
             lines.append(f"rawpage / {peer} output tok/s: {ratios}.")
     return lines
+
+
+def ratio_text(serving: dict, rounds: list[float] | None, peer: str, c: int) -> str:
+    """One concurrency's ratio: of the two runs shown, or with --rounds the median of the
+    rounds' own ratios (each round's two runs adjacent in time) and their range."""
+    if not rounds:
+        return f"c={c}: {serving['rawpage'][c]['output_throughput'] / serving[peer][c]['output_throughput']:.2f}x"
+    mid = sorted(rounds)[(len(rounds) - 1) // 2]
+    return f"c={c}: {mid:.2f}x (median of {len(rounds)} alternating rounds, {min(rounds):.2f}-{max(rounds):.2f}x)"
 
 
 def prefill_lines(prefill: dict) -> list[str]:
@@ -397,6 +430,13 @@ def parse_args() -> argparse.Namespace:
     )
     ap.add_argument("--transformers-python", help="python of a venv with torch, transformers, accelerate, gguf")
     ap.add_argument("--port", type=int, default=8090)
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every engine this many times, alternating (A B, B A, ...); tables show each engine's median "
+        "run and the ratio is the median of the rounds' ratios (default 1)",
+    )
     ap.add_argument("--threads", type=int, default=2, help="threads each peer may use (default 2)")
     ap.add_argument("--input-len", default="64:256")
     ap.add_argument("--output-len", default="64:128")
@@ -480,8 +520,9 @@ def main() -> None:
     prev = json.loads(summary.read_text()) if summary.exists() else {}
     if args.only_rawpage:
         args.llamacpp_python = args.llama_server = args.llama_server_vnni = args.transformers_python = None
-    serving, prefill = ({}, {}) if args.skip_serving else run_serving(args, args.model, raw)
+    serving, prefill, rounds = ({}, {}, {}) if args.skip_serving else run_serving(args, args.model, raw)
     results = {
+        "rounds": rounds,
         "serving": {e: {int(c): s for c, s in by_c.items()} for e, by_c in (prev.get("serving", {}) | serving).items()},
         "prefill": prev.get("prefill", {}) | prefill,
         "offline": prev.get("offline", {}) | ({} if args.skip_offline else run_offline(args, raw)),

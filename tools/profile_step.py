@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="run every step eagerly, so that each op's time shows (a decode step replayed from a graph is one row)",
     )
+    ap.add_argument("--kv-cache-dtype", default="auto", help="as rawpage serve's flag")
     args = ap.parse_args(argv)
     from rawpage import LLM, SamplingParams
 
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         enforce_eager=args.enforce_eager,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     print(f"engine ready in {time.perf_counter() - t0:.2f} s (open the model, dequantize, build weights, KV pool)")
     eng = llm.engine
