@@ -358,3 +358,24 @@ def test_compare_rounds_alternate_the_engines_and_take_the_median_ratio(monkeypa
     assert rounds == {"llama-server-vnni": {1: [1.5, 1.25, 1.2]}}
     line = compare.ratio_text(serving, rounds["llama-server-vnni"][1], "llama-server-vnni", 1)
     assert line == "c=1: 1.25x (median of 3 alternating rounds, 1.20-1.50x)"
+
+
+def test_compare_keeps_the_levels_a_run_did_not_measure_with_their_own_commits():
+    """A run at c=4,16 after one at c=1 keeps c=1's row (and its rounds), and the Measured
+    line says which rows came from which commit."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import compare
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    old, new = {"date": "d1", "commit": "aaa"}, {"date": "d2", "commit": "bbb"}
+    prev = {"rawpage": {"1": {"output_throughput": 30.0, "measured": old}, "4": {"output_throughput": 60.0}}}
+    now = {
+        "rawpage": {4: {"output_throughput": 70.0, "measured": new}, 16: {"output_throughput": 80.0, "measured": new}}
+    }
+    serving = compare.merge_levels(prev, now, set())
+    assert {c: s["output_throughput"] for c, s in serving["rawpage"].items()} == {1: 30.0, 4: 70.0, 16: 80.0}
+    rounds = compare.merge_levels({"peer": {"1": [1.2], "4": [1.9]}}, {}, {4, 16})
+    assert rounds == {"peer": {1: [1.2]}}  # c=4 was measured again without rounds
+    line = compare.when_text("rawpage", new, {"serving": serving, "prefill": {"rawpage": {"measured": old}}})
+    assert line == "rawpage: c=1/prefill d1 `aaa`, c=4/c=16 d2 `bbb`"

@@ -240,6 +240,16 @@ def run_serving(args: argparse.Namespace, gguf: str, out_dir: Path) -> tuple[dic
     return results, prefill, rounds
 
 
+def merge_levels(old: dict, new: dict, measured: set[int]) -> dict:
+    """name -> concurrency -> value: new's levels over old's, dropping old's levels in `measured`
+    (a level measured now without rounds has no rounds). JSON stores the levels as strings."""
+    names = dict.fromkeys([*old, *new])  # in order: the engines' rows keep their places
+    merged = {
+        n: {int(c): v for c, v in old.get(n, {}).items() if int(c) not in measured} | new.get(n, {}) for n in names
+    }
+    return {n: by_c for n, by_c in merged.items() if by_c}
+
+
 def median_run(runs: list[dict], key: str) -> dict:
     """The run whose `key` is the median (the lower one of an even count)."""
     return sorted(runs, key=lambda s: s[key])[(len(runs) - 1) // 2]
@@ -282,7 +292,7 @@ def current_commit() -> str:
 
 def markdown(results: dict, measured: dict, args: argparse.Namespace) -> str:
     """The generated section of docs/benchmarks.md; results holds "serving", "prefill", "offline"."""
-    when = "; ".join(f"{name}: {m['date']}, commit `{m['commit']}`" for name, m in measured.items())
+    when = "; ".join(when_text(name, m, results) for name, m in measured.items())
     start, end = marks(args.key)
     how = (
         f"`make compare MODEL=.../{Path(args.model).name}` (random weights at a real shape, from "
@@ -302,6 +312,20 @@ def markdown(results: dict, measured: dict, args: argparse.Namespace) -> str:
     plot_file = f"throughput_vs_concurrency{'-' + args.key if args.key else ''}.png"
     lines += ["", f"![output tok/s against concurrency](img/{plot_file})", end]
     return "\n".join(lines)
+
+
+def when_text(name: str, last: dict, results: dict) -> str:
+    """When an engine's rows were measured: its last run's date and commit, or, where rows
+    of earlier runs are kept beside them, each group of rows with its own."""
+    rows = [(f"c={c}", s) for c, s in sorted(results["serving"].get(name, {}).items())]
+    rows += [("prefill", results["prefill"][name])] if name in results["prefill"] else []
+    groups: dict[tuple[str, str], list[str]] = {}
+    for label, row in rows:
+        m = row.get("measured", last)
+        groups.setdefault((m["date"], m["commit"]), []).append(label)
+    if len(groups) <= 1:
+        return f"{name}: {last['date']}, commit `{last['commit']}`"
+    return f"{name}: " + ", ".join(f"{'/'.join(labels)} {d} `{c}`" for (d, c), labels in groups.items())
 
 
 def levels(serving: dict) -> list[int]:
@@ -521,14 +545,20 @@ def main() -> None:
     if args.only_rawpage:
         args.llamacpp_python = args.llama_server = args.llama_server_vnni = args.transformers_python = None
     serving, prefill, rounds = ({}, {}, {}) if args.skip_serving else run_serving(args, args.model, raw)
+    stamp = {"date": str(date.today()), "commit": current_commit()}
+    for row in [*(s for by_c in serving.values() for s in by_c.values()), *prefill.values()]:
+        row["measured"] = stamp  # rows kept from an earlier run keep theirs
     results = {
-        "rounds": rounds,
-        "serving": {e: {int(c): s for c, s in by_c.items()} for e, by_c in (prev.get("serving", {}) | serving).items()},
+        # A concurrency measured now replaces its earlier results; the others stay as recorded.
+        "rounds": merge_levels(prev.get("rounds", {}), rounds, {c for by_c in serving.values() for c in by_c}),
+        "serving": merge_levels(prev.get("serving", {}), serving, set()),
         "prefill": prev.get("prefill", {}) | prefill,
         "offline": prev.get("offline", {}) | ({} if args.skip_offline else run_offline(args, raw)),
     }
     measured = prev.get("measured", {})  # engine -> when and at which commit its rows were measured
-    stamp = {"date": str(date.today()), "commit": current_commit()}
+    for name, rows in [*results["serving"].items(), *((e, {"": p}) for e, p in results["prefill"].items())]:
+        for row in rows.values():
+            row.setdefault("measured", measured.get(name, stamp))  # a row kept from before this stamp existed
     for name in [*(() if args.skip_serving else servers(args, "")), *(() if args.skip_offline else offline_runs(args))]:
         measured[name] = stamp
     summary.write_text(json.dumps({k: v for k, v in results.items() if v} | {"measured": measured}, indent=1) + "\n")
