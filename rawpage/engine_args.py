@@ -168,7 +168,8 @@ class EngineArgs:
     )
     kv_cache_dtype: str = flag(
         "auto",
-        "KV cache element type: auto = the model dtype; fp8 (or fp8_e4m3) = e4m3 with per-tensor scales, "
+        "KV cache element type: auto = the model dtype (on cpu float16 for a float16 checkpoint or a GGUF, as "
+        "llama.cpp's, unless --dtype float32; else float32); fp8 (or fp8_e4m3) = e4m3 with per-tensor scales, "
         "1 byte an element, so about twice the blocks of a 16-bit cache fit; float16 = 2 bytes an element "
         "(--device cpu only: twice the blocks of its float32 cache)",
         choices=KV_CACHE_DTYPES,

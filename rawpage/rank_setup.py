@@ -87,7 +87,7 @@ def _plan_kv_cache(
     lora: LoRAManager | None,
     draft: Model | None,
 ) -> MemoryPlan:
-    fp8, half = setup_fp8_kv_cache(a, model, backend), setup_float16_kv_cache(a, backend)
+    fp8, half = setup_fp8_kv_cache(a, model, backend), setup_float16_kv_cache(a, backend, model.config.torch_dtype)
     itemsize = 1 if fp8 else 2 if half else backend.dtype.itemsize  # the draft's cache takes the same dtype
     per_block = kv_bytes_per_block(model.config, a.block_size, itemsize)
     weights = model.num_bytes() + (lora.slot_bytes() if lora is not None else 0)
@@ -130,10 +130,13 @@ def setup_fp8_kv_cache(a: EngineArgs, model, backend: Backend) -> bool:
     return True
 
 
-def setup_float16_kv_cache(a: EngineArgs, backend: Backend) -> bool:
-    """--kv-cache-dtype float16 on the CPU: the runner allocates float16 caches (half the
-    bytes of float32; attention reads them as float32). False for a model-dtype cache."""
-    if a.kv_cache_dtype != "float16":
+def setup_float16_kv_cache(a: EngineArgs, backend: Backend, checkpoint_dtype: str) -> bool:
+    """A float16 cache on the CPU: the runner allocates float16 caches (half the bytes of
+    float32; attention reads them as float32). --kv-cache-dtype float16 asks for it, and
+    `auto` takes it for a float16 checkpoint (every GGUF's; llama.cpp's cache is float16
+    too) unless --dtype float32 asks for float32. False for a float32 cache."""
+    auto = a.kv_cache_dtype == "auto" and backend.name == "cpu" and a.dtype != "float32"
+    if a.kv_cache_dtype != "float16" and not (auto and checkpoint_dtype == "float16"):
         return False
     if backend.name != "cpu":
         raise ValueError(

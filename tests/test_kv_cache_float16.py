@@ -36,3 +36,29 @@ def test_the_memory_plan_counts_two_byte_elements(tiny_model_dir):
 def test_float16_is_refused_off_the_cpu(tiny_model_dir):
     with pytest.raises(ValueError, match="runs on --device cpu only, not sim"):
         LLM(tiny_model_dir, device="sim", kv_cache_memory="4MiB", kv_cache_dtype="float16")
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    from tests.tiny_models import TINY_LLAMA, random_tensors, tiny_config, train_tokenizer, write_gguf
+
+    cfg = tiny_config(**TINY_LLAMA)
+    return write_gguf(
+        str(tmp_path_factory.mktemp("gguf") / "m.gguf"), cfg, random_tensors(cfg, seed=1), train_tokenizer()
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "kwargs", "want"),
+    [
+        ("gguf", {}, np.float16),  # auto: a GGUF's checkpoint dtype is float16, as llama.cpp's cache
+        ("gguf", {"dtype": "float32"}, np.float32),  # asked for float32
+        ("folder", {}, np.float32),  # a float32 checkpoint
+        ("folder", {"kv_cache_dtype": "float16"}, np.float16),
+    ],
+)
+def test_auto_takes_float16_for_a_float16_checkpoint(tiny_gguf, tiny_model_dir, model, kwargs, want):
+    llm = LLM(tiny_gguf if model == "gguf" else tiny_model_dir, device="cpu", kv_cache_memory="4MiB", **kwargs)
+    k, v = llm.engine.runner.kv_caches[0]
+    assert k.dtype == v.dtype == want
+    assert ("KV cache dtype float16" in llm.engine.memory.describe()) == (want == np.float16)

@@ -96,7 +96,8 @@ def test_gguf_and_mmproj_match_the_folder(ckpt, folder112, kernels):
 def test_engine_over_gguf_and_mmproj(files, folder112):
     from rawpage import LLM, SamplingParams
 
-    kw = dict(block_size=8, max_num_batched_tokens=24, limit_mm_per_prompt={"image": 2})
+    # One cache dtype for both: auto gives the GGUF a float16 cache and the float32 folder a float32 one.
+    kw = dict(block_size=8, max_num_batched_tokens=24, limit_mm_per_prompt={"image": 2}, kv_cache_dtype="float16")
     prompt = {"prompt_token_ids": DATA["ids"], "multi_modal_data": {"image": images()}}
     params = SamplingParams(temperature=0, max_tokens=8, logprobs=3)
     (gg,) = LLM(files[0], mmproj=files[1], mm_processor_kwargs=SERVED, **kw).generate(prompt, params, use_tqdm=False)
