@@ -136,7 +136,7 @@ def setup_float16_kv_cache(a: EngineArgs, backend: Backend, checkpoint_dtype: st
     `auto` takes it for a float16 checkpoint (every GGUF's; llama.cpp's cache is float16
     too) unless --dtype float32 asks for float32. False for a float32 cache."""
     auto = a.kv_cache_dtype == "auto" and backend.name == "cpu" and a.dtype != "float32"
-    if a.kv_cache_dtype != "float16" and not (auto and checkpoint_dtype == "float16"):
+    if not (a.kv_cache_dtype == "float16" or (auto and checkpoint_dtype == "float16")):
         return False
     if backend.name != "cpu":
         raise ValueError(

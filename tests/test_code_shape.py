@@ -127,7 +127,7 @@ CORE_CLOSURE_LINE_BUDGET += 5
 CORE_CLOSURE_LINE_BUDGET += 2  # the worst-case pass capped at --max-model-len, CudaGraph a Graph (H200 run)
 CORE_CLOSURE_LINE_BUDGET += 3  # Backend.idle: an idle server keeps the CPU's load figure recent (cpu_threads.py)
 CORE_CLOSURE_LINE_BUDGET += (
-    14  # the tokenizer's longest token found one at a time, a trim at the engine's start (issue 40)
+    18  # the tokenizer's longest token found one at a time (on first use), a trim at the engine's start (issue 40)
 )
 CORE_CLOSURE_LINE_BUDGET += 3  # --kv-cache-dtype auto: float16 on the CPU for a GGUF or float16 checkpoint (issue 40)
 # Files from `rawpage serve` to the attention kernel (tools/path_files.py), on each path:

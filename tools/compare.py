@@ -43,6 +43,7 @@ import sys
 import time
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -130,7 +131,7 @@ def servers(args: argparse.Namespace, gguf: str) -> dict[str, list[str]]:
 
 
 def bench_serving(args: argparse.Namespace, engine: str, conc: int, out_dir: Path, r: int = 0) -> dict:
-    result_file = out_dir / f"serve-{engine}-c{conc}{f'-r{r}' if r else ''}.json"
+    result_file = out_dir / f"serve-{engine}-c{conc}{round_tag(r)}.json"
     cmd = [
         sys.executable,
         str(ROOT / "tools" / "bench_serving.py"),
@@ -170,7 +171,7 @@ def eos_flags(engine: str) -> list[str]:
 def bench_prefill(args: argparse.Namespace, engine: str, out_dir: Path, r: int = 0) -> dict:
     """One request with an N-token prompt and max_tokens 1, on /v1/completions (no chat template
     around the prompt). Without the usual probe request, whose prompt the server would cache."""
-    result_file = out_dir / f"prefill-{engine}-{args.prefill_prompt_tokens}{f'-r{r}' if r else ''}.json"
+    result_file = out_dir / f"prefill-{engine}-{args.prefill_prompt_tokens}{round_tag(r)}.json"
     cmd = [
         sys.executable,
         str(ROOT / "tools" / "bench_serving.py"),
@@ -204,6 +205,11 @@ def bench_prefill(args: argparse.Namespace, engine: str, out_dir: Path, r: int =
     return {"prompt_tokens": tokens, "ttft_ms": seconds * 1e3, "prompt_tok_per_s": tokens / seconds}
 
 
+def round_tag(r: int) -> str:
+    """The file-name suffix of round r (none for the first, as a run without --rounds)."""
+    return f"-r{r}" if r else ""
+
+
 def run_serving(args: argparse.Namespace, gguf: str, out_dir: Path) -> tuple[dict, dict, dict]:
     """Engine -> concurrency -> summary, engine -> the prefill request's numbers, and
     peer -> concurrency -> rawpage's ratio in each round (--rounds)."""
@@ -214,7 +220,7 @@ def run_serving(args: argparse.Namespace, gguf: str, out_dir: Path) -> tuple[dic
         # Rounds alternate which engine goes first (A B, B A, ...): a drift of the machine's
         # memory bandwidth over the run then weighs on both engines alike.
         for engine, cmd in order if r % 2 == 0 else order[::-1]:
-            log = open(out_dir / f"server-{engine}{f'-r{r}' if r else ''}.log", "w")
+            log = open(out_dir / f"server-{engine}{round_tag(r)}.log", "w")
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
             try:
                 wait_ready(f"http://127.0.0.1:{args.port}", proc)
@@ -250,9 +256,10 @@ def merge_levels(old: dict, new: dict, measured: set[int]) -> dict:
     return {n: by_c for n, by_c in merged.items() if by_c}
 
 
-def median_run(runs: list[dict], key: str) -> dict:
-    """The run whose `key` is the median (the lower one of an even count)."""
-    return sorted(runs, key=lambda s: s[key])[(len(runs) - 1) // 2]
+def median_run(runs: list, key: str | None = None) -> Any:
+    """The run whose `key` is the median (the lower one of an even count); no key: the
+    median number itself."""
+    return sorted(runs, key=None if key is None else lambda s: s[key])[(len(runs) - 1) // 2]
 
 
 def offline_runs(args: argparse.Namespace) -> dict[str, tuple[list[str], list[str]]]:
@@ -375,8 +382,7 @@ def ratio_text(serving: dict, rounds: list[float] | None, peer: str, c: int) -> 
     rounds' own ratios (each round's two runs adjacent in time) and their range."""
     if not rounds:
         return f"c={c}: {serving['rawpage'][c]['output_throughput'] / serving[peer][c]['output_throughput']:.2f}x"
-    mid = sorted(rounds)[(len(rounds) - 1) // 2]
-    return f"c={c}: {mid:.2f}x (median of {len(rounds)} alternating rounds, {min(rounds):.2f}-{max(rounds):.2f}x)"
+    return f"c={c}: {median_run(rounds):.2f}x (median of {len(rounds)} alternating rounds, {min(rounds):.2f}-{max(rounds):.2f}x)"
 
 
 def prefill_lines(prefill: dict) -> list[str]:
@@ -556,9 +562,12 @@ def main() -> None:
         "offline": prev.get("offline", {}) | ({} if args.skip_offline else run_offline(args, raw)),
     }
     measured = prev.get("measured", {})  # engine -> when and at which commit its rows were measured
-    for name, rows in [*results["serving"].items(), *((e, {"": p}) for e, p in results["prefill"].items())]:
-        for row in rows.values():
-            row.setdefault("measured", measured.get(name, stamp))  # a row kept from before this stamp existed
+    # A row kept from a run before rows carried their stamp takes its engine's last one.
+    for name, by_c in results["serving"].items():
+        for row in by_c.values():
+            row.setdefault("measured", measured.get(name, stamp))
+    for name, row in results["prefill"].items():
+        row.setdefault("measured", measured.get(name, stamp))
     for name in [*(() if args.skip_serving else servers(args, "")), *(() if args.skip_offline else offline_runs(args))]:
         measured[name] = stamp
     summary.write_text(json.dumps({k: v for k, v in results.items() if v} | {"measured": measured}, indent=1) + "\n")

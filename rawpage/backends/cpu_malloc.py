@@ -44,15 +44,20 @@ SETTINGS = {
 }
 
 
-def keep_freed_memory(libc: object | None = None) -> bool:
-    """Sets glibc's thresholds (those the environment does not set). True if they hold."""
+def _apply(envs: list[str], libc: object | None) -> bool:
+    """mallopt each of these SETTINGS that the environment does not set. True if they hold."""
     try:
         mallopt = (libc or ctypes.CDLL(None)).mallopt  # glibc, musl; absent on macOS
     except (OSError, AttributeError):
         return False
-    ok = all(mallopt(param, value) == 1 for env, (param, value) in SETTINGS.items() if env not in os.environ)
+    return all(mallopt(*SETTINGS[env]) == 1 for env in envs if env not in os.environ)
+
+
+def keep_freed_memory(libc: object | None = None) -> bool:
+    """Sets glibc's thresholds (those the environment does not set). True if they hold."""
+    ok = _apply(list(SETTINGS), libc)
     if not ok:
-        logger.debug("mallopt refused a setting; freed memory goes back to the kernel as glibc decides")
+        logger.debug("malloc settings not applied; freed memory goes back to the kernel as the C library decides")
     return ok
 
 
@@ -63,13 +68,7 @@ def one_arena(libc: object | None = None) -> None:
     tokenizer's FairExecutor) before its engine thread: measured on 1B Q4_K_M, setting
     the limit only there left two repack arenas of 16 MB resident each (778 MiB against
     746 with MALLOC_ARENA_MAX=1 in the environment)."""
-    env, (param, value) = "MALLOC_ARENA_MAX", SETTINGS["MALLOC_ARENA_MAX"]
-    if env in os.environ:
-        return
-    try:
-        (libc or ctypes.CDLL(None)).mallopt(param, value)
-    except (OSError, AttributeError):
-        pass
+    _apply(["MALLOC_ARENA_MAX"], libc)
 
 
 def release_freed_memory(libc: object | None = None) -> None:

@@ -11,6 +11,7 @@ the vocabulary itself; we rebuild the equivalent `tokenizers` pipeline:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from typing import Any
@@ -72,18 +73,21 @@ class Tokenizer:
         self.bos_token_id = bos_token_id
         self.eos_token_ids = eos_token_ids
         self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
-        # No token stands for more input characters than its longest one (byte-level
-        # vocabularies write a character per byte, SentencePiece's ▁ is one space). One
-        # token at a time: get_vocab()'s dict is ~7 MB of temporaries at 49k tokens, which
-        # a server kept resident after its load.
-        texts = (hf.id_to_token(i) for i in range(hf.get_vocab_size(with_added_tokens=False)))
-        added = (t.content for t in hf.get_added_tokens_decoder().values())
-        self.longest_token_chars = max(map(len, filter(None, itertools.chain(texts, added))), default=1)
         self.bos_token = hf.id_to_token(bos_token_id) if bos_token_id is not None else None
         eos = eos_token_ids[0] if eos_token_ids else None
         self.eos_token = hf.id_to_token(eos) if eos is not None else None
         self.chat_template = ChatTemplate(chat_template) if chat_template else None
         self.fim = FimTokens.find(hf.token_to_id, fim_ids)  # None: the model cannot fill in the middle
+
+    @functools.cached_property
+    def longest_token_chars(self) -> int:
+        """No token stands for more input characters than this (byte-level vocabularies
+        write a character per byte, SentencePiece's ▁ is one space). One token at a time:
+        get_vocab()'s dict is ~7 MB of temporaries at 49k tokens, which a server kept
+        resident after its load."""
+        texts = (self.hf.id_to_token(i) for i in range(self.hf.get_vocab_size(with_added_tokens=False)))
+        added = (t.content for t in self.hf.get_added_tokens_decoder().values())
+        return max(map(len, filter(None, itertools.chain(texts, added))), default=1)
 
     # --- encode / decode --------------------------------------------------
 
