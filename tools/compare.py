@@ -291,6 +291,19 @@ def run_offline(args: argparse.Namespace, out_dir: Path) -> dict:
     return results
 
 
+def cpu_model() -> str:
+    """The CPU's name as /proc/cpuinfo gives it ("AMD EPYC 9B45", "Intel(R) Xeon(R) Processor"):
+    the same GGUF is 1.2x on one VM and 1.6x on another, so every row says where it ran."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def current_commit() -> str:
     return subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
@@ -310,7 +323,8 @@ def markdown(results: dict, measured: dict, args: argparse.Namespace) -> str:
     lines = [
         start,
         f"Measured with {how}",
-        f"{platform.machine()} with {os.cpu_count()} cores, {args.threads} threads per engine, one engine at a time.",
+        f"{cpu_model()} ({platform.machine()}) with {os.cpu_count()} cores, {args.threads} threads per engine,"
+        " one engine at a time.",
         f"Measured: {when}.",
         *serving_lines(results["serving"], results.get("rounds", {}), args),
         *prefill_lines(results["prefill"]),
@@ -322,17 +336,22 @@ def markdown(results: dict, measured: dict, args: argparse.Namespace) -> str:
 
 
 def when_text(name: str, last: dict, results: dict) -> str:
-    """When an engine's rows were measured: its last run's date and commit, or, where rows
-    of earlier runs are kept beside them, each group of rows with its own."""
+    """When and where an engine's rows were measured: its last run's date, commit and CPU,
+    or, where rows of earlier runs are kept beside them, each group of rows with its own
+    (a row from before rows named their CPU names none)."""
     rows = [(f"c={c}", s) for c, s in sorted(results["serving"].get(name, {}).items())]
     rows += [("prefill", results["prefill"][name])] if name in results["prefill"] else []
-    groups: dict[tuple[str, str], list[str]] = {}
+    groups: dict[tuple[str, str, str], list[str]] = {}
     for label, row in rows:
         m = row.get("measured", last)
-        groups.setdefault((m["date"], m["commit"]), []).append(label)
+        groups.setdefault((m["date"], m["commit"], m.get("cpu", "")), []).append(label)
     if len(groups) <= 1:
-        return f"{name}: {last['date']}, commit `{last['commit']}`"
-    return f"{name}: " + ", ".join(f"{'/'.join(labels)} {d} `{c}`" for (d, c), labels in groups.items())
+        return f"{name}: {last['date']}, commit `{last['commit']}`{_on(last.get('cpu', ''))}"
+    return f"{name}: " + ", ".join(f"{'/'.join(labels)} {d} `{c}`{_on(cpu)}" for (d, c, cpu), labels in groups.items())
+
+
+def _on(cpu: str) -> str:
+    return f" on {cpu}" if cpu else ""
 
 
 def levels(serving: dict) -> list[int]:
@@ -551,7 +570,7 @@ def main() -> None:
     if args.only_rawpage:
         args.llamacpp_python = args.llama_server = args.llama_server_vnni = args.transformers_python = None
     serving, prefill, rounds = ({}, {}, {}) if args.skip_serving else run_serving(args, args.model, raw)
-    stamp = {"date": str(date.today()), "commit": current_commit()}
+    stamp = {"date": str(date.today()), "commit": current_commit(), "cpu": cpu_model()}
     for row in [*(s for by_c in serving.values() for s in by_c.values()), *prefill.values()]:
         row["measured"] = stamp  # rows kept from an earlier run keep theirs
     results = {

@@ -53,7 +53,7 @@ import numpy as np
 
 from rawpage._blas_env import spin_is_short
 from rawpage.backends.base import Backend, Graph, GraphNotCaptured
-from rawpage.backends.cpu_malloc import keep_freed_memory
+from rawpage.backends.cpu_malloc import keep_freed_memory, release_freed_memory
 from rawpage.backends.cpu_threads import CpuThreads
 from rawpage.native import attention, bf16_gemm, layer_ops, vision_ops
 from rawpage.native.bf16_gemm import Bf16Panels
@@ -128,6 +128,7 @@ class CPUBackend(Backend):
         # passes False for --dtype float32: towers in float32 then, their GEMMs in BLAS.
         self.bf16_tower = lib is not None and (bf16_gemm.bf16_dot() if bf16_tower is None else bf16_tower)
         keep_freed_memory()  # each layer's temporaries reuse the last layer's pages (cpu_malloc.py)
+        self.eager_since_idle = False  # an eager pass ran since idle() last gave its temporaries back
         logger.info("%s", self.threads.describe())
         if lib is not None:
             logger.info(
@@ -189,6 +190,9 @@ class CPUBackend(Backend):
 
     def idle(self) -> None:
         self.threads.observe()  # so that the next request's first pass finds a recent figure
+        if self.eager_since_idle:  # the heap keeps a prefill's temporaries while busy (cpu_malloc.py)
+            self.eager_since_idle = False
+            release_freed_memory()
 
     def _host_work(self, what: str) -> None:
         """Before work outside the kernels: refused while a graph is recorded."""
@@ -200,6 +204,7 @@ class CPUBackend(Backend):
         """ids: (T,) -> (T, dim). The first op of every forward pass, so the thread count for
         this pass (T rows) is set here. A packed table only reaches here with the kernels."""
         self.threads.set_for(len(ids))
+        self.eager_since_idle = True  # (a replayed decode's temporaries live in the arena instead)
         if not isinstance(table, QuantizedWeight):
             if self.lib is not None and table.dtype == np.float32 and table.flags.c_contiguous:
                 return layer_ops.embedding_rows(self.lib, table, ids, self.kernel_threads)
