@@ -124,6 +124,7 @@ class LLM:
                 bar.set_postfix_str(f"{generated / max(1e-9, time.monotonic() - start):.1f} tok/s", refresh=False)
         if bar is not None:
             bar.close()
+        self.engine.backend.idle()  # nothing left to run: the CPU gives back what the passes kept
         return [done[i] for i in ids if i in done]
 
     def _drain(self) -> None:

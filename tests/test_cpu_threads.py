@@ -267,6 +267,17 @@ def test_idle_gives_a_prefills_temporaries_back_once(monkeypatch):
     assert released == [1]
 
 
+def test_llm_generate_gives_the_temporaries_back_when_it_is_done(monkeypatch, tiny_model_dir):
+    from rawpage import LLM, SamplingParams
+    from rawpage.backends import cpu
+
+    released = []
+    llm = LLM(tiny_model_dir, max_model_len=128, cpu_kernels="numpy")
+    monkeypatch.setattr(cpu, "release_freed_memory", lambda: released.append(1))
+    llm.generate(["a b c"], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert released == [1]
+
+
 def test_the_server_sets_malloc_before_its_engine_thread_allocates(monkeypatch):
     """The engine thread's first malloc picks its arena; under glibc's default a thread of its
     own gets 64 MB heaps, and a vision encoder's 64-70 MB blocks were mapped afresh each time

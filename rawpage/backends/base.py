@@ -95,7 +95,8 @@ class Backend:
         """Wait for all queued device work (a no-op on the host)."""
 
     def idle(self) -> None:
-        """The server's engine thread, with nothing to run (every IDLE_TICK_S): the CPU measures the load."""
+        """Nothing to run: the server's engine thread every IDLE_TICK_S, and LLM.generate at its
+        end. The CPU measures the load and gives back a prefill's temporaries (cpu_malloc.py)."""
 
     # --- ops (see rawpage/ops/* for the math) -------------------------------
     def embedding(self, ids: Array, table: Array) -> Array:
