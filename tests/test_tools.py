@@ -388,3 +388,21 @@ def test_compare_keeps_the_levels_a_run_did_not_measure_with_their_own_commits()
         "rawpage: d2, commit `bbb` on Intel(R) Xeon(R) Processor"
     )
     assert compare.cpu_model()  # /proc/cpuinfo's model name (or the platform's) names this machine
+
+
+def test_compare_refuses_a_port_another_server_holds():
+    """A server left from an interrupted run would answer for both engines."""
+    import socket
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import compare
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with pytest.raises(SystemExit, match=f"port {port} is taken"):
+            compare.require_free_port(port)
+    compare.require_free_port(port)  # closed: free again

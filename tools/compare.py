@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import platform
+import socket
 import subprocess
 import sys
 import time
@@ -49,6 +50,16 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_NAME = "SmolLM2-135M-Instruct"  # the default model's served name
+
+
+def require_free_port(port: int) -> None:
+    """Exit unless nothing listens on the port: a server left from an interrupted run
+    answers /v1/models at once, before the new one has failed to bind, and every request
+    of the run would then time the old server (it happened: both engines' rows were the
+    leftover's)."""
+    with socket.socket() as s:
+        if s.connect_ex(("127.0.0.1", port)) == 0:
+            sys.exit(f"port {port} is taken: stop the server there (a run left it?) or pass --port")
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 1200) -> None:  # an 8B model loads slowly
@@ -220,6 +231,7 @@ def run_serving(args: argparse.Namespace, gguf: str, out_dir: Path) -> tuple[dic
         # Rounds alternate which engine goes first (A B, B A, ...): a drift of the machine's
         # memory bandwidth over the run then weighs on both engines alike.
         for engine, cmd in order if r % 2 == 0 else order[::-1]:
+            require_free_port(args.port)
             log = open(out_dir / f"server-{engine}{round_tag(r)}.log", "w")
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
             try:
