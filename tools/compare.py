@@ -304,8 +304,8 @@ def run_offline(args: argparse.Namespace, out_dir: Path) -> dict:
 
 
 def cpu_model() -> str:
-    """The CPU's name as /proc/cpuinfo gives it ("AMD EPYC 9B45", "Intel(R) Xeon(R) Processor"):
-    the same GGUF is 1.2x on one VM and 1.6x on another, so every row says where it ran."""
+    """The CPU's name as /proc/cpuinfo gives it (e.g. "Intel(R) Xeon(R) Processor"): the
+    same GGUF measured 1.2x on one VM and 1.6x on another, so every row says where it ran."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
