@@ -95,8 +95,7 @@ class Backend:
         """Wait for all queued device work (a no-op on the host)."""
 
     def idle(self) -> None:
-        """Nothing to run: the server's engine thread every IDLE_TICK_S, and LLM.generate at its
-        end. The CPU measures the load and gives back a prefill's temporaries (cpu_malloc.py)."""
+        """Nothing to run (the server every IDLE_TICK_S, LLM.generate at its end): see CPUBackend."""
 
     # --- ops (see rawpage/ops/* for the math) -------------------------------
     def embedding(self, ids: Array, table: Array) -> Array:

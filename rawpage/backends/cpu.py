@@ -189,6 +189,7 @@ class CPUBackend(Backend):
         return self.arena.nbytes
 
     def idle(self) -> None:
+        """Measure the load; after an eager pass, give back what the heap kept of it (cpu_malloc.py)."""
         self.threads.observe()  # so that the next request's first pass finds a recent figure
         if self.eager_since_idle:  # the heap keeps a prefill's temporaries while busy (cpu_malloc.py)
             self.eager_since_idle = False
