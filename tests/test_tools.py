@@ -326,14 +326,20 @@ def test_a_shaped_vision_model_takes_images_through_its_mmproj(tmp_path):
     assert out.prompt_token_ids.count(vc.image_token_id) == v.tokens and len(out.outputs[0].token_ids) == 4
 
 
-def test_compare_rounds_alternate_the_engines_and_take_the_median_ratio(monkeypatch, tmp_path):
-    """--rounds N: A B, B A, A B ...; each engine's table row is its median run, and the
-    ratio is the median of the rounds' own ratios (each pair adjacent in time)."""
+def compare_tool():
+    """tools/compare.py as a module (it runs as a script, its folder on sys.path)."""
     sys.path.insert(0, str(ROOT / "tools"))
     try:
         import compare
     finally:
         sys.path.remove(str(ROOT / "tools"))
+    return compare
+
+
+def test_compare_rounds_alternate_the_engines_and_take_the_median_ratio(monkeypatch, tmp_path):
+    """--rounds N: A B, B A, A B ...; each engine's table row is its median run, and the
+    ratio is the median of the rounds' own ratios (each pair adjacent in time)."""
+    compare = compare_tool()
     started, speed = [], {"rawpage": [30.0, 50.0, 36.0], "llama-server-vnni": [20.0, 40.0, 30.0]}
 
     class Proc:
@@ -363,11 +369,7 @@ def test_compare_rounds_alternate_the_engines_and_take_the_median_ratio(monkeypa
 def test_compare_keeps_the_levels_a_run_did_not_measure_with_their_own_commits():
     """A run at c=4,16 after one at c=1 keeps c=1's row (and its rounds), and the Measured
     line says which rows came from which commit."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import compare
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
+    compare = compare_tool()
     old, new = {"date": "d1", "commit": "aaa"}, {"date": "d2", "commit": "bbb"}
     prev = {"rawpage": {"1": {"output_throughput": 30.0, "measured": old}, "4": {"output_throughput": 60.0}}}
     now = {
@@ -394,11 +396,7 @@ def test_compare_refuses_a_port_another_server_holds():
     """A server left from an interrupted run would answer for both engines."""
     import socket
 
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import compare
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
+    compare = compare_tool()
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
